@@ -1,0 +1,50 @@
+"""The `retake` command line: one subcommand per module in backend/commands.
+
+Each command module exposes `NAME`, `HELP`, `add_arguments(parser)` and
+`run(args) -> int`; modules are imported lazily so `retake --help` stays fast and a
+command's heavy imports (torch, uvicorn) load only when it runs. A `RequestError` or
+`UsageError` raised by a command becomes a one-line message and exit code 2, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ("serve", "say", "make_checkpoint", "bench", "converse", "loadtest")
+
+
+class UsageError(Exception):
+    """Bad arguments or input the user can fix; printed as one line."""
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+    parser = argparse.ArgumentParser(prog="retake", description="Retake: a real-time directing studio for speech models")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    modules: dict[str, object] = {}
+    for name in COMMANDS:
+        module = importlib.import_module(f"backend.commands.{name}")
+        command = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        modules[module.NAME] = module
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    from engine.errors import RequestError
+
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except (RequestError, UsageError) as error:
+        print(f"retake {args.command}: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""`retake bench WHAT ...`: benchmarks that print a table and optionally write JSON.
+
+Each benchmark lives in engine/bench/ and exposes `add_arguments(parser)` and
+`run(args) -> int`. Benchmarks print numbers; tests never assert on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+NAME = "bench"
+HELP = "measure speed: codec, rtf (CPU take real-time factor), decode, prefill, takes"
+BENCHES = {
+    "codec": "engine.bench.codec",
+    "rtf": "engine.bench.rtf",
+    "decode": "engine.bench.drama3",
+    "prefill": "engine.bench.drama3",
+    "takes": "engine.bench.drama3",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="WHAT")
+    for name, module_name in BENCHES.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            continue  # not built yet
+        bench = sub.add_parser(name, help=getattr(module, "HELP", name))
+        module.add_arguments(bench)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(importlib.import_module(BENCHES[args.bench]).run(args) or 0)

@@ -1,0 +1,16 @@
+"""`retake converse` (not yet built)."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "converse"
+HELP = "(not yet built)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    raise SystemExit("retake converse is not built yet")

@@ -1,0 +1,16 @@
+"""`retake serve` (not yet built)."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "serve"
+HELP = "(not yet built)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    raise SystemExit("retake serve is not built yet")

@@ -1,0 +1,28 @@
+"""Shared fixtures: the tiny Drama 3 checkpoint, written once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Drama 3 checkpoint in the released layout (seed 0)."""
+    from engine.drama3.tiny import write_tiny_checkpoint
+
+    path = tmp_path_factory.mktemp("drama3-tiny")
+    write_tiny_checkpoint(path, seed=0)
+    return path
