@@ -1,0 +1,217 @@
+"""Drama 3 prompts: the take's text, voice and directing history as frame rows.
+
+A frame row is `[main token, code0 .. code9]`. Text rows are `[token id, 0, ..., 0]`;
+audio rows are `[code0 + semantic_start, code0, ..., code9]`.
+
+Layouts (the seed's, which are sglang-omni's `reference-bracket-v1` plus the
+described-character and directing-history layouts of the Drama 3 Space):
+
+    <|im_start|>system\\n
+      stock:      convert the provided text to speech
+      references: convert the provided text to speech reference to the following:
+                  \\n\\n[Reference i]\\nText: <|speaker:0|> transcript\\nSpeech: <codes>   (each)
+      character:  [Scene: scene\\n]Characters:\\n- name: description\\n<scene instruction>
+    <|im_end|>\\n
+    history, oldest first (each):
+      <|im_start|>user\\n  turn text  <|im_end|>\\n  <|im_start|>assistant\\n<|voice|>  <codes>  <|im_end|>\\n
+    <|im_start|>user\\n  text  <|im_end|>\\n  <|im_start|>assistant\\n<|voice|>
+
+Turn text is `<|speaker:0|> text` (stock and references) or `name: text` (character).
+
+Design choices:
+- Every literal is tokenised on its own: tokenising the joined string changes ids at
+  the seams. A layout is therefore a list of segments (strings and code tensors), and
+  rows are computed per segment.
+- History is codes, never audio: a retake does not re-encode anything.
+- `build_prompt` checks everything a caller can get wrong (text, codes, character
+  fields, the row limit), whoever the caller is (the CLI, the studio, the HTTP API).
+- History turns are tokenised separately, so dropping the oldest turns to fit the row
+  limit costs no re-tokenising.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from engine.drama3.config import Drama3Config
+from engine.drama3.sampling import Sampling
+from engine.drama3.text import check_line, check_text, reference_transcript, with_speaker_tag
+from engine.errors import RequestError
+
+SYSTEM_START = "<|im_start|>system\n"
+USER_START = "<|im_start|>user\n"
+TTS_INSTRUCTION = "convert the provided text to speech"
+REFERENCE_INSTRUCTION = "convert the provided text to speech reference to the following:"
+SCENE_INSTRUCTION = "Voice every line of the script in order, with <|audio_separator|> between consecutive lines."
+MESSAGE_END = "<|im_end|>\n"
+GENERATION_START = "<|im_start|>assistant\n<|voice|>"
+MAX_PROMPT_ROWS = 8192
+
+Segment = str | torch.Tensor
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A voice reference: the clip's codes [num_codebooks, frames] and its transcript."""
+
+    codes: torch.Tensor
+    transcript: str
+
+
+@dataclass(frozen=True)
+class Character:
+    """A described character (instead of references): single-line fields."""
+
+    name: str
+    description: str
+    scene: str | None = None
+
+
+@dataclass(frozen=True)
+class HistoryTurn:
+    """An earlier take of the scene: its text and its codes [num_codebooks, frames]."""
+
+    text: str
+    codes: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Prompt:
+    rows: torch.Tensor  # int64 [R, 1 + num_codebooks], CPU
+    history_used: int  # how many of the newest history turns the rows hold
+    sampling: Sampling
+
+
+Voice = list[Reference] | Character | None
+
+
+# ─── Layout ───────────────────────────────────────────────────────────────────
+
+
+def turn_text(text: str, character: Character | None) -> str:
+    return f"{character.name}: {text}" if character is not None else with_speaker_tag(text)
+
+
+def system_segments(voice: Voice) -> list[Segment]:
+    segments: list[Segment] = [SYSTEM_START]
+    if isinstance(voice, Character):
+        lines = [f"Scene: {voice.scene}"] if voice.scene else []
+        lines += ["Characters:", f"- {voice.name}: {voice.description}", SCENE_INSTRUCTION]
+        segments.append("\n".join(lines))
+    else:
+        segments.append(REFERENCE_INSTRUCTION if voice else TTS_INSTRUCTION)
+        for index, reference in enumerate(voice or [], 1):
+            segments += [f"\n\n[Reference {index}]\nText: {reference_transcript(reference.transcript)}\nSpeech: ",
+                         reference.codes]
+    segments.append(MESSAGE_END)
+    return segments
+
+
+def history_segments(turn: HistoryTurn, character: Character | None) -> list[Segment]:
+    return [USER_START, turn_text(turn.text, character), MESSAGE_END, GENERATION_START, turn.codes, MESSAGE_END]
+
+
+def line_segments(text: str, character: Character | None) -> list[Segment]:
+    return [USER_START, turn_text(text, character), MESSAGE_END, GENERATION_START]
+
+
+def build_segments(text: str, voice: Voice, history: list[HistoryTurn]) -> list[Segment]:
+    """The whole layout, in order (checked input assumed)."""
+    character = voice if isinstance(voice, Character) else None
+    segments = system_segments(voice)
+    for turn in history:
+        segments += history_segments(turn, character)
+    return segments + line_segments(text, character)
+
+
+def segment_rows(segments: list[Segment], tokenizer: Tokenizer, config: Drama3Config) -> torch.Tensor:
+    """Rows [R, 1 + num_codebooks] of segments; each string is tokenised on its own."""
+    width = config.frame_width
+    rows = [torch.zeros((0, width), dtype=torch.long)]
+    for segment in segments:
+        if isinstance(segment, str):
+            ids = torch.tensor(tokenizer.encode(segment).ids, dtype=torch.long)  # [T]
+            text_rows = torch.zeros((len(ids), width), dtype=torch.long)  # [T, 11]
+            text_rows[:, 0] = ids
+            rows.append(text_rows)
+        else:
+            codes = segment.to(device="cpu", dtype=torch.long)  # [10, F]
+            rows.append(torch.cat((codes[:1] + config.semantic_start_token_id, codes)).T)  # [F, 11]
+    return torch.cat(rows)
+
+
+# ─── Checks ───────────────────────────────────────────────────────────────────
+
+
+def checked_codes(codes: object, location: str, config: Drama3Config) -> torch.Tensor:
+    """Codes as CPU int64 [num_codebooks, frames], at least one frame, every code in
+    [0, codebook_size) (sglang-omni checks every codebook against the semantic size)."""
+    if isinstance(codes, np.ndarray):
+        codes = torch.from_numpy(codes)
+    n, size = config.num_codebooks, config.codebook_size
+    if (not isinstance(codes, torch.Tensor) or codes.dtype.is_floating_point or codes.dtype.is_complex
+            or codes.dtype == torch.bool or codes.ndim != 2 or codes.shape[0] != n or codes.shape[1] == 0):
+        shape = tuple(codes.shape) if isinstance(codes, torch.Tensor) else type(codes).__name__
+        raise RequestError(f"{location} codes must be an integer [{n}, frames] array with at least one frame; "
+                           f"got {shape}")
+    codes = codes.to(device="cpu", dtype=torch.long)
+    if codes.min() < 0 or codes.max() >= size:
+        raise RequestError(f"{location} codes must be in [0, {size})")
+    return codes
+
+
+def checked_character(character: Character) -> Character:
+    name = check_line(character.name, "character.name")
+    if ":" in name:
+        raise RequestError("character.name must not contain ':' (the script writes 'name: line'); remove it")
+    description = check_line(character.description, "character.description")
+    scene = None if character.scene is None else check_line(character.scene, "character.scene")
+    return Character(name=name, description=description, scene=scene)
+
+
+def checked_voice(voice: object, config: Drama3Config) -> Voice:
+    if voice is None or isinstance(voice, Character):
+        return None if voice is None else checked_character(voice)
+    if not isinstance(voice, (list, tuple)) or not all(isinstance(r, Reference) for r in voice):
+        raise RequestError("voice must be a list of references, a character, or none")
+    return [Reference(codes=checked_codes(r.codes, f"references.{i}", config),
+                      transcript=check_text(r.transcript, f"references.{i}.text"))
+            for i, r in enumerate(voice)] or None
+
+
+def build_prompt(text: str, voice: object, history: list[HistoryTurn], sampling: Sampling,
+                 tokenizer: Tokenizer, config: Drama3Config, *, max_rows: int = MAX_PROMPT_ROWS,
+                 drop_oldest_history: bool = False) -> Prompt:
+    """Check a take's inputs and lay them out as rows.
+
+    If the rows pass `max_rows`, the oldest history turns are dropped when
+    `drop_oldest_history` is set; otherwise (or if no history is left to drop) the
+    request is refused."""
+    text = check_text(text, "text")
+    voice = checked_voice(voice, config)
+    sampling = sampling.checked()
+    if not all(isinstance(turn, HistoryTurn) for turn in history):
+        raise RequestError("history must be a list of (text, codes) turns")
+    history = [HistoryTurn(text=check_text(turn.text, f"history.{i}.text"),
+                           codes=checked_codes(turn.codes, f"history.{i}", config))
+               for i, turn in enumerate(history)]
+    character = voice if isinstance(voice, Character) else None
+    head = segment_rows(system_segments(voice), tokenizer, config)
+    turns = [segment_rows(history_segments(turn, character), tokenizer, config) for turn in history]
+    tail = segment_rows(line_segments(text, character), tokenizer, config)
+    total = len(head) + sum(map(len, turns)) + len(tail)
+    kept = 0
+    if drop_oldest_history:
+        while turns[kept:] and total > max_rows:
+            total -= len(turns[kept])
+            kept += 1
+    if total > max_rows:
+        advice = ("shorten the text or the voice references" if drop_oldest_history or not turns
+                  else "shorten it, use fewer history turns, or let the oldest be dropped")
+        raise RequestError(f"a prompt of {total} rows exceeds the maximum allowed length of {max_rows} rows; {advice}")
+    rows = torch.cat((head, *turns[kept:], tail))
+    return Prompt(rows=rows, history_used=len(turns) - kept, sampling=sampling)

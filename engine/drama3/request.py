@@ -1,0 +1,138 @@
+"""The `/v1/audio/speech` request body of the seed, parsed into one `SpeechRequest`.
+
+Body fields: `input` (the text, or the `@@drama3-space@@` envelope), `references`
+(`[{data | base64: base64 WAV/FLAC, text}]`), `temperature`, `top_p`, `top_k`,
+`max_new_tokens` and, beyond the seed, `seed`. Other fields (model, voice,
+response_format, stream, ...) belong to the HTTP layer and are ignored here.
+
+The envelope is `@@drama3-space@@` followed by a JSON object:
+`{"text", "history": [earlier line, ...], "voice_references": n, "character": {name,
+description, scene?}}`. `references` then holds the n voice clips first and one clip
+per history turn after them, oldest first.
+
+Design choices:
+- The rules are the seed's (which are sglang-omni's plus the envelope's); each has a
+  `RequestError` whose message says what to change. Where the seed would crash on a
+  malformed body (a reference that is not an object, bad base64) this refuses it.
+- Base64 is decoded here, so a `SpeechRequest` holds audio bytes; encoding them into
+  codes is the engine's job (`Drama3Engine.speech_prompt`).
+- As in the seed, `max_new_tokens` of 0 or null means the cap.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.drama3.prompt import Character, checked_character
+from engine.drama3.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_NEW_TOKENS, Sampling
+from engine.drama3.text import check_text
+from engine.errors import RequestError
+
+ENVELOPE_MARKER = "@@drama3-space@@"
+
+
+@dataclass(frozen=True)
+class Clip:
+    """Encoded audio (WAV/FLAC bytes) and the text spoken in it."""
+
+    audio: bytes
+    text: str
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    text: str
+    references: list[Clip]  # the voice, or empty
+    history: list[Clip]  # earlier takes, oldest first
+    character: Character | None
+    sampling: Sampling
+
+
+def _number(body: Mapping, name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"{name} must be a number; got {value!r}")
+    return float(value)
+
+
+def _sampling(body: Mapping) -> Sampling:
+    top_k = body.get("top_k")
+    return Sampling(temperature=_number(body, "temperature", DEFAULT_TEMPERATURE),
+                    top_p=_number(body, "top_p", DEFAULT_TOP_P),
+                    top_k=DEFAULT_TOP_K if top_k is None else top_k,
+                    max_new_tokens=body.get("max_new_tokens") or MAX_NEW_TOKENS,
+                    seed=body.get("seed")).checked()
+
+
+def _audio(reference: Mapping, location: str) -> bytes:
+    data = reference.get("data") or reference.get("base64")
+    if not isinstance(data, str):
+        raise RequestError(f"{location} needs its audio as a base64 string in 'data'")
+    try:
+        audio = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise RequestError(f"{location}.data is not valid base64 ({error})") from error
+    if not audio:
+        raise RequestError(f"{location}.data is empty; give a WAV or FLAC clip")
+    return audio
+
+
+def _references(body: Mapping) -> list[Mapping]:
+    references = body.get("references") or []
+    if not isinstance(references, list) or not all(isinstance(r, Mapping) for r in references):
+        raise RequestError("references must be a list of objects {data: base64 audio, text: transcript}")
+    return references
+
+
+def parse_speech_request(body: object) -> SpeechRequest:
+    """Check a `/v1/audio/speech` body (a parsed JSON object) as the seed does."""
+    if not isinstance(body, Mapping):
+        raise RequestError("the request body must be a JSON object")
+    text = body.get("input")
+    if not isinstance(text, str):
+        raise RequestError("input must be a string: the text to speak")
+    references = _references(body)
+    sampling = _sampling(body)
+
+    if not text.startswith(ENVELOPE_MARKER):
+        check_text(text, "input")
+        voice = [Clip(_audio(r, f"references.{i}"), check_text(r.get("text") or "", f"references.{i}.text"))
+                 for i, r in enumerate(references)]
+        return SpeechRequest(text=text, references=voice, history=[], character=None, sampling=sampling)
+
+    try:
+        envelope = json.loads(text[len(ENVELOPE_MARKER):])
+    except json.JSONDecodeError as error:
+        raise RequestError(f"malformed envelope after {ENVELOPE_MARKER}: {error}") from error
+    if not isinstance(envelope, Mapping):
+        raise RequestError(f"the envelope after {ENVELOPE_MARKER} must be a JSON object")
+    line = check_text(envelope.get("text"), "text")
+    history = envelope.get("history") or []
+    if not isinstance(history, list) or not all(isinstance(turn, str) for turn in history):
+        raise RequestError("envelope history must be a list of strings (the earlier lines, oldest first)")
+    history = [check_text(turn, f"history.{i}") for i, turn in enumerate(history)]
+    voice_count = envelope.get("voice_references", 0)
+    if (isinstance(voice_count, bool) or not isinstance(voice_count, int) or voice_count < 0
+            or voice_count + len(history) != len(references)):
+        raise RequestError(f"voice_references {voice_count!r} and {len(history)} history turns do not account "
+                           f"for {len(references)} references; send the voice clips, then one clip per turn")
+    voice = [Clip(_audio(r, f"references.{i}"), check_text(r.get("text"), f"references.{i}.text"))
+             for i, r in enumerate(references[:voice_count])]
+    turns = [Clip(_audio(r, f"references.{voice_count + i}"), turn)
+             for i, (r, turn) in enumerate(zip(references[voice_count:], history))]
+    character = None
+    raw = envelope.get("character")
+    if raw is not None:
+        if not isinstance(raw, Mapping):
+            raise RequestError("envelope character must be an object {name, description, scene?}")
+        if voice_count:
+            raise RequestError("a described character cannot also have voice references; send one or the other")
+        character = checked_character(Character(raw.get("name"), raw.get("description"), raw.get("scene")))
+    return SpeechRequest(text=line, references=voice, history=turns, character=character, sampling=sampling)

@@ -1,0 +1,152 @@
+"""Sampling a frame's tokens: temperature, top-p, top-k, and repetition-aware resampling.
+
+Design choices:
+- One sampler, `sample_top_k_top_p`, for the main token and the codebook heads, with
+  sglang-omni's semantics: fp32 logits / temperature, sorted, cumulative softmax over
+  the whole vocabulary, drop what passes top_p, drop rank >= top_k, always keep rank 0.
+  The main token's draws keep the token that crosses top_p (so end of speech stays
+  reachable); the codebook heads drop it.
+- Temperature 0 is greedy (rank 0 of a stable sort: the lowest id among ties). The
+  noise is drawn anyway so a take's random stream does not depend on its settings.
+- Draws are `argmax(p / Exponential(1))`, equivalent to drawing from p, with no host
+  sync; the sampling parameters are tensors. Together with a per-take
+  `torch.Generator` the step stays capturable as a CUDA graph.
+- Repetition-aware sampling (RAS) of the main token: both draws are always made (so
+  the random stream does not depend on the window); a semantic first draw that
+  repeats a main token of the last 16 frame rows (prompt rows included) takes the
+  second draw. Its settings are fixed by the model, not by requests.
+- The codebook heads cap top-k at 30 whatever the request says: wider caps cost
+  speaker similarity (sglang-omni, mlx-audio).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from engine.errors import RequestError
+
+RAS_WINDOW_FRAMES = 16
+EMPTY_RAS_SLOT = -1  # pads the window of a prompt shorter than 16 rows; matches no id
+RAS_TEMPERATURE = 1.0
+RAS_TOP_P = 0.95
+RAS_TOP_K = 30
+CODEBOOK_TOP_K = 30
+MIN_TEMPERATURE = 1e-5
+MAX_NEW_TOKENS = 1200
+
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 0.9
+DEFAULT_TOP_K = 30  # the seed's default (sglang-omni leaves the main token uncapped)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = DEFAULT_TEMPERATURE  # 0 is greedy
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
+    max_new_tokens: int = MAX_NEW_TOKENS
+    seed: int | None = None  # a take with a seed is reproducible
+
+    def checked(self) -> Sampling:
+        """These settings if valid, with max_new_tokens capped at MAX_NEW_TOKENS."""
+        t, p, k, n, seed = self.temperature, self.top_p, self.top_k, self.max_new_tokens, self.seed
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise RequestError(f"temperature must be a non-negative number (0 is greedy); got {t!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise RequestError(f"top_p must be in (0, 1]; got {p!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise RequestError(f"top_k must be a positive integer; got {k!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise RequestError(f"max_new_tokens must be a positive integer; got {n!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+            raise RequestError(f"seed must be an integer in [0, 2**63) or absent; got {seed!r}")
+        return replace(self, temperature=float(t), top_p=float(p), max_new_tokens=min(n, MAX_NEW_TOKENS))
+
+
+@dataclass
+class SamplingTensors:
+    """A take's settings as tensors [B], so one captured step serves every take."""
+
+    temperature: torch.Tensor  # float32 [B]
+    top_k: torch.Tensor  # int64 [B]
+    top_p: torch.Tensor  # float32 [B]
+
+    @classmethod
+    def of(cls, sampling: Sampling, device: torch.device | str = "cpu") -> SamplingTensors:
+        return cls(torch.tensor([sampling.temperature], dtype=torch.float32, device=device),
+                   torch.tensor([sampling.top_k], dtype=torch.long, device=device),
+                   torch.tensor([sampling.top_p], dtype=torch.float32, device=device))
+
+    def fill(self, sampling: Sampling) -> None:
+        """Copy new settings into the same tensors (the addresses a graph captured)."""
+        self.temperature.fill_(sampling.temperature)
+        self.top_k.fill_(sampling.top_k)
+        self.top_p.fill_(sampling.top_p)
+
+
+def sample_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                       top_p: torch.Tensor, generator: torch.Generator | None = None, *,
+                       keep_crossing: bool = False) -> torch.Tensor:
+    """One id per row of logits [B, V]; temperature, top_p float [B], top_k int [B]."""
+    scaled = logits.float() / temperature.float().clamp(min=MIN_TEMPERATURE)[:, None]  # [B, V]
+    sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True, stable=True)  # [B, V]
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # [B, V]
+    dropped = cumulative > top_p.float()[:, None]
+    if keep_crossing:  # a token is dropped only if the one before it already passed top_p
+        dropped = torch.cat((torch.zeros_like(dropped[:, :1]), dropped[:, :-1]), dim=-1)
+    ranks = torch.arange(logits.shape[-1], device=logits.device)  # [V]
+    dropped |= ranks >= top_k[:, None]
+    dropped[:, 0] = False
+    probs = sorted_logits.masked_fill(dropped, -math.inf).softmax(dim=-1)  # [B, V]
+    # An exponential draw of exactly 0 would turn p / 0 into inf or nan (argmax's pick).
+    noise = torch.empty_like(probs).exponential_(1.0, generator=generator).clamp_(min=torch.finfo(probs.dtype).tiny)
+    choice = (probs / noise).argmax(dim=-1, keepdim=True)  # [B, 1]
+    choice = torch.where(temperature[:, None] == 0, torch.zeros_like(choice), choice)
+    return sorted_ids.gather(-1, choice).squeeze(-1)  # [B]
+
+
+def sample_main(candidate_logits: torch.Tensor, candidate_ids: torch.Tensor, ras_window: torch.Tensor,
+                settings: SamplingTensors, semantic_start: int, codebook_size: int,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """The main token ids [B] (end of speech or a semantic token) with RAS.
+
+    candidate_logits [B, C] are the logits of candidate_ids [C]; ras_window [B, 16]
+    holds the main tokens of the last 16 rows, oldest first, padded with -1."""
+    first = candidate_ids[sample_top_k_top_p(candidate_logits, settings.temperature, settings.top_k,
+                                             settings.top_p, generator, keep_crossing=True)]  # [B]
+    fixed = torch.ones_like(settings.temperature)
+    retry = candidate_ids[sample_top_k_top_p(candidate_logits, fixed * RAS_TEMPERATURE,
+                                             torch.full_like(settings.top_k, RAS_TOP_K), fixed * RAS_TOP_P,
+                                             generator, keep_crossing=True)]  # [B]
+    repeated = (ras_window == first[:, None]).any(dim=-1)
+    semantic = (first >= semantic_start) & (first < semantic_start + codebook_size)
+    return torch.where(repeated & semantic, retry, first)
+
+
+def sample_code(logits: torch.Tensor, settings: SamplingTensors,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """A codebook head's code [B] from its logits [B, V]: the request's settings, top-k capped."""
+    return sample_top_k_top_p(logits, settings.temperature, settings.top_k.clamp(max=CODEBOOK_TOP_K),
+                              settings.top_p, generator)
+
+
+def ras_window_of(rows: torch.Tensor) -> torch.Tensor:
+    """The RAS window [1, 16] of a prompt's rows [R, width]: the last 16 main tokens,
+    oldest first, left-padded with EMPTY_RAS_SLOT."""
+    window = torch.full((1, RAS_WINDOW_FRAMES), EMPTY_RAS_SLOT, dtype=torch.long, device=rows.device)
+    tail = rows[-RAS_WINDOW_FRAMES:, 0]
+    window[0, RAS_WINDOW_FRAMES - len(tail):] = tail
+    return window
+
+
+def take_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A take's own random stream: seeded if asked, else from fresh entropy."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator

@@ -1,0 +1,172 @@
+"""Prompt rows of every layout: against rows written out by hand on the tiny tokenizer,
+and against sglang-omni 0.1.9's own builder for the layouts it has (stock, references)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.drama3.config import Drama3Config, preset
+from engine.drama3.prompt import (Character, HistoryTurn, Reference, build_prompt, build_segments,
+                                  segment_rows)
+from engine.drama3.sampling import Sampling
+from engine.drama3.tokenizer import tiny_tokenizer, token_ids
+from engine.errors import RequestError
+
+# The tiny tokenizer's special ids (tokenizer.py: 256 bytes, then the specials in order).
+IM_START, IM_END, VOICE, AUDIO_SEPARATOR, SPEAKER_0, SEMANTIC_0 = 256, 257, 258, 261, 262, 278
+
+
+def byte_ids(text: str) -> list[int]:
+    """Ids of text's UTF-8 bytes in a byte-level BPE with no merges, worked out from
+    GPT-2's byte-to-character table (printable bytes keep their character; the
+    rest map to U+0100 onwards) sorted by character."""
+    ids = []
+    others = [b for b in range(256) if not (33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255)]
+    for b in text.encode():
+        if 33 <= b <= 126:
+            ids.append(b - 33)
+        elif 161 <= b <= 172:
+            ids.append(94 + b - 161)
+        elif 174 <= b <= 255:
+            ids.append(106 + b - 174)
+        else:
+            ids.append(188 + others.index(b))
+    return ids
+
+
+def text_rows(ids: list[int]) -> torch.Tensor:
+    rows = torch.zeros((len(ids), 11), dtype=torch.long)
+    rows[:, 0] = torch.tensor(ids)
+    return rows
+
+
+def code_rows(codes: torch.Tensor) -> torch.Tensor:
+    return torch.stack([torch.tensor([SEMANTIC_0 + int(c[0]), *map(int, c)]) for c in codes.T])
+
+
+def expected(*parts: list[int] | torch.Tensor) -> torch.Tensor:
+    return torch.cat([p if isinstance(p, torch.Tensor) else text_rows(p) for p in parts])
+
+
+SYSTEM = [IM_START, *byte_ids("system\n")]
+END = [IM_END, *byte_ids("\n")]
+USER = [IM_START, *byte_ids("user\n")]
+ASSISTANT = [IM_START, *byte_ids("assistant\n"), VOICE]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def config(tokenizer) -> Drama3Config:
+    return Drama3Config.from_dict(preset("tiny", **token_ids(tokenizer)))
+
+
+def codes_of(frames: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 4096, (10, frames), generator=torch.Generator().manual_seed(seed))
+
+
+def rows_of(text, voice, history, tokenizer, config) -> torch.Tensor:
+    return build_prompt(text, voice, history, Sampling(), tokenizer, config).rows
+
+
+def test_byte_ids_agree_with_tokenizer_on_every_byte(tokenizer):
+    # The hand table covers all 256 bytes (latin-1 chars are 1 or 2 UTF-8 bytes).
+    sample = "".join(map(chr, range(1, 256)))
+    assert tokenizer.encode(sample).ids == byte_ids(sample)
+
+
+def test_stock_layout(tokenizer, config):
+    rows = rows_of("Hi, é!", None, [], tokenizer, config)
+    want = expected(SYSTEM, byte_ids("convert the provided text to speech"), END,
+                    USER, [SPEAKER_0, *byte_ids(" Hi, é!")], END, ASSISTANT)
+    assert torch.equal(rows, want)
+
+
+def test_reference_layout_moves_leading_white_space_behind_the_tag(tokenizer, config):
+    a, b = codes_of(3, 0), codes_of(2, 1)
+    voice = [Reference(a, "first clip"), Reference(b, "\u3000 <|speaker:0|>second")]
+    rows = rows_of("<|speaker:0|>Go.", voice, [], tokenizer, config)
+    want = expected(SYSTEM, byte_ids("convert the provided text to speech reference to the following:"),
+                    [*byte_ids("\n\n[Reference 1]\nText: "), SPEAKER_0, *byte_ids(" first clip\nSpeech: ")],
+                    code_rows(a),
+                    [*byte_ids("\n\n[Reference 2]\nText: "), SPEAKER_0, *byte_ids("\u3000 second\nSpeech: ")],
+                    code_rows(b),
+                    END, USER, [SPEAKER_0, *byte_ids("Go.")], END, ASSISTANT)
+    assert torch.equal(rows, want)
+
+
+def test_character_layout(tokenizer, config):
+    character = Character(" Ada ", "a tired detective", "\tA rainy office. ")
+    rows = rows_of("Sit down.", character, [], tokenizer, config)
+    instruction = [*byte_ids("Voice every line of the script in order, with "), AUDIO_SEPARATOR,
+                   *byte_ids(" between consecutive lines.")]
+    want = expected(SYSTEM, [*byte_ids("Scene: A rainy office.\nCharacters:\n- Ada: a tired detective\n"),
+                             *instruction], END,
+                    USER, byte_ids("Ada: Sit down."), END, ASSISTANT)
+    assert torch.equal(rows, want)
+    no_scene = rows_of("Sit down.", Character("Ada", "a tired detective"), [], tokenizer, config)
+    head = expected(SYSTEM, byte_ids("Characters:\n"))
+    assert torch.equal(no_scene[: len(head)], head)
+
+
+def test_history_in_stock_and_character_layouts(tokenizer, config):
+    first, second = codes_of(4, 2), codes_of(1, 3)
+    history = [HistoryTurn("One.", first), HistoryTurn("Two.", second)]
+    rows = rows_of("Three.", None, history, tokenizer, config)
+    want = expected(SYSTEM, byte_ids("convert the provided text to speech"), END,
+                    USER, [SPEAKER_0, *byte_ids(" One.")], END, ASSISTANT, code_rows(first), END,
+                    USER, [SPEAKER_0, *byte_ids(" Two.")], END, ASSISTANT, code_rows(second), END,
+                    USER, [SPEAKER_0, *byte_ids(" Three.")], END, ASSISTANT)
+    assert torch.equal(rows, want)
+
+    character = Character("Bo", "a sailor")
+    rows = rows_of("Three.", character, history[1:], tokenizer, config)
+    head = segment_rows(build_segments("x", character, [])[:3], tokenizer, config)
+    want = expected(head, USER, byte_ids("Bo: Two."), END, ASSISTANT, code_rows(second), END,
+                    USER, byte_ids("Bo: Three."), END, ASSISTANT)
+    assert torch.equal(rows, want)
+
+
+def test_every_literal_is_tokenised_on_its_own(tokenizer, config):
+    # Joined, "...speech" + "<|im_end|>" would still split at the special token; the
+    # point is the segment list: rows are the concatenation of per-segment rows.
+    segments = build_segments("Hi.", [Reference(codes_of(2, 4), "ref")], [HistoryTurn("Earlier.", codes_of(3, 5))])
+    rows = segment_rows(segments, tokenizer, config)
+    per_segment = torch.cat([segment_rows([s], tokenizer, config) for s in segments])
+    assert torch.equal(rows, per_segment)
+    assert rows.dtype == torch.long and rows.shape[1] == 11
+
+
+def test_matches_sglang_omni_builder(tokenizer, config):
+    sglang_prompt = pytest.importorskip("sglang_omni.models.fishaudio_drama3.prompt")
+    cases = [
+        ("Hello there.", []),
+        ("  <|speaker:0|> Tabs\tand\u2003spaces  ", []),
+        ("Again.", [("one", codes_of(5, 6))]),
+        ("Again.", [("\u2028<|speaker:0|>two", codes_of(1, 7)), ("  three ", codes_of(7, 8))]),
+    ]
+    for text, references in cases:
+        ours = rows_of(text, [Reference(c, t) for t, c in references] or None, [], tokenizer, config)
+        theirs = sglang_prompt.build_prompt_rows(
+            text, [sglang_prompt.ReferencePart(transcript=t, audio_codes=c) for t, c in references],
+            tokenizer, num_codebooks=10, codebook_size=4096)
+        assert torch.equal(ours, theirs), text
+
+
+def test_row_limit_and_dropping_oldest_history(tokenizer, config):
+    history = [HistoryTurn(f"Turn {i}.", codes_of(100, i)) for i in range(5)]
+    full = build_prompt("Now.", None, history, Sampling(), tokenizer, config)
+    assert full.history_used == 5
+    limit = len(full.rows) - 150  # two turns too many
+    with pytest.raises(RequestError, match=f"exceeds the maximum allowed length of {limit} rows"):
+        build_prompt("Now.", None, history, Sampling(), tokenizer, config, max_rows=limit)
+    kept = build_prompt("Now.", None, history, Sampling(), tokenizer, config, max_rows=limit,
+                        drop_oldest_history=True)
+    assert kept.history_used == 3
+    assert torch.equal(kept.rows, rows_of("Now.", None, history[2:], tokenizer, config))
+    with pytest.raises(RequestError, match="shorten the text"):
+        build_prompt("Now.", None, history, Sampling(), tokenizer, config, max_rows=20, drop_oldest_history=True)
