@@ -1,0 +1,323 @@
+"""SQLite persistence of directing sessions: sessions, lines, voices (codes) and takes (codes).
+
+Design choices:
+- One file (`retake.sqlite3` under `--data-dir`), one connection, used only from the event
+  loop thread. Every write is one short transaction (milliseconds: codes of a take are tens
+  of kilobytes), so the loop does it inline instead of hopping to a thread; this keeps the
+  rule "written before announced" a matter of statement order in the caller.
+- WAL journal with synchronous=NORMAL: a committed write survives the process dying (a
+  restart loses nothing); only a power cut can lose the last transactions.
+- Codes are stored as little-endian int32 bytes with their codebook count; the store knows
+  numpy arrays, not torch tensors.
+- Take ids come from one AUTOINCREMENT sequence over all sessions, so an id names one take
+  on the whole server (the audio frame header carries it as u32).
+- Takes that were queued or running when the server stopped are finished as `error` on open.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+
+from backend.protocol import (
+    CharacterInfo,
+    CharacterSpec,
+    FinishReason,
+    LineInfo,
+    SamplingInfo,
+    TakeInfo,
+    TakeState,
+    VoiceInfo,
+)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    created_ms INTEGER NOT NULL,
+    voice_id INTEGER
+);
+CREATE TABLE IF NOT EXISTS voices (
+    voice_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(session_id),
+    character TEXT,
+    created_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS voice_references (
+    voice_id INTEGER NOT NULL REFERENCES voices(voice_id),
+    idx INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    codebooks INTEGER NOT NULL,
+    codes BLOB NOT NULL,
+    PRIMARY KEY (voice_id, idx)
+);
+CREATE TABLE IF NOT EXISTS lines (
+    session_id TEXT NOT NULL REFERENCES sessions(session_id),
+    line_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    PRIMARY KEY (session_id, line_id)
+);
+CREATE TABLE IF NOT EXISTS takes (
+    take_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(session_id),
+    line_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    voice_id INTEGER,
+    sampling TEXT NOT NULL,
+    history TEXT NOT NULL DEFAULT '[]',
+    kept INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL DEFAULT 'queued',
+    finish_reason TEXT,
+    error TEXT,
+    timings TEXT NOT NULL DEFAULT '{}',
+    frames INTEGER NOT NULL DEFAULT 0,
+    samples INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    codebooks INTEGER,
+    codes BLOB,
+    created_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS takes_by_session ON takes (session_id, take_id);
+"""
+STOPPED_DURING_TAKE = "the server stopped during this take"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def codes_to_blob(codes: np.ndarray) -> tuple[int, bytes]:
+    if codes.ndim != 2:
+        raise ValueError(f"codes must be [codebooks, frames]; got shape {codes.shape}")
+    return codes.shape[0], np.ascontiguousarray(codes, dtype="<i4").tobytes()
+
+
+def blob_to_codes(codebooks: int, blob: bytes) -> np.ndarray:
+    return np.frombuffer(blob, dtype="<i4").astype(np.int64).reshape(codebooks, -1)  # [codebooks, frames]
+
+
+@dataclass(frozen=True)
+class StoredReference:
+    text: str
+    codes: np.ndarray  # int64 [codebooks, frames]
+
+
+@dataclass(frozen=True)
+class StoredVoice:
+    voice_id: int
+    references: list[StoredReference]
+    character: CharacterSpec | None
+
+    def info(self) -> VoiceInfo:
+        character: CharacterInfo | None = None
+        if self.character is not None:
+            c = self.character
+            character = {"name": c.name, "description": c.description, "scene": c.scene}
+        return {"voice_id": self.voice_id, "character": character,
+                "references": [{"text": r.text, "frames": int(r.codes.shape[1])} for r in self.references]}
+
+
+@dataclass(frozen=True)
+class StoredTake:
+    take_id: int
+    session_id: str
+    line_id: str
+    text: str
+    voice_id: int | None
+    sampling: SamplingInfo
+    history: list[int]
+    kept: bool
+    state: TakeState
+    finish_reason: FinishReason | None
+    error: str | None
+    timings: dict[str, float | int | None]
+    frames: int
+    samples: int
+    attempts: int
+    created_ms: int
+
+    @property
+    def usable(self) -> bool:
+        """Whether the take has audio to keep or to condition on."""
+        return self.state == "done" and self.finish_reason != "error" and self.frames > 0
+
+    def info(self) -> TakeInfo:
+        return {
+            "take_id": self.take_id, "line_id": self.line_id, "text": self.text, "voice_id": self.voice_id,
+            "sampling": self.sampling, "history": self.history, "kept": self.kept, "state": self.state,
+            "finish_reason": self.finish_reason, "error": self.error, "timings": self.timings,
+            "frames": self.frames, "samples": self.samples, "attempts": self.attempts,
+            "audio_url": f"/sessions/{self.session_id}/takes/{self.take_id}.wav", "created_ms": self.created_ms,
+        }
+
+
+TAKE_COLUMNS = ("take_id, session_id, line_id, text, voice_id, sampling, history, kept, state, finish_reason, "
+                "error, timings, frames, samples, attempts, created_ms")
+
+
+def _take(row: sqlite3.Row) -> StoredTake:
+    return StoredTake(
+        take_id=row["take_id"], session_id=row["session_id"], line_id=row["line_id"], text=row["text"],
+        voice_id=row["voice_id"], sampling=cast(SamplingInfo, json.loads(row["sampling"])),
+        history=json.loads(row["history"]), kept=bool(row["kept"]), state=row["state"],
+        finish_reason=row["finish_reason"], error=row["error"], timings=json.loads(row["timings"]),
+        frames=row["frames"], samples=row["samples"], attempts=row["attempts"], created_ms=row["created_ms"],
+    )
+
+
+class Store:
+    """The session store; every method is one transaction, committed when it returns."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        # isolation_level=None: autocommit, with explicit transactions around multi-statement writes.
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.executescript(SCHEMA)
+        self.interrupted = self._finish_interrupted_takes()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _write(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        return self.db.execute(sql, params)
+
+    def _finish_interrupted_takes(self) -> int:
+        cursor = self._write(
+            "UPDATE takes SET state='done', finish_reason='error', error=? WHERE state != 'done'",
+            (STOPPED_DURING_TAKE,))
+        return cursor.rowcount
+
+    # Sessions -----------------------------------------------------------------
+
+    def create_session(self) -> str:
+        session_id = secrets.token_hex(16)
+        self._write("INSERT INTO sessions (session_id, created_ms) VALUES (?, ?)", (session_id, now_ms()))
+        return session_id
+
+    def has_session(self, session_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM sessions WHERE session_id=?", (session_id,)).fetchone() is not None
+
+    def lines(self, session_id: str) -> list[LineInfo]:
+        rows = self.db.execute("SELECT line_id, text, position FROM lines WHERE session_id=? ORDER BY position",
+                               (session_id,)).fetchall()
+        return [{"line_id": r["line_id"], "text": r["text"], "position": r["position"]} for r in rows]
+
+    def takes(self, session_id: str) -> list[StoredTake]:
+        rows = self.db.execute(f"SELECT {TAKE_COLUMNS} FROM takes WHERE session_id=? ORDER BY take_id",
+                               (session_id,)).fetchall()
+        return [_take(r) for r in rows]
+
+    def count_takes(self, session_id: str) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM takes WHERE session_id=?", (session_id,)).fetchone()[0])
+
+    # Voices -------------------------------------------------------------------
+
+    def set_voice(self, session_id: str, references: list[StoredReference],
+                  character: CharacterSpec | None) -> StoredVoice | None:
+        """Store a voice and make it the session's; neither references nor character = default voice."""
+        if not references and character is None:
+            self._write("UPDATE sessions SET voice_id=NULL WHERE session_id=?", (session_id,))
+            return None
+        spec = None if character is None else json.dumps(
+            {"name": character.name, "description": character.description, "scene": character.scene})
+        with self.db:
+            self.db.execute("BEGIN")
+            voice_id = self.db.execute(
+                "INSERT INTO voices (session_id, character, created_ms) VALUES (?, ?, ?)",
+                (session_id, spec, now_ms())).lastrowid
+            assert voice_id is not None
+            for index, reference in enumerate(references):
+                codebooks, blob = codes_to_blob(reference.codes)
+                self.db.execute("INSERT INTO voice_references VALUES (?, ?, ?, ?, ?)",
+                                (voice_id, index, reference.text, codebooks, blob))
+            self.db.execute("UPDATE sessions SET voice_id=? WHERE session_id=?", (voice_id, session_id))
+        return StoredVoice(voice_id, references, character)
+
+    def session_voice(self, session_id: str) -> StoredVoice | None:
+        row = self.db.execute("SELECT voice_id FROM sessions WHERE session_id=?", (session_id,)).fetchone()
+        return None if row is None or row["voice_id"] is None else self.voice(row["voice_id"])
+
+    def voice(self, voice_id: int) -> StoredVoice:
+        row = self.db.execute("SELECT character FROM voices WHERE voice_id=?", (voice_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no voice {voice_id}")
+        character = None if row["character"] is None else CharacterSpec(**json.loads(row["character"]))
+        references = [
+            StoredReference(r["text"], blob_to_codes(r["codebooks"], r["codes"]))
+            for r in self.db.execute("SELECT text, codebooks, codes FROM voice_references WHERE voice_id=? "
+                                     "ORDER BY idx", (voice_id,))
+        ]
+        return StoredVoice(voice_id, references, character)
+
+    # Takes --------------------------------------------------------------------
+
+    def add_take(self, session_id: str, line_id: str, text: str, voice_id: int | None,
+                 sampling: SamplingInfo) -> StoredTake:
+        """A queued take; its line is created on first use and takes the take's text."""
+        created = now_ms()
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute(
+                "INSERT INTO lines (session_id, line_id, text, position) VALUES (?, ?, ?, "
+                "(SELECT COUNT(*) FROM lines WHERE session_id=?)) "
+                "ON CONFLICT (session_id, line_id) DO UPDATE SET text=excluded.text",
+                (session_id, line_id, text, session_id))
+            take_id = self.db.execute(
+                "INSERT INTO takes (session_id, line_id, text, voice_id, sampling, created_ms) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (session_id, line_id, text, voice_id, json.dumps(sampling), created)).lastrowid
+        assert take_id is not None
+        take = self.take(session_id, take_id)
+        assert take is not None
+        return take
+
+    def take(self, session_id: str, take_id: int) -> StoredTake | None:
+        """The take if it belongs to this session (another session's take is as good as unknown)."""
+        row = self.db.execute(f"SELECT {TAKE_COLUMNS} FROM takes WHERE take_id=? AND session_id=?",
+                              (take_id, session_id)).fetchone()
+        return None if row is None else _take(row)
+
+    def start_take(self, take_id: int, attempt: int, sampling: SamplingInfo) -> None:
+        self._write("UPDATE takes SET state='running', attempts=?, sampling=? WHERE take_id=?",
+                    (attempt, json.dumps(sampling), take_id))
+
+    def set_history(self, take_id: int, history: list[int]) -> None:
+        self._write("UPDATE takes SET history=? WHERE take_id=?", (json.dumps(history), take_id))
+
+    def finish_take(self, take_id: int, finish_reason: FinishReason, *, error: str | None,
+                    timings: dict[str, float | int | None], samples: int, attempts: int,
+                    codes: np.ndarray | None) -> None:
+        codebooks, blob = (None, None) if codes is None else codes_to_blob(codes)
+        frames = 0 if codes is None else int(codes.shape[1])
+        self._write(
+            "UPDATE takes SET state='done', finish_reason=?, error=?, timings=?, frames=?, samples=?, attempts=?, "
+            "codebooks=?, codes=? WHERE take_id=?",
+            (finish_reason, error, json.dumps(timings), frames, samples, attempts, codebooks, blob, take_id))
+
+    def take_codes(self, take_id: int) -> np.ndarray | None:
+        row = self.db.execute("SELECT codebooks, codes FROM takes WHERE take_id=?", (take_id,)).fetchone()
+        if row is None or row["codes"] is None:
+            return None
+        return blob_to_codes(row["codebooks"], row["codes"])
+
+    def set_kept(self, take_id: int, kept: bool) -> None:
+        self._write("UPDATE takes SET kept=? WHERE take_id=?", (int(kept), take_id))
+
+    def kept_history(self, session_id: str) -> list[int]:
+        """The kept takes in scene order: by their line's position, then by take id."""
+        rows = self.db.execute(
+            "SELECT t.take_id FROM takes t JOIN lines l ON l.session_id = t.session_id AND l.line_id = t.line_id "
+            "WHERE t.session_id=? AND t.kept=1 ORDER BY l.position, t.take_id", (session_id,)).fetchall()
+        return [int(r["take_id"]) for r in rows]
