@@ -1,0 +1,358 @@
+"""The modules of Fish's modified DAC codec (`modded_dac_vq`), named after codec.pth keys.
+
+Design choices:
+- Module attribute names and `nn.Sequential` indices follow the released state dict
+  (`encoder.block.1.block.0.block.1.conv.weight`, `quantizer.post_module.layers.3.attention.wqkv`),
+  so loading is `load_state_dict` after one rename: weight norm is folded at load
+  (codec.py), and these modules only ever hold plain `weight` tensors. `weight_norm`
+  on a conv records how the checkpoint stores it, for the tiny checkpoint writer.
+- Everything is causal: a convolution pads on the left only, a transposed convolution
+  trims its right overhang, attention sees a causal window. Output for frame t depends
+  only on frames <= t, which is what lets stream.py decode windows with left context.
+- Numerics follow the release where they matter for parity: RoPE cos/sin are rounded to
+  bfloat16 (the release precomputes them in bfloat16) and applied in float32, RMSNorm
+  runs in float32, the vector quantiser picks codes by cosine similarity.
+- Batch size is whatever the caller gives; the codec API (codec.py) uses one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ENCODER_WINDOW = 512  # the release's encoder transformers always attend 512 latent steps
+
+
+class Snake(nn.Module):
+    """x + sin^2(alpha x) / alpha, per channel (DAC's Snake1d)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
+        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
+
+
+class CausalConv(nn.Module):
+    """Conv1d padded on the left by (kernel - stride), and on the right up to a whole stride."""
+
+    def __init__(self, channels_in: int, channels_out: int, kernel_size: int, stride: int = 1,
+                 dilation: int = 1, groups: int = 1, weight_norm: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(channels_in, channels_out, kernel_size, stride=stride,
+                              dilation=dilation, groups=groups)
+        self.stride = stride
+        self.left = (kernel_size - 1) * dilation + 1 - stride
+        self.weight_norm = weight_norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T] -> [B, C', ceil(T / stride)]
+        right = -x.shape[-1] % self.stride
+        if self.left or right:
+            x = F.pad(x, (self.left, right))
+        return self.conv(x)
+
+
+class CausalConvTranspose(nn.Module):
+    """ConvTranspose1d whose right overhang (kernel - stride samples) is dropped."""
+
+    def __init__(self, channels_in: int, channels_out: int, kernel_size: int, stride: int,
+                 weight_norm: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(channels_in, channels_out, kernel_size, stride=stride)
+        self.trim = kernel_size - stride
+        self.weight_norm = weight_norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T] -> [B, C', T * stride]
+        x = self.conv(x)
+        return x[..., : x.shape[-1] - self.trim] if self.trim else x
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, channels: int, dilation: int) -> None:
+        super().__init__()
+        self.block = nn.Sequential(
+            Snake(channels), CausalConv(channels, channels, 7, dilation=dilation),
+            Snake(channels), CausalConv(channels, channels, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+# ─── Window-limited causal transformer ────────────────────────────────────────
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_head: int, head_dim: int) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = n_head, head_dim
+        self.wqkv = nn.Linear(dim, 3 * n_head * head_dim, bias=False)
+        self.wo = nn.Linear(n_head * head_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q, k, v = self.wqkv(x).view(batch, length, 3, self.n_head, self.head_dim).unbind(2)  # [B, T, H, Dh]
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=mask)  # [B, H, T, Dh]
+        return self.wo(y.transpose(1, 2).reshape(batch, length, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim: int, n_head: int, head_dim: int, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.attention = Attention(dim, n_head, head_dim)
+        self.feed_forward = FeedForward(dim, hidden)
+        self.attention_norm = RMSNorm(dim, eps)
+        self.ffn_norm = RMSNorm(dim, eps)
+        self.attention_layer_scale = LayerScale(dim)
+        self.ffn_layer_scale = LayerScale(dim)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention_layer_scale(self.attention(self.attention_norm(x), rope, mask))
+        return x + self.ffn_layer_scale(self.feed_forward(self.ffn_norm(x)))
+
+
+def rope_table(length: int, head_dim: int, base: float, device: torch.device) -> torch.Tensor:
+    """[T, Dh/2, 2] cos/sin, rounded to bfloat16 as the release stores them."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(length, device=device).float(), inv_freq)  # [T, Dh/2]
+    return torch.stack((angles.cos(), angles.sin()), -1).to(torch.bfloat16)
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs (x0, x1) of x [B, T, H, Dh] in float32."""
+    pairs = x.float().unflatten(-1, (-1, 2))  # [B, T, H, Dh/2, 2]
+    cos, sin = rope[None, :, None, :, 0], rope[None, :, None, :, 1]
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), -1).flatten(3).type_as(x)
+
+
+class WindowLimitedTransformer(nn.Module):
+    """Causal transformer on [B, C, T] whose step t attends to steps (t - window, t]."""
+
+    def __init__(self, input_dim: int, dim: int, n_layer: int, n_head: int, head_dim: int, hidden: int,
+                 window: int, rope_base: float, eps: float) -> None:
+        super().__init__()
+        self.window, self.head_dim, self.rope_base = window, head_dim, rope_base
+        self.layers = nn.ModuleList(TransformerBlock(dim, n_head, head_dim, hidden, eps) for _ in range(n_layer))
+        self.norm = RMSNorm(dim, eps)
+        self.input_proj = nn.Linear(input_dim, dim) if input_dim != dim else nn.Identity()
+        self.output_proj = nn.Linear(dim, input_dim) if input_dim != dim else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
+        length = x.shape[-1]
+        x = self.input_proj(x.transpose(1, 2))  # [B, T, D]
+        # Positions restart at 0 in every call (a streamed window too), as in the release.
+        rope = rope_table(length, self.head_dim, self.rope_base, x.device)
+        step = torch.arange(length, device=x.device)
+        back = step[:, None] - step[None, :]
+        mask = ((back >= 0) & (back < self.window))[None, None]  # [1, 1, T, T]
+        for layer in self.layers:
+            x = layer(x, rope, mask)
+        return self.output_proj(self.norm(x)).transpose(1, 2)
+
+
+# ─── Encoder and decoder ──────────────────────────────────────────────────────
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, dim: int, stride: int, transformer: nn.Module | None) -> None:
+        super().__init__()
+        half = dim // 2
+        parts = [ResidualUnit(half, 1), ResidualUnit(half, 3), ResidualUnit(half, 9),
+                 Snake(half), CausalConv(half, dim, 2 * stride, stride=stride)]
+        self.block = nn.Sequential(*parts, *([transformer] if transformer is not None else []))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+class Encoder(nn.Module):
+    """Waveform [B, 1, S] -> latent [B, latent_dim, S / prod(rates)]."""
+
+    def __init__(self, dim: int, rates: list[int], latent_dim: int, transformer_layers: list[int],
+                 general: dict) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = [CausalConv(1, dim, 7)]
+        for stride, layers in zip(rates, transformer_layers):
+            dim *= 2
+            transformer = None
+            if layers:
+                # The release sizes these from the width alone: dim / 64 heads of
+                # general["head_dim"], a 3x feed-forward, a 512-step window.
+                transformer = WindowLimitedTransformer(
+                    dim, dim, layers, dim // 64, general["head_dim"], dim * 3, ENCODER_WINDOW,
+                    general["rope_base"], general["norm_eps"])
+            blocks.append(EncoderBlock(dim, stride, transformer))
+        blocks += [Snake(dim), CausalConv(dim, latent_dim, 3)]
+        self.block = nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, dim_in: int, dim_out: int, stride: int) -> None:
+        super().__init__()
+        self.block = nn.Sequential(
+            Snake(dim_in), CausalConvTranspose(dim_in, dim_out, 2 * stride, stride),
+            ResidualUnit(dim_out, 1), ResidualUnit(dim_out, 3), ResidualUnit(dim_out, 9),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+class Decoder(nn.Module):
+    """Latent [B, latent_dim, L] -> waveform [B, 1, L * prod(rates)] in (-1, 1).
+
+    The release builds a transformer for decoder_transformer_layers but never wires it
+    in (it is commented out of DecoderBlock), so those layers do not exist here either.
+    """
+
+    def __init__(self, latent_dim: int, dim: int, rates: list[int]) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [CausalConv(latent_dim, dim, 7)]
+        for i, stride in enumerate(rates):
+            layers.append(DecoderBlock(dim // 2**i, dim // 2 ** (i + 1), stride))
+        out = dim // 2 ** len(rates)
+        layers += [Snake(out), CausalConv(out, 1, 7), nn.Tanh()]
+        self.model = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+# ─── Quantiser ────────────────────────────────────────────────────────────────
+
+
+class ConvNeXtBlock(nn.Module):
+    """Causal depthwise conv -> LayerNorm -> 4x MLP (GELU) -> layer scale, residual."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = CausalConv(dim, dim, 7, groups=dim, weight_norm=False)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
+        y = self.norm(self.dwconv(x).transpose(1, 2))  # [B, T, C]
+        y = self.gamma * self.pwconv2(F.gelu(self.pwconv1(y)))
+        return x + y.transpose(1, 2)
+
+
+class VectorQuantizer(nn.Module):
+    """One codebook: project to codebook_dim, nearest code by cosine, project back."""
+
+    def __init__(self, dim: int, codebook_size: int, codebook_dim: int) -> None:
+        super().__init__()
+        self.in_proj = nn.Conv1d(dim, codebook_dim, 1)
+        self.out_proj = nn.Conv1d(codebook_dim, dim, 1)
+        self.codebook = nn.Embedding(codebook_size, codebook_dim)
+        self.in_proj.weight_norm = self.out_proj.weight_norm = "legacy"  # weight_g / weight_v keys
+
+    def quantize(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes [B, T] of z [B, C, T] and their embedding [B, C, T]."""
+        projected = self.in_proj(z)  # [B, d, T]
+        e = F.normalize(projected.transpose(1, 2).flatten(0, 1))  # [B*T, d]
+        c = F.normalize(self.codebook.weight)  # [N, d]
+        distance = e.pow(2).sum(1, keepdim=True) - 2 * e @ c.t() + c.pow(2).sum(1, keepdim=True).t()
+        codes = (-distance).max(1).indices.view(z.shape[0], z.shape[2])
+        chosen = F.embedding(codes, self.codebook.weight).transpose(1, 2)  # [B, d, T]
+        # DAC's straight-through form: numerically projected + (chosen - projected), not
+        # chosen; kept so the residuals (and so later codebooks' codes) match the release.
+        return codes, self.out_proj(projected + (chosen - projected))
+
+    def embed(self, codes: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, C, T]
+        return self.out_proj(F.embedding(codes, self.codebook.weight).transpose(1, 2))
+
+
+class ResidualQuantizer(nn.Module):
+    def __init__(self, dim: int, n_codebooks: int, codebook_size: int, codebook_dim: int) -> None:
+        super().__init__()
+        self.codebook_size = codebook_size
+        self.quantizers = nn.ModuleList(VectorQuantizer(dim, codebook_size, codebook_dim)
+                                        for _ in range(n_codebooks))
+
+    def encode(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes [B, N, T] of z [B, C, T] and the quantised sum [B, C, T]."""
+        codes, total, residual = [], torch.zeros_like(z), z
+        for quantizer in self.quantizers:
+            indices, step = quantizer.quantize(residual)
+            total, residual = total + step, residual - step
+            codes.append(indices)
+        return torch.stack(codes, 1), total
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:  # [B, N, T] -> [B, C, T]
+        return sum(q.embed(codes[:, i]) for i, q in enumerate(self.quantizers))
+
+
+class DownsampleQuantizer(nn.Module):
+    """latent (x4 frames) -> downsample -> pre transformer -> semantic + residual codes;
+    codes -> sum of embeddings -> post transformer -> upsample -> latent."""
+
+    def __init__(self, dim: int, n_codebooks: int, codebook_size: int, codebook_dim: int,
+                 semantic_codebook_size: int, factors: list[int], dims: list[int],
+                 pre_module: nn.Module, post_module: nn.Module) -> None:
+        super().__init__()
+        all_dims = [dim, *dims]
+        self.semantic_quantizer = ResidualQuantizer(dim, 1, semantic_codebook_size, codebook_dim)
+        self.quantizer = ResidualQuantizer(dim, n_codebooks, codebook_size, codebook_dim)
+        self.downsample = nn.Sequential(*(
+            nn.Sequential(CausalConv(all_dims[i], all_dims[i + 1], f, stride=f, weight_norm=False),
+                          ConvNeXtBlock(all_dims[i + 1]))
+            for i, f in enumerate(factors)))
+        self.upsample = nn.Sequential(*(
+            nn.Sequential(CausalConvTranspose(all_dims[i + 1], all_dims[i], f, f, weight_norm=False),
+                          ConvNeXtBlock(all_dims[i]))
+            for i, f in reversed(list(enumerate(factors)))))
+        self.pre_module = pre_module
+        self.post_module = post_module
+
+    def encode(self, latent: torch.Tensor) -> torch.Tensor:  # [B, C, 4T] -> [B, 1 + N, T]
+        z = self.pre_module(self.downsample(latent))
+        semantic, semantic_z = self.semantic_quantizer.encode(z)
+        residual, _ = self.quantizer.encode(z - semantic_z)
+        return torch.cat((semantic, residual), 1)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:  # [B, 1 + N, T] -> [B, C, 4T]
+        semantic = codes[:, :1].clamp(0, self.semantic_quantizer.codebook_size - 1)
+        residual = codes[:, 1:].clamp(0, self.quantizer.codebook_size - 1)
+        z = self.semantic_quantizer.decode(semantic) + self.quantizer.decode(residual)
+        return self.upsample(self.post_module(z))
