@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.errors import RequestError
+
 SPEECH_TEMPLATE_VERSION = "reference-bracket-v1"
 FISH_SCHEMA_VERSION = 1
 TEXT_MODEL_TYPES = ("fish_omni_text", "qwen3_5_moe_text")
@@ -26,7 +28,7 @@ QUANT_METHOD = "bsgemm-moe"
 FP8_BLOCK = (128, 128)
 
 
-class ConfigError(ValueError):
+class ConfigError(RequestError):
     """A config.json value we cannot run; the message names the field."""
 
 
@@ -300,10 +302,16 @@ class Drama3Config:
             raise ConfigError(f"config: token ids must lie inside text_config.vocab_size={text.vocab_size}")
         if start <= eos <= end:
             raise ConfigError(f"config.eos_token_id={eos} lies inside the semantic band")
+        fp8_experts = _quantization(raw.get("quantization_config"))
+        if fp8_experts:
+            for name in ("hidden_size", "moe_intermediate_size"):
+                if getattr(text, name) % FP8_BLOCK[0]:
+                    raise ConfigError(f"text_config.{name}={getattr(text, name)} must be a multiple of "
+                                      f"{FP8_BLOCK[0]} for block-FP8 experts")
         pad = raw.get("audio_pad_token_id")
         return cls(text=text, tower=tower, semantic_start_token_id=start, semantic_end_token_id=end,
                    eos_token_id=eos, audio_pad_token_id=pad if isinstance(pad, int) else None,
-                   fp8_experts=_quantization(raw.get("quantization_config")))
+                   fp8_experts=fp8_experts)
 
 
 def _quantization(raw: Any) -> bool:

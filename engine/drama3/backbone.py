@@ -1,0 +1,108 @@
+"""The Drama 3 backbone: the Qwen3.5-MoE hybrid text model, driven by frame embeddings.
+
+    x = embeds                                    # model.embed(frames): [B, T, D]
+    for layer: x = x + mixer(input_layernorm(x));  x = x + mlp(post_attention_layernorm(x))
+    hidden = norm(x)                              # the lm_head input, and the tower's
+
+where `mixer` is Gated DeltaNet (`linear_attn`, deltanet.py) on 3 layers in 4 and gated
+full attention (`self_attn`) on every 4th; every `mlp` is a mixture of experts (moe.py).
+
+Design choices:
+- Module and parameter names follow the checkpoint (`model.language_model.` becomes
+  `backbone.`), so loading is a rename table, not code.
+- One forward for every phase: `backbone(embeds, input_pos, slots, kv_len)` runs a prompt
+  chunk or one decode row per slot against the static caches made by `setup_caches`;
+  `kv_len` (a static bucket >= max(input_pos) + 1, or None for all rows) bounds the
+  attended cache rows.
+- Full attention: `q_proj` gives each head its query and its output gate side by side
+  ([q_h | gate_h] per head); q and k get per-head zero-centred RMSNorm, then NeoX rope on
+  the first `head_dim * partial_rotary_factor` dims; output `o_proj(attn * sigmoid(gate))`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.drama3.config import TextConfig
+from engine.drama3.deltanet import GatedDeltaNet
+from engine.drama3.layers import KVCache, RMSNorm, attend, rope_neox, rope_table
+from engine.drama3.moe import SparseMoE
+
+
+class GatedAttention(nn.Module):
+    """`self_attn` of a full-attention layer."""
+
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        D, H, Hkv, Dh = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.heads, self.kv_heads, self.head_dim = H, Hkv, Dh
+        self.q_proj = nn.Linear(D, 2 * H * Dh, bias=False)
+        self.k_proj = nn.Linear(D, Hkv * Dh, bias=False)
+        self.v_proj = nn.Linear(D, Hkv * Dh, bias=False)
+        self.o_proj = nn.Linear(H * Dh, D, bias=False)
+        self.q_norm = RMSNorm(Dh, config.rms_norm_eps)
+        self.k_norm = RMSNorm(Dh, config.rms_norm_eps)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
+                kv_len: int | None) -> torch.Tensor:
+        q, gate = self.q_proj(x).unflatten(-1, (self.heads, 2 * self.head_dim)).chunk(2, dim=-1)  # [B, T, H, Dh]
+        k = self.k_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))  # [B, T, Hkv, Dh]
+        v = self.v_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
+        q = rope_neox(self.q_norm(q), rope)
+        k = rope_neox(self.k_norm(k), rope)
+        keys, values = self.kv_cache.update(k, v, input_pos, slots, kv_len)
+        out = attend(q, keys, values, input_pos)  # [B, T, H, Dh]
+        return self.o_proj((out * torch.sigmoid(gate)).flatten(-2))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: TextConfig, kind: str, fp8_experts: bool) -> None:
+        super().__init__()
+        if kind == "full_attention":
+            self.self_attn = GatedAttention(config)
+        else:
+            self.linear_attn = GatedDeltaNet(config)
+        self.full_attention = kind == "full_attention"
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SparseMoE(config, fp8_experts)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
+                kv_len: int | None) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.full_attention:  # fixed per layer by config.layer_types
+            h = self.self_attn(h, rope, input_pos, slots, kv_len)
+        else:
+            h = self.linear_attn(h, input_pos, slots)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: TextConfig, fp8_experts: bool) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, kind, fp8_experts) for kind in config.layer_types)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.register_buffer("rope", None, persistent=False)  # [max_rows, 2, rot/2] float32
+
+    def setup_caches(self, slots: int, max_rows: int, device: torch.device | str, dtype: torch.dtype) -> None:
+        c = self.config
+        for layer in self.layers:
+            if layer.full_attention:
+                layer.self_attn.kv_cache = KVCache(slots, max_rows, c.num_key_value_heads, c.head_dim, device, dtype)
+            else:
+                layer.linear_attn.setup_cache(slots, device, dtype)
+        self.rope = rope_table(max_rows, c.rotary_dim, c.rope_theta, device)
+
+    def forward(self, embeds: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
+                kv_len: int | None = None) -> torch.Tensor:
+        """embeds [B, T, D], input_pos [B, T], slots [B] -> final-normed hidden [B, T, D]."""
+        rope = self.rope[input_pos]  # [B, T, 2, rot/2]
+        x = embeds
+        for layer in self.layers:
+            x = layer(x, rope, input_pos, slots, kv_len)
+        return self.norm(x)

@@ -1,0 +1,133 @@
+"""The backbone's mixture of experts: routed SwiGLU experts plus a gated shared expert.
+
+    weights, experts = top_k(softmax(gate(x)))    # float32, renormalised over the top k
+    y = sum_j weights_j * expert_j(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)
+
+Design choices:
+- Expert weights are stacked per layer, gate and up fused as in fused-MoE kernels:
+  `w13` [E, 2I, D] (gate rows, then up rows) and `w2` [E, D, I]. The checkpoint stores one
+  tensor per expert and projection; the loader's rename table fills the stacks.
+- Block-FP8 checkpoints (`quantization_config` bsgemm-moe) keep the experts FP8
+  (float8_e4m3fn buffers) with float32 `*_scale_inv` [E, rows/128, cols/128]: a weight is
+  `fp8 * scale_inv` of its 128x128 block. This plain-torch path dequantises only the
+  experts a call uses; a GPU kernel can read the same FP8 buffers and scales.
+- Two ways to run the routed experts, same maths (tested equal): `experts_gathered`
+  gathers each (row, expert) pair's weights (no host sync, fixed shapes: what a
+  CUDA-graph decode step needs, cheap for a few rows) and `experts_grouped` runs each
+  routed expert once over its rows (cheap for a long prefill, but it syncs to find them).
+  `Experts.forward` picks by the number of (row, expert) pairs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.drama3.config import FP8_BLOCK, TextConfig
+
+GATHER_MAX_PAIRS = 64  # (row, expert) pairs up to which a call gathers per-pair weights
+
+
+def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Block FP8 [..., N, K] with float32 scales [..., N/128, K/128] -> dtype [..., N, K]."""
+    rows, cols = weight.shape[-2:]
+    blocks = weight.float().unflatten(-1, (cols // FP8_BLOCK[1], FP8_BLOCK[1]))
+    blocks = blocks.unflatten(-3, (rows // FP8_BLOCK[0], FP8_BLOCK[0]))  # [..., N/128, 128, K/128, 128]
+    blocks = blocks * scale_inv[..., :, None, :, None].float()
+    return blocks.flatten(-4, -3).flatten(-2, -1).to(dtype)
+
+
+class Experts(nn.Module):
+    """The routed experts of one layer, stacked: w13 [E, 2I, D], w2 [E, D, I]."""
+
+    def __init__(self, config: TextConfig, fp8: bool) -> None:
+        super().__init__()
+        E, I, D = config.num_experts, config.moe_intermediate_size, config.hidden_size
+        self.fp8 = fp8
+        if fp8:
+            block_rows, block_cols = FP8_BLOCK
+            fp8_dtype = torch.float8_e4m3fn
+            self.register_buffer("w13", torch.zeros(E, 2 * I, D, dtype=fp8_dtype))
+            self.register_buffer("w13_scale_inv", torch.zeros(E, 2 * I // block_rows, D // block_cols,
+                                                              dtype=torch.float32))
+            self.register_buffer("w2", torch.zeros(E, D, I, dtype=fp8_dtype))
+            self.register_buffer("w2_scale_inv", torch.zeros(E, D // block_rows, I // block_cols,
+                                                             dtype=torch.float32))
+        else:
+            self.w13 = nn.Parameter(torch.zeros(E, 2 * I, D))
+            self.w2 = nn.Parameter(torch.zeros(E, D, I))
+
+    def weights(self, experts: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """w13 [..., 2I, D] and w2 [..., D, I] of the experts indexed by `experts`, in dtype."""
+        if self.fp8:
+            return (dequantize_fp8(self.w13[experts], self.w13_scale_inv[experts], dtype),
+                    dequantize_fp8(self.w2[experts], self.w2_scale_inv[experts], dtype))
+        return self.w13[experts].to(dtype), self.w2[experts].to(dtype)
+
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [N, D], experts and weights [N, k] -> [N, D]."""
+        run = experts_gathered if experts.numel() <= GATHER_MAX_PAIRS else experts_grouped
+        return run(self, x, experts, weights)
+
+
+def swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """x [..., M, D] through w13 [..., 2I, D] and w2 [..., D, I] -> [..., M, D]."""
+    gate, up = (x @ w13.transpose(-1, -2)).chunk(2, dim=-1)  # [..., M, I] each
+    return (F.silu(gate) * up) @ w2.transpose(-1, -2)
+
+
+def experts_gathered(experts: Experts, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    N, k = index.shape
+    w13, w2 = experts.weights(index.flatten(), x.dtype)  # [N*k, 2I, D], [N*k, D, I]
+    pairs = x.repeat_interleave(k, dim=0)[:, None]  # [N*k, 1, D]
+    out = swiglu(pairs, w13, w2).view(N, k, -1)  # [N, k, D]
+    return (out * weights[..., None].to(out.dtype)).sum(1)
+
+
+def experts_grouped(experts: Experts, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    for expert in index.unique().tolist():
+        rows, choice = (index == expert).nonzero(as_tuple=True)
+        w13, w2 = experts.weights(torch.tensor(expert, device=x.device), x.dtype)
+        y = swiglu(x[rows], w13, w2) * weights[rows, choice, None].to(x.dtype)  # [rows, D]
+        out.index_add_(0, rows, y)
+    return out
+
+
+class MLP(nn.Module):
+    """The shared expert: a SwiGLU with checkpoint names gate_proj, up_proj, down_proj."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SparseMoE(nn.Module):
+    """`mlp` of a backbone layer: router `gate`, `experts`, `shared_expert`, `shared_expert_gate`."""
+
+    def __init__(self, config: TextConfig, fp8: bool) -> None:
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.experts = Experts(config, fp8)
+        self.shared_expert = MLP(config.hidden_size, config.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, D] -> experts [N, k] and their renormalised float32 weights [N, k]."""
+        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [N, E]
+        weights, experts = probs.topk(self.top_k, dim=-1)
+        return experts, weights / weights.sum(-1, keepdim=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.flatten(0, -2)  # [N, D]
+        experts, weights = self.route(flat)
+        routed = self.experts(flat, experts, weights)
+        shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return (routed + shared).view_as(x)

@@ -1,0 +1,142 @@
+"""The tiny random-weight Drama 3 checkpoint, written in exactly the released layout.
+
+    write_tiny_checkpoint(directory, seed=0) -> [Path, ...]
+
+writes config.json (the `tiny` preset of config.py), model.safetensors.index.json with
+two shards (the backbone; lm_head and the tower) under the original key names,
+block-FP8 experts (float8_e4m3fn with float32 `weight_scale_inv` per 128x128 block),
+tokenizer.json (tokenizer.py's byte-level tokenizer with every special token) and the
+tiny codec (codec_tiny.py). Its audio is noise.
+
+Design choices:
+- The key list comes from the loader's own table (`checkpoint_layout` of a model built on
+  the meta device), so the writer and the loader cannot disagree on a name; tests check
+  names against the references separately.
+- Scaled normal init so activations stay O(1): linear weights N(0, 1/fan_in), embeddings
+  N(0, 1), zero-centred norm weights N(0, 0.1^2) (a scale of 1 + w, not exactly 1, so the
+  "1 +" is exercised), decays exp(A_log) in [0.01, 1]. Other floats are stored bfloat16
+  as released; A_log and dt_bias float32.
+- Deterministic: one CPU generator seeded once, tensors drawn in a fixed key order, files
+  written with sorted JSON. The same seed writes byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from engine.drama3.checkpoint import INDEX_FILE, LM_HEAD, CheckpointError, checkpoint_layout, default_dtype
+from engine.drama3.codec_tiny import write_tiny_codec
+from engine.drama3.config import FP8_BLOCK, Drama3Config, preset
+from engine.drama3.model import Drama3Model
+from engine.drama3.tokenizer import tiny_tokenizer, token_ids
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+ZERO_CENTRED_NORM = re.compile(r"(norm|layernorm)\.weight$")
+EMBEDDING = re.compile(r"(embed_tokens|codebook_embeddings|semantic_embedding|codebook_embedding)\.weight$")
+FLOAT32_KEYS = re.compile(r"(A_log|dt_bias)$")
+
+
+def tiny_config() -> dict:
+    return preset("tiny", **token_ids(tiny_tokenizer()))
+
+
+def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 [N, K] -> float8_e4m3fn [N, K] and float32 scale_inv [N/128, K/128] (w = fp8 * scale)."""
+    rows, cols = weight.shape
+    blocks = weight.unflatten(1, (cols // FP8_BLOCK[1], FP8_BLOCK[1])).unflatten(0, (rows // FP8_BLOCK[0], FP8_BLOCK[0]))
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX  # [N/128, K/128]
+    quantized = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn)
+    return quantized.flatten(2, 3).flatten(0, 1), scale.float()
+
+
+def initial_value(key: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """A random float32 tensor for checkpoint `key` (see the module docstring for the scales)."""
+    normal = torch.randn(shape, generator=generator)
+    if key.endswith("A_log"):
+        return torch.rand(shape, generator=generator).mul(0.99).add(0.01).log()  # exp(A_log) in [0.01, 1]
+    if key.endswith("dt_bias"):
+        return 0.5 * normal
+    if key.endswith("linear_attn.norm.weight"):  # the gated norm's plain weight
+        return 1.0 + 0.1 * normal
+    if ZERO_CENTRED_NORM.search(key):
+        return 0.1 * normal
+    if EMBEDDING.search(key):
+        return normal
+    if key.endswith("conv1d.weight"):  # [C, 1, K]
+        return normal / shape[-1] ** 0.5
+    return normal / shape[-1] ** 0.5  # a linear weight [out, in]
+
+
+def checkpoint_tensors(config: Drama3Config, seed: int) -> dict[str, torch.Tensor]:
+    """Every checkpoint tensor of a random model for `config`, by original key name."""
+    with torch.device("meta"), default_dtype(torch.float32):
+        layout = checkpoint_layout(Drama3Model(config))
+    generator = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for key, target in layout.items():
+        if key.endswith("weight_scale_inv"):
+            continue  # drawn with its weight
+        value = initial_value(key, target.shape, generator)
+        if target.dtype == torch.float8_e4m3fn:
+            tensors[key], tensors[key + "_scale_inv"] = quantize_fp8(value)
+        elif FLOAT32_KEYS.search(key):
+            tensors[key] = value
+        else:
+            tensors[key] = value.to(torch.bfloat16)
+    assert tensors.keys() == layout.keys(), "every layout key is drawn exactly once"
+    return tensors
+
+
+def write_tiny_checkpoint(directory: Path | str, seed: int = 0) -> list[Path]:
+    """Write the tiny checkpoint into `directory` (created if missing); return the files written."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    raw = tiny_config()
+    tensors = checkpoint_tensors(Drama3Config.from_dict(raw), seed)
+    shards = {
+        "model-00001-of-00002.safetensors": {k: v for k, v in tensors.items() if k.startswith("model.language_model.")},
+        "model-00002-of-00002.safetensors": {k: v for k, v in tensors.items()
+                                             if not k.startswith("model.language_model.")},
+    }
+    assert LM_HEAD in shards["model-00002-of-00002.safetensors"]
+    written = [directory / "config.json"]
+    written[0].write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    for name, part in shards.items():
+        save_file(part, directory / name, metadata={"format": "pt"})
+        written.append(directory / name)
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+             "weight_map": {key: name for name, part in shards.items() for key in sorted(part)}}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    written.append(directory / INDEX_FILE)
+    tiny_tokenizer().save(str(directory / "tokenizer.json"))
+    written.append(directory / "tokenizer.json")
+    written += write_tiny_codec(directory, seed)
+    return written
+
+
+def write_tiny_checkpoint_once(path: Path) -> None:
+    """Write the demo checkpoint to `path` unless it exists; safe against a concurrent writer."""
+    if (path / "config.json").is_file():
+        return
+    if path.exists():
+        raise CheckpointError(f"{path} exists but holds no checkpoint; remove it to have the demo rewritten")
+    print(f"[drama3] writing the tiny demo checkpoint to {path} (random weights: its audio is noise)",
+          file=sys.stderr, flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    write_tiny_checkpoint(staging, seed=0)
+    try:
+        staging.rename(path)  # atomic: readers see the whole checkpoint or none
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (path / "config.json").is_file():
+            raise
