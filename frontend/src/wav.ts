@@ -40,3 +40,33 @@ export function joinPcm(parts: readonly Int16Array[], gapSamples = 0): Int16Arra
   });
   return out;
 }
+
+/** Read a PCM16 WAV (any channel count: the first channel is taken), as the server exports it. */
+export function decodeWav(buffer: ArrayBuffer): { sampleRate: number; samples: Int16Array } {
+  const view = new DataView(buffer);
+  const tag = (at: number): string => String.fromCharCode(...new Uint8Array(buffer, at, 4));
+  if (buffer.byteLength < 12 || tag(0) !== "RIFF" || tag(8) !== "WAVE") throw new Error("not a WAV file");
+  let format: { channels: number; rate: number; bits: number; code: number } | null = null;
+  for (let at = 12; at + 8 <= buffer.byteLength; ) {
+    const id = tag(at);
+    const size = view.getUint32(at + 4, true);
+    const body = at + 8;
+    if (id === "fmt ") {
+      format = {
+        code: view.getUint16(body, true), channels: view.getUint16(body + 2, true),
+        rate: view.getUint32(body + 4, true), bits: view.getUint16(body + 14, true),
+      };
+    } else if (id === "data") {
+      if (format === null) throw new Error("a WAV data chunk before its fmt chunk");
+      if (format.code !== 1 || format.bits !== 16) throw new Error("only 16-bit PCM WAV files are read here");
+      // A streamed WAV may say 0 or 0xffffffff for its length: take what is there.
+      const bytes = Math.min(size, buffer.byteLength - body);
+      const frames = Math.floor(bytes / (2 * format.channels));
+      const samples = new Int16Array(frames);
+      for (let k = 0; k < frames; k++) samples[k] = view.getInt16(body + 2 * k * format.channels, true);
+      return { sampleRate: format.rate, samples };
+    }
+    at = body + size + (size % 2);
+  }
+  throw new Error("a WAV file without a data chunk");
+}

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { encodeWav, joinPcm } from "../../frontend/src/wav";
+import { decodeWav, encodeWav, joinPcm } from "../../frontend/src/wav";
 
 /** A reader written from the RIFF spec, independent of the writer: walks the chunks. */
 function readWav(buffer: ArrayBuffer) {
@@ -51,5 +51,29 @@ describe("WAV writer", () => {
     const joined = joinPcm([Int16Array.from([1, 2]), Int16Array.from([3]), Int16Array.from([4, 5])], 2);
     expect(Array.from(joined)).toEqual([1, 2, 0, 0, 3, 0, 0, 4, 5]);
     expect(joinPcm([], 100).length).toBe(0);
+  });
+});
+
+describe("WAV reader", () => {
+  it("reads back what the writer wrote", () => {
+    const pcm = Int16Array.from({ length: 1001 }, (_, k) => ((k * 7919) % 65536) - 32768);
+    expect(decodeWav(encodeWav(pcm, 44100))).toEqual({ sampleRate: 44100, samples: pcm });
+  });
+
+  it("skips chunks it does not know and takes the first of several channels", () => {
+    // RIFF, fmt (stereo 16-bit 8 kHz), a LIST chunk of odd size (padded), then data.
+    const list = [0x4c, 0x49, 0x53, 0x54, 3, 0, 0, 0, 1, 2, 3, 0];
+    const fmt = [0x66, 0x6d, 0x74, 0x20, 16, 0, 0, 0, 1, 0, 2, 0, 0x40, 0x1f, 0, 0, 0, 0x7d, 0, 0, 4, 0, 16, 0];
+    const data = [0x64, 0x61, 0x74, 0x61, 8, 0, 0, 0, 1, 0, 0xff, 0x7f, 0xfe, 0xff, 0, 0x80];
+    const body = [0x57, 0x41, 0x56, 0x45, ...fmt, ...list, ...data];
+    const file = Uint8Array.from([0x52, 0x49, 0x46, 0x46, body.length, 0, 0, 0, ...body]);
+    expect(decodeWav(file.buffer)).toEqual({ sampleRate: 8000, samples: Int16Array.from([1, -2]) });
+  });
+
+  it("says what is wrong with a file it cannot read", () => {
+    expect(() => decodeWav(new TextEncoder().encode("OggS....").buffer as ArrayBuffer)).toThrow("not a WAV file");
+    const float = new Uint8Array(encodeWav(new Int16Array(4), 44100));
+    float[20] = 3; // IEEE float
+    expect(() => decodeWav(float.buffer)).toThrow("only 16-bit PCM");
   });
 });

@@ -1,0 +1,306 @@
+/**
+ * The scene as the studio sees it: the script (lines in order), every take with its audio,
+ * and which takes are kept. Pure state with no DOM and no socket, so it is tested in Node.
+ *
+ * Decisions about directing history (docs/protocol.md leaves them to the client):
+ * - A line has at most one kept take: keeping a take replaces that line's kept take.
+ * - A take of line L hears the kept takes of the lines above L, in script order. The studio
+ *   sends that list explicitly as `history`, so reordering the script reorders what the
+ *   model hears, and a retake never hears an earlier take of its own line.
+ * - The script lives in the browser too (localStorage, by session id): the server stores
+ *   only lines that have been taken, and a line being written must survive a reload.
+ */
+import type { AudioFrame, FinishReason, SamplingInfo, ServerMessageOf, TakeInfo, Timings } from "./protocol";
+import { Peaks } from "./waveform";
+
+export interface Line {
+  id: string;
+  text: string;
+}
+
+export type TakePhase = "queued" | "running" | "done";
+
+export interface Take {
+  id: number;
+  lineId: string;
+  text: string;
+  phase: TakePhase;
+  queuePosition: number;
+  finishReason: FinishReason | null;
+  error: string | null;
+  timings: Timings;
+  frames: number;
+  /** Samples the server says the take has (known at take.done). */
+  samples: number;
+  attempts: number;
+  kept: boolean;
+  /** The takes this take was conditioned on, and those dropped for length. */
+  history: number[];
+  dropped: number[];
+  sampling: SamplingInfo | null;
+  audioUrl: string | null;
+  /** PCM windows as they arrived (of the current attempt). */
+  windows: Int16Array[];
+  received: number;
+  peaks: Peaks;
+  /** performance.now() of the click that asked for it; null for takes from before a reload. */
+  requestedAt: number | null;
+  /** Click to first sample out of the speaker, measured by the page. */
+  heardLatencyMs: number | null;
+  /** A problem with the take's audio stream noticed by the page (gap, short take). */
+  streamProblem: string | null;
+}
+
+export interface StoredScript {
+  lines: Line[];
+  selectedLineId: string | null;
+}
+
+/** Scene order: the order in which the model hears kept takes. */
+export type History = number[];
+
+let counter = 0;
+export function newLineId(): string {
+  counter++;
+  const random = Math.floor(Math.random() * 0x100000000).toString(36);
+  return `line-${Date.now().toString(36)}-${random}-${counter}`;
+}
+
+export class Scene {
+  lines: Line[] = [];
+  readonly takes = new Map<number, Take>();
+  selectedLineId: string | null = null;
+  /** The server's list of kept takes (its own order), from session.ready and `history`. */
+  serverHistory: number[] = [];
+
+  // ─── the script ──────────────────────────────────────────────────────────
+
+  line(id: string): Line | undefined {
+    return this.lines.find((l) => l.id === id);
+  }
+
+  addLine(text = "", after: string | null = this.selectedLineId): Line {
+    const line = { id: newLineId(), text };
+    const at = after === null ? -1 : this.lines.findIndex((l) => l.id === after);
+    this.lines.splice(at < 0 ? this.lines.length : at + 1, 0, line);
+    this.selectedLineId = line.id;
+    return line;
+  }
+
+  editLine(id: string, text: string): void {
+    const line = this.line(id);
+    if (line !== undefined) line.text = text;
+  }
+
+  /** Move a line up (-1) or down (+1); false at either end. */
+  moveLine(id: string, delta: -1 | 1): boolean {
+    const at = this.lines.findIndex((l) => l.id === id);
+    const to = at + delta;
+    if (at < 0 || to < 0 || to >= this.lines.length) return false;
+    const [line] = this.lines.splice(at, 1);
+    this.lines.splice(to, 0, line!);
+    return true;
+  }
+
+  /** Remove a line from the script (its takes stay on the server, out of the history). */
+  deleteLine(id: string): void {
+    const at = this.lines.findIndex((l) => l.id === id);
+    if (at < 0) return;
+    this.lines.splice(at, 1);
+    if (this.selectedLineId === id) this.selectedLineId = this.lines[Math.min(at, this.lines.length - 1)]?.id ?? null;
+  }
+
+  selectRelative(delta: number): void {
+    const at = this.lines.findIndex((l) => l.id === this.selectedLineId);
+    const next = this.lines[Math.max(0, Math.min(this.lines.length - 1, at + delta))];
+    if (next !== undefined) this.selectedLineId = next.id;
+  }
+
+  // ─── takes and history ───────────────────────────────────────────────────
+
+  takesOf(lineId: string): Take[] {
+    return [...this.takes.values()].filter((t) => t.lineId === lineId).sort((a, b) => a.id - b.id);
+  }
+
+  latestTake(lineId: string): Take | undefined {
+    return this.takesOf(lineId).at(-1);
+  }
+
+  keptTake(lineId: string): Take | undefined {
+    return this.takesOf(lineId).filter((t) => t.kept).at(-1);
+  }
+
+  /** What a new take of `lineId` will hear: the kept takes of the lines above it. */
+  historyFor(lineId: string): History {
+    const history: History = [];
+    for (const line of this.lines) {
+      if (line.id === lineId) break;
+      for (const take of this.takesOf(line.id)) if (take.kept) history.push(take.id);
+    }
+    return history;
+  }
+
+  /** Every kept take in scene order (script order, then take id): what the export holds. */
+  keptInScriptOrder(): Take[] {
+    return this.lines.flatMap((line) => this.takesOf(line.id).filter((t) => t.kept));
+  }
+
+  /** Takes to drop so that `takeId` becomes its line's only kept take. */
+  keptRivals(takeId: number): Take[] {
+    const take = this.takes.get(takeId);
+    if (take === undefined) return [];
+    return this.takesOf(take.lineId).filter((t) => t.kept && t.id !== takeId);
+  }
+
+  // ─── server messages ─────────────────────────────────────────────────────
+
+  /** Rebuild from session.ready, keeping the locally stored script (its order, unsent lines). */
+  applyReady(ready: ServerMessageOf<"session.ready">, stored: StoredScript | null): void {
+    const lines: Line[] = stored?.lines.map((l) => ({ ...l })) ?? [];
+    const known = new Set(lines.map((l) => l.id));
+    for (const info of [...ready.lines].sort((a, b) => a.position - b.position)) {
+      if (!known.has(info.line_id)) lines.push({ id: info.line_id, text: info.text });
+    }
+    this.lines = lines;
+    const previous = this.takes;
+    const fresh = new Map<number, Take>();
+    for (const info of ready.takes) {
+      const before = previous.get(info.take_id);
+      const take = fromInfo(info);
+      // Keep audio that is already here (a reconnect, not a reload), if it is the whole take.
+      if (before !== undefined && info.state === "done" && before.received === info.samples) {
+        take.windows = before.windows;
+        take.received = before.received;
+        take.peaks = before.peaks;
+        take.requestedAt = before.requestedAt;
+        take.heardLatencyMs = before.heardLatencyMs;
+      }
+      fresh.set(info.take_id, take);
+    }
+    this.takes.clear();
+    for (const [id, take] of fresh) this.takes.set(id, take);
+    this.serverHistory = [...ready.history];
+    const selected = stored?.selectedLineId ?? null;
+    this.selectedLineId = selected !== null && this.line(selected) ? selected : this.lines[0]?.id ?? null;
+  }
+
+  takeQueued(message: ServerMessageOf<"take.queued">, text: string, requestedAt: number | null): Take {
+    const take = blankTake(message.take_id, message.line_id, text);
+    take.queuePosition = message.position;
+    take.requestedAt = requestedAt;
+    this.takes.set(take.id, take);
+    return take;
+  }
+
+  takeStarted(message: ServerMessageOf<"take.started">): Take | undefined {
+    const take = this.takes.get(message.take_id);
+    if (take === undefined) return undefined;
+    take.phase = "running";
+    take.attempts = message.attempt;
+    return take;
+  }
+
+  /** A silent attempt is retried from sample 0: what arrived for the take is thrown away. */
+  takeRetry(message: ServerMessageOf<"take.retry">): Take | undefined {
+    const take = this.takes.get(message.take_id);
+    if (take === undefined) return undefined;
+    take.attempts = message.attempt;
+    clearAudio(take);
+    return take;
+  }
+
+  /** Append a window; returns the take, or undefined for a take this scene does not know. */
+  audio(frame: AudioFrame): Take | undefined {
+    const take = this.takes.get(frame.take_id);
+    if (take === undefined) return undefined;
+    if (frame.start_sample !== take.received) {
+      take.streamProblem = `window ${frame.seq} starts at sample ${frame.start_sample}, expected ${take.received}`;
+    }
+    take.windows.push(frame.pcm);
+    take.received += frame.pcm.length;
+    take.peaks.add(frame.pcm);
+    return take;
+  }
+
+  takeDone(message: ServerMessageOf<"take.done">): Take | undefined {
+    const take = this.takes.get(message.take_id);
+    if (take === undefined) return undefined;
+    take.phase = "done";
+    take.finishReason = message.finish_reason;
+    take.timings = message.timings;
+    take.frames = message.frames;
+    take.samples = message.samples;
+    take.attempts = message.attempts;
+    take.error = message.error;
+    if (take.received !== message.samples && take.streamProblem === null) {
+      take.streamProblem = `received ${take.received} of ${message.samples} samples`;
+    }
+    return take;
+  }
+
+  history(message: ServerMessageOf<"history">): void {
+    if (message.take_id !== null) {
+      const take = this.takes.get(message.take_id);
+      if (take !== undefined) {
+        take.history = [...message.take_ids];
+        take.dropped = [...message.dropped];
+      }
+      return;
+    }
+    this.serverHistory = [...message.take_ids];
+    const kept = new Set(message.take_ids);
+    for (const take of this.takes.values()) take.kept = kept.has(take.id);
+  }
+
+  /** The take's whole audio, when the page holds all of it. */
+  pcmOf(take: Take): Int16Array | null {
+    if (take.phase !== "done" || take.received !== take.samples) return null;
+    const out = new Int16Array(take.received);
+    let at = 0;
+    for (const w of take.windows) (out.set(w, at), (at += w.length));
+    return out;
+  }
+
+  /** Install audio fetched from the server's WAV export (after a reload). */
+  setAudio(take: Take, pcm: Int16Array): void {
+    clearAudio(take);
+    take.windows = [pcm];
+    take.received = pcm.length;
+    take.peaks.add(pcm);
+  }
+
+  storedScript(): StoredScript {
+    return { lines: this.lines.map((l) => ({ ...l })), selectedLineId: this.selectedLineId };
+  }
+}
+
+function clearAudio(take: Take): void {
+  take.windows = [];
+  take.received = 0;
+  take.peaks.reset();
+  take.streamProblem = null;
+}
+
+function blankTake(id: number, lineId: string, text: string): Take {
+  return {
+    id, lineId, text, phase: "queued", queuePosition: 0, finishReason: null, error: null, timings: {},
+    frames: 0, samples: 0, attempts: 1, kept: false, history: [], dropped: [], sampling: null, audioUrl: null,
+    windows: [], received: 0, peaks: new Peaks(), requestedAt: null, heardLatencyMs: null, streamProblem: null,
+  };
+}
+
+function fromInfo(info: TakeInfo): Take {
+  const take = blankTake(info.take_id, info.line_id, info.text);
+  take.phase = info.state;
+  take.finishReason = info.finish_reason;
+  take.error = info.error;
+  take.timings = info.timings;
+  take.frames = info.frames;
+  take.samples = info.samples;
+  take.attempts = info.attempts;
+  take.kept = info.kept;
+  take.history = [...info.history];
+  take.sampling = info.sampling;
+  take.audioUrl = info.audio_url;
+  return take;
+}

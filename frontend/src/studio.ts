@@ -1,0 +1,381 @@
+/**
+ * The studio's controller: joins the socket, the scene and the player, and offers the
+ * directing actions (take, cancel, keep, drop, play, stop, voice, export) to the UI.
+ *
+ * - One session per browser profile: its id is kept in localStorage and sent with every
+ *   `session.open`, so a reload or a reconnect resumes the scene.
+ * - Every message that can fail gets a `ref`; an `error` with that ref is shown next to the
+ *   control that sent it (a line, the voice panel, a take), others in the status bar.
+ * - A take asked for from this page plays as it streams; replays come from the PCM the page
+ *   kept (or, after a reload, from the server's WAV export of the take).
+ * - The UI reads state from here and is told what changed through `onChange`.
+ */
+import { Player, type PlayerReport } from "./player";
+import {
+  takeStart, type CharacterSpec, type ClientMessage, type ReferenceClip, type SamplingSpec, type ServerMessage,
+  type ServerMessageOf, type VoiceInfo,
+} from "./protocol";
+import { Scene, type StoredScript, type Take } from "./scene";
+import { StudioSocket, type ConnectionState } from "./socket";
+import { decodeWav, encodeWav, joinPcm } from "./wav";
+
+export type Change = "script" | "takes" | "connection" | "voice" | "errors" | "meter" | "session";
+/** Where an error is shown: `line:<id>`, `take:<id>`, `voice`, or `session`. */
+export type ErrorTarget = string;
+
+const SESSION_KEY = "retake.session";
+const scriptKey = (sessionId: string): string => `retake.script.${sessionId}`;
+
+export class Studio {
+  readonly scene = new Scene();
+  readonly socket: StudioSocket;
+  ready: ServerMessageOf<"session.ready"> | null = null;
+  connection: { state: ConnectionState; detail: string } = { state: "connecting", detail: "" };
+  voice: VoiceInfo | null = null;
+  voicePending = false;
+  readonly errors = new Map<ErrorTarget, string>();
+  sampling: SamplingSpec = {};
+  playingTakeId: number | null = null;
+  /** The take last asked for from this page, with its first-audio latency once heard. */
+  lastLatencyMs: number | null = null;
+  report: PlayerReport | null = null;
+  takenOver = false;
+  onChange: (what: Change) => void = () => {};
+
+  private player: Player | null = null;
+  private playerLoading: Promise<Player> | null = null;
+  private refCount = 0;
+  private readonly refs = new Map<string, ErrorTarget>();
+  private readonly pendingTakes = new Map<string, { lineId: string; text: string; requestedAt: number }>();
+  private readonly fetching = new Map<number, Promise<Int16Array | null>>();
+  /** The script of a session the server no longer knows, carried into the new session. */
+  private orphanScript: StoredScript | null = null;
+
+  constructor(url: string, private readonly withTap: boolean) {
+    this.socket = new StudioSocket(url, {
+      open: () => this.openSession(),
+      message: (message) => this.receive(message),
+      audio: (frame) => {
+        const take = this.scene.audio(frame);
+        if (take === undefined) return;
+        if (take.id === this.playingTakeId) this.player?.push(take.id, frame.pcm, frame.last);
+        this.onChange("takes");
+      },
+      state: (state, detail) => {
+        this.connection = { state, detail };
+        this.onChange("connection");
+      },
+    });
+  }
+
+  get sessionId(): string | null {
+    return this.ready?.session_id ?? localStorage.getItem(SESSION_KEY);
+  }
+
+  get sampleRate(): number {
+    return this.ready?.sample_rate ?? 44100;
+  }
+
+  start(): void {
+    this.socket.connect();
+  }
+
+  /** Create the AudioContext: call from a click or key handler (autoplay policy). */
+  ensureAudio(): Promise<Player> {
+    if (this.playerLoading === null) {
+      this.playerLoading = Player.create(this.sampleRate, this.withTap).then((player) => {
+        this.player = player;
+        player.onReport = (report) => this.onReport(report);
+        // Anything that started while the worklet loaded plays from its first window.
+        const take = this.playingTakeId === null ? undefined : this.scene.takes.get(this.playingTakeId);
+        if (take !== undefined) player.play(take.id, take.windows, take.phase === "done");
+        return player;
+      });
+      this.playerLoading.catch((error: unknown) => this.setError("session", `audio could not start: ${String(error)}`));
+    }
+    return this.playerLoading;
+  }
+
+  get audioPlayer(): Player | null {
+    return this.player;
+  }
+
+  // ─── directing actions ─────────────────────────────────────────────────────
+
+  /** Start a take of a line (a retake if it has takes): it plays as it streams. */
+  takeLine(lineId: string): void {
+    const line = this.scene.line(lineId);
+    if (line === undefined) return;
+    this.errors.delete(`line:${lineId}`);
+    const text = line.text.trim();
+    if (text === "") return this.setError(`line:${lineId}`, "write the line first");
+    void this.ensureAudio();
+    const ref = this.nextRef(`line:${lineId}`);
+    const sent = this.send(takeStart(lineId, text, {
+      sampling: this.sampling, history: this.scene.historyFor(lineId), ref,
+    }));
+    if (sent) this.pendingTakes.set(ref, { lineId, text, requestedAt: performance.now() });
+    this.saveScript();
+    this.onChange("errors");
+  }
+
+  cancel(takeId: number): void {
+    this.send({ type: "take.cancel", take_id: takeId, ref: this.nextRef(`take:${takeId}`) });
+  }
+
+  /** Keep a take: it replaces its line's kept take in the directing history. */
+  keep(takeId: number): void {
+    for (const rival of this.scene.keptRivals(takeId)) this.drop(rival.id);
+    this.send({ type: "take.keep", take_id: takeId, ref: this.nextRef(`take:${takeId}`) });
+  }
+
+  drop(takeId: number): void {
+    this.send({ type: "take.drop", take_id: takeId, ref: this.nextRef(`take:${takeId}`) });
+  }
+
+  async play(takeId: number): Promise<void> {
+    const take = this.scene.takes.get(takeId);
+    if (take === undefined) return;
+    const loading = this.ensureAudio();
+    this.playingTakeId = takeId;
+    this.onChange("takes");
+    if (take.phase === "done" && this.scene.pcmOf(take) === null) {
+      const pcm = await this.fetchAudio(take);
+      if (pcm === null || this.playingTakeId !== takeId) return;
+    }
+    const player = await loading;
+    if (this.playingTakeId !== takeId) return;
+    player.play(takeId, take.windows, take.phase === "done");
+  }
+
+  stop(): void {
+    this.player?.stop();
+    this.playingTakeId = null;
+    this.onChange("takes");
+  }
+
+  togglePlay(takeId: number): void {
+    const report = this.report;
+    const sounding = report !== null && report.takeId === takeId
+      && (report.stateName === "playing" || report.stateName === "waiting" || report.stateName === "rebuffering");
+    if (this.playingTakeId === takeId && sounding) this.stop();
+    else void this.play(takeId);
+  }
+
+  setVoice(voice: { references: ReferenceClip[] } | { character: CharacterSpec } | null): void {
+    this.errors.delete("voice");
+    const ref = this.nextRef("voice");
+    if (this.send({ type: "voice.set", ...(voice ?? {}), ref })) this.voicePending = true;
+    this.onChange("voice");
+  }
+
+  /** The take's whole PCM: from memory, or the server's WAV export of it. */
+  async audioOf(take: Take): Promise<Int16Array | null> {
+    return this.scene.pcmOf(take) ?? this.fetchAudio(take);
+  }
+
+  async exportTake(takeId: number): Promise<{ name: string; wav: ArrayBuffer } | null> {
+    const take = this.scene.takes.get(takeId);
+    const pcm = take === undefined ? null : await this.audioOf(take);
+    if (pcm === null) return null;
+    return { name: `take-${takeId}.wav`, wav: encodeWav(pcm, this.sampleRate) };
+  }
+
+  /** The kept take of every line, in script order, with `gapMs` of silence between. */
+  async exportScene(gapMs: number): Promise<{ name: string; wav: ArrayBuffer } | null> {
+    const takes = this.scene.keptInScriptOrder();
+    if (takes.length === 0) {
+      this.setError("session", "keep a take first: the scene export holds the kept take of each line");
+      return null;
+    }
+    const parts: Int16Array[] = [];
+    for (const take of takes) {
+      const pcm = await this.audioOf(take);
+      if (pcm === null) return null;
+      parts.push(pcm);
+    }
+    const gap = Math.round((gapMs / 1000) * this.sampleRate);
+    const name = `scene-${(this.sessionId ?? "retake").slice(0, 8)}.wav`;
+    return { name, wav: encodeWav(joinPcm(parts, gap), this.sampleRate) };
+  }
+
+  /** Reconnect after another tab took the session over. */
+  reclaim(): void {
+    this.takenOver = false;
+    this.socket.connect();
+    this.onChange("session");
+  }
+
+  saveScript(): void {
+    const id = this.sessionId;
+    if (id !== null) localStorage.setItem(scriptKey(id), JSON.stringify(this.scene.storedScript()));
+  }
+
+  clearError(target: ErrorTarget): void {
+    if (this.errors.delete(target)) this.onChange("errors");
+  }
+
+  // ─── protocol ──────────────────────────────────────────────────────────────
+
+  private openSession(): void {
+    const id = localStorage.getItem(SESSION_KEY);
+    this.send({ type: "session.open", ...(id !== null ? { session_id: id } : {}), ref: this.nextRef("session") });
+  }
+
+  private receive(message: ServerMessage): void {
+    switch (message.type) {
+      case "session.ready":
+        return this.sessionReady(message);
+      case "voice.ready":
+        this.voice = message.voice;
+        this.voicePending = false;
+        return this.onChange("voice");
+      case "take.queued": {
+        const pending = message.ref === null ? undefined : this.pendingTakes.get(message.ref);
+        if (message.ref !== null) this.pendingTakes.delete(message.ref);
+        const take = this.scene.takeQueued(message, pending?.text ?? "", pending?.requestedAt ?? null);
+        take.audioUrl = `/sessions/${this.sessionId}/takes/${take.id}.wav`;
+        if (pending !== undefined) {
+          // The take asked for here plays as it streams (replacing whatever played).
+          this.playingTakeId = take.id;
+          this.player?.play(take.id, [], false);
+        }
+        return this.onChange("takes");
+      }
+      case "take.started":
+        this.scene.takeStarted(message);
+        return this.onChange("takes");
+      case "take.retry": {
+        const take = this.scene.takeRetry(message);
+        if (take !== undefined && take.id === this.playingTakeId) this.player?.play(take.id, [], false);
+        this.errors.set(`take:${message.take_id}`, message.message);
+        return this.onChange("takes");
+      }
+      case "take.done": {
+        const take = this.scene.takeDone(message);
+        if (take !== undefined && take.id === this.playingTakeId) this.player?.end(take.id);
+        if (message.error !== null) this.errors.set(`take:${message.take_id}`, message.error);
+        this.onChange("takes");
+        return this.onChange("errors");
+      }
+      case "history":
+        this.scene.history(message);
+        return this.onChange("takes");
+      case "error":
+        return this.serverError(message);
+      case "pong":
+        return;
+    }
+  }
+
+  private sessionReady(ready: ServerMessageOf<"session.ready">): void {
+    const stored = this.loadScript(ready.session_id) ?? this.orphanScript;
+    this.orphanScript = null;
+    localStorage.setItem(SESSION_KEY, ready.session_id);
+    this.ready = ready;
+    this.voice = ready.voice;
+    this.scene.applyReady(ready, stored);
+    if (this.scene.lines.length === 0) this.scene.addLine("");
+    this.saveScript();
+    this.errors.delete("session");
+    this.onChange("session");
+    this.onChange("script");
+    this.onChange("voice");
+    void this.loadWaveforms();
+  }
+
+  private serverError(error: ServerMessageOf<"error">): void {
+    if (error.code === "unknown_session") {
+      // The server lost the session (a new data directory): start a fresh one, keep the script.
+      const old = localStorage.getItem(SESSION_KEY);
+      this.orphanScript = old === null ? null : this.loadScript(old);
+      localStorage.removeItem(SESSION_KEY);
+      this.openSession();
+      return;
+    }
+    if (error.code === "session_taken_over") {
+      this.takenOver = true;
+      this.onChange("session");
+    }
+    const fromRef = error.ref === null ? undefined : this.refs.get(error.ref);
+    const target = fromRef ?? (error.take_id !== null ? `take:${error.take_id}` : "session");
+    if (target === "voice") this.voicePending = false;
+    const retry = error.retry_after_ms === null ? "" : ` (retry in ${(error.retry_after_ms / 1000).toFixed(1)} s)`;
+    this.setError(target, `${error.message}${retry}`);
+    this.onChange("voice");
+  }
+
+  private onReport(report: PlayerReport): void {
+    this.report = report;
+    const take = this.scene.takes.get(report.takeId);
+    if (take !== undefined && report.firstHeardAt !== null && take.requestedAt !== null && take.heardLatencyMs === null) {
+      take.heardLatencyMs = report.firstHeardAt - take.requestedAt;
+      this.lastLatencyMs = take.heardLatencyMs;
+      this.onChange("takes");
+    }
+    this.onChange("meter");
+  }
+
+  private send(message: ClientMessage): boolean {
+    if (this.socket.send(message)) return true;
+    this.setError("session", "not connected: the studio reconnects by itself, try again in a moment");
+    return false;
+  }
+
+  private nextRef(target: ErrorTarget): string {
+    const ref = `r${++this.refCount}`;
+    this.refs.set(ref, target);
+    return ref;
+  }
+
+  private setError(target: ErrorTarget, message: string): void {
+    this.errors.set(target, message);
+    this.onChange("errors");
+  }
+
+  private loadScript(sessionId: string): StoredScript | null {
+    const text = localStorage.getItem(scriptKey(sessionId));
+    if (text === null) return null;
+    try {
+      return JSON.parse(text) as StoredScript;
+    } catch {
+      return null;
+    }
+  }
+
+  /** After a reload: fetch the audio of kept and latest takes, one at a time, for waveforms. */
+  private async loadWaveforms(): Promise<void> {
+    const wanted = new Set<Take>();
+    for (const line of this.scene.lines) {
+      const kept = this.scene.keptTake(line.id);
+      const latest = this.scene.latestTake(line.id);
+      if (kept !== undefined) wanted.add(kept);
+      if (latest !== undefined) wanted.add(latest);
+    }
+    for (const take of wanted) {
+      if (take.phase === "done" && take.samples > 0 && this.scene.pcmOf(take) === null) await this.fetchAudio(take);
+    }
+  }
+
+  private fetchAudio(take: Take): Promise<Int16Array | null> {
+    const running = this.fetching.get(take.id);
+    if (running !== undefined) return running;
+    const url = take.audioUrl;
+    if (url === null || take.phase !== "done" || take.samples === 0) return Promise.resolve(null);
+    const job = fetch(url)
+      .then(async (response) => {
+        if (!response.ok) throw new Error(`HTTP ${response.status} ${await response.text()}`);
+        const wav = decodeWav(await response.arrayBuffer());
+        this.scene.setAudio(take, wav.samples);
+        this.onChange("takes");
+        return wav.samples;
+      })
+      .catch((error: unknown) => {
+        this.setError(`take:${take.id}`, `could not load the take's audio: ${String(error)}`);
+        return null;
+      })
+      .finally(() => this.fetching.delete(take.id));
+    this.fetching.set(take.id, job);
+    return job;
+  }
+}

@@ -1,0 +1,112 @@
+import { describe, expect, it } from "vitest";
+import type { ServerMessageOf } from "../../frontend/src/protocol";
+import { Scene } from "../../frontend/src/scene";
+
+const serverMessages = import.meta.glob("../fixtures/protocol/server_messages.json", { eager: true, import: "default" });
+const fixtures = Object.values(serverMessages)[0] as { name: string; message: Record<string, unknown> }[];
+const resumed = fixtures.find((f) => f.name === "session ready (resumed)")!.message as unknown as ServerMessageOf<"session.ready">;
+
+function queued(scene: Scene, takeId: number, lineId: string): void {
+  scene.takeQueued({ type: "take.queued", take_id: takeId, line_id: lineId, position: 0, deadline_ms: 1000, ref: null }, "x", 0);
+}
+
+function finished(scene: Scene, takeId: number, pcm: number[]): void {
+  scene.takeStarted({ type: "take.started", take_id: takeId, attempt: 1 });
+  scene.audio({ kind: 1, flags: 1, reserved: 0, take_id: takeId, seq: 0, start_sample: 0, last: true, pcm: Int16Array.from(pcm) });
+  scene.takeDone({
+    type: "take.done", take_id: takeId, finish_reason: "stop", timings: {}, frames: 1, samples: pcm.length,
+    attempts: 1, error: null,
+  });
+}
+
+function keep(scene: Scene, ...ids: number[]): void {
+  scene.history({ type: "history", take_ids: ids, dropped: [], take_id: null });
+}
+
+describe("Scene", () => {
+  it("edits, reorders and deletes lines, keeping a selection", () => {
+    const scene = new Scene();
+    const a = scene.addLine("one");
+    const b = scene.addLine("two");
+    const c = scene.addLine("three", a.id); // after the first
+    expect(scene.lines.map((l) => l.text)).toEqual(["one", "three", "two"]);
+    expect(scene.moveLine(b.id, -1)).toBe(true);
+    expect(scene.moveLine(a.id, -1)).toBe(false);
+    scene.editLine(c.id, "THREE");
+    expect(scene.lines.map((l) => l.text)).toEqual(["one", "two", "THREE"]);
+    scene.selectedLineId = c.id;
+    scene.deleteLine(c.id);
+    expect(scene.selectedLineId).toBe(b.id);
+  });
+
+  it("gives a take the kept takes of the lines above it, in script order", () => {
+    const scene = new Scene();
+    const [l1, l2, l3] = [scene.addLine("a"), scene.addLine("b"), scene.addLine("c")];
+    queued(scene, 10, l1.id); finished(scene, 10, [1]);
+    queued(scene, 11, l2.id); finished(scene, 11, [2]);
+    queued(scene, 12, l2.id); finished(scene, 12, [3]);
+    queued(scene, 13, l3.id); finished(scene, 13, [4]);
+    keep(scene, 10, 12, 13);
+    expect(scene.historyFor(l1.id)).toEqual([]);
+    expect(scene.historyFor(l2.id)).toEqual([10]); // a retake of l2 does not hear l2's kept take
+    expect(scene.historyFor(l3.id)).toEqual([10, 12]);
+    scene.moveLine(l3.id, -1);
+    scene.moveLine(l3.id, -1); // l3 now opens the scene
+    expect(scene.historyFor(l2.id)).toEqual([13, 10]);
+    expect(scene.keptInScriptOrder().map((t) => t.id)).toEqual([13, 10, 12]);
+    expect(scene.keptRivals(11).map((t) => t.id)).toEqual([12]);
+  });
+
+  it("keeps the audio of a take, window by window, and notices a gap", () => {
+    const scene = new Scene();
+    const line = scene.addLine("a");
+    queued(scene, 5, line.id);
+    const frame = (seq: number, start: number, pcm: number[], last = false) =>
+      ({ kind: 1, flags: last ? 1 : 0, reserved: 0, take_id: 5, seq, start_sample: start, last, pcm: Int16Array.from(pcm) });
+    scene.audio(frame(0, 0, [1, 2, 3]));
+    scene.audio(frame(1, 3, [4, 5]));
+    expect(scene.takes.get(5)!.streamProblem).toBeNull();
+    scene.audio(frame(2, 6, [6], true));
+    expect(scene.takes.get(5)!.streamProblem).toBe("window 2 starts at sample 6, expected 5");
+    expect(scene.audio({ ...frame(0, 0, [9]), take_id: 99 })).toBeUndefined();
+  });
+
+  it("joins a done take's windows into its PCM, only when all of it arrived", () => {
+    const scene = new Scene();
+    const line = scene.addLine("a");
+    queued(scene, 6, line.id);
+    finished(scene, 6, [1, 2, 3]);
+    expect(Array.from(scene.pcmOf(scene.takes.get(6)!)!)).toEqual([1, 2, 3]);
+    queued(scene, 7, line.id);
+    scene.takeDone({ type: "take.done", take_id: 7, finish_reason: "stop", timings: {}, frames: 1, samples: 2048, attempts: 1, error: null });
+    expect(scene.pcmOf(scene.takes.get(7)!)).toBeNull();
+    expect(scene.takes.get(7)!.streamProblem).toBe("received 0 of 2048 samples");
+  });
+
+  it("throws away a silent attempt's audio on take.retry", () => {
+    const scene = new Scene();
+    const line = scene.addLine("a");
+    queued(scene, 8, line.id);
+    scene.audio({ kind: 1, flags: 0, reserved: 0, take_id: 8, seq: 0, start_sample: 0, last: false, pcm: new Int16Array(100) });
+    scene.takeRetry({ type: "take.retry", take_id: 8, attempt: 2, reason: "silence", message: "silent" });
+    const take = scene.takes.get(8)!;
+    expect([take.received, take.windows.length, take.peaks.length, take.attempts]).toEqual([0, 0, 0, 2]);
+  });
+
+  it("resumes from session.ready, keeping the local script's order and unsent lines", () => {
+    const scene = new Scene();
+    scene.applyReady(resumed, {
+      lines: [{ id: "draft", text: "not taken yet" }, { id: "line-1", text: "Places, everyone!" }],
+      selectedLineId: "line-1",
+    });
+    expect(scene.lines).toEqual([{ id: "draft", text: "not taken yet" }, { id: "line-1", text: "Places, everyone!" }]);
+    expect(scene.selectedLineId).toBe("line-1");
+    expect(scene.takesOf("line-1").map((t) => [t.id, t.kept, t.phase])).toEqual([[17, true, "done"], [18, false, "running"]]);
+    expect(scene.takes.get(17)!.audioUrl).toBe(resumed.takes[0]!.audio_url);
+
+    const fresh = new Scene(); // another browser: no local script, the server's lines
+    fresh.applyReady(resumed, null);
+    expect(fresh.lines).toEqual([{ id: "line-1", text: "Places, everyone." }]);
+    expect(fresh.selectedLineId).toBe("line-1");
+  });
+});
