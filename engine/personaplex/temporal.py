@@ -1,0 +1,81 @@
+"""Helium, the temporal transformer: summed token embeddings in, hidden state and text logits out.
+
+Design choices:
+- Module and parameter names are the checkpoint keys (`text_emb`, `emb.{k}`,
+  `transformer.layers.{i}.self_attn.in_proj_weight`, `...gating.linear_in`, `norm1.alpha`,
+  `out_norm`, `text_linear`), so loading is `load_state_dict`.
+- `embed(tokens)` is the frame input: `text_emb(row 0) + sum_k emb[k](row k+1)`, the audio
+  rows summed first as Moshi does; a token of -1 gives a zero vector (Moshi's `zero_idx`).
+  It is a separate call so a caller can replace a row's input by a stored voice-prompt
+  embedding.
+- `forward(x, positions)` is one function for every phase: the caller owns the
+  positions (a recycled row restarts at -1), the keys and values go to a static per-slot
+  ring (`setup_ring`), and the mask is computed once per call for all layers.
+- Pre-norm layers, RMSNorm in fp32, interleaved RoPE, gated SiLU MLP, no biases, no layer
+  scale; `out_norm` then the text head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.personaplex.config import LMConfig
+from engine.personaplex.layers import GatedMLP, RingAttention, RMSNorm, ring_mask
+
+
+def embed_rows(table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Embedding lookup where -1 gives zeros (and other values are clamped to >= 0)."""
+    out = F.embedding(tokens.clamp(min=0), table)
+    return torch.where((tokens == -1)[..., None], torch.zeros((), dtype=out.dtype, device=out.device), out)
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        self.norm1 = RMSNorm(cfg.dim)
+        self.self_attn = RingAttention(cfg.dim, cfg.num_heads, cfg.context, cfg.max_period)
+        self.norm2 = RMSNorm(cfg.dim)
+        self.gating = GatedMLP(cfg.dim, cfg.ffn_hidden)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.norm1(x), positions, mask)
+        return x + self.gating(self.norm2(x))
+
+
+class Stack(nn.Module):
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
+
+
+class Temporal(nn.Module):
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.text_emb = nn.Embedding(cfg.text_card + 1, cfg.dim)
+        self.emb = nn.ModuleList(nn.Embedding(cfg.card + 1, cfg.dim) for _ in range(cfg.n_q))
+        self.transformer = Stack(cfg)
+        self.out_norm = RMSNorm(cfg.dim)
+        self.text_linear = nn.Linear(cfg.dim, cfg.text_card, bias=False)
+
+    def setup_ring(self, batch: int) -> None:
+        for layer in self.transformer.layers:
+            layer.self_attn.setup_ring(batch)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, K] (text, agent codebooks, user codebooks) -> the frame input [B, 1, D]."""
+        x = embed_rows(self.emb[0].weight, tokens[:, 1])
+        for k in range(1, self.cfg.n_q):
+            x = x + embed_rows(self.emb[k].weight, tokens[:, k + 1])
+        x = x + embed_rows(self.text_emb.weight, tokens[:, 0])
+        return x[:, None]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, D] at positions [B, T] -> (hidden [B, T, D] after out_norm, text logits [B, T, text_card])."""
+        mask = ring_mask(positions, self.cfg.context, self.cfg.context)
+        for layer in self.transformer.layers:
+            x = layer(x, positions, mask)
+        hidden = self.out_norm(x)
+        return hidden, self.text_linear(hidden)
