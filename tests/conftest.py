@@ -26,3 +26,15 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("drama3-tiny")
     write_tiny_checkpoint(path, seed=0)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_checkpoint: Path):
+    """(Drama3Model, Drama3Config, Tokenizer) of the tiny checkpoint, float32 on CPU.
+
+    Shared by the session: a test that runs it calls `model.setup_caches(...)` first."""
+    import torch
+
+    from engine.drama3.checkpoint import load_model
+
+    return load_model(tiny_checkpoint, device="cpu", dtype=torch.float32)
