@@ -1,0 +1,140 @@
+"""Streaming a take: which window of frames to vocode when, and its PCM16.
+
+Design choices:
+- The schedule is the seed's (SGLang Omni's): windows close when 10, 20, 32, 64, 128,
+  192, ... frames exist (strides 10, 10, 12, 32, then 64). An optional smaller first
+  window closes earlier and the schedule goes on from there. `window_ends` is a pure
+  function; `StreamSchedule` only remembers how far a take has been emitted.
+- A window decodes its new frames with up to `overlap` frames of left context and keeps
+  only the new frames' samples. The codec is causal, so with enough context (the
+  window-limited transformers reach hundreds of frames back; 320 frames is the seed's
+  default) the concatenated windows equal a whole-take decode; they always have exactly
+  its sample count, with no gap and no overlap.
+- A window is always decoded the same way from the same codes, so `render_take` (the
+  WAV export) reproduces the streamed PCM16 sample for sample by replaying the schedule.
+- PCM16 is `trunc(clamp(x, -1, 1) * 32767)`, as the seed converts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.drama3.codec import Codec
+from engine.errors import RequestError
+
+STREAM_STRIDE = 10  # frames in the first window
+STREAM_FOLLOWUP_STRIDE_RAMP = (10, 12, 32)  # the next three windows
+STREAM_FOLLOWUP_STRIDE = 64  # every window after those
+STREAM_OVERLAP_FRAMES = 320  # left context per window (SGLang Omni uses 32: ~3.5 dB SNR)
+
+
+def window_ends(first_window: int | None = None) -> Iterator[int]:
+    """Frame counts at which windows close: 10, 20, 32, 64, 128, 192, ... (endless).
+    With `first_window` f: f first, then the schedule's ends beyond f."""
+    strides = itertools.chain((STREAM_STRIDE,), STREAM_FOLLOWUP_STRIDE_RAMP,
+                              itertools.repeat(STREAM_FOLLOWUP_STRIDE))
+    ends = itertools.accumulate(strides)
+    if first_window is None:
+        return ends
+    return itertools.chain((first_window,), (end for end in ends if end > first_window))
+
+
+def check_settings(overlap: int, first_window: int | None) -> None:
+    if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
+        raise RequestError(f"stream overlap must be a whole number of frames >= 0; got {overlap!r}")
+    if first_window is not None and (isinstance(first_window, bool) or not isinstance(first_window, int)
+                                     or first_window < 1):
+        raise RequestError(f"first window must be a whole number of frames >= 1; got {first_window!r}")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Frames [start, end) are decoded; the samples of frames [emit, end) are sent."""
+
+    start: int
+    emit: int
+    end: int
+    last: bool = False
+
+    @property
+    def frames(self) -> int:
+        """New frames this window sends (0 for an empty closing window)."""
+        return self.end - self.emit
+
+
+class StreamSchedule:
+    """The windows of one take, as its frames arrive.
+
+    After each new frame, the generation loop asks `while (w := schedule.due(frames))`
+    for the windows that closed; when the take ends (any reason), `final(frames)` gives
+    the closing window (marked last; empty if the last window closed exactly there).
+    """
+
+    def __init__(self, overlap: int = STREAM_OVERLAP_FRAMES, first_window: int | None = None) -> None:
+        check_settings(overlap, first_window)
+        self.overlap = overlap
+        self.emitted = 0
+        self.ends = window_ends(first_window)
+        self.next_end = next(self.ends)
+
+    def due(self, frames: int) -> Window | None:
+        """The next scheduled window, if `frames` frames reach its end; else None."""
+        if frames < self.next_end:
+            return None
+        window = self.window(self.next_end, last=False)
+        self.next_end = next(self.ends)
+        return window
+
+    def final(self, frames: int) -> Window:
+        """The last window of a take of `frames` frames: what is not yet emitted."""
+        if frames < self.emitted:
+            raise ValueError(f"the take has {frames} frames but {self.emitted} were already emitted")
+        return self.window(frames, last=True)
+
+    def window(self, end: int, last: bool) -> Window:
+        start = max(0, self.emitted - self.overlap)
+        window = Window(start, self.emitted, end, last)
+        self.emitted = end
+        return window
+
+
+def take_windows(frames: int, overlap: int = STREAM_OVERLAP_FRAMES,
+                 first_window: int | None = None) -> list[Window]:
+    """Every window a stream of a take of `frames` frames sends, the closing one included."""
+    schedule = StreamSchedule(overlap, first_window)
+    windows = []
+    while (window := schedule.due(frames)) is not None:
+        windows.append(window)
+    windows.append(schedule.final(frames))
+    return windows
+
+
+def pcm16(audio: torch.Tensor) -> torch.Tensor:
+    return (audio.clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
+
+
+def window_pcm(codec: Codec, codes: torch.Tensor, window: Window) -> torch.Tensor:
+    """int16 PCM [window.frames * frame_samples] of a window, on the codec's device.
+    `codes` [num_codebooks, >= window.end] holds the take's frames so far."""
+    if window.frames == 0:
+        return torch.zeros(0, dtype=torch.int16, device=codec.device)
+    audio = codec.decode(codes[:, window.start: window.end])  # [(end - start) * frame_samples]
+    return pcm16(audio[(window.emit - window.start) * codec.frame_samples:])
+
+
+def decode_window(codec: Codec, codes: torch.Tensor, window: Window) -> np.ndarray:
+    """window_pcm on the host, as numpy int16."""
+    return window_pcm(codec, codes, window).cpu().numpy()
+
+
+def render_take(codec: Codec, codes: torch.Tensor, overlap: int = STREAM_OVERLAP_FRAMES,
+                first_window: int | None = None) -> np.ndarray:
+    """int16 PCM [frames * frame_samples]: exactly what the stream of a take with these
+    final codes [num_codebooks, frames] carried, with the same settings."""
+    windows = take_windows(codes.shape[1], overlap, first_window)
+    return np.concatenate([decode_window(codec, codes, w) for w in windows])
