@@ -36,6 +36,8 @@ export class Studio {
   readonly errors = new Map<ErrorTarget, string>();
   sampling: SamplingSpec = {};
   playingTakeId: number | null = null;
+  /** The take Space plays: the one clicked last, else the selected line's latest. */
+  selectedTakeId: number | null = null;
   /** The take last asked for from this page, with its first-audio latency once heard. */
   lastLatencyMs: number | null = null;
   report: PlayerReport | null = null;
@@ -94,6 +96,11 @@ export class Studio {
       this.playerLoading.catch((error: unknown) => this.setError("session", `audio could not start: ${String(error)}`));
     }
     return this.playerLoading;
+  }
+
+  selectedTakeFor(lineId: string): Take | undefined {
+    const chosen = this.selectedTakeId === null ? undefined : this.scene.takes.get(this.selectedTakeId);
+    return chosen?.lineId === lineId ? chosen : this.scene.latestTake(lineId);
   }
 
   get audioPlayer(): Player | null {
@@ -238,6 +245,7 @@ export class Studio {
         if (pending !== undefined) {
           // The take asked for here plays as it streams (replacing whatever played).
           this.playingTakeId = take.id;
+          this.selectedTakeId = take.id;
           this.player?.play(take.id, [], false);
         }
         return this.onChange("takes");

@@ -1,0 +1,120 @@
+/**
+ * Starts the studio: the controller, the views, and the keyboard. Views redraw once per
+ * animation frame after anything changed (socket messages, worklet reports, edits).
+ *
+ * Keys (outside text fields): Enter takes the selected line, R retakes it, Space plays or
+ * stops its take, ↑/↓ select a line, Esc cancels its running take. In a line's text field
+ * Enter takes the line and Shift+Enter adds a line below.
+ */
+import "./style.css";
+import { Studio } from "./studio";
+import { byId } from "./ui/dom";
+import { ExportPanel, HistoryPanel, SamplingPanel, TopBar } from "./ui/panels";
+import { ScriptView } from "./ui/script_view";
+import { VoicePanel } from "./ui/voice_panel";
+
+const params = new URLSearchParams(location.search);
+const socketUrl = new URL("/ws", location.href);
+socketUrl.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+const token = params.get("token");
+if (token !== null) socketUrl.searchParams.set("token", token);
+
+const studio = new Studio(socketUrl.href, params.has("tap"));
+const script = new ScriptView(studio, byId("lines"));
+const topBar = new TopBar(studio);
+const voice = new VoicePanel(studio);
+const sampling = new SamplingPanel(studio);
+const history = new HistoryPanel(studio);
+const exporter = new ExportPanel(studio);
+
+let frame = 0;
+let metersOnly = true;
+studio.onChange = (what) => {
+  if (what !== "meter") metersOnly = false;
+  if (frame !== 0) return;
+  frame = requestAnimationFrame(() => {
+    frame = 0;
+    const onlyMeters = metersOnly;
+    metersOnly = true;
+    topBar.meters();
+    script.update(); // cheap: text is only set when it changed, canvases only redrawn when they moved
+    if (onlyMeters) return;
+    topBar.update();
+    voice.update();
+    sampling.update();
+    history.update();
+    exporter.update();
+  });
+};
+
+byId("add-line").addEventListener("click", () => addLine());
+
+function addLine(): void {
+  const line = studio.scene.addLine("");
+  studio.saveScript();
+  studio.onChange("script");
+  requestAnimationFrame(() => script.focusLine(line.id));
+}
+
+function selectedLine(): string | null {
+  return studio.scene.selectedLineId;
+}
+
+// The AudioContext may only start from a gesture: the first click or key makes it.
+const firstGesture = (): void => {
+  if (studio.ready === null) return;
+  void studio.ensureAudio();
+  document.removeEventListener("pointerdown", firstGesture, true);
+  document.removeEventListener("keydown", firstGesture, true);
+};
+document.addEventListener("pointerdown", firstGesture, true);
+document.addEventListener("keydown", firstGesture, true);
+
+document.addEventListener("keydown", (event) => {
+  const target = event.target as HTMLElement;
+  const inLine = target.classList.contains("line-text");
+  const typing = inLine || target.matches("input, textarea, select, [contenteditable]");
+  if (event.ctrlKey || event.metaKey || event.altKey) return;
+  const lineId = selectedLine();
+  if (inLine && event.key === "Enter") {
+    event.preventDefault();
+    if (event.shiftKey) addLine();
+    else if (lineId !== null) studio.takeLine(lineId);
+    return;
+  }
+  if (event.key === "Escape") {
+    if (typing) target.blur();
+    const running = lineId === null ? undefined : studio.scene.takesOf(lineId).find((t) => t.phase !== "done");
+    if (running !== undefined) studio.cancel(running.id);
+    return;
+  }
+  if (typing || lineId === null) return;
+  // On a focused button, Space and Enter would click it again: they are studio keys here.
+  switch (event.key) {
+    case "Enter":
+    case "r":
+    case "R":
+      event.preventDefault();
+      studio.takeLine(lineId);
+      break;
+    case " ": {
+      event.preventDefault();
+      const take = studio.selectedTakeFor(lineId);
+      if (take !== undefined) studio.togglePlay(take.id);
+      break;
+    }
+    case "ArrowUp":
+    case "ArrowDown":
+      event.preventDefault();
+      studio.scene.selectRelative(event.key === "ArrowUp" ? -1 : 1);
+      studio.selectedTakeId = null;
+      studio.saveScript();
+      studio.onChange("script");
+      break;
+  }
+});
+
+// For debugging and for the end-to-end test (tests/e2e/studio.mjs reads the tap through it).
+(window as unknown as { retake: Studio }).retake = studio;
+studio.start();
+studio.onChange("script");
