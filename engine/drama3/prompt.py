@@ -84,6 +84,7 @@ class Prompt:
     rows: torch.Tensor  # int64 [R, 1 + num_codebooks], CPU
     history_used: int  # how many of the newest history turns the rows hold
     sampling: Sampling
+    prompt_ms: float = 0.0  # time spent building it (reference encoding included)
 
 
 Voice = list[Reference] | Character | None

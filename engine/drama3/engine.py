@@ -1,0 +1,142 @@
+"""The Drama 3 engine behind the contract the backend uses (engine/__init__.py).
+
+    engine = load_engine(EngineSpec())      # the tiny demo checkpoint, or a real one
+    prompt = engine.prompt(text, voice, history, Sampling())
+    for event in engine.generate(prompt, deadline=..., cancelled=...):
+        AudioWindow(...) ... Done(...)
+
+Design choices:
+- One engine per process, owned by one thread (the engine loop): it holds the model,
+  the codec, the tokenizer and one decode slot whose caches are allocated once, sized
+  for the longest prompt plus the longest take, so a take never allocates cache memory.
+- `prompt` does everything that can refuse a request (text, codes, character, sampling,
+  the row limit) before the accelerator is touched; `generate` only fails on the model.
+- A checkpoint written from the tiny preset is flagged `demo_weights`: its weights are
+  random and its audio is noise, and the UI and logs say so.
+- The model runs in bfloat16 on CUDA and float32 on CPU; the codec as codec.py loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.drama3.checkpoint import load_model, resolve_checkpoint
+from engine.drama3.codec import load_codec
+from engine.drama3.generate import AudioWindow, Decoder, Done, take
+from engine.drama3.prompt import HistoryTurn, Prompt, Reference, build_prompt, MAX_PROMPT_ROWS
+from engine.drama3.request import SpeechRequest
+from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
+from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, render_take
+from engine.drama3.tiny import tiny_config
+from engine.drama3.audio import MAX_REFERENCE_SECONDS
+from engine.errors import RequestError
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    checkpoint: Path | str | None = None  # None: the tiny demo checkpoint, written on first use
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    stream_overlap_frames: int = STREAM_OVERLAP_FRAMES  # left context per streamed window
+    first_window_frames: int | None = None  # a smaller first window cuts first-audio latency
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda"):
+        raise RequestError(f"device must be auto, cpu or cuda; got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RequestError("device cuda was asked for but no CUDA GPU is available; use --device cpu")
+    return torch.device(device)
+
+
+class Drama3Engine:
+    name = "drama3"
+
+    def __init__(self, spec: EngineSpec, model, config, tokenizer, codec, demo_weights: bool) -> None:
+        check_settings(spec.stream_overlap_frames, spec.first_window_frames)
+        self.spec, self.model, self.config, self.tokenizer, self.codec = spec, model, config, tokenizer, codec
+        self.demo_weights = demo_weights
+        self.device = model.candidate_head.device
+        self.sample_rate = codec.sample_rate
+        self.frame_samples = codec.frame_samples
+        self.semantic_start = config.semantic_start_token_id
+        self.limits = {"max_prompt_rows": MAX_PROMPT_ROWS, "max_new_tokens": MAX_NEW_TOKENS,
+                       "max_reference_seconds": MAX_REFERENCE_SECONDS, "num_codebooks": config.num_codebooks,
+                       "codebook_size": config.codebook_size}
+        max_rows = MAX_PROMPT_ROWS + MAX_NEW_TOKENS
+        model.setup_caches(1, max_rows, self.device, model.candidate_head.dtype)
+        self.decoder = Decoder(model, max_rows)
+
+    # Inputs -------------------------------------------------------------------
+
+    def encode_reference(self, audio: bytes) -> torch.Tensor:
+        """int64 codes [num_codebooks, frames] of a WAV/FLAC clip; each clip is encoded once (LRU)."""
+        if not isinstance(audio, (bytes, bytearray, memoryview)):
+            raise RequestError(f"reference audio must be WAV or FLAC bytes; got {type(audio).__name__}")
+        return self.codec.encode_reference(bytes(audio))
+
+    def prompt(self, text: str, voice: list[Reference] | object | None, history: list[HistoryTurn],
+               sampling: Sampling, drop_oldest_history: bool = False) -> Prompt:
+        started = time.perf_counter()
+        prompt = build_prompt(text, voice, list(history), sampling, self.tokenizer, self.config,
+                              drop_oldest_history=drop_oldest_history)
+        return replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
+
+    def speech_prompt(self, request: SpeechRequest, drop_oldest_history: bool = False) -> Prompt:
+        """The prompt of a parsed /v1/audio/speech request: its clips encoded (cached), then `prompt`."""
+        started = time.perf_counter()
+        voice = [Reference(self.encode_reference(clip.audio), clip.text) for clip in request.references]
+        history = [HistoryTurn(clip.text, self.encode_reference(clip.audio)) for clip in request.history]
+        prompt = self.prompt(request.text, request.character or voice or None, history, request.sampling,
+                             drop_oldest_history)
+        return replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
+
+    # Takes ----------------------------------------------------------------------
+
+    def generate(self, prompt: Prompt, deadline: float | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> Iterator[AudioWindow | Done]:
+        """AudioWindow events as the take's frames exist, then one Done."""
+        return take(self.decoder, self.codec, prompt, overlap=self.spec.stream_overlap_frames,
+                    first_window=self.spec.first_window_frames, deadline=deadline, cancelled=cancelled)
+
+    def vocode_take(self, codes: torch.Tensor) -> np.ndarray:
+        """int16 PCM: exactly the samples the stream of a take with these codes carried."""
+        with torch.inference_mode():
+            return render_take(self.codec, codes, self.spec.stream_overlap_frames, self.spec.first_window_frames)
+
+    def warm_up(self) -> dict:
+        """Run a short take so first requests do not pay for lazy initialisation; time its steps."""
+        started = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        prompt = self.prompt("Places, everyone.", None, [], Sampling(max_new_tokens=24, seed=0))
+        done = [event for event in self.generate(prompt) if isinstance(event, Done)][0]
+        if done.finish_reason == "error":
+            raise RuntimeError(f"the warm-up take failed: {done.error}")
+        rate = done.timings["decode_frames_per_s"]
+        return {"warm_up_s": round(time.perf_counter() - started, 2),
+                "decode_step_ms": round(1000 / rate, 2) if rate else None,
+                "peak_memory_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
+                if self.device.type == "cuda" else None}
+
+
+def load_engine(spec: EngineSpec | None = None) -> Drama3Engine:
+    spec = spec or EngineSpec()
+    device = pick_device(spec.device)
+    path = resolve_checkpoint(spec.checkpoint)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model, config, tokenizer = load_model(path, device=device, dtype=dtype)
+    codec = load_codec(path, device=device)
+    try:
+        demo = json.loads((path / "config.json").read_text(encoding="utf-8")) == tiny_config()
+    except (OSError, ValueError):
+        demo = False
+    return Drama3Engine(spec, model.eval(), config, tokenizer, codec, demo_weights=demo)
