@@ -54,6 +54,8 @@ export interface Take {
 export interface StoredScript {
   lines: Line[];
   selectedLineId: string | null;
+  /** First-audio latency as heard, by take id: only this page measured it. */
+  heard?: Record<string, number>;
 }
 
 /** Scene order: the order in which the model hears kept takes. */
@@ -175,6 +177,7 @@ export class Scene {
         take.requestedAt = before.requestedAt;
         take.heardLatencyMs = before.heardLatencyMs;
       }
+      take.heardLatencyMs ??= stored?.heard?.[String(info.take_id)] ?? null;
       fresh.set(info.take_id, take);
     }
     this.takes.clear();
@@ -270,7 +273,9 @@ export class Scene {
   }
 
   storedScript(): StoredScript {
-    return { lines: this.lines.map((l) => ({ ...l })), selectedLineId: this.selectedLineId };
+    const heard: Record<string, number> = {};
+    for (const take of this.takes.values()) if (take.heardLatencyMs !== null) heard[String(take.id)] = take.heardLatencyMs;
+    return { lines: this.lines.map((l) => ({ ...l })), selectedLineId: this.selectedLineId, heard };
   }
 }
 

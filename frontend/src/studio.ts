@@ -84,6 +84,8 @@ export class Studio {
 
   /** Create the AudioContext: call from a click or key handler (autoplay policy). */
   ensureAudio(): Promise<Player> {
+    // A context can be suspended again (the OS took the device, a background tab): resume it.
+    if (this.player !== null && this.player.context.state === "suspended") void this.player.context.resume();
     if (this.playerLoading === null) {
       this.playerLoading = Player.create(this.sampleRate, this.withTap).then((player) => {
         this.player = player;
@@ -319,6 +321,7 @@ export class Studio {
     if (take !== undefined && report.firstHeardAt !== null && take.requestedAt !== null && take.heardLatencyMs === null) {
       take.heardLatencyMs = report.firstHeardAt - take.requestedAt;
       this.lastLatencyMs = take.heardLatencyMs;
+      this.saveScript();
       this.onChange("takes");
     }
     this.onChange("meter");

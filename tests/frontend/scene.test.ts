@@ -98,11 +98,14 @@ describe("Scene", () => {
     scene.applyReady(resumed, {
       lines: [{ id: "draft", text: "not taken yet" }, { id: "line-1", text: "Places, everyone!" }],
       selectedLineId: "line-1",
+      heard: { "17": 250.5 },
     });
     expect(scene.lines).toEqual([{ id: "draft", text: "not taken yet" }, { id: "line-1", text: "Places, everyone!" }]);
     expect(scene.selectedLineId).toBe("line-1");
     expect(scene.takesOf("line-1").map((t) => [t.id, t.kept, t.phase])).toEqual([[17, true, "done"], [18, false, "running"]]);
     expect(scene.takes.get(17)!.audioUrl).toBe(resumed.takes[0]!.audio_url);
+    expect(scene.takes.get(17)!.heardLatencyMs).toBe(250.5); // measured by this page before the reload
+    expect(scene.storedScript().heard).toEqual({ "17": 250.5 });
 
     const fresh = new Scene(); // another browser: no local script, the server's lines
     fresh.applyReady(resumed, null);

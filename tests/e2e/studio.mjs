@@ -1,0 +1,211 @@
+// End to end: drives the built studio in Debian's Chromium against a running `retake serve`.
+// Run by tests/e2e/test_studio.py (which starts the real server on the tiny checkpoint):
+//   node tests/e2e/studio.mjs --url http://127.0.0.1:PORT --out DIR
+// It takes a line and checks that the samples the player worklet rendered (read back from a
+// recorder worklet behind it, the page's `?tap` mode) equal the PCM the server sent on the
+// socket (read from the wire by Playwright, not from the page's own bookkeeping): sample-exact,
+// no gap, with only the documented ramp-in on the first FADE samples. Then it keeps the take,
+// takes the next line, checks the history, reloads and finds the scene, exports the scene WAV
+// and saves a screenshot. It writes DIR/result.json, the export and the wire PCM of each take
+// for the Python side to check the WAV independently. Exit status 0 = all checks passed.
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { chromium } from "playwright-core";
+
+const FADE_SAMPLES = 128; // frontend/src/jitter_buffer.ts
+const HEADER_BYTES = 16; // docs/protocol.md §5
+const MAX_FRAMES = 40; // ~1.9 s per take: random weights rarely stop by themselves
+
+const { values: args } = parseArgs({
+  options: {
+    url: { type: "string" },
+    out: { type: "string" },
+    chromium: { type: "string", default: "/usr/bin/chromium" },
+    timeout: { type: "string", default: "120000" },
+  },
+});
+if (!args.url || !args.out) {
+  console.error("usage: node tests/e2e/studio.mjs --url http://127.0.0.1:PORT --out DIR");
+  process.exit(2);
+}
+const timeout = Number(args.timeout);
+const result = { checks: [] };
+const check = (name, ok, detail = "") => {
+  result.checks.push({ name, ok, detail });
+  console.log(`${ok ? "ok  " : "FAIL"} ${name}${detail ? `: ${detail}` : ""}`);
+  if (!ok) throw new Error(`${name}${detail ? `: ${detail}` : ""}`);
+};
+
+// ─── what the server sent, from the wire ──────────────────────────────────────
+const wire = new Map(); // take id -> [{seq, start, last, pcm: Int16Array}]
+function onFrame(payload) {
+  if (typeof payload === "string") return;
+  const bytes = Buffer.from(payload);
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const takeId = view.getUint32(4, true);
+  const pcm = new Int16Array((bytes.byteLength - HEADER_BYTES) / 2);
+  for (let k = 0; k < pcm.length; k++) pcm[k] = view.getInt16(HEADER_BYTES + 2 * k, true);
+  if (!wire.has(takeId)) wire.set(takeId, []);
+  wire.get(takeId).push({ seq: view.getUint32(8, true), start: view.getUint32(12, true), last: (view.getUint8(1) & 1) === 1, pcm });
+}
+function wirePcm(takeId) {
+  const frames = wire.get(takeId) ?? [];
+  let at = 0;
+  frames.forEach((f, k) => {
+    check(`take ${takeId} window ${k} is in order and contiguous`, f.seq === k && f.start === at, `seq ${f.seq} start ${f.start}, expected ${k} and ${at}`);
+    at += f.pcm.length;
+  });
+  const pcm = new Int16Array(at);
+  let o = 0;
+  for (const f of frames) (pcm.set(f.pcm, o), (o += f.pcm.length));
+  return pcm;
+}
+
+const profile = mkdtempSync(join(tmpdir(), "retake-chromium-"));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: args.chromium,
+  headless: true,
+  acceptDownloads: true,
+  viewport: { width: 1440, height: 900 },
+  args: [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--autoplay-policy=no-user-gesture-required",
+  ],
+});
+const page = context.pages()[0] ?? (await context.newPage());
+page.setDefaultTimeout(timeout);
+page.on("websocket", (socket) => socket.on("framereceived", ({ payload }) => onFrame(payload)));
+page.on("console", (message) => {
+  if (message.type() === "error" || message.type() === "warning") console.log(`page ${message.type()}: ${message.text()}`);
+});
+page.on("pageerror", (error) => console.log(`page error: ${error.message}`));
+
+const studio = (fn, arg) => page.evaluate(fn, arg);
+const waitReady = () => page.waitForFunction(() => window.retake?.ready !== null && window.retake?.connection.state === "open");
+const takeIds = () => studio(() => [...window.retake.scene.takes.keys()].sort((a, b) => a - b));
+const waitTakeDone = (id) => page.waitForFunction((takeId) => window.retake.scene.takes.get(takeId)?.phase === "done", id);
+
+async function takeLine(index, text) {
+  const before = await takeIds();
+  const input = page.locator(".line-text").nth(index);
+  await input.click();
+  await input.fill(text);
+  await input.press("Enter");
+  const handle = await page.waitForFunction((known) => {
+    const ids = [...window.retake.scene.takes.keys()].filter((id) => !known.includes(id));
+    return ids.length > 0 ? ids[0] : null;
+  }, before);
+  const takeId = await handle.jsonValue();
+  await waitTakeDone(takeId);
+  const take = await studio((id) => {
+    const t = window.retake.scene.takes.get(id);
+    return { finish: t.finishReason, samples: t.samples, received: t.received, error: t.error, problem: t.streamProblem, history: t.history };
+  }, takeId);
+  check(`take ${takeId} of "${text}" finished with audio`, take.finish !== "error" && take.samples > 0, JSON.stringify(take));
+  check(`take ${takeId}: the page received every sample`, take.received === take.samples && take.problem === null, JSON.stringify(take));
+  return { takeId, ...take };
+}
+
+try {
+  await page.goto(`${args.url}/?tap`);
+  await waitReady();
+  const ready = await studio(() => ({ demo: window.retake.ready.demo_weights, rate: window.retake.ready.sample_rate }));
+  check("the demo-weights banner is shown", ready.demo === (await page.locator("#banner-demo").isVisible()), JSON.stringify(ready));
+  await page.locator("#s-max").fill(String(MAX_FRAMES));
+
+  // 1. Take a line; it plays as it streams.
+  const first = await takeLine(0, "Places, everyone.");
+  await page.waitForFunction((id) => {
+    const r = window.retake.report;
+    return r !== null && r.takeId === id && r.stateName === "ended";
+  }, first.takeId);
+  const played = await studio(async () => {
+    const player = window.retake.audioPlayer;
+    const tape = await player.readTap();
+    const bytes = new Uint8Array(tape.samples.buffer);
+    let binary = "";
+    for (let k = 0; k < bytes.length; k += 0x8000) binary += String.fromCharCode(...bytes.subarray(k, k + 0x8000));
+    return { report: player.report, startFrame: tape.startFrame, tape: btoa(binary), rate: player.sampleRate,
+      latency: window.retake.lastLatencyMs, baseLatency: player.context.baseLatency };
+  });
+  const tape = new Float32Array(Buffer.from(played.tape, "base64").buffer.slice(0));
+  const sent = wirePcm(first.takeId);
+  const report = played.report;
+  check("the context runs at the engine's rate", played.rate === ready.rate, `${played.rate} Hz`);
+  check("the server sent the whole take", sent.length === first.samples, `${sent.length} of ${first.samples} samples`);
+  check("the player rendered the whole take, no underrun", report.rendered === sent.length && report.underruns === 0 && report.silence === 0,
+    JSON.stringify(report));
+  check("no gap inside the take", report.endFrame - report.firstFrame === sent.length, `${report.endFrame} - ${report.firstFrame}`);
+  const offset = report.firstFrame - played.startFrame;
+  check("the tap recorded the take", offset >= 0 && offset + sent.length <= tape.length, `offset ${offset}, tape ${tape.length}`);
+  let mismatch = -1;
+  for (let k = 0; k < sent.length && mismatch < 0; k++) {
+    const gain = k < FADE_SAMPLES ? (k + 1) / FADE_SAMPLES : 1;
+    if (tape[offset + k] !== Math.fround((sent[k] / 32768) * gain)) mismatch = k;
+  }
+  check("rendered samples equal the PCM the server sent, sample-exact", mismatch < 0,
+    mismatch < 0 ? `${sent.length} samples` : `sample ${mismatch}: rendered ${tape[offset + mismatch]}, sent ${sent[mismatch]}`);
+  const before = tape.subarray(0, offset).every((v) => v === 0);
+  check("silence before the take starts", before);
+  check("first-audio latency as heard is measured", typeof played.latency === "number" && played.latency > 0, `${played.latency?.toFixed(1)} ms`);
+  result.firstTake = { takeId: first.takeId, samples: sent.length, heardLatencyMs: played.latency, report };
+
+  // 2. Keep it, take the next line: the new take hears the kept one.
+  await page.locator(`.take[data-take="${first.takeId}"] .keep`).click();
+  await page.waitForFunction((id) => window.retake.scene.takes.get(id)?.kept === true, first.takeId);
+  check("the kept take is marked", await page.locator(`.take[data-take="${first.takeId}"]`).evaluate((el) => el.classList.contains("kept")));
+  await page.locator("#add-line").click();
+  const second = await takeLine(1, "Again, softer this time.");
+  check("the second take was conditioned on the kept one", JSON.stringify(second.history) === JSON.stringify([first.takeId]),
+    JSON.stringify(second.history));
+  const shown = await page.locator("#history li").evaluateAll((items) => items.map((li) => Number(li.dataset.take)));
+  check("the history panel shows what line 2 hears", JSON.stringify(shown) === JSON.stringify([first.takeId]), JSON.stringify(shown));
+  await page.locator(`.take[data-take="${second.takeId}"] .keep`).click();
+  await page.waitForFunction((id) => window.retake.scene.takes.get(id)?.kept === true, second.takeId);
+
+  // 3. Reload: the scene comes back (script from the browser, takes and keeps from the server).
+  const sessionId = await studio(() => window.retake.ready.session_id);
+  await page.reload();
+  await waitReady();
+  const scene = await studio(() => ({
+    session: window.retake.ready.session_id,
+    resumed: window.retake.ready.resumed,
+    lines: window.retake.scene.lines.map((l) => l.text),
+    kept: window.retake.scene.keptInScriptOrder().map((t) => t.id),
+  }));
+  check("reload resumes the session", scene.session === sessionId && scene.resumed, JSON.stringify(scene));
+  check("reload keeps the script", JSON.stringify(scene.lines) === JSON.stringify(["Places, everyone.", "Again, softer this time."]),
+    JSON.stringify(scene.lines));
+  check("reload keeps the kept takes", JSON.stringify(scene.kept) === JSON.stringify([first.takeId, second.takeId]), JSON.stringify(scene.kept));
+  const inputs = await page.locator(".line-text").evaluateAll((els) => els.map((el) => el.value));
+  check("the page shows the lines", JSON.stringify(inputs) === JSON.stringify(scene.lines), JSON.stringify(inputs));
+
+  // 4. Export the scene (after the reload the page fetches the takes' audio from the server).
+  const gapMs = 300;
+  await page.locator("#export-gap").fill(String(gapMs));
+  const [download] = await Promise.all([page.waitForEvent("download"), page.locator("#export-scene").click()]);
+  const exportPath = join(args.out, "scene.wav");
+  await download.saveAs(exportPath);
+  check("the export downloaded", true, download.suggestedFilename());
+  writeFileSync(join(args.out, `take-${first.takeId}.pcm`), Buffer.from(sent.buffer));
+  writeFileSync(join(args.out, `take-${second.takeId}.pcm`), Buffer.from(wirePcm(second.takeId).buffer));
+  result.export = { path: exportPath, takes: [first.takeId, second.takeId], gapMs, sampleRate: ready.rate };
+
+  await page.locator(`.line`).first().click({ position: { x: 5, y: 5 } });
+  await page.waitForTimeout(300); // let the waveforms of the fetched takes draw
+  await page.screenshot({ path: join(args.out, "studio.png"), fullPage: true });
+  result.ok = true;
+} catch (error) {
+  result.ok = false;
+  result.error = String(error?.stack ?? error);
+  console.error(result.error);
+  await page.screenshot({ path: join(args.out, "failure.png"), fullPage: true }).catch(() => {});
+} finally {
+  writeFileSync(join(args.out, "result.json"), JSON.stringify(result, null, 1));
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+}
+process.exit(result.ok ? 0 : 1);
