@@ -47,8 +47,10 @@ function onFrame(payload) {
   const takeId = view.getUint32(4, true);
   const pcm = new Int16Array((bytes.byteLength - HEADER_BYTES) / 2);
   for (let k = 0; k < pcm.length; k++) pcm[k] = view.getInt16(HEADER_BYTES + 2 * k, true);
-  if (!wire.has(takeId)) wire.set(takeId, []);
-  wire.get(takeId).push({ seq: view.getUint32(8, true), start: view.getUint32(12, true), last: (view.getUint8(1) & 1) === 1, pcm });
+  const seq = view.getUint32(8, true);
+  // A silent attempt is retried from seq 0 (take.retry): only the last attempt counts.
+  if (!wire.has(takeId) || seq === 0) wire.set(takeId, []);
+  wire.get(takeId).push({ seq, start: view.getUint32(12, true), last: (view.getUint8(1) & 1) === 1, pcm });
 }
 function wirePcm(takeId) {
   const frames = wire.get(takeId) ?? [];
