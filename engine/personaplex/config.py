@@ -10,7 +10,8 @@ Design choices:
   `mimi_name`, `tokenizer_name`, `mimi_config_name`: a JSON file with the Mimi fields)
   and two PersonaPlex constants: `silence_tokens` and `sine_tokens`, the Mimi codes of a
   silent frame and of a 440 Hz sine frame used during the system prompt. Defaults are the
-  released values (PP-lm `SILENCE_TOKENS`, `SINE_TOKENS`).
+  released values (PP-lm `SILENCE_TOKENS`, `SINE_TOKENS`). `demo_weights: true` marks a
+  random-weight checkpoint (the tiny one), so the UI and logs can say its audio is noise.
 - `dep_q` is the number of depformer weight sets *stored* (8). PersonaPlex's loader runs
   the depformer for all `n_q` = 16 codebooks (agent then user), filling set t >= 8 from
   set t - 8 (reference §1.4); `depformer_steps` is that 16.
@@ -277,12 +278,14 @@ class PersonaPlexConfig:
     lm: LMConfig
     mimi: MimiConfig
     files: dict[str, str]  # moshi_name, mimi_name, tokenizer_name
+    demo_weights: bool = False  # config.json "demo_weights": random weights (the tiny checkpoint)
 
     @staticmethod
     def from_dicts(lm_raw: Mapping[str, Any], mimi_raw: Mapping[str, Any] | None) -> PersonaPlexConfig:
         """`lm_raw` is config.json (possibly empty); `mimi_raw` the Mimi config file, if any."""
         lm_raw = dict(lm_raw)
         files = {name: str(lm_raw.pop(name, default)) for name, default in RELEASED_FILES.items()}
+        demo = lm_raw.pop("demo_weights", False) is True
         lm = LMConfig.from_dict({**RELEASED_LM, **lm_raw})
         mimi = MimiConfig.from_dict(RELEASED_MIMI if mimi_raw is None else mimi_raw)
         if mimi.bins != lm.card:
@@ -290,4 +293,4 @@ class PersonaPlexConfig:
         if lm.codebooks > mimi.total_codebooks:
             raise ConfigError(f"config.n_q/2 ({lm.codebooks}) must not exceed the Mimi quantizer n_q "
                               f"({mimi.total_codebooks})")
-        return PersonaPlexConfig(lm=lm, mimi=mimi, files=files)
+        return PersonaPlexConfig(lm=lm, mimi=mimi, files=files, demo_weights=demo)

@@ -141,6 +141,13 @@ class Mimi(nn.Module):
     def frame_size(self) -> int:
         return self.cfg.frame_size
 
+    def sharing_weights(self) -> Mimi:
+        """Another Mimi on the same parameters, with streams of its own."""
+        with torch.device("meta"):
+            twin = Mimi(self.cfg, self.codebooks)
+        twin.load_state_dict(self.state_dict(), strict=True, assign=True)
+        return twin.eval()
+
     def setup_streams(self, batch: int) -> None:
         setup_streams(self, batch)
         self.encoder_transformer.setup_stream(batch)

@@ -153,12 +153,13 @@ def write_tiny_checkpoint(path: str | Path, seed: int = 0) -> list[Path]:
         mimi.setup_streams(1)
         codes[name] = mimi.encode(torch.from_numpy(frame)[None])[0].tolist()
     config = root / "config.json"
-    config.write_text(json.dumps({**lm_raw, **codes, "mimi_config_name": mimi_config.name}, indent=1) + "\n")
+    config.write_text(json.dumps({**lm_raw, **codes, "mimi_config_name": mimi_config.name, "demo_weights": True},
+                                  indent=1) + "\n")
 
     from engine.personaplex.engine import PersonaPlex
     from engine.personaplex.voices import save_voice_bundle
 
-    engine = PersonaPlex.load(root, device="cpu", slots=1, voice=None)
+    engine = PersonaPlex.load(root, device="cpu", slots=1)
     bundle = engine.record_voice(voice_clip(seed, cfg.mimi.sample_rate))
     voice = root / "voices" / f"{VOICE_NAME}.pt"
     save_voice_bundle(bundle, voice)

@@ -1,0 +1,276 @@
+"""The PersonaPlex engine: B conversation slots that listen and speak together, 80 ms a tick.
+
+    engine = PersonaPlex.load("DIR")                 # or None: the tiny demo checkpoint
+    engine.open(persona="You are ...", voice="NATF2")  # every slot gets this system prompt
+    frames = engine.step(user_pcm)                     # [B, 1920] float -> per slot Frame | None
+    engine.start(slot, persona, voice)                 # recycle one slot while the others talk
+    frames = engine.step_codes(user_codes)             # golden replay from precomputed codes
+
+Design choices:
+- One thread owns an engine. A tick is: Mimi-encode every slot's user frame, one lockstep
+  tick (lockstep.py), Mimi-decode the agent codes of the slots that speak. Slots in their
+  system prompt or warm-up get the silence codes before the batched decode (their agent
+  rows may hold the initial token, which is out of range for the codebooks) and no Frame;
+  a slot's Mimi streams restart when its system prompt ends, as the reference resets
+  Mimi after the prompt.
+- A slot's system prompt is a queue of prefill ticks (prompt.py) consumed one per tick,
+  so starting a slot never stalls the others. `open` runs every slot's prompt at once
+  without Mimi work.
+- Text pieces: EPAD (0) and PAD (3) are hidden, SentencePiece's "▁" becomes a space.
+- `record_voice` makes a voice bundle from a clip the way the reference saves one, on a
+  fresh engine (it resets every slot).
+- Random draws come from the engine's own generator (`Sampling.seed`), greedy when asked.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.errors import RequestError
+from engine.personaplex.checkpoint import (load_lm, load_mimi, load_tokenizer, read_config, resolve,
+                                           voices_dir)
+from engine.personaplex.config import EPAD_TOKEN, PAD_TOKEN, PersonaPlexConfig
+from engine.personaplex.lockstep import Lockstep
+from engine.personaplex.mimi import Mimi
+from engine.personaplex.prompt import PrefillStep, Voice, check_fits, persona_tokens, system_prompt
+from engine.personaplex.sampling import Sampling, sample_token
+from engine.personaplex.voices import (AUDIO_SUFFIXES, find_voice, frames_of, list_voices, load_bundle,
+                                       normalize_loudness, read_audio)
+
+DEFAULT_VOICE = "NATF2"  # vllm-omni's default; the tiny checkpoint ships it
+DEFAULT_PERSONA = ("You are a wise and friendly teacher. Answer questions or provide advice in a clear and "
+                   "engaging way.")  # PP-offline's default --text-prompt
+_DEFAULT = object()
+
+
+@dataclass
+class Frame:
+    pcm: np.ndarray  # float32 [frame_size], the agent's audio for this tick
+    text: str | None  # the agent's text piece, None for padding
+    tokens: torch.Tensor  # [K] the de-delayed tokens: text, agent codes, user codes (CPU)
+
+
+def tiny_checkpoint_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "retake" / "personaplex-tiny"
+
+
+def default_checkpoint() -> Path:
+    """The tiny demo checkpoint, written on first use (atomically, so racing writers are harmless)."""
+    path = tiny_checkpoint_dir()
+    if not (path / "config.json").is_file():
+        import tempfile
+
+        from engine.personaplex.tiny import write_tiny_checkpoint
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=".personaplex-tiny-"))
+        write_tiny_checkpoint(staging, seed=0)
+        try:
+            staging.rename(path)
+        except OSError:  # another process won the race
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+class PersonaPlex:
+    name = "personaplex"
+
+    def __init__(self, root: Path, cfg: PersonaPlexConfig, lockstep: Lockstep, mimi: Mimi, tokenizer,
+                 device: torch.device, sampling: Sampling):
+        self.root = root
+        self.cfg = cfg
+        self.lockstep = lockstep
+        self.mimi = mimi
+        self.voice_mimi = mimi.sharing_weights()  # one more stream, for voice clips
+        self.tokenizer = tokenizer
+        self.device = device
+        self.slots = lockstep.slots
+        self.sample_rate = cfg.mimi.sample_rate
+        self.frame_size = cfg.mimi.frame_size
+        self.frame_rate = cfg.mimi.frame_rate
+        self.demo_weights = cfg.demo_weights
+        self.voices = voices_dir(root)
+        self.queues: list[deque[PrefillStep]] = [deque() for _ in range(self.slots)]
+        self.silence = torch.tensor(cfg.lm.silence_tokens, device=device)
+        self.timings: dict[str, float] = {}
+        self.generator: torch.Generator | None = None
+        self.sampling = Sampling()
+        self.set_sampling(sampling)
+        mimi.setup_streams(self.slots)
+
+    @staticmethod
+    def load(checkpoint: str | Path | None = None, device: str = "auto", slots: int = 1,
+             sampling: Sampling | None = None) -> PersonaPlex:
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise RequestError(f"slots must be an integer >= 1; got {slots!r}")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
+            raise RequestError(f"device must be auto, cpu or cuda (with a GPU); got {device!r}")
+        dev = torch.device(device)
+        root = default_checkpoint() if checkpoint is None else resolve(checkpoint)
+        cfg = read_config(root)
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        temporal, depformer = load_lm(root, cfg, dev, dtype)
+        lockstep = Lockstep(cfg.lm, temporal, depformer, slots, dev)
+        return PersonaPlex(root, cfg, lockstep, load_mimi(root, cfg, dev), load_tokenizer(root, cfg), dev,
+                           sampling or Sampling())
+
+    @property
+    def limits(self) -> dict[str, int]:
+        return {"context_frames": self.cfg.lm.context, "slots": self.slots, "frame_size": self.frame_size,
+                "sample_rate": self.sample_rate}
+
+    def set_sampling(self, sampling: Sampling) -> None:
+        self.sampling = sampling.checked()
+        if sampling.greedy:
+            self.generator = None
+            return
+        self.generator = torch.Generator(self.device)
+        self.generator.manual_seed(sampling.seed if sampling.seed is not None else int(torch.seed() % 2 ** 62))
+
+    # -- voices and system prompts ---------------------------------------------------------
+
+    def voice_names(self) -> list[str]:
+        return list_voices(self.voices)
+
+    def voice(self, name: str | Voice | None | object = _DEFAULT) -> Voice | None:
+        """A voice by bundle name or path (.pt bundle or audio clip); the default is NATF2 when present."""
+        if isinstance(name, Voice) or name is None:
+            return name
+        if name is _DEFAULT:
+            names = self.voice_names()
+            if not names:
+                return None
+            name = DEFAULT_VOICE if DEFAULT_VOICE in names else names[0]
+        assert isinstance(name, str)
+        path = find_voice(self.voices, name)
+        if path.suffix.lower() in AUDIO_SUFFIXES:
+            return Voice(name=path.stem, frames=self.voice_frames(read_audio(path, self.sample_rate)))
+        voice = load_bundle(path, self.cfg.lm)
+        return Voice(voice.name, voice.embeddings.to(self.device), voice.cache.to(self.device))
+
+    @torch.no_grad()
+    def voice_frames(self, pcm: np.ndarray) -> torch.Tensor:
+        """A voice clip (mono float at 24 kHz) -> Mimi codes [frames, codebooks], as the reference encodes it."""
+        frames = frames_of(normalize_loudness(np.asarray(pcm, dtype=np.float32), self.sample_rate), self.frame_size)
+        self.voice_mimi.setup_streams(1)
+        return torch.cat([self.voice_mimi.encode(torch.from_numpy(f)[None].to(self.device)) for f in frames])
+
+    def programme(self, persona: str | None, voice: Voice | None) -> list[PrefillStep]:
+        tokens = persona_tokens(self.tokenizer, persona)
+        check_fits(self.cfg.lm, self.frame_rate, voice, tokens)
+        return system_prompt(self.cfg.lm, self.frame_rate, voice, tokens)
+
+    def open(self, persona: str | None = None, voice: str | Voice | None | object = _DEFAULT) -> None:
+        """Restart every slot and run the same system prompt on all of them (batched, no Mimi work)."""
+        steps = self.programme(persona, self.voice(voice))
+        self.lockstep.reset()
+        self.queues = [deque(steps) for _ in range(self.slots)]
+        idle = torch.zeros(self.slots, self.cfg.lm.codebooks, dtype=torch.long, device=self.device)
+        while any(self.queues):
+            self._tick(idle)
+
+    def start(self, slot: int, persona: str | None = None, voice: str | Voice | None | object = _DEFAULT) -> None:
+        """Recycle one slot: its history is forgotten and its system prompt runs in the next ticks."""
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.slots:
+            raise RequestError(f"slot must be in 0..{self.slots - 1}; got {slot!r}")
+        steps = self.programme(persona, self.voice(voice))
+        self.lockstep.recycle(slot)
+        self.queues[slot] = deque(steps)
+
+    def prefilling(self, slot: int) -> bool:
+        return bool(self.queues[slot])
+
+    # -- ticks ------------------------------------------------------------------------------
+
+    def step(self, pcm: np.ndarray) -> list[Frame | None]:
+        """One tick from user audio [B, frame_size] (or [frame_size] with one slot), floats in [-1, 1]."""
+        pcm = np.asarray(pcm, dtype=np.float32)
+        if pcm.ndim == 1 and self.slots == 1:
+            pcm = pcm[None]
+        if pcm.shape != (self.slots, self.frame_size):
+            raise RequestError(f"expected {self.slots} user frame(s) of {self.frame_size} samples "
+                               f"({self.frame_size / self.sample_rate * 1000:.0f} ms at {self.sample_rate} Hz); "
+                               f"got an array of shape {pcm.shape}")
+        if not np.isfinite(pcm).all():
+            raise RequestError("user audio holds non-finite samples")
+        start = time.perf_counter()
+        codes = self.mimi.encode(torch.from_numpy(pcm).to(self.device))
+        self.timings = {"encode_ms": (time.perf_counter() - start) * 1000}
+        return self._tick(codes)
+
+    def step_codes(self, codes: torch.Tensor) -> list[Frame | None]:
+        """One tick from precomputed user codes [B, codebooks] (golden replays skip the encoder)."""
+        codes = torch.as_tensor(codes)
+        n = self.cfg.lm.codebooks
+        if codes.shape != (self.slots, n) or codes.dtype not in (torch.int32, torch.int64):
+            raise RequestError(f"expected user codes of shape ({self.slots}, {n}) as integers; "
+                               f"got {tuple(codes.shape)} {codes.dtype}")
+        if ((codes < 0) | (codes >= self.cfg.lm.card)).any():
+            raise RequestError(f"user codes must be in 0..{self.cfg.lm.card - 1}")
+        self.timings = {"encode_ms": 0.0}
+        return self._tick(codes.long().to(self.device))
+
+    @torch.no_grad()
+    def _tick(self, codes: torch.Tensor) -> list[Frame | None]:
+        start = time.perf_counter()
+        steps = [queue.popleft() if queue else None for queue in self.queues]
+        s = self.sampling
+        gen = self.generator
+        out = self.lockstep.tick(codes, steps,
+                                 lambda logits: sample_token(logits, s.text_temperature, s.text_top_k, gen),
+                                 lambda logits: sample_token(logits, s.audio_temperature, s.audio_top_k, gen))
+        model_ms = (time.perf_counter() - start) * 1000
+        speaking = [out.ran and out.ready[b] and steps[b] is None for b in range(self.slots)]
+        frames: list[Frame | None] = [None] * self.slots
+        if any(speaking) and out.tokens is not None:
+            n = self.cfg.lm.codebooks
+            quiet = torch.tensor([not s for s in speaking], device=self.device)[:, None]
+            agent = torch.where(quiet, self.silence[None], out.tokens[:, 1:1 + n])  # [B, n]
+            pcm = self.mimi.decode(agent).cpu().numpy()  # [B, frame_size]
+            tokens = out.tokens.cpu()
+            for b in np.flatnonzero(speaking):
+                frames[b] = Frame(pcm=pcm[b], text=self.text_piece(int(tokens[b, 0])), tokens=tokens[b])
+        finished = [steps[b] is not None and not self.queues[b] for b in range(self.slots)]
+        if any(finished):
+            self.mimi.reset(torch.tensor(finished, device=self.device))
+        total = (time.perf_counter() - start) * 1000
+        self.timings |= {"model_ms": model_ms, "decode_ms": total - model_ms,
+                         "tick_ms": total + self.timings.get("encode_ms", 0.0)}
+        return frames
+
+    def text_piece(self, token: int) -> str | None:
+        if token in (EPAD_TOKEN, PAD_TOKEN) or token >= min(self.cfg.lm.text_card, self.tokenizer.vocab_size()):
+            return None
+        return self.tokenizer.id_to_piece(token).replace("\u2581", " ")
+
+    @torch.no_grad()
+    def record_voice(self, pcm: np.ndarray, name: str = "recorded") -> Voice:
+        """A voice bundle from a clip, as the reference saves one (`save_voice_prompt_embeddings`).
+
+        Resets every slot: call `open` afterwards.
+        """
+        frames = self.voice_frames(pcm)
+        voice_part = system_prompt(self.cfg.lm, self.frame_rate, Voice(name, frames=frames), [])[:len(frames)]
+        self.lockstep.reset()
+        self.queues = [deque() for _ in range(self.slots)]
+        idle = torch.zeros(self.slots, self.cfg.lm.codebooks, dtype=torch.long, device=self.device)
+        embeddings = []
+        for step in voice_part:
+            out = self.lockstep.tick(idle, [step] * self.slots, lambda x: x.argmax(-1), lambda x: x.argmax(-1))
+            if out.ran:
+                embeddings.append(out.embeddings[0, 0].float())
+        cache = self.lockstep.ring[0].clone()
+        self.lockstep.reset()
+        return Voice(name, embeddings=torch.stack(embeddings), cache=cache)

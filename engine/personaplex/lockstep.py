@@ -1,0 +1,161 @@
+"""The lockstep tick: B slots advance one 80 ms frame together through Helium and the depformer.
+
+Token rows (K = 17): text, agent codebooks 0..7, user codebooks 0..7, each with a delay
+(text 0, codebook 0 0, codebooks 1..7 1). State, as in PP-lm `LMGen` and the seed:
+`ring` [B, K, CT = max_delay + 3] of tokens, `provided` [B, K, CT] (a value was written
+from outside and must not be overwritten by a sample), one physical offset `phys` shared
+by all slots, and each slot's local step `local` [B] (where it is in its own stream).
+
+One tick at physical offset o (`tick`):
+1. Restore a voice bundle's staging cache into slots whose prefill step asks for it,
+   rolled by the slot's phase (o - local).
+2. Write the user codes, and the forced agent/text tokens of slots in prefill, at column
+   (o + delay) % CT, marking them provided.
+3. Warm-up gate: rows whose delay is >= the slot's local step get their initial token
+   (text: text_card, audio: card) at column o % CT.
+4. o == 0 is the cold start: column 0 is set to the initial tokens and nothing runs.
+5. The model input is column (o - 1) % CT, embedded (or replaced by a voice embedding),
+   through Helium at each slot's position; the text is sampled; the depformer expands
+   the audio codebooks, teacher-forced where column o % CT is provided.
+6. Column (o - 1) % CT stops being provided; samples go to column o % CT where nothing
+   was provided.
+7. Output (slots past warm-up, local > max_delay): the de-delayed frame,
+   token k from column (o - max_delay + delay_k) % CT.
+
+Design choices:
+- Slot positions are Helium's key/value positions. A slot recycled while others converse
+  restarts at position -1: its sacrifice tick writes a key no later tick can see
+  (layers.py), so its history and that write are both masked, and from its next tick on
+  it runs exactly the positions of a fresh stream.
+- Everything per slot is a row of a static tensor; phases (prefill, live) are data (the
+  per-slot `PrefillStep`), never branches inside the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.personaplex.config import LMConfig
+from engine.personaplex.depformer import Depformer
+from engine.personaplex.prompt import PrefillStep
+from engine.personaplex.temporal import Temporal
+
+Sampler = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class TickOut:
+    ran: bool  # False on the cold-start tick
+    tokens: torch.Tensor | None  # [B, K] the de-delayed frame (valid where `ready`)
+    ready: list[bool]  # slots past warm-up
+    embeddings: torch.Tensor | None  # [B, 1, D] the model input embeddings as computed from tokens
+
+
+class Lockstep:
+    def __init__(self, cfg: LMConfig, temporal: Temporal, depformer: Depformer, slots: int, device: torch.device):
+        self.cfg = cfg
+        self.temporal = temporal
+        self.depformer = depformer
+        self.slots = slots
+        self.device = device
+        K, CT = cfg.rows, cfg.ring_columns
+        self.initial = torch.tensor([cfg.text_card] + [cfg.card] * cfg.n_q, device=device)  # [K]
+        self.delays = torch.tensor(cfg.delays, device=device)  # [K]
+        self.rows = torch.arange(K, device=device)
+        self.ring = torch.zeros(slots, K, CT, dtype=torch.long, device=device)
+        self.provided = torch.zeros(slots, K, CT, dtype=torch.bool, device=device)
+        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
+        self.local = torch.zeros(slots, dtype=torch.long)  # CPU: gates and output decisions
+        self.phys = 0
+        temporal.setup_ring(slots)
+        depformer.setup_ring(slots)
+        self.reset()
+
+    def reset(self) -> None:
+        """Every slot fresh; the next tick is the cold start."""
+        self.phys = 0
+        for slot in range(self.slots):
+            self.recycle(slot)
+
+    def recycle(self, slot: int) -> None:
+        """Slot starts a fresh stream at the next tick (its sacrifice tick), others unaffected."""
+        self.ring[slot] = self.initial[:, None]
+        self.provided[slot] = False
+        self.local[slot] = 0
+        self.positions[slot] = -1
+
+    def phase(self, slot: int) -> int:
+        return (self.phys - int(self.local[slot])) % self.cfg.ring_columns
+
+    def _write_inputs(self, user: torch.Tensor,
+                      steps: list[PrefillStep | None]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Steps 1-3. Returns the voice embeddings [B, 1, D] and the slots they replace the input of [B]."""
+        B, n, o, CT = self.slots, self.cfg.codebooks, self.phys, self.cfg.ring_columns
+        for slot, step in enumerate(steps):
+            if step is not None and step.restore is not None:
+                self.ring[slot] = torch.roll(step.restore.to(self.device), shifts=self.phase(slot), dims=-1)
+        values = torch.cat([self.initial[None, :1 + n].expand(B, -1), user.to(self.device)], dim=1)  # [B, K]
+        write = torch.zeros(B, self.cfg.rows, dtype=torch.bool)
+        write[:, 1 + n:] = True
+        override = None
+        sine = torch.tensor(self.cfg.sine_tokens, device=self.device)
+        for slot, step in enumerate(steps):
+            if step is None:
+                continue
+            write[slot] = True
+            values[slot, 1 + n:] = sine if step.user_sine else self.initial[1 + n:]
+            values[slot, 0] = step.text
+            if step.agent is not None:
+                values[slot, 1:1 + n] = torch.tensor(step.agent, device=self.device)
+            if step.embedding is not None:
+                if override is None:
+                    override = (torch.zeros(B, 1, self.cfg.dim, device=self.device),
+                                torch.zeros(B, dtype=torch.bool, device=self.device))
+                override[0][slot, 0] = step.embedding.to(self.device)
+                override[1][slot] = True
+        write = write.to(self.device)
+        cols = (o + self.delays) % CT  # [K]
+        self.ring[:, self.rows, cols] = torch.where(write, values, self.ring[:, self.rows, cols])
+        self.provided[:, self.rows, cols] |= write
+        gate = (self.local[:, None] <= torch.tensor(self.cfg.delays)[None]).to(self.device)  # [B, K]
+        self.ring[:, :, o % CT] = torch.where(gate, self.initial[None], self.ring[:, :, o % CT])
+        self.provided[:, :, o % CT] |= gate
+        return override
+
+    @torch.no_grad()
+    def tick(self, user: torch.Tensor, steps: list[PrefillStep | None],
+             sample_text: Sampler, sample_audio: Sampler) -> TickOut:
+        """user [B, codebooks] codes; steps[b] is slot b's prefill step, None when live."""
+        override = self._write_inputs(user, steps)
+        o, CT, K = self.phys, self.cfg.ring_columns, self.cfg.rows
+        if o == 0:
+            self.ring[:, :, 0] = self.initial[None]
+            self._advance()
+            return TickOut(False, None, [False] * self.slots, None)
+        source, target = (o - 1) % CT, o % CT
+        inputs = self.ring[:, :, source]  # [B, K]
+        goal, provided = self.ring[:, :, target].clone(), self.provided[:, :, target].clone()
+        embeddings = self.temporal.embed(inputs)  # [B, 1, D]
+        x = embeddings
+        if override is not None:
+            x = torch.where(override[1][:, None, None], override[0].to(embeddings.dtype), embeddings)
+        hidden, text_logits = self.temporal(x, self.positions[:, None])
+        text = sample_text(text_logits[:, 0].float())  # [B]
+        text_in = torch.where(provided[:, 0], goal[:, 0], text)
+        audio = self.depformer(hidden, text_in, goal[:, 1:], provided[:, 1:], sample_audio)  # [B, n_q]
+        self.provided[:, :, source] = False
+        sampled = torch.cat([text[:, None], audio], dim=1)  # [B, K]
+        self.ring[:, :, target] = torch.where(provided, goal, sampled)
+        ready = (self.local > self.cfg.max_delay).tolist()
+        cols = (o - self.cfg.max_delay + self.delays) % CT  # [K]
+        tokens = self.ring[:, self.rows, cols]  # [B, K]
+        self._advance()
+        return TickOut(True, tokens, ready, embeddings)
+
+    def _advance(self) -> None:
+        self.phys += 1
+        self.local += 1
+        self.positions += 1

@@ -1,0 +1,153 @@
+"""Voice prompts: stored `.pt` bundles and raw audio clips.
+
+Design choices:
+- A bundle is the reference's `torch.save({"embeddings": [T, 1, 1, D], "cache": [1, K, CT]})`
+  (PP-lm `_step_voice_prompt_core` with `save_voice_prompt_embeddings`): the summed input
+  embedding of each voice tick and the staging cache right after them. Bundles are found
+  by name in the checkpoint's `voices/` (`NATF2` or `NATF2.pt`) or given as a path, and
+  checked against the model's sizes.
+- A raw clip takes the reference's path: read, mono, resampled to 24 kHz, loudness-
+  normalised to -24 LUFS (ITU-R BS.1770 integrated loudness, as pyloudnorm computes it:
+  K-weighting, 400 ms blocks with 75 % overlap, absolute and relative gates), cut into
+  frames (the last zero-padded), then Mimi-encoded by the engine.
+- Every problem a user can cause is a `RequestError` that says what to change.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.errors import RequestError
+from engine.personaplex.config import LMConfig
+from engine.personaplex.prompt import Voice
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
+TARGET_LUFS = -24.0
+BLOCK_SECONDS = 0.4
+BLOCK_OVERLAP = 0.75
+
+
+def list_voices(folder: Path | None) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.pt")) if folder is not None else []
+
+
+def find_voice(folder: Path | None, name: str) -> Path:
+    """A bundle name from `voices/`, or an existing path to a `.pt` bundle or an audio clip."""
+    path = Path(name).expanduser()
+    if path.suffix.lower() in (".pt",) + AUDIO_SUFFIXES and path.is_file():
+        return path
+    stem = name[:-3] if name.endswith(".pt") else name
+    if folder is not None and "/" not in stem and (folder / f"{stem}.pt").is_file():
+        return folder / f"{stem}.pt"
+    known = ", ".join(list_voices(folder)) or "none in this checkpoint"
+    raise RequestError(f"unknown voice {name!r}: give one of the checkpoint's voices ({known}), "
+                       f"or a path to a .pt voice bundle or an audio file ({', '.join(AUDIO_SUFFIXES)})")
+
+
+def load_bundle(path: Path, cfg: LMConfig) -> Voice:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise RequestError(f"cannot read voice bundle {path.name}: {error}") from None
+    if not isinstance(state, dict) or "embeddings" not in state or "cache" not in state:
+        raise RequestError(f"voice bundle {path.name} must hold 'embeddings' and 'cache' tensors")
+    embeddings, cache = state["embeddings"], state["cache"]
+    K, CT = cfg.rows, cfg.ring_columns
+    if not isinstance(embeddings, torch.Tensor) or embeddings.dim() < 2 or embeddings.shape[-1] != cfg.dim \
+            or embeddings[0].numel() != cfg.dim:
+        raise RequestError(f"voice bundle {path.name}: embeddings must be [T, 1, 1, {cfg.dim}] for this model; got "
+                           f"{tuple(getattr(embeddings, 'shape', ()))}")
+    if not isinstance(cache, torch.Tensor) or cache.numel() != K * CT:
+        raise RequestError(f"voice bundle {path.name}: cache must be [1, {K}, {CT}]; got "
+                           f"{tuple(getattr(cache, 'shape', ()))}")
+    cache = cache.reshape(K, CT).long()
+    limits = torch.tensor([cfg.text_card] + [cfg.card] * cfg.n_q)
+    if ((cache < 0) | (cache > limits[:, None])).any():
+        raise RequestError(f"voice bundle {path.name}: cache holds tokens outside this model's vocabularies")
+    return Voice(name=path.stem, embeddings=embeddings.reshape(-1, cfg.dim).float(), cache=cache)
+
+
+def save_voice_bundle(voice: Voice, path: Path) -> None:
+    assert voice.embeddings is not None and voice.cache is not None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"embeddings": voice.embeddings[:, None, None, :].contiguous().cpu(),
+                "cache": voice.cache[None].contiguous().cpu()}, path)
+
+
+def read_audio(source: Path | bytes, sample_rate: int) -> np.ndarray:
+    """An audio file (path or bytes) -> mono float32 at `sample_rate`."""
+    import soundfile
+
+    try:
+        data, rate = soundfile.read(io.BytesIO(source) if isinstance(source, bytes) else str(source),
+                                    dtype="float32", always_2d=True)
+    except Exception as error:
+        name = "audio" if isinstance(source, bytes) else Path(source).name
+        raise RequestError(f"cannot read {name} as audio ({error}); give a WAV or FLAC file") from None
+    mono = data.mean(axis=1)
+    if rate != sample_rate:
+        import librosa
+
+        mono = librosa.resample(mono, orig_sr=rate, target_sr=sample_rate)
+    if not np.isfinite(mono).all():
+        raise RequestError("the audio holds non-finite samples")
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def _biquad(b: list[float], a: list[float], x: np.ndarray) -> np.ndarray:
+    from scipy.signal import lfilter
+
+    return lfilter(np.array(b) / a[0], np.array(a) / a[0], x)
+
+
+def k_weighted(x: np.ndarray, rate: int) -> np.ndarray:
+    """BS.1770 K-weighting: a +4 dB high shelf at 1.5 kHz, then a 38 Hz high pass (RBJ biquads)."""
+    w0 = 2 * math.pi * 1500.0 / rate
+    A, alpha = 10 ** (4.0 / 40), math.sin(w0) / (2 * (1 / math.sqrt(2)))
+    c, s = math.cos(w0), 2 * math.sqrt(A) * alpha
+    shelf_b = [A * ((A + 1) + (A - 1) * c + s), -2 * A * ((A - 1) + (A + 1) * c), A * ((A + 1) + (A - 1) * c - s)]
+    shelf_a = [(A + 1) - (A - 1) * c + s, 2 * ((A - 1) - (A + 1) * c), (A + 1) - (A - 1) * c - s]
+    w0 = 2 * math.pi * 38.0 / rate
+    c, alpha = math.cos(w0), math.sin(w0) / (2 * 0.5)
+    pass_b, pass_a = [(1 + c) / 2, -(1 + c), (1 + c) / 2], [1 + alpha, -2 * c, 1 - alpha]
+    return _biquad(pass_b, pass_a, _biquad(shelf_b, shelf_a, x.astype(np.float64)))
+
+
+def integrated_loudness(x: np.ndarray, rate: int) -> float:
+    """Integrated loudness (LUFS) of mono audio at least one 400 ms block long."""
+    y = k_weighted(x, rate)
+    seconds = len(x) / rate
+    blocks = int(round((seconds - BLOCK_SECONDS) / (BLOCK_SECONDS * (1 - BLOCK_OVERLAP)))) + 1
+    power = np.array([np.mean(y[int(BLOCK_SECONDS * j * (1 - BLOCK_OVERLAP) * rate):
+                                int(BLOCK_SECONDS * (j * (1 - BLOCK_OVERLAP) + 1) * rate)] ** 2)
+                      for j in range(blocks)])
+    with np.errstate(divide="ignore"):
+        loudness = -0.691 + 10 * np.log10(power)
+    gated = power[loudness >= -70.0]
+    if gated.size == 0:
+        return -math.inf
+    relative = -0.691 + 10 * math.log10(gated.mean()) - 10.0
+    gated = power[(loudness > relative) & (loudness > -70.0)]
+    return -0.691 + 10 * math.log10(gated.mean()) if gated.size else -math.inf
+
+
+def normalize_loudness(x: np.ndarray, rate: int, target: float = TARGET_LUFS) -> np.ndarray:
+    if len(x) < BLOCK_SECONDS * rate:
+        raise RequestError(f"the voice clip is {len(x) / rate:.2f} s long; give at least {BLOCK_SECONDS} s")
+    loudness = integrated_loudness(x, rate)
+    if not math.isfinite(loudness):
+        raise RequestError("the voice clip is silent; give a clip of someone speaking")
+    return (x * 10 ** ((target - loudness) / 20)).astype(np.float32)
+
+
+def frames_of(pcm: np.ndarray, frame_size: int) -> np.ndarray:
+    """pcm [N] -> [ceil(N / frame_size), frame_size], the last frame zero-padded."""
+    count = -(-len(pcm) // frame_size)
+    out = np.zeros((count, frame_size), dtype=np.float32)
+    out.reshape(-1)[:len(pcm)] = pcm
+    return out
