@@ -104,6 +104,11 @@ export class Player {
     });
   }
 
+  /** Forget what the tap recorded so far (only with `?tap`). */
+  resetTap(): void {
+    this.tap?.port.postMessage({ type: "reset" });
+  }
+
   close(): void {
     window.clearInterval(this.pollTimer);
     void this.context.close();

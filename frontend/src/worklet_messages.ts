@@ -11,7 +11,7 @@ export type ToPlayer =
 /** The worklet answers every poll with a copy of its counters and the context frame. */
 export type FromPlayer = { type: "stats"; frame: number; stats: PlaybackStats };
 
-export type ToTap = { type: "read" };
+export type ToTap = { type: "read" } | { type: "reset" };
 /** Everything the tap recorded: `samples[k]` is the context frame `startFrame + k`. */
 export type FromTap = { type: "tape"; startFrame: number; samples: Float32Array };
 

@@ -16,7 +16,11 @@ class TapProcessor extends AudioWorkletProcessor {
   constructor() {
     super();
     this.port.onmessage = (event: MessageEvent<ToTap>) => {
-      if (event.data.type !== "read") return;
+      if (event.data.type === "reset") {
+        this.length = 0;
+        this.startFrame = -1;
+        return;
+      }
       const samples = this.tape.slice(0, this.length);
       const reply: FromTap = { type: "tape", startFrame: this.startFrame, samples };
       this.port.postMessage(reply, [samples.buffer]);
