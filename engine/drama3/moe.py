@@ -16,6 +16,10 @@ Design choices:
   CUDA-graph decode step needs, cheap for a few rows) and `experts_grouped` runs each
   routed expert once over its rows (cheap for a long prefill, but it syncs to find them).
   `Experts.forward` picks by the number of (row, expert) pairs.
+- On a GPU, FP8 experts run as released instead: W8A8 (activations quantised per token
+  and 128-channel group), the Triton kernel of engine/kernels/fp8_moe.py, which reads the
+  same buffers (graph-safe for a few rows). The plain paths above are its CPU stand-in
+  (weights dequantised, activations not quantised).
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, D], experts and weights [N, k] -> [N, D]."""
+        if self.fp8 and x.is_cuda:  # as released: W8A8 block-FP8 GEMMs on the tensor cores
+            from engine.kernels.fp8_moe import fp8_moe
+
+            return fp8_moe(x, self.w13, self.w13_scale_inv, self.w2, self.w2_scale_inv, experts, weights)
         run = experts_gathered if experts.numel() <= GATHER_MAX_PAIRS else experts_grouped
         return run(self, x, experts, weights)
 
