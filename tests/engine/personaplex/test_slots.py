@@ -1,0 +1,96 @@
+"""Batched slots: a recycled slot equals a fresh single-slot engine while another slot talks on,
+golden replay is deterministic, and a stored voice bundle equals stepping its clip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from engine.personaplex.engine import Frame, PersonaPlex
+from engine.personaplex.sampling import Sampling
+from engine.personaplex.tiny import voice_clip
+
+GREEDY = Sampling(greedy=True)
+
+
+def codes(engine: PersonaPlex, ticks: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, engine.cfg.lm.card, (ticks, engine.slots, engine.cfg.lm.codebooks), generator=g)
+
+
+def assert_same_frames(ours: list[Frame], reference: list[Frame]) -> None:
+    assert len(ours) == len(reference)
+    for i, (a, b) in enumerate(zip(ours, reference)):
+        assert torch.equal(a.tokens, b.tokens), i
+        assert a.text == b.text
+        np.testing.assert_allclose(a.pcm, b.pcm, atol=1e-5)
+
+
+@torch.no_grad()
+def test_recycled_slot_equals_a_fresh_engine_while_the_other_slot_talks_on(personaplex_checkpoint: Path):
+    batched = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=2, sampling=GREEDY)
+    alone = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=1, sampling=GREEDY)
+    first, second = "You enjoy having a good conversation.", "Your name is Jane."
+    batched.open(persona=first)
+    before = codes(batched, 9, seed=1)
+    talk0 = [batched.step_codes(c)[0] for c in before]  # slot 0 mid-conversation (and slot 1 too)
+    batched.start(1, persona=second, voice="NATF2")  # a new conversation in slot 1, at another phase
+    prompt = len(batched.queues[1])
+    after = codes(batched, prompt + 20, seed=2)
+    out = [batched.step_codes(c) for c in after]
+    talk0 += [f[0] for f in out]
+    assert all(f[1] is None for f in out[:prompt])
+    recycled = [f[1] for f in out[prompt:]]
+
+    alone.open(persona=second, voice="NATF2")
+    assert_same_frames(recycled, [alone.step_codes(c[1:])[0] for c in after[prompt:]])
+    alone.open(persona=first)
+    assert_same_frames(talk0, [alone.step_codes(c[:1])[0] for c in torch.cat([before, after])])
+
+
+@torch.no_grad()
+def test_golden_replay_from_codes_is_deterministic(personaplex_checkpoint: Path):
+    def replay(sampling: Sampling) -> list[list[Frame]]:
+        engine = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=2, sampling=sampling)
+        engine.open(persona="Tell me about the weather.")
+        return [engine.step_codes(c) for c in codes(engine, 12, seed=3)]
+
+    for sampling in (GREEDY, Sampling(seed=7)):
+        one, two = replay(sampling), replay(sampling)
+        for a, b in zip(one, two):
+            assert_same_frames(a, b)
+    greedy, sampled = replay(GREEDY), replay(Sampling(seed=7))
+    assert any(not torch.equal(a[0].tokens, b[0].tokens) for a, b in zip(greedy, sampled))
+
+
+@torch.no_grad()
+def test_voice_bundle_replays_its_clip(personaplex_checkpoint: Path, tmp_path: Path):
+    engine = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=1, sampling=GREEDY)
+    clip = voice_clip(11, engine.sample_rate) * 0.5
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, clip, engine.sample_rate, subtype="FLOAT")
+    bundle = engine.record_voice(clip)
+    assert bundle.embeddings.shape == (len(engine.voice_frames(clip)) - 1, engine.cfg.lm.dim)
+    user = codes(engine, 10, seed=4)
+    runs = []
+    for voice in (bundle, str(path)):
+        engine.open(persona="Hello", voice=voice)
+        runs.append([engine.step_codes(c)[0] for c in user])
+    assert_same_frames(runs[0], runs[1])
+
+
+@torch.no_grad()
+def test_audio_in_audio_out_one_frame_per_tick(personaplex_checkpoint: Path):
+    engine = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=1, sampling=Sampling(seed=1))
+    engine.open()
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        frame = engine.step(rng.uniform(-0.5, 0.5, engine.frame_size).astype(np.float32))[0]
+        assert frame is not None and frame.pcm.shape == (engine.frame_size,) and frame.pcm.dtype == np.float32
+        assert np.isfinite(frame.pcm).all() and frame.pcm.std() > 0
+        assert frame.text is None or isinstance(frame.text, str)
+    assert set(engine.timings) == {"encode_ms", "model_ms", "decode_ms", "tick_ms"}
