@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -74,6 +75,8 @@ class Drama3Engine:
         max_rows = MAX_PROMPT_ROWS + MAX_NEW_TOKENS
         model.setup_caches(1, max_rows, self.device, model.candidate_head.dtype)
         self.decoder = Decoder(model, max_rows)
+        # Windows vocode on this worker while the loop decodes the next frames.
+        self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
 
     # Inputs -------------------------------------------------------------------
 
@@ -105,7 +108,8 @@ class Drama3Engine:
                  cancelled: Callable[[], bool] | None = None) -> Iterator[AudioWindow | Done]:
         """AudioWindow events as the take's frames exist, then one Done."""
         return take(self.decoder, self.codec, prompt, overlap=self.spec.stream_overlap_frames,
-                    first_window=self.spec.first_window_frames, deadline=deadline, cancelled=cancelled)
+                    first_window=self.spec.first_window_frames, deadline=deadline, cancelled=cancelled,
+                    executor=self.vocoder)
 
     def vocode_take(self, codes: torch.Tensor) -> np.ndarray:
         """int16 PCM: exactly the samples the stream of a take with these codes carried."""

@@ -22,16 +22,20 @@ Design choices:
 - The model often ends a turn with `<|semantic:0|>` right before end of speech, and that
   frame decodes to a click: such a frame is held back one step and dropped if end of
   speech follows (mlx-audio does the same). Every other frame is committed at once.
-- Windows (stream.py's schedule) are vocoded as soon as their frames are committed. The
-  final window (marked last, possibly empty) flushes the rest whatever the finish
-  reason, so the stream always carries exactly the take's committed codes.
+- Windows (stream.py's schedule) are vocoded as soon as their frames are committed, on a
+  worker thread when the engine gives one, so the codec runs while the next frames
+  decode; they are handed out in order. The final window (marked last, possibly empty)
+  flushes the rest whatever the finish reason, so the stream always carries exactly the
+  take's committed codes.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +45,7 @@ from engine.drama3.codec import Codec
 from engine.drama3.model import Drama3Model
 from engine.drama3.prompt import Prompt
 from engine.drama3.sampling import SamplingTensors, ras_window_of, sample_code, sample_main, take_generator
-from engine.drama3.stream import StreamSchedule, decode_window
+from engine.drama3.stream import StreamSchedule, Window, decode_window
 
 PREFILL_CHUNK_ROWS = 512
 KV_BUCKET_ROWS = 256  # eager steps attend over a whole number of these (graphs: one per bucket)
@@ -139,34 +143,59 @@ class Decoder:
         return min(self.max_rows, math.ceil((position + 2) / KV_BUCKET_ROWS) * KV_BUCKET_ROWS)
 
 
+class Windows:
+    """A take's windows, vocoded beside the decode loop and handed out in order.
+
+    With an executor (one worker thread) a window's codec decode overlaps the next decode
+    steps, as the seed overlaps them on a side CUDA stream; without one it runs inline."""
+
+    def __init__(self, codec: Codec, executor: Executor | None) -> None:
+        self.codec, self.executor = codec, executor
+        self.pending: collections.deque[tuple[Window, Future | np.ndarray]] = collections.deque()
+        self.sample = 0  # the take's samples handed out so far
+
+    def submit(self, codes: torch.Tensor, window: Window) -> None:
+        codes = codes[:, :window.end].clone()  # the frames are final; later steps write after them
+        if self.executor is None:
+            self.pending.append((window, decode_window(self.codec, codes, window)))
+        else:
+            self.pending.append((window, self.executor.submit(decode_window, self.codec, codes, window)))
+
+    def ready(self, wait: bool = False) -> Iterator[AudioWindow]:
+        """The decoded windows at the head of the queue (all of them if `wait`)."""
+        while self.pending and (wait or not isinstance(self.pending[0][1], Future) or self.pending[0][1].done()):
+            window, result = self.pending.popleft()
+            pcm = result.result() if isinstance(result, Future) else result
+            yield AudioWindow(pcm=pcm, start_sample=self.sample, frames=window.frames, last=window.last)
+            self.sample += len(pcm)
+
+
 @torch.inference_mode()
 def take(decoder: Decoder, codec: Codec, prompt: Prompt, *, overlap: int, first_window: int | None,
          deadline: float | None = None, cancelled: Callable[[], bool] | None = None,
+         executor: Executor | None = None,
          step: Callable[[int], None] | None = None) -> Iterator[AudioWindow | Done]:
     """The events of one take: its windows as their frames exist, then Done.
 
-    `step(position)` runs one decode step (default: the eager `decoder.step` with a KV
-    bucket); the engine passes a graph replay there on a GPU."""
+    `executor` vocodes windows beside the loop (None: inline). `step(position)` runs one
+    decode step (default: the eager `decoder.step` with a KV bucket); a GPU engine can
+    pass a graph replay there."""
     started = time.perf_counter()
     prompt_ms = prompt.prompt_ms
     sampling, device = prompt.sampling, decoder.device
     timings: dict = {"prompt_rows": len(prompt.rows), "prompt_ms": round(prompt_ms, 1)}
     step = step or (lambda position: decoder.step(decoder.kv_len(position)))
     schedule = StreamSchedule(overlap, first_window)
+    windows = Windows(codec, executor)
     codes = torch.zeros((codec.num_codebooks, sampling.max_new_tokens), dtype=torch.long, device=device)
     committed, held, steps, step_s = 0, False, 0, 0.0  # held: a <|semantic:0|> frame waits at codes[:, committed]
     finish, error = "length", None
-    sample = 0
 
     def since_start_ms() -> float:
         return round(prompt_ms + (time.perf_counter() - started) * 1000, 1)
 
-    def window_event(window) -> AudioWindow:
-        nonlocal sample
-        pcm = decode_window(codec, codes, window)
-        event = AudioWindow(pcm=pcm, start_sample=sample, frames=window.frames, last=window.last)
-        sample += len(pcm)
-        if len(pcm) and "first_audio_ms" not in timings:
+    def handed_out(event: AudioWindow) -> AudioWindow:
+        if len(event.pcm) and "first_audio_ms" not in timings:
             timings["first_audio_ms"] = since_start_ms()
         return event
 
@@ -202,17 +231,21 @@ def take(decoder: Decoder, codec: Codec, prompt: Prompt, *, overlap: int, first_
             held = main == decoder.semantic_start
             committed += not held
             while (window := schedule.due(committed)) is not None:
-                yield window_event(window)
+                windows.submit(codes, window)
+            for event in windows.ready():
+                yield handed_out(event)
         finish = reason or "length"
     except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the engine loop
         finish, error = "error", f"{type(exc).__name__}: {exc}"
     committed += held
     try:
-        final = window_event(schedule.final(committed))
+        windows.submit(codes, schedule.final(committed))
+        for event in windows.ready(wait=True):
+            yield handed_out(event)
     except Exception as exc:  # noqa: BLE001 - the vocoder failed: report it, the codes stand
         finish, error = "error", error or f"{type(exc).__name__}: {exc}"
-        final = AudioWindow(pcm=np.zeros(0, dtype=np.int16), start_sample=sample, frames=0, last=True)
-    yield final
+        windows.pending.clear()
+        yield AudioWindow(pcm=np.zeros(0, dtype=np.int16), start_sample=windows.sample, frames=0, last=True)
     timings.setdefault("prefill_ms", round((time.perf_counter() - started) * 1000, 1))
     timings.setdefault("first_audio_ms", None)
     timings.update(frames=committed, decode_frames_per_s=round(steps / step_s, 1) if step_s else None,
