@@ -88,7 +88,8 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     return out.transpose(1, 2), state
 
 
-def gated_delta_rule(q, k, v, g, beta, state):
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One row: the recurrent step; more rows: the chunked form (same maths)."""
     rule = recurrent_delta_rule if q.shape[1] == 1 else chunked_delta_rule
     return rule(q, k, v, g, beta, state)

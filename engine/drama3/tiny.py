@@ -111,6 +111,7 @@ def write_tiny_checkpoint(directory: Path | str, seed: int = 0) -> list[Path]:
     written[0].write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     for name, part in shards.items():
         save_file(part, directory / name, metadata={"format": "pt"})
+        (directory / name).chmod(0o644)  # safetensors writes 0600; the other files are plain 0644
         written.append(directory / name)
     index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
              "weight_map": {key: name for name, part in shards.items() for key in sorted(part)}}

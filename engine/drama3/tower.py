@@ -82,7 +82,8 @@ class TowerBlock(nn.Module):
         self.feed_forward = FeedForward(config.dim, config.intermediate_size)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
 
-    def forward(self, x, rope, input_pos, slots, kv_len):
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
+                kv_len: int | None) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), rope, input_pos, slots, kv_len)
         return x + self.feed_forward(self.ffn_norm(x))
 
