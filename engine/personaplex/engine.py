@@ -16,7 +16,8 @@ Design choices:
 - A slot's system prompt is a queue of prefill ticks (prompt.py) consumed one per tick,
   so starting a slot never stalls the others. `open` runs every slot's prompt at once
   without Mimi work.
-- Text pieces: EPAD (0) and PAD (3) are hidden, SentencePiece's "▁" becomes a space.
+- Text pieces: EPAD (0) and PAD (3) are hidden (PP-server), and so are SentencePiece's
+  control pieces (`<s>`, `</s>`); "▁" becomes a space.
 - `record_voice` makes a voice bundle from a clip the way the reference saves one, on a
   fresh engine (it resets every slot).
 - Random draws come from the engine's own generator (`Sampling.seed`), greedy when asked.
@@ -251,7 +252,10 @@ class PersonaPlex:
         return frames
 
     def text_piece(self, token: int) -> str | None:
+        """The piece of a sampled text token; None for EPAD, PAD, ids past the vocabulary and control pieces."""
         if token in (EPAD_TOKEN, PAD_TOKEN) or token >= min(self.cfg.lm.text_card, self.tokenizer.vocab_size()):
+            return None
+        if self.tokenizer.is_control(token):  # <s>, </s>: never text
             return None
         return self.tokenizer.id_to_piece(token).replace("\u2581", " ")
 
