@@ -19,7 +19,7 @@ import { PLAY_STATE_NAMES, type PlaybackStats } from "./jitter_buffer";
 import workletUrl from "./worklet/player.worklet.ts?worker&url";
 import tapUrl from "./worklet/tap.worklet.ts?worker&url";
 import {
-  PLAYER_PROCESSOR, TAP_PROCESSOR, type FromPlayer, type FromTap, type ToPlayer,
+  PLAYER_PROCESSOR, TAP_PROCESSOR, type FromPlayer, type FromTap, type ToPlayer, type ToTap,
 } from "./worklet_messages";
 
 const POLL_MS = 50;
@@ -96,17 +96,23 @@ export class Player {
 
   /** Everything the tap recorded (only with `?tap`). */
   async readTap(): Promise<{ startFrame: number; samples: Float32Array }> {
-    const tap = this.tap;
-    if (tap === null) throw new Error("the page was loaded without ?tap");
-    return new Promise((resolve) => {
-      tap.port.onmessage = (event: MessageEvent<FromTap>) => resolve(event.data);
-      tap.port.postMessage({ type: "read" });
-    });
+    const reply = await this.askTap({ type: "read" });
+    if (reply.type !== "tape") throw new Error("the tap answered a read with a reset");
+    return reply;
   }
 
-  /** Forget what the tap recorded so far (only with `?tap`). */
-  resetTap(): void {
-    this.tap?.port.postMessage({ type: "reset" });
+  /** Forget what the tap recorded so far; resolves once it has (only with `?tap`). */
+  async resetTap(): Promise<void> {
+    await this.askTap({ type: "reset" });
+  }
+
+  private askTap(message: ToTap): Promise<FromTap> {
+    const tap = this.tap;
+    if (tap === null) return Promise.reject(new Error("the page was loaded without ?tap"));
+    return new Promise((resolve) => {
+      tap.port.onmessage = (event: MessageEvent<FromTap>) => resolve(event.data);
+      tap.port.postMessage(message);
+    });
   }
 
   close(): void {

@@ -56,6 +56,8 @@ export interface StoredScript {
   selectedLineId: string | null;
   /** First-audio latency as heard, by take id: only this page measured it. */
   heard?: Record<string, number>;
+  /** Lines deleted here that the server still lists (it keeps every line that has takes). */
+  deleted?: string[];
 }
 
 /** Scene order: the order in which the model hears kept takes. */
@@ -71,6 +73,7 @@ export function newLineId(): string {
 export class Scene {
   lines: Line[] = [];
   readonly takes = new Map<number, Take>();
+  private deleted = new Set<string>();
   selectedLineId: string | null = null;
   /** The server's list of kept takes (its own order), from session.ready and `history`. */
   serverHistory: number[] = [];
@@ -109,6 +112,7 @@ export class Scene {
     const at = this.lines.findIndex((l) => l.id === id);
     if (at < 0) return;
     this.lines.splice(at, 1);
+    this.deleted.add(id);
     if (this.selectedLineId === id) this.selectedLineId = this.lines[Math.min(at, this.lines.length - 1)]?.id ?? null;
   }
 
@@ -159,7 +163,8 @@ export class Scene {
   /** Rebuild from session.ready, keeping the locally stored script (its order, unsent lines). */
   applyReady(ready: ServerMessageOf<"session.ready">, stored: StoredScript | null): void {
     const lines: Line[] = stored?.lines.map((l) => ({ ...l })) ?? [];
-    const known = new Set(lines.map((l) => l.id));
+    this.deleted = new Set(stored?.deleted ?? []);
+    const known = new Set([...lines.map((l) => l.id), ...this.deleted]);
     for (const info of [...ready.lines].sort((a, b) => a.position - b.position)) {
       if (!known.has(info.line_id)) lines.push({ id: info.line_id, text: info.text });
     }
@@ -275,7 +280,7 @@ export class Scene {
   storedScript(): StoredScript {
     const heard: Record<string, number> = {};
     for (const take of this.takes.values()) if (take.heardLatencyMs !== null) heard[String(take.id)] = take.heardLatencyMs;
-    return { lines: this.lines.map((l) => ({ ...l })), selectedLineId: this.selectedLineId, heard };
+    return { lines: this.lines.map((l) => ({ ...l })), selectedLineId: this.selectedLineId, heard, deleted: [...this.deleted] };
   }
 }
 

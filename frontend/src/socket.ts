@@ -87,6 +87,13 @@ export class StudioSocket {
     this.socket = socket;
   }
 
+  /** Drop the socket and connect again now (a stuck connection; the session resumes). */
+  reconnect(): void {
+    this.attempt = 0;
+    if (this.socket === null) this.connect();
+    else this.socket.close(4001, "reconnecting");
+  }
+
   /** Close for good (no reconnect) until `connect()` is called again. */
   close(): void {
     this.stopped = true;

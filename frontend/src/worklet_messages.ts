@@ -13,7 +13,7 @@ export type FromPlayer = { type: "stats"; frame: number; stats: PlaybackStats };
 
 export type ToTap = { type: "read" } | { type: "reset" };
 /** Everything the tap recorded: `samples[k]` is the context frame `startFrame + k`. */
-export type FromTap = { type: "tape"; startFrame: number; samples: Float32Array };
+export type FromTap = { type: "tape"; startFrame: number; samples: Float32Array } | { type: "reset" };
 
 export const PLAYER_PROCESSOR = "retake-player";
 export const TAP_PROCESSOR = "retake-tap";

@@ -181,6 +181,17 @@ try {
   check("the demo-weights banner is shown", ready.demo === (await page.locator("#banner-demo").isVisible()), JSON.stringify(ready));
   await page.locator("#s-max").fill(String(MAX_FRAMES));
 
+  // 0. A server error is shown next to what caused it: here, the line that sent a bad top-p.
+  await page.locator("#s-top-p").fill("0");
+  const line = page.locator(".line-text").first();
+  await line.fill("Places, everyone.");
+  await line.press("Enter");
+  const lineError = page.locator(".line").first().locator(".line-error");
+  await lineError.waitFor({ state: "visible" });
+  check("a refused take shows the server's error next to its line", (await lineError.textContent()).includes("top_p"),
+    await lineError.textContent());
+  await page.locator("#s-top-p").fill("");
+
   // 1. Take a line; it plays as it streams.
   const first = await takeLine(0, "Places, everyone.");
   const sent = wirePcm(first.takeId);
@@ -219,7 +230,14 @@ try {
   await page.locator(`.take[data-take="${second.takeId}"] .keep`).click();
   await page.waitForFunction((id) => window.retake.scene.takes.get(id)?.kept === true, second.takeId);
 
-  // 3. Reload: the scene comes back (script from the browser, takes and keeps from the server).
+  // 3. The socket drops: the page reconnects by itself and resumes the session.
+  const sessionBefore = await studio(() => ((window.oldReady = window.retake.ready), window.retake.ready.session_id));
+  await studio(() => window.retake.socket.reconnect());
+  await page.waitForFunction(() => window.retake.ready !== window.oldReady && window.retake.connection.state === "open");
+  const again = await studio(() => ({ id: window.retake.ready.session_id, resumed: window.retake.ready.resumed }));
+  check("after a dropped socket the page reconnects and resumes", again.id === sessionBefore && again.resumed, JSON.stringify(again));
+
+  // 4. Reload: the scene comes back (script from the browser, takes and keeps from the server).
   const sessionId = await studio(() => window.retake.ready.session_id);
   await page.reload();
   await waitReady();
@@ -236,7 +254,7 @@ try {
   const inputs = await page.locator(".line-text").evaluateAll((els) => els.map((el) => el.value));
   check("the page shows the lines", JSON.stringify(inputs) === JSON.stringify(scene.lines), JSON.stringify(inputs));
 
-  // 4. Export the scene (after the reload the page fetches the takes' audio from the server).
+  // 5. Export the scene (after the reload the page fetches the takes' audio from the server).
   const gapMs = 300;
   await page.locator("#export-gap").fill(String(gapMs));
   const [download] = await Promise.all([page.waitForEvent("download"), page.locator("#export-scene").click()]);
@@ -246,6 +264,15 @@ try {
   writeFileSync(join(args.out, `take-${first.takeId}.pcm`), Buffer.from(sent.buffer));
   writeFileSync(join(args.out, `take-${second.takeId}.pcm`), Buffer.from(wirePcm(second.takeId).buffer));
   result.export = { path: exportPath, takes: [first.takeId, second.takeId], gapMs, sampleRate: ready.rate };
+
+  // 6. A described character becomes the voice.
+  await page.locator('#voice .tabs button[data-tab="character"]').click();
+  await page.locator("#character-name").fill("Mara");
+  await page.locator("#character-description").fill("a tired lighthouse keeper, low and slow");
+  await page.locator("#character-scene").fill("A storm at night.");
+  await page.locator("#use-character").click();
+  await page.waitForFunction(() => window.retake.voice?.character?.name === "Mara");
+  check("the character is the voice", (await page.locator("#voice-current").textContent()) === "Character: Mara");
 
   await page.locator(`.line`).first().click({ position: { x: 5, y: 5 } });
   await page.waitForTimeout(300); // let the waveforms of the fetched takes draw

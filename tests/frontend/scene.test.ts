@@ -107,6 +107,12 @@ describe("Scene", () => {
     expect(scene.takes.get(17)!.heardLatencyMs).toBe(250.5); // measured by this page before the reload
     expect(scene.storedScript().heard).toEqual({ "17": 250.5 });
 
+    // A line deleted here stays deleted, though the server still lists it (it has takes).
+    scene.deleteLine("line-1");
+    const again = new Scene();
+    again.applyReady(resumed, scene.storedScript());
+    expect(again.lines.map((l) => l.id)).toEqual(["draft"]);
+
     const fresh = new Scene(); // another browser: no local script, the server's lines
     fresh.applyReady(resumed, null);
     expect(fresh.lines).toEqual([{ id: "line-1", text: "Places, everyone." }]);

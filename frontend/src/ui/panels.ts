@@ -23,6 +23,9 @@ export class TopBar {
 
   constructor(private readonly studio: Studio) {
     this.reclaim.addEventListener("click", () => studio.reclaim());
+    this.connection.addEventListener("click", () => {
+      if (studio.connection.state !== "open") studio.socket.reconnect();
+    });
   }
 
   update(): void {

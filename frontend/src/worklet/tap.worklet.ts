@@ -18,7 +18,9 @@ class TapProcessor extends AudioWorkletProcessor {
     this.port.onmessage = (event: MessageEvent<ToTap>) => {
       if (event.data.type === "reset") {
         this.length = 0;
-        this.startFrame = -1;
+        this.startFrame = -1; // the next quantum's frame: after this answer reaches the page
+        const done: FromTap = { type: "reset" };
+        this.port.postMessage(done);
         return;
       }
       const samples = this.tape.slice(0, this.length);
