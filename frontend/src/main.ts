@@ -83,7 +83,7 @@ document.addEventListener("keydown", (event) => {
     return;
   }
   if (event.key === "Escape") {
-    if (typing) target.blur();
+    if (typing) return target.blur();
     const running = lineId === null ? undefined : studio.scene.takesOf(lineId).find((t) => t.phase !== "done");
     if (running !== undefined) studio.cancel(running.id);
     return;
