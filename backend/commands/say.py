@@ -80,12 +80,22 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import soundfile as sf
 
-    from engine import Character, EngineSpec, HistoryTurn, Reference, Sampling, load_engine
+    from engine import AudioWindow, Character, EngineSpec, HistoryTurn, Reference, Sampling, load_engine
+    from engine.drama3.prompt import checked_character
+    from engine.drama3.text import check_text
 
     # Everything the user can get wrong is checked before the model loads.
     sampling = Sampling(**{name: value for name, value in (
         ("temperature", args.temperature), ("top_p", args.top_p), ("top_k", args.top_k),
         ("max_new_tokens", args.max_new_tokens), ("seed", args.seed)) if value is not None}).checked()
+    check_text(args.text, "text")
+    for index, transcript in enumerate(args.reference_text):
+        check_text(transcript, f"references.{index}.text")
+    for index, (text, _) in enumerate(args.history):
+        check_text(text, f"history.{index}.text")
+    character = Character(args.character, args.description, args.scene) if args.character else None
+    if character is not None:
+        character = checked_character(character)
     history = [HistoryTurn(text, read_history_codes(Path(path))) for text, path in args.history]
     clips = []
     for clip in args.reference:
@@ -100,8 +110,8 @@ def run(args: argparse.Namespace) -> int:
     engine = load_engine(EngineSpec(checkpoint=args.checkpoint, device=args.device))
     if engine.demo_weights:
         print("retake say: the tiny demo checkpoint has random weights; its audio is noise", file=sys.stderr)
-    if args.character:
-        voice = Character(args.character, args.description, args.scene)
+    if character is not None:
+        voice = character
     else:
         voice = [Reference(engine.encode_reference(audio), transcript)
                  for audio, transcript in zip(clips, args.reference_text)]
@@ -109,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
     pieces, done = [], None
     for event in engine.generate(prompt):
-        if hasattr(event, "pcm"):
+        if isinstance(event, AudioWindow):
             pieces.append(event.pcm)
         else:
             done = event
