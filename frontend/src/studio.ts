@@ -163,11 +163,15 @@ export class Studio {
     this.onChange("takes");
   }
 
+  /** The take is playing, or waiting for its audio to play. */
+  isSounding(takeId: number): boolean {
+    const r = this.report;
+    return this.playingTakeId === takeId && r !== null && r.takeId === takeId
+      && (r.stateName === "playing" || r.stateName === "waiting" || r.stateName === "rebuffering");
+  }
+
   togglePlay(takeId: number): void {
-    const report = this.report;
-    const sounding = report !== null && report.takeId === takeId
-      && (report.stateName === "playing" || report.stateName === "waiting" || report.stateName === "rebuffering");
-    if (this.playingTakeId === takeId && sounding) this.stop();
+    if (this.isSounding(takeId)) this.stop();
     else void this.play(takeId);
   }
 

@@ -85,7 +85,7 @@ class TakeView {
     const fps = t.timings["decode_frames_per_s"];
     const frameSamples = this.studio.ready?.frame_samples ?? 2048;
     setText(this.speed, typeof fps === "number" ? `${fps.toFixed(1)} fr/s · ${(fps * frameSamples / rate).toFixed(1)}×` : "— fr/s");
-    setText(this.play, playing && this.sounding() ? "■" : "▶");
+    setText(this.play, this.studio.isSounding(t.id) ? "■" : "▶");
     this.play.disabled = t.phase === "done" && t.samples === 0;
     setText(this.keep, t.kept ? "Kept ✓" : "Keep");
     this.keep.disabled = t.phase !== "done" || t.samples === 0;
@@ -95,11 +95,6 @@ class TakeView {
     setText(this.error, problem ?? "");
     this.error.hidden = problem === null || problem === undefined;
     this.draw();
-  }
-
-  private sounding(): boolean {
-    const r = this.studio.report;
-    return r !== null && r.takeId === this.take.id && (r.stateName === "playing" || r.stateName === "waiting" || r.stateName === "rebuffering");
   }
 
   /** Redraw the waveform when the audio or the playhead moved. */
