@@ -11,7 +11,7 @@ export default defineConfig({
   root: here,
   build: { outDir: "dist", emptyOutDir: true, target: "es2022", sourcemap: true },
   worker: { format: "es" },
-  server: { proxy: { "/ws": { target: backend, ws: true }, "/v1": backend, "/api": backend } },
+  server: { proxy: { "/ws": { target: backend, ws: true }, "/sessions": backend, "/v1": backend, "/health": backend } },
   test: {
     dir: fileURLToPath(new URL("../tests/frontend", import.meta.url)),
     include: ["**/*.test.ts"],
