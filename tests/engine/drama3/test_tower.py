@@ -41,11 +41,11 @@ class ReferenceTower:
     def rope(self, x: torch.Tensor, position: int) -> torch.Tensor:
         """Interleaved: pairs (2i, 2i+1) of the first rotary dims turn by position * base^(-2i/rot)."""
         rotary = int(self.c["head_dim"] * self.c["rotary_percent"])
+        angle = position * self.c["rope_base"] ** (-torch.arange(0, rotary, 2, dtype=torch.float64) / rotary)
+        cos, sin = angle.cos().float(), angle.sin().float()
+        a, b = x[0:rotary:2], x[1:rotary:2]
         out = x.clone()
-        for i in range(rotary // 2):
-            angle = position * self.c["rope_base"] ** (-2 * i / rotary)
-            a, b = x[2 * i], x[2 * i + 1]
-            out[2 * i], out[2 * i + 1] = a * math.cos(angle) - b * math.sin(angle), b * math.cos(angle) + a * math.sin(angle)
+        out[0:rotary:2], out[1:rotary:2] = a * cos - b * sin, b * cos + a * sin
         return out
 
     def codebook(self, k: int, code: int) -> torch.Tensor:
