@@ -44,7 +44,7 @@ import torch
 from engine.drama3.codec import Codec
 from engine.drama3.model import Drama3Model
 from engine.drama3.prompt import Prompt
-from engine.drama3.sampling import SamplingTensors, ras_window_of, sample_code, sample_main, take_generator
+from engine.drama3.sampling import SamplingTensors, ras_window_of, sample_code, sample_main, seed_generator, take_generator
 from engine.drama3.stream import StreamSchedule, Window, decode_window
 
 PREFILL_CHUNK_ROWS = 512
@@ -110,7 +110,7 @@ class Decoder:
         self.frame.copy_(rows[-1:])
         self.ras_window.copy_(ras_window_of(rows))
         self.settings.fill(prompt.sampling)
-        self.generator = take_generator(prompt.sampling.seed, self.device)
+        seed_generator(self.generator, prompt.sampling.seed)  # in place: a captured graph holds this object
 
     def step(self, kv_len: int | None = None) -> None:
         """One frame from the static state; writes frame, status and the next inputs in place.

@@ -142,11 +142,15 @@ def ras_window_of(rows: torch.Tensor) -> torch.Tensor:
     return window
 
 
-def take_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A take's own random stream: seeded if asked, else from fresh entropy."""
-    generator = torch.Generator(device=device)
+def seed_generator(generator: torch.Generator, seed: int | None) -> torch.Generator:
+    """Start a take's random stream: from `seed` if given, else from fresh entropy."""
     if seed is None:
         generator.seed()
     else:
         generator.manual_seed(seed)
     return generator
+
+
+def take_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A take's own random stream (see seed_generator)."""
+    return seed_generator(torch.Generator(device=device), seed)
