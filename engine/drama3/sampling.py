@@ -89,18 +89,27 @@ class SamplingTensors:
 
 def sample_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                        top_p: torch.Tensor, generator: torch.Generator | None = None, *,
-                       keep_crossing: bool = False) -> torch.Tensor:
-    """One id per row of logits [B, V]; temperature, top_p float [B], top_k int [B]."""
+                       keep_crossing: bool = False, max_k: int | None = None) -> torch.Tensor:
+    """One id per row of logits [B, V]; temperature, top_p float [B], top_k int [B].
+
+    `max_k`, a static bound on top_k, ranks only that many candidates (a top-k instead of
+    a sort of the whole vocabulary); the probabilities are still those of the whole
+    vocabulary, so the kept set and its distribution are the same."""
     scaled = logits.float() / temperature.float().clamp(min=MIN_TEMPERATURE)[:, None]  # [B, V]
-    sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True, stable=True)  # [B, V]
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # [B, V]
+    if max_k is not None and max_k < scaled.shape[-1]:
+        sorted_logits, sorted_ids = scaled.topk(max_k, dim=-1)  # [B, k], descending
+        probs_sorted = (sorted_logits - scaled.logsumexp(dim=-1, keepdim=True)).exp()
+    else:
+        sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True, stable=True)  # [B, V]
+        probs_sorted = sorted_logits.softmax(dim=-1)
+    cumulative = probs_sorted.cumsum(dim=-1)  # [B, k or V]
     dropped = cumulative > top_p.float()[:, None]
     if keep_crossing:  # a token is dropped only if the one before it already passed top_p
         dropped = torch.cat((torch.zeros_like(dropped[:, :1]), dropped[:, :-1]), dim=-1)
-    ranks = torch.arange(logits.shape[-1], device=logits.device)  # [V]
+    ranks = torch.arange(sorted_logits.shape[-1], device=logits.device)  # [k or V]
     dropped |= ranks >= top_k[:, None]
     dropped[:, 0] = False
-    probs = sorted_logits.masked_fill(dropped, -math.inf).softmax(dim=-1)  # [B, V]
+    probs = sorted_logits.masked_fill(dropped, -math.inf).softmax(dim=-1)  # [B, k or V]
     # An exponential draw of exactly 0 would turn p / 0 into inf or nan (argmax's pick).
     noise = torch.empty_like(probs).exponential_(1.0, generator=generator).clamp_(min=torch.finfo(probs.dtype).tiny)
     choice = (probs / noise).argmax(dim=-1, keepdim=True)  # [B, 1]
@@ -120,7 +129,7 @@ def sample_main(candidate_logits: torch.Tensor, candidate_ids: torch.Tensor, ras
     fixed = torch.ones_like(settings.temperature)
     retry = candidate_ids[sample_top_k_top_p(candidate_logits, fixed * RAS_TEMPERATURE,
                                              torch.full_like(settings.top_k, RAS_TOP_K), fixed * RAS_TOP_P,
-                                             generator, keep_crossing=True)]  # [B]
+                                             generator, keep_crossing=True, max_k=RAS_TOP_K)]  # [B]
     repeated = (ras_window == first[:, None]).any(dim=-1)
     semantic = (first >= semantic_start) & (first < semantic_start + codebook_size)
     return torch.where(repeated & semantic, retry, first)
@@ -130,7 +139,7 @@ def sample_code(logits: torch.Tensor, settings: SamplingTensors,
                 generator: torch.Generator | None = None) -> torch.Tensor:
     """A codebook head's code [B] from its logits [B, V]: the request's settings, top-k capped."""
     return sample_top_k_top_p(logits, settings.temperature, settings.top_k.clamp(max=CODEBOOK_TOP_K),
-                              settings.top_p, generator)
+                              settings.top_p, generator, max_k=CODEBOOK_TOP_K)
 
 
 def ras_window_of(rows: torch.Tensor) -> torch.Tensor:

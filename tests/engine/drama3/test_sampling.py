@@ -52,7 +52,7 @@ def test_top_k():
 
 
 def test_codebook_heads_cap_top_k_at_30():
-    logits = torch.zeros(ROWS, 100)  # uniform: only the rank order (lowest id first) limits the draw
+    logits = -0.001 * torch.arange(100.0).expand(ROWS, -1)  # nearly uniform, ranked by id
     seen = sample_code(logits, settings(ROWS, top_k=1000), torch.Generator().manual_seed(1))
     assert int(seen.max()) == CODEBOOK_TOP_K - 1 and len(seen.unique()) == CODEBOOK_TOP_K
 
@@ -77,7 +77,7 @@ def test_ras_replaces_a_repeated_semantic_token_and_keeps_a_fresh_one():
     replay = torch.Generator().manual_seed(7)
     first = candidates[sample_top_k_top_p(logits, s.temperature, s.top_k, s.top_p, replay, keep_crossing=True)]
     retry = candidates[sample_top_k_top_p(logits, torch.ones(ROWS), torch.full((ROWS,), RAS_TOP_K),
-                                          torch.full((ROWS,), RAS_TOP_P), replay, keep_crossing=True)]
+                                          torch.full((ROWS,), RAS_TOP_P), replay, keep_crossing=True, max_k=RAS_TOP_K)]
     repeated = (window == first[:, None]).any(-1)
     semantic = first >= 10
     assert torch.equal(main[repeated & semantic], retry[repeated & semantic])
@@ -102,3 +102,19 @@ def test_a_seed_reproduces_draws():
     two = sample_top_k_top_p(logits, s, torch.full((8,), 4097), torch.full((8,), 0.9), take_generator(123))
     other = sample_top_k_top_p(logits, s, torch.full((8,), 4097), torch.full((8,), 0.9), take_generator(124))
     assert torch.equal(one, two) and not torch.equal(one, other)
+
+
+def test_ranking_only_max_k_candidates_keeps_the_same_set_and_distribution():
+    logits = torch.randn(1, 4096, generator=torch.Generator().manual_seed(3)).expand(ROWS, -1) * 3
+    s = settings(ROWS, temperature=0.9, top_k=30, top_p=0.7)
+    for keep_crossing in (False, True):
+        full = sample_top_k_top_p(logits, s.temperature, s.top_k, s.top_p, torch.Generator().manual_seed(0),
+                                  keep_crossing=keep_crossing)
+        ranked = sample_top_k_top_p(logits, s.temperature, s.top_k, s.top_p, torch.Generator().manual_seed(0),
+                                    keep_crossing=keep_crossing, max_k=30)
+        assert set(full.unique().tolist()) == set(ranked.unique().tolist())
+        for token in full.unique().tolist():
+            assert abs(int((full == token).sum()) - int((ranked == token).sum())) < 0.04 * ROWS
+    greedy = settings(ROWS, temperature=0.0, top_k=30, top_p=0.7)
+    assert torch.equal(sample_top_k_top_p(logits, greedy.temperature, greedy.top_k, greedy.top_p, max_k=30),
+                       logits.argmax(-1))
