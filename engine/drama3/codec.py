@@ -290,7 +290,13 @@ def load_codec(path: Path | str, device: str | torch.device = "cpu") -> Codec:
             raise ConfigError(f"{path}: {key} has shape {tuple(weights[key].shape)}, the configuration "
                               f"needs {tuple(value.shape)}")
     codec.load_state_dict(weights, assign=True)
+    return ready(codec, device)
+
+
+def ready(codec: Codec, device: str | torch.device) -> Codec:
+    """For inference on `device`: float32, but the decoder float16 on a GPU (as SGLang
+    Omni's vocoder; the quantiser stays float32)."""
     codec = codec.eval().requires_grad_(False).to(device)
     if codec.device.type == "cuda":
-        codec.decoder.half()  # as SGLang Omni's vocoder; the quantiser stays float32
+        codec.decoder.half()
     return codec

@@ -51,10 +51,12 @@ OUTPUT_GAIN = 0.09  # row norm of the last conv: speech-like level after tanh
 
 
 @torch.no_grad()
-def random_codec(config: CodecConfig, seed: int) -> Codec:
-    """A codec of `config` with deterministic random weights (CPU, float32)."""
-    generator = torch.Generator().manual_seed(seed)
-    codec = Codec(config)
+def random_codec(config: CodecConfig, seed: int, device: str | torch.device = "cpu") -> Codec:
+    """A codec of `config` with deterministic random weights, float32, made on `device`
+    (the full-size benchmark codec is generated on the GPU)."""
+    generator = torch.Generator(device).manual_seed(seed)
+    with torch.device(device):
+        codec = Codec(config)
     last_conv = f"decoder.model.{len(codec.decoder.model) - 2}.conv.weight"
     for name, p in codec.named_parameters():
         if name.endswith("alpha"):  # Snake frequencies around 1
