@@ -44,7 +44,8 @@ import torch
 from engine.drama3.codec import Codec
 from engine.drama3.model import Drama3Model
 from engine.drama3.prompt import Prompt
-from engine.drama3.sampling import SamplingTensors, ras_window_of, sample_code, sample_main, seed_generator, take_generator
+from engine.drama3.sampling import (RAS_WINDOW_FRAMES, SamplingTensors, ras_window_of, sample_code, sample_main,
+                                    seed_generator, take_generator)
 from engine.drama3.stream import StreamSchedule, Window, decode_window
 
 PREFILL_CHUNK_ROWS = 512
@@ -81,7 +82,7 @@ class Decoder:
         self.hidden = torch.zeros((1, config.text.hidden_size), dtype=model.candidate_head.dtype, device=device)
         self.position = torch.zeros(1, dtype=torch.long, device=device)  # of the input frame
         self.frame = torch.zeros((1, config.frame_width), dtype=torch.long, device=device)  # the input frame
-        self.ras_window = torch.zeros((1, 16), dtype=torch.long, device=device)
+        self.ras_window = torch.zeros((1, RAS_WINDOW_FRAMES), dtype=torch.long, device=device)
         self.settings = SamplingTensors(torch.ones(1, device=device), torch.ones(1, dtype=torch.long, device=device),
                                         torch.ones(1, device=device))
         self.status = torch.zeros(2, dtype=torch.long, device=device)  # main token, all logits finite
