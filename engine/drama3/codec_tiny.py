@@ -60,7 +60,7 @@ def random_codec(config: CodecConfig, seed: int, device: str | torch.device = "c
     last_conv = f"decoder.model.{len(codec.decoder.model) - 2}.conv.weight"
     for name, p in codec.named_parameters():
         if name.endswith("alpha"):  # Snake frequencies around 1
-            p.copy_(1.0 + 0.3 * torch.rand(p.shape, generator=generator))
+            p.copy_(1.0 + 0.3 * torch.rand(p.shape, generator=generator, device=p.device))
         elif name.endswith("gamma"):  # layer scales
             p.fill_(LAYER_SCALE)
         elif name.endswith("codebook.weight"):
