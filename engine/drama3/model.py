@@ -2,11 +2,15 @@
 
     model.setup_caches(slots, max_rows, device, dtype)     # static caches of every layer
     embeds = model.embed(frames)                          # frames int64 [B, T, 11] -> [B, T, D]
-    hidden = model.backbone(embeds, input_pos, slots)     # [B, T, D], final-normed; prefill or decode
+    hidden = model.backbone(embeds, input_pos, slots, kv_len)   # [B, T, D], final-normed; prefill or decode
     logits = model.candidate_logits(hidden)               # [..., 4097] float32: EOS + the semantic band
     model.tower.prefill(hidden, input_pos, frames, next_frames, slots)
-    h = model.tower.run_shared(hidden, code0, semantic, frames, input_pos, slots)
-    h = model.tower.residual_layers[j](h, code_j, semantic, input_pos, slots); model.tower.heads[j](h)
+    h = model.tower.run_shared(hidden, code0, semantic, frames, input_pos, slots, kv_len)
+    h = model.tower.residual_layers[j](h, code_j, semantic, input_pos, slots, kv_len); model.tower.heads[j](h)
+
+Every attention call (backbone and tower) takes an optional `kv_len`: it attends over the
+first kv_len cache rows of its slots (a static bucket >= max(input_pos) + 1; None = all
+max_rows). On CPU it is what keeps a decode step cheap with a large cache.
 
 Design choices:
 - Only the lm_head rows that can be sampled are kept: `candidate_ids` (EOS and the
