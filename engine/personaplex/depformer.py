@@ -94,14 +94,15 @@ class Depformer(nn.Module):
             layer.self_attn.setup_ring(batch)
 
     def forward(self, hidden: torch.Tensor, text: torch.Tensor, targets: torch.Tensor, provided: torch.Tensor,
-                sample: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """hidden [B, 1, D], text [B], targets/provided [B, steps] -> sampled codes [B, steps].
+                sample: Callable[[torch.Tensor], torch.Tensor], steps: int | None = None) -> torch.Tensor:
+        """hidden [B, 1, D], text [B], targets/provided [B, all steps] -> sampled codes [B, steps].
 
-        `sample` maps logits [B, card] (fp32) to tokens [B].
+        `sample` maps logits [B, card] (fp32) to tokens [B]. `steps` runs only the first
+        steps (the depformer is causal over steps, so they do not depend on the later ones).
         """
         codes = []
         previous = text
-        for t in range(self.steps):
+        for t in range(self.steps if steps is None else steps):
             table = self.depformer_text_emb.weight if t == 0 else self.depformer_emb[t - 1].weight
             x = self.depformer_in[t](hidden) + embed_rows(table, previous)[:, None]  # [B, 1, dim]
             for layer in self.depformer.layers:

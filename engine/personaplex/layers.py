@@ -14,11 +14,14 @@ Design choices:
   visible. The one exception is a query's own key, always visible, so a row ticked at
   position -1 (a recycled slot's sacrifice tick) attends to itself instead of to nothing.
 - RoPE is interleaved (pairs x[2i], x[2i+1]), computed in fp32 at the absolute position.
+  The ring slots, the mask and the rope tables are computed once per forward (`ring_step`)
+  and shared by all layers.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -53,21 +56,19 @@ class GatedMLP(nn.Module):
         return self.linear_out(F.silu(h[..., 0, :]) * h[..., 1, :])
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
-               max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate interleaved pairs of q, k [B, H, T, D] by their absolute positions [B, T]."""
-    D = q.shape[-1]
-    freqs = torch.exp(torch.arange(D // 2, device=q.device, dtype=torch.float32) * (-math.log(max_period) * 2 / D))
-    angle = freqs * positions.float()[:, None, :, None]  # [B, 1, T, D/2]
-    cos, sin = torch.cos(angle), torch.sin(angle)
+def rope_tables(positions: torch.Tensor, head_dim: int, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, 1, T, head_dim / 2] of the absolute positions [B, T], in fp32."""
+    freqs = torch.exp(torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
+                      * (-math.log(max_period) * 2 / head_dim))
+    angle = freqs * positions.float()[:, None, :, None]
+    return torch.cos(angle), torch.sin(angle)
 
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        pairs = x.view(*x.shape[:-1], D // 2, 2)
-        re, im = pairs[..., 0].float(), pairs[..., 1].float()
-        out = torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], dim=-1)
-        return out.view(x.shape)
 
-    return rotate(q), rotate(k)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the interleaved pairs (x[2i], x[2i+1]) of x [B, H, T, D] (computed in fp32)."""
+    pairs = x.view(*x.shape[:-1], x.shape[-1] // 2, 2)
+    re, im = pairs[..., 0].float(), pairs[..., 1].float()
+    return torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], dim=-1).view(x.shape)
 
 
 def ring_mask(positions: torch.Tensor, capacity: int, context: int) -> torch.Tensor:
@@ -81,14 +82,28 @@ def ring_mask(positions: torch.Tensor, capacity: int, context: int) -> torch.Ten
     return (visible | (p == q))[:, None]
 
 
+@dataclass
+class RingStep:
+    """What every attention layer needs for one call, computed once per forward (`ring_step`)."""
+
+    slots: torch.Tensor  # [B, T] ring slot of each new position
+    mask: torch.Tensor  # [B, 1, T, capacity]
+    cos: torch.Tensor  # [B, 1, T, head_dim / 2]
+    sin: torch.Tensor
+
+
+def ring_step(positions: torch.Tensor, capacity: int, context: int, head_dim: int, max_period: float) -> RingStep:
+    cos, sin = rope_tables(positions, head_dim, max_period)
+    return RingStep(torch.remainder(positions, capacity), ring_mask(positions, capacity, context), cos, sin)
+
+
 class RingAttention(nn.Module):
     """Causal self-attention over a per-slot ring of `capacity` past positions, with RoPE."""
 
-    def __init__(self, dim: int, num_heads: int, capacity: int, max_period: float):
+    def __init__(self, dim: int, num_heads: int, capacity: int):
         super().__init__()
         self.num_heads = num_heads
         self.capacity = capacity
-        self.max_period = max_period
         self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
         self.out_proj = nn.Linear(dim, dim, bias=False)
         self.register_buffer("keys", torch.zeros(0), persistent=False)
@@ -101,14 +116,13 @@ class RingAttention(nn.Module):
         self.keys = torch.zeros(shape, dtype=w.dtype, device=w.device)
         self.values = torch.zeros(shape, dtype=w.dtype, device=w.device)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: RingStep) -> torch.Tensor:
         B, T, D = x.shape
         qkv = F.linear(x, self.in_proj_weight).view(B, T, 3, self.num_heads, D // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, T, Dh]
-        q, k = apply_rope(q, k, positions, self.max_period)
-        slots = torch.remainder(positions, self.capacity)  # [B, T]
-        index = slots[:, None, :, None].expand_as(k)
+        q, k = apply_rope(q, step.cos, step.sin), apply_rope(k, step.cos, step.sin)
+        index = step.slots[:, None, :, None].expand_as(k)
         self.keys.scatter_(2, index, k)
         self.values.scatter_(2, index, v)
-        out = F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=mask)  # [B, H, T, Dh]
+        out = F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=step.mask)  # [B, H, T, Dh]
         return self.out_proj(out.transpose(1, 2).reshape(B, T, D))

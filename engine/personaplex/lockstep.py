@@ -27,6 +27,12 @@ Design choices:
   restarts at position -1: its sacrifice tick writes a key no later tick can see
   (layers.py), so its history and that write are both masked, and from its next tick on
   it runs exactly the positions of a fresh stream.
+- The depformer runs the agent's 8 steps only. Its steps 8..15 predict the user codebooks,
+  whose targets are always provided (user codes, or the sine / initial tokens, are
+  written before every tick, and the warm-up gate covers a fresh slot), and the depformer
+  is causal over steps, so skipping them changes no agent code: the reference's own
+  inference (reference/personaplex.md §1.4), checked against `all_steps=True` by
+  test_lockstep. It halves the depformer's work.
 - Everything per slot is a row of a static tensor; phases (prefill, live) are data (the
   per-slot `PrefillStep`), never branches inside the model.
 """
@@ -55,8 +61,10 @@ class TickOut:
 
 
 class Lockstep:
-    def __init__(self, cfg: LMConfig, temporal: Temporal, depformer: Depformer, slots: int, device: torch.device):
+    def __init__(self, cfg: LMConfig, temporal: Temporal, depformer: Depformer, slots: int, device: torch.device,
+                 all_steps: bool = False):
         self.cfg = cfg
+        self.all_steps = all_steps
         self.temporal = temporal
         self.depformer = depformer
         self.slots = slots
@@ -145,7 +153,9 @@ class Lockstep:
         hidden, text_logits = self.temporal(x, self.positions[:, None])
         text = sample_text(text_logits[:, 0].float())  # [B]
         text_in = torch.where(provided[:, 0], goal[:, 0], text)
-        audio = self.depformer(hidden, text_in, goal[:, 1:], provided[:, 1:], sample_audio)  # [B, n_q]
+        n = self.cfg.depformer_steps if self.all_steps else self.cfg.codebooks
+        audio = self.depformer(hidden, text_in, goal[:, 1:], provided[:, 1:], sample_audio, steps=n)  # [B, n]
+        audio = torch.cat([audio, goal[:, 1 + n:]], dim=1)  # [B, n_q]: the user rows are always provided
         self.provided[:, :, source] = False
         sampled = torch.cat([text[:, None], audio], dim=1)  # [B, K]
         self.ring[:, :, target] = torch.where(provided, goal, sampled)

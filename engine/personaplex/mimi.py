@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.personaplex.config import MimiConfig
-from engine.personaplex.layers import RingAttention, ring_mask
+from engine.personaplex.layers import RingAttention, RingStep, ring_step
 from engine.personaplex.seanet import (SEANetDecoder, SEANetEncoder, StreamingConv1d, StreamingConvTranspose1d,
                                        reset_stream_rows, setup_streams)
 
@@ -42,15 +42,15 @@ class MimiLayer(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.norm1 = nn.LayerNorm(d, eps=1e-5)
-        self.self_attn = RingAttention(d, cfg.num_heads, cfg.context, cfg.max_period)
+        self.self_attn = RingAttention(d, cfg.num_heads, cfg.context)
         self.layer_scale_1 = LayerScale(d, cfg.layer_scale)
         self.norm2 = nn.LayerNorm(d, eps=1e-5)
         self.linear1 = nn.Linear(d, cfg.dim_feedforward, bias=False)
         self.linear2 = nn.Linear(cfg.dim_feedforward, d, bias=False)
         self.layer_scale_2 = LayerScale(d, cfg.layer_scale)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), positions, mask))
+    def forward(self, x: torch.Tensor, step: RingStep) -> torch.Tensor:
+        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), step))
         return x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
 
 
@@ -60,6 +60,8 @@ class MimiTransformer(nn.Module):
     def __init__(self, cfg: MimiConfig):
         super().__init__()
         self.context = cfg.context
+        self.head_dim = cfg.d_model // cfg.num_heads
+        self.max_period = cfg.max_period
         self.layers = nn.ModuleList(MimiLayer(cfg) for _ in range(cfg.num_layers))
         self.register_buffer("offset", torch.zeros(0, dtype=torch.long), persistent=False)  # [B] next position
 
@@ -71,10 +73,10 @@ class MimiTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[-1]
         positions = self.offset[:, None] + torch.arange(T, device=x.device)  # [B, T]
-        mask = ring_mask(positions, self.context, self.context)
+        step = ring_step(positions, self.context, self.context, self.head_dim, self.max_period)
         h = x.transpose(1, 2)
         for layer in self.layers:
-            h = layer(h, positions, mask)
+            h = layer(h, step)
         self.offset += T
         return h.transpose(1, 2)
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.personaplex.config import LMConfig
-from engine.personaplex.layers import GatedMLP, RingAttention, RMSNorm, ring_mask
+from engine.personaplex.layers import GatedMLP, RingAttention, RingStep, RMSNorm, ring_step
 
 
 def embed_rows(table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -35,12 +35,12 @@ class Layer(nn.Module):
     def __init__(self, cfg: LMConfig):
         super().__init__()
         self.norm1 = RMSNorm(cfg.dim)
-        self.self_attn = RingAttention(cfg.dim, cfg.num_heads, cfg.context, cfg.max_period)
+        self.self_attn = RingAttention(cfg.dim, cfg.num_heads, cfg.context)
         self.norm2 = RMSNorm(cfg.dim)
         self.gating = GatedMLP(cfg.dim, cfg.ffn_hidden)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.norm1(x), positions, mask)
+    def forward(self, x: torch.Tensor, step: RingStep) -> torch.Tensor:
+        x = x + self.self_attn(self.norm1(x), step)
         return x + self.gating(self.norm2(x))
 
 
@@ -74,8 +74,9 @@ class Temporal(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, D] at positions [B, T] -> (hidden [B, T, D] after out_norm, text logits [B, T, text_card])."""
-        mask = ring_mask(positions, self.cfg.context, self.cfg.context)
+        cfg = self.cfg
+        step = ring_step(positions, cfg.context, cfg.context, cfg.dim // cfg.num_heads, cfg.max_period)
         for layer in self.transformer.layers:
-            x = layer(x, positions, mask)
+            x = layer(x, step)
         hidden = self.out_norm(x)
         return hidden, self.text_linear(hidden)

@@ -94,3 +94,20 @@ def test_audio_in_audio_out_one_frame_per_tick(personaplex_checkpoint: Path):
         assert np.isfinite(frame.pcm).all() and frame.pcm.std() > 0
         assert frame.text is None or isinstance(frame.text, str)
     assert set(engine.timings) == {"encode_ms", "model_ms", "decode_ms", "tick_ms"}
+
+
+@torch.no_grad()
+def test_skipping_the_user_depformer_steps_changes_no_output(personaplex_checkpoint: Path):
+    runs = []
+    for all_steps in (False, True):
+        engine = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=2, sampling=GREEDY)
+        engine.lockstep.all_steps = all_steps  # True: all 16 depformer steps, as the reference runs them
+        engine.open(persona="Hello")
+        frames = [engine.step_codes(c) for c in codes(engine, 6, seed=5)]
+        engine.start(1, persona="Hi", voice=None)  # prefill and warm-up ticks next to a live slot
+        frames += [engine.step_codes(c) for c in codes(engine, len(engine.queues[1]) + 6, seed=6)]
+        runs.append(frames)
+    for slot in (0, 1):
+        ours = [f[slot] for f in runs[0] if f[slot] is not None]
+        assert len(ours) > 6
+        assert_same_frames(ours, [f[slot] for f in runs[1] if f[slot] is not None])
