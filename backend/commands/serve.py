@@ -1,16 +1,108 @@
-"""`retake serve` (not yet built)."""
+"""`retake serve`: the directing server (studio, /ws, /v1/audio/speech) under uvicorn.
+
+The engine is loaded and warmed up before uvicorn starts listening, so a bad checkpoint is a
+one-line error (exit 2) and the first visitor does not pay for compilation. Without
+`--checkpoint` the tiny random-weight demo checkpoint runs on the CPU, and the log says so.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backend.settings import Settings
 
 NAME = "serve"
-HELP = "(not yet built)"
+HELP = "run the directing studio: the web page, /ws sessions and POST /v1/audio/speech"
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "retake"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--checkpoint", type=Path, help="Drama 3 checkpoint directory (default: the tiny demo "
+                                                        "checkpoint with random weights, on the CPU)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the engine runs (auto: CUDA if present; the demo checkpoint uses the CPU)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--data-dir", type=Path, default=default_data_dir(),
+                        help="where sessions and takes are stored (retake.sqlite3; default $XDG_DATA_HOME/retake)")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a browser origin allowed on /ws besides the server's own (repeatable; * = any)")
+    parser.add_argument("--token", default=os.environ.get("RETAKE_TOKEN"),
+                        help="require 'Authorization: Bearer TOKEN' (or ?token=) on /ws, the API and exports "
+                             "(default $RETAKE_TOKEN; none)")
+    parser.add_argument("--first-window-frames", type=int, help="frames in a take's first audio window (smaller: "
+                                                                "earlier first audio)")
+    parser.add_argument("--max-sessions", type=int, default=64, help="open directing sockets at once (default 64)")
+    parser.add_argument("--max-queue", type=int, default=16, help="engine jobs that may wait (default 16)")
+    parser.add_argument("--deadline-ms", type=int, default=120_000, help="a take's deadline when the client gives "
+                                                                         "none (default 120000)")
+    parser.add_argument("--max-deadline-ms", type=int, default=600_000, help="the longest deadline a client may "
+                                                                             "ask for (default 600000)")
+    parser.add_argument("--silence-seconds", type=float, default=2.0,
+                        help="silence guard: audio silent this long at the start of a take is retried (default 2)")
+    parser.add_argument("--silence-level", type=int, default=64,
+                        help="silence guard: int16 peak at or below which audio is silent (default 64)")
+    parser.add_argument("--silence-retries", type=int, default=2, help="silence guard: retries per take "
+                                                                       "(default 2; 0 turns it off)")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    from backend.cli import UsageError
+    from backend.loop import SilenceGuard
+    from backend.protocol import Limits
+    from backend.settings import Settings
+
+    if args.checkpoint is not None and not args.checkpoint.is_dir():
+        raise UsageError(f"--checkpoint {args.checkpoint} is not a directory")
+    for name in ("max_sessions", "max_queue", "deadline_ms", "max_deadline_ms", "port"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.deadline_ms > args.max_deadline_ms:
+        raise UsageError("--deadline-ms must not be above --max-deadline-ms")
+    if args.silence_seconds <= 0 or args.silence_retries < 0 or not 0 <= args.silence_level <= 32767:
+        raise UsageError("--silence-seconds must be positive, --silence-retries at least 0, --silence-level in "
+                         "[0, 32767]")
+    limits = dataclasses.replace(Limits(), max_sessions=args.max_sessions, max_queue=args.max_queue,
+                                 default_deadline_ms=args.deadline_ms, max_deadline_ms=args.max_deadline_ms)
+    device = "cpu" if args.checkpoint is None and args.device == "auto" else args.device
+    return Settings(data_dir=args.data_dir, checkpoint=args.checkpoint, device=device,
+                    first_window_frames=args.first_window_frames, allow_origins=tuple(args.allow_origin),
+                    token=args.token or None, limits=limits,
+                    silence=SilenceGuard(args.silence_seconds, args.silence_level, args.silence_retries))
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SystemExit("retake serve is not built yet")
+    import uvicorn
+
+    from backend.app import build_app, log_ready, start_engine_loop
+
+    settings = settings_from(args)
+    logging.basicConfig(level=args.log_level.upper(), format="[retake] %(message)s")
+    log = logging.getLogger("retake")
+    what = str(settings.checkpoint) if settings.checkpoint else "the tiny demo checkpoint (random weights)"
+    log.info("loading %s on %s", what, settings.device)
+    engine_loop = start_engine_loop(settings)
+    try:
+        log_ready(engine_loop)
+        log.info("sessions are stored in %s", settings.database)
+        if not (settings.static_dir / "index.html").is_file():
+            log.warning("the studio is not built (%s is missing): run npm run build", settings.static_dir)
+        log.info("serving on http://%s:%d", args.host, args.port)
+        config = uvicorn.Config(
+            build_app(settings, engine_loop), host=args.host, port=args.port, log_level=args.log_level,
+            ws="websockets-sansio", ws_per_message_deflate=False,
+            ws_max_size=settings.limits.max_message_bytes + 2**20, lifespan="on")
+        uvicorn.Server(config).run()
+    finally:
+        engine_loop.stop()
+    return 0

@@ -1,0 +1,172 @@
+"""The Starlette app: routes, and a lifespan that loads and warms the engine before serving.
+
+Routes: `/ws` (directing sessions, backend/ws.py), `POST /v1/audio/speech`
+(backend/speech.py), `GET /sessions/{session_id}/takes/{take_id}.wav` (a take vocoded from
+its stored codes), `/health`, `/metrics`, and the studio's built files at `/`.
+
+The lifespan runs before uvicorn accepts connections: it opens the store (finishing takes a
+previous run left unfinished), starts the engine loop thread, which loads the engine and
+runs its warm-up, and logs what it measured. On shutdown the loop stops after uvicorn has
+closed the sockets (with 1012, "service restart": clients reconnect and resume).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+
+from backend import ws
+from backend.loop import Busy, EngineLoop
+from backend.metrics import Metrics
+from backend.settings import Settings
+from backend.speech import speech, wav_bytes
+from backend.state import EngineInfo, ServerState
+from backend.store import Store
+
+log = logging.getLogger("retake")
+
+NOT_BUILT = """<!doctype html><meta charset="utf-8"><title>Retake</title>
+<h1>Retake is running, but the studio is not built</h1>
+<p>Run <code>npm run build</code> in the repository (or <code>scripts/setup</code>), then reload this page.</p>
+<p>The server itself works: <a href="/health">/health</a>, <code>/ws</code>, <code>POST /v1/audio/speech</code>.</p>
+"""
+
+
+def engine_loader(settings: Settings) -> Callable[[], object]:
+    def load() -> object:
+        from engine import EngineSpec, load_engine
+
+        return load_engine(EngineSpec(checkpoint=settings.checkpoint, device=settings.device,
+                                      first_window_frames=settings.first_window_frames))
+
+    return load
+
+
+def authorized(request: Request) -> bool:
+    return ws.token_ok(request.headers, request.query_params, request.app.state.retake.settings)
+
+
+def unauthorized() -> JSONResponse:
+    return JSONResponse({"error": {"message": "a valid token is needed: Authorization: Bearer TOKEN or ?token=TOKEN",
+                                   "type": "authentication_error", "param": None, "code": None}}, status_code=401)
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.retake
+    return JSONResponse({"status": "ok", "engine": state.engine.name, "demo_weights": state.engine.demo_weights,
+                         "sessions": state.sockets, "queue": state.engine_loop.depth})
+
+
+async def metrics(request: Request) -> Response:
+    if not authorized(request):
+        return unauthorized()
+    state: ServerState = request.app.state.retake
+    return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def export_take(request: Request) -> Response:
+    if not authorized(request):
+        return unauthorized()
+    state: ServerState = request.app.state.retake
+    session_id, raw_id = request.path_params["session_id"], request.path_params["take_id"]
+    take = state.store.take(session_id, int(raw_id)) if raw_id.isdigit() and len(raw_id) < 11 else None
+    if take is None:
+        return JSONResponse({"error": f"no take {raw_id} in session {session_id}"}, status_code=404)
+    if take.state != "done":
+        return JSONResponse({"error": f"take {take.take_id} is still {take.state}"}, status_code=409)
+    codes = state.store.take_codes(take.take_id)
+    pcm = np.zeros(0, dtype=np.int16)
+    if codes is not None:
+        try:
+            pcm = await state.call(lambda engine: engine.vocode_take(codes))  # type: ignore[attr-defined]
+        except Busy as error:
+            return JSONResponse({"error": str(error)}, status_code=503,
+                                headers={"Retry-After": str(max(1, round(error.retry_after_ms / 1000)))})
+    filename = f"take-{take.take_id}.wav"
+    return Response(wav_bytes(pcm, state.engine.sample_rate), media_type="audio/wav",
+                    headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+
+
+async def speech_route(request: Request) -> Response:
+    if not authorized(request):
+        return unauthorized()
+    return await speech(request)
+
+
+def log_ready(engine_loop: EngineLoop) -> None:
+    engine = engine_loop.engine
+    warm = ", ".join(f"{key} {value}" for key, value in engine_loop.warm_up.items())
+    log.info("engine %s ready: %s", engine.name, warm or "no warm-up figures")  # type: ignore[union-attr]
+    if engine.demo_weights:  # type: ignore[union-attr]
+        log.warning("DEMO WEIGHTS: the tiny random-weight checkpoint; its audio is noise")
+
+
+async def not_built(request: Request) -> Response:
+    return HTMLResponse(NOT_BUILT)
+
+
+def start_engine_loop(settings: Settings, load: Callable[[], object] | None = None) -> EngineLoop:
+    """Start the engine thread; returns once the engine is loaded and warm (raises what loading raised)."""
+    engine_loop = EngineLoop(load or engine_loader(settings), settings.limits.max_queue)
+    try:
+        engine_loop.start()
+    except BaseException:
+        engine_loop.stop()
+        raise
+    return engine_loop
+
+
+def build_app(settings: Settings, engine_loop: EngineLoop | None = None) -> Starlette:
+    """The app. With `engine_loop` (already started) the caller owns it, and it outlives the app
+    (`retake serve` starts it first to report loading errors in one line; tests restart the
+    server around one engine); without it the lifespan starts and stops one."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        store = Store(settings.database)
+        if store.interrupted:
+            log.info("%d takes were unfinished when the server last stopped; they are marked as errors",
+                     store.interrupted)
+        owned = engine_loop is None
+        try:
+            running = engine_loop or await asyncio.to_thread(start_engine_loop, settings)
+        except BaseException:
+            store.close()
+            raise
+        engine = running.engine
+        info = EngineInfo(engine.name, engine.sample_rate, engine.frame_samples,  # type: ignore[attr-defined]
+                          bool(engine.demo_weights))  # type: ignore[attr-defined]
+        served = settings.with_engine_limits(dict(engine.limits))  # type: ignore[attr-defined]
+        state = ServerState(served, store, running, info, Metrics(lambda: running.depth, lambda: 0))
+        state.metrics.sessions = lambda: state.sockets
+        app.state.retake = state
+        if owned:
+            log_ready(running)
+        try:
+            yield
+        finally:
+            if owned:
+                running.stop()
+            store.close()
+
+    routes: list[Route | WebSocketRoute | Mount] = [
+        WebSocketRoute("/ws", ws.directing_socket),
+        Route("/health", health),
+        Route("/metrics", metrics),
+        Route("/v1/audio/speech", speech_route, methods=["POST"]),
+        Route("/sessions/{session_id}/takes/{take_id}.wav", export_take),
+    ]
+    if (settings.static_dir / "index.html").is_file():
+        routes.append(Mount("/", StaticFiles(directory=settings.static_dir, html=True)))
+    else:
+        routes.append(Route("/", not_built))
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,144 @@
+"""A small asyncio directing client (the `websockets` library): `retake loadtest` and the tests use it.
+
+It speaks docs/protocol.md and records when each audio frame arrived, so callers can measure
+first-audio latency and the gaps a player would hear. It checks nothing it need not: a test
+asserts on what it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+
+from backend.protocol import AudioHeader, unpack_audio_frame
+
+JsonMessage = dict[str, object]
+
+
+@dataclass
+class AudioFrame:
+    header: AudioHeader
+    pcm: np.ndarray  # int16 [N]
+    arrived: float  # time.monotonic()
+
+
+@dataclass
+class TakeResult:
+    take_id: int
+    sent: float  # time.monotonic() when take.start was sent
+    messages: list[JsonMessage] = field(default_factory=list)  # every JSON message of the take, in order
+    frames: list[AudioFrame] = field(default_factory=list)  # audio of the last attempt
+    all_frames: list[AudioFrame] = field(default_factory=list)  # audio of every attempt
+
+    @property
+    def done(self) -> JsonMessage:
+        return next(m for m in self.messages if m["type"] == "take.done")
+
+    @property
+    def pcm(self) -> np.ndarray:
+        return np.concatenate([f.pcm for f in self.frames]) if self.frames else np.zeros(0, np.int16)
+
+    def of_type(self, kind: str) -> list[JsonMessage]:
+        return [m for m in self.messages if m["type"] == kind]
+
+
+class Director:
+    """One directing socket."""
+
+    def __init__(self, socket: ClientConnection) -> None:
+        self.socket = socket
+        self.pending: list[JsonMessage | AudioFrame] = []  # received but not yet consumed
+
+    @classmethod
+    async def connect(cls, url: str, *, token: str | None = None, origin: str | None = None) -> Director:
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        socket = await connect(url, additional_headers=headers, origin=origin,  # type: ignore[arg-type]
+                               compression=None, max_size=None, open_timeout=30)
+        return cls(socket)
+
+    async def close(self) -> None:
+        await self.socket.close()
+
+    async def send(self, message: JsonMessage) -> None:
+        await self.socket.send(json.dumps(message))
+
+    async def receive(self, timeout: float = 30.0) -> JsonMessage | AudioFrame:
+        if self.pending:
+            return self.pending.pop(0)
+        data = await asyncio.wait_for(self.socket.recv(), timeout)
+        if isinstance(data, bytes):
+            header, pcm = unpack_audio_frame(data)
+            return AudioFrame(header, np.frombuffer(pcm, dtype="<i2").astype(np.int16), time.monotonic())
+        message = json.loads(data)
+        assert isinstance(message, dict)
+        return message
+
+    async def expect(self, kind: str, timeout: float = 30.0) -> JsonMessage:
+        """The next JSON message, which must be of this type (audio frames in between are kept)."""
+        skipped: list[JsonMessage | AudioFrame] = []
+        while True:
+            item = await self.receive(timeout)
+            if isinstance(item, AudioFrame):
+                skipped.append(item)
+                continue
+            self.pending = skipped + self.pending
+            if item["type"] != kind:
+                raise AssertionError(f"expected {kind}, got {item}")
+            return item
+
+    async def request(self, message: JsonMessage, reply: str, timeout: float = 30.0) -> JsonMessage:
+        await self.send(message)
+        return await self.expect(reply, timeout)
+
+    async def open(self, session_id: str | None = None) -> JsonMessage:
+        message: JsonMessage = {"type": "session.open"}
+        if session_id is not None:
+            message["session_id"] = session_id
+        return await self.request(message, "session.ready")
+
+    async def start(self, line_id: str, text: str, **fields: object) -> TakeResult:
+        """Send take.start; returns once take.queued (or an error) came back."""
+        sent = time.monotonic()
+        await self.send({"type": "take.start", "line_id": line_id, "text": text, **fields})
+        skipped: list[JsonMessage | AudioFrame] = []  # e.g. a superseded take's audio and take.done
+        while True:
+            item = await self.receive()
+            if isinstance(item, AudioFrame) or item["type"] not in ("take.queued", "error"):
+                skipped.append(item)
+                continue
+            self.pending = skipped + self.pending
+            result = TakeResult(int(item["take_id"] or 0) if item["type"] == "take.queued" else 0,  # type: ignore[call-overload]
+                                sent)
+            result.messages.append(item)
+            return result
+
+    async def finish(self, result: TakeResult, timeout: float = 60.0) -> TakeResult:
+        """Collect the take's messages and audio until its take.done."""
+        keep: list[JsonMessage | AudioFrame] = []
+        while not any(m["type"] == "take.done" for m in result.messages):
+            item = await self.receive(timeout)
+            if isinstance(item, AudioFrame):
+                if item.header.take_id == result.take_id:
+                    result.frames.append(item)
+                    result.all_frames.append(item)
+                else:
+                    keep.append(item)
+            elif item.get("take_id") == result.take_id and item["type"] != "error":
+                result.messages.append(item)
+                if item["type"] == "take.retry":
+                    result.frames = []
+            else:
+                keep.append(item)
+        self.pending = keep + self.pending
+        return result
+
+    async def take(self, line_id: str, text: str, **fields: object) -> TakeResult:
+        result = await self.start(line_id, text, **fields)
+        if result.take_id == 0:
+            raise AssertionError(f"take refused: {result.messages[0]}")
+        return await self.finish(result)

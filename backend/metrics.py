@@ -1,0 +1,78 @@
+"""Prometheus text exposition for `/metrics`, written by hand (no client library).
+
+Counters and histograms are plain dicts and lists updated on the event loop thread only, so
+they need no locks. Gauges (queue depth, open sessions) are read when scraped.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+FINISH_REASONS = ("stop", "length", "deadline", "cancelled", "error")
+
+
+@dataclass
+class Histogram:
+    name: str
+    help: str
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        index = bisect.bisect_left(self.buckets, value)
+        if index < len(self.counts):
+            self.counts[index] += 1
+        self.total += value
+        self.count += 1
+
+    def lines(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        cumulative = 0
+        for bound, count in zip(self.buckets, self.counts):
+            cumulative += count
+            out.append(f'{self.name}_bucket{{le="{bound:g}"}} {cumulative}')
+        out += [f'{self.name}_bucket{{le="+Inf"}} {self.count}', f"{self.name}_sum {self.total:g}",
+                f"{self.name}_count {self.count}"]
+        return out
+
+
+class Metrics:
+    def __init__(self, queue_depth: Callable[[], int], sessions: Callable[[], int]) -> None:
+        self.queue_depth = queue_depth
+        self.sessions = sessions
+        self.takes: dict[str, int] = dict.fromkeys(FINISH_REASONS, 0)
+        self.retries = 0
+        self.first_audio = Histogram(
+            "retake_first_audio_seconds", "Time from take.start to the first audio window on the engine.",
+            (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0))
+        self.decode_fps = Histogram(
+            "retake_decode_frames_per_second", "Decode speed of finished takes, in frames per second.",
+            (5, 10, 21.5, 30, 50, 75, 100, 150, 200, 300, 500, 1000))
+
+    def take_done(self, finish_reason: str, timings: dict[str, float | int | None]) -> None:
+        self.takes[finish_reason] = self.takes.get(finish_reason, 0) + 1
+        first_audio, queue = timings.get("first_audio_ms"), timings.get("queue_ms") or 0
+        if first_audio is not None:
+            self.first_audio.observe((first_audio + queue) / 1000)
+        fps = timings.get("decode_frames_per_s")
+        if fps:
+            self.decode_fps.observe(float(fps))
+
+    def render(self) -> str:
+        lines = ["# HELP retake_takes_total Finished takes by finish reason.", "# TYPE retake_takes_total counter"]
+        lines += [f'retake_takes_total{{finish_reason="{reason}"}} {count}' for reason, count in self.takes.items()]
+        lines += ["# HELP retake_take_retries_total Take attempts stopped by the silence guard.",
+                  "# TYPE retake_take_retries_total counter", f"retake_take_retries_total {self.retries}",
+                  "# HELP retake_queue_depth Engine jobs waiting to run.", "# TYPE retake_queue_depth gauge",
+                  f"retake_queue_depth {self.queue_depth()}",
+                  "# HELP retake_sessions Open directing sockets.", "# TYPE retake_sessions gauge",
+                  f"retake_sessions {self.sessions()}"]
+        lines += self.first_audio.lines() + self.decode_fps.lines()
+        return "\n".join(lines) + "\n"

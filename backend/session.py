@@ -1,0 +1,363 @@
+"""A directing session on one socket: voice, lines, takes, keep/drop, and each take's stream.
+
+Design choices:
+- `Session` is the state of one socket (which session it holds, its queued or running take,
+  its protocol error count); everything that outlives the socket is in the store. Each
+  handler writes to the store first and then puts the announcing message in the outbox.
+- A session has at most one active (queued or running) take; a newer take.start supersedes
+  it. The active take's events come from the engine thread to `LiveTake`, which stores and
+  forwards them. `take.done` goes to whichever socket holds the session when the take ends
+  (a resumed session learns how its interrupted take ended); audio only to the socket that
+  asked for it.
+- `Outbox` is the bounded per-socket send queue: control messages always go in; audio goes in
+  only while fewer than `send_queue_frames` frames wait, else the take is stopped, so a client
+  that does not read cannot make the server hold its audio without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import secrets
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from backend import protocol as p
+from backend.loop import Busy, TakeJob, TakeOutcome
+from backend.state import ServerState
+from backend.store import StoredReference, StoredTake, StoredVoice
+from engine import AudioWindow, Character, HistoryTurn, Prompt, Reference, RequestError, Sampling
+
+
+@dataclass(frozen=True)
+class Close:
+    code: int
+    reason: str
+
+
+class Outbox:
+    """What the send loop writes to the socket, in order."""
+
+    def __init__(self, max_audio_frames: int) -> None:
+        self.items: collections.deque[str | bytes | Close] = collections.deque()
+        self.audio_frames = 0
+        self.max_audio_frames = max_audio_frames
+        self.ready = asyncio.Event()
+        self.closed = False
+
+    def message(self, message: p.ServerMessage) -> None:
+        if not self.closed:
+            self.items.append(p.dump(message))
+            self.ready.set()
+
+    def audio(self, frame: bytes) -> bool:
+        """Queue an audio frame; False if too many wait (the client is not reading)."""
+        if self.closed:
+            return True  # the socket is gone; the take is being cancelled anyway
+        if self.audio_frames >= self.max_audio_frames:
+            return False
+        self.items.append(frame)
+        self.audio_frames += 1
+        self.ready.set()
+        return True
+
+    def close(self, code: int, reason: str) -> None:
+        if not self.closed:
+            self.items.append(Close(code, reason))
+            self.closed = True
+            self.ready.set()
+
+    async def get(self) -> str | bytes | Close:
+        while not self.items:
+            self.ready.clear()
+            await self.ready.wait()
+        item = self.items.popleft()
+        if isinstance(item, bytes):
+            self.audio_frames -= 1
+        return item
+
+
+def to_tensor(codes: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(codes, dtype=np.int64))  # [codebooks, frames]
+
+
+def engine_voice(voice: StoredVoice | None) -> list[Reference] | Character | None:
+    if voice is None:
+        return None
+    if voice.character is not None:
+        c = voice.character
+        return Character(name=c.name, description=c.description, scene=c.scene)
+    return [Reference(codes=to_tensor(r.codes), transcript=r.text) for r in voice.references]
+
+
+def sampling_info(sampling: Sampling) -> p.SamplingInfo:
+    assert sampling.seed is not None
+    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+            "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed}
+
+
+class LiveTake:
+    """A queued or running take: the engine thread's sink, on the event loop."""
+
+    def __init__(self, state: ServerState, session: Session, take: StoredTake, history: list[int]) -> None:
+        self.state = state
+        self.session = session  # the socket that started it (its audio goes there only)
+        self.session_id = take.session_id
+        self.take_id = take.take_id
+        self.requested_history = history
+        self.seq = 0
+        self.job: TakeJob | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.finished = False
+
+    def cancel(self) -> None:
+        """Stop the take: now if still queued, at the engine's next step if running."""
+        if self.job is None or self.finished:
+            return
+        self.job.cancel()
+        if self.state.engine_loop.withdraw(self.job):
+            self.done(TakeOutcome("cancelled", {"queue_ms": self.queued_ms()}, None, 0, 0))
+
+    def expire(self) -> None:
+        """The deadline passed; a take still in the queue ends here (a running one in the engine)."""
+        if self.job is not None and self.state.engine_loop.withdraw(self.job):
+            self.done(TakeOutcome("deadline", {"queue_ms": self.queued_ms()}, None, 0, 0))
+
+    def queued_ms(self) -> int:
+        return 0 if self.job is None else round((time.monotonic() - self.job.submitted) * 1000)
+
+    # TakeSink ---------------------------------------------------------------
+
+    def started(self, attempt: int, sampling: Sampling) -> None:
+        self.state.store.start_take(self.take_id, attempt, sampling_info(sampling))
+        self.seq = 0
+        self.session.outbox.message(p.TakeStarted(self.take_id, attempt))
+
+    def history(self, used: int) -> None:
+        ids = self.requested_history
+        kept, dropped = ids[len(ids) - used:] if used else [], ids[: len(ids) - used]
+        self.state.store.set_history(self.take_id, kept)
+        self.session.outbox.message(p.History(kept, dropped, self.take_id))
+
+    def window(self, attempt: int, window: AudioWindow) -> None:
+        frame = p.pack_audio_frame(self.take_id, self.seq, window.start_sample,
+                                   np.ascontiguousarray(window.pcm, dtype="<i2").tobytes(), last=window.last)
+        self.seq += 1
+        if not self.session.outbox.audio(frame) and self.job is not None:
+            self.job.fail("the client is not reading audio fast enough; the take was stopped")
+
+    def retry(self, attempt: int, message: str) -> None:
+        self.state.metrics.retries += 1
+        self.session.outbox.message(p.TakeRetry(self.take_id, attempt, "silence", message))
+
+    def done(self, outcome: TakeOutcome) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.state.store.finish_take(self.take_id, outcome.finish_reason,  # type: ignore[arg-type]
+                                     error=outcome.error, timings=outcome.timings, samples=outcome.samples,
+                                     attempts=outcome.attempts, codes=outcome.codes)
+        self.state.metrics.take_done(outcome.finish_reason, outcome.timings)
+        frames = 0 if outcome.codes is None else int(outcome.codes.shape[1])
+        message = p.TakeDone(self.take_id, outcome.finish_reason, outcome.timings,  # type: ignore[arg-type]
+                             frames, outcome.samples, outcome.attempts, outcome.error)
+        holder = self.state.sessions.get(self.session_id, self.session)
+        holder.outbox.message(message)
+        for session in (self.session, holder):
+            if session.active is self:
+                session.active = None
+
+
+class Session:
+    """One directing socket."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.limits = state.settings.limits
+        self.outbox = Outbox(state.settings.send_queue_frames)
+        self.session_id: str | None = None
+        self.active: LiveTake | None = None
+        self.protocol_errors = 0
+
+    # Handlers that act as soon as a message arrives ------------------------------
+
+    def open(self, message: p.SessionOpen) -> None:
+        store, state = self.state.store, self.state
+        if self.session_id is not None:
+            raise p.ProtocolError("session_already_open", f"this socket already holds session {self.session_id}")
+        resumed = message.session_id is not None
+        if message.session_id is not None:
+            if not store.has_session(message.session_id):
+                raise p.ProtocolError("unknown_session", f"no session {message.session_id[:64]!r} is stored; "
+                                                         "open a new one without session_id")
+            session_id = message.session_id
+            previous = state.sessions.get(session_id)
+            if previous is not None:
+                previous.outbox.message(p.Error("session_taken_over", "this session was resumed on another "
+                                                "connection", None, None, None))
+                previous.outbox.close(1000, "session resumed on another connection")
+                previous.detach()
+        else:
+            session_id = store.create_session()
+        self.session_id = session_id
+        state.sessions[session_id] = self
+        voice = store.session_voice(session_id)
+        engine = state.engine
+        self.outbox.message(p.SessionReady(
+            session_id=session_id, resumed=resumed, engine=engine.name, sample_rate=engine.sample_rate,
+            frame_samples=engine.frame_samples, demo_weights=engine.demo_weights, limits=self.limits.to_json(),
+            voice=None if voice is None else voice.info(), lines=store.lines(session_id),
+            takes=[take.info() for take in store.takes(session_id)], history=store.kept_history(session_id),
+            ref=message.ref))
+
+    def cancel(self, message: p.TakeCancel) -> None:
+        session_id = self.require_open()
+        if self.state.store.take(session_id, message.take_id) is None:
+            raise p.ProtocolError("unknown_take", f"take {message.take_id} is not a take of this session",
+                                  take_id=message.take_id)
+        if self.active is not None and self.active.take_id == message.take_id:
+            self.active.cancel()
+
+    def supersede(self) -> None:
+        if self.active is not None:
+            self.active.cancel()
+
+    def detach(self) -> None:
+        """The socket is closing (or its session moved): stop its take, let go of the session."""
+        self.supersede()
+        if self.session_id is not None and self.state.sessions.get(self.session_id) is self:
+            del self.state.sessions[self.session_id]
+
+    def require_open(self) -> str:
+        if self.session_id is None:
+            raise p.ProtocolError("session_not_open", 'send {"type": "session.open"} first')
+        return self.session_id
+
+    # Handlers run in message order ---------------------------------------------
+
+    async def set_voice(self, message: p.VoiceSet) -> None:
+        session_id = self.require_open()
+        references = [(clip.audio, clip.text) for clip in message.references]
+        character = message.character
+
+        def encode(engine: object) -> list[np.ndarray]:
+            """Encode the clips and check the voice the way a take will use it."""
+            codes = []
+            for index, (audio, _text) in enumerate(references):
+                try:
+                    codes.append(engine.encode_reference(audio).numpy())  # type: ignore[attr-defined]
+                except RequestError as error:
+                    raise RequestError(f"references.{index}: {error}") from None
+            voice: list[Reference] | Character | None = (
+                Character(character.name, character.description, character.scene) if character
+                else [Reference(codes=to_tensor(c), transcript=t) for c, (_a, t) in zip(codes, references)] or None)
+            engine.prompt("Check.", voice, [], Sampling(max_new_tokens=1, seed=0))  # type: ignore[attr-defined]
+            return codes
+
+        try:
+            codes = await self.state.call(encode)
+        except Busy as error:
+            raise p.ProtocolError("busy", str(error), retry_after_ms=error.retry_after_ms) from None
+        except RequestError as error:
+            raise p.ProtocolError("bad_reference" if references else "bad_field", str(error)) from None
+        stored = self.state.store.set_voice(
+            session_id, [StoredReference(text, c) for (_a, text), c in zip(references, codes)], character)
+        self.outbox.message(p.VoiceReady(None if stored is None else stored.info(), message.ref))
+
+    def usable_take(self, session_id: str, take_id: int) -> StoredTake:
+        take = self.state.store.take(session_id, take_id)
+        if take is None:
+            raise p.ProtocolError("unknown_take", f"take {take_id} is not a take of this session", take_id=take_id)
+        if take.state != "done":
+            raise p.ProtocolError("take_not_finished", f"take {take_id} is still {take.state}; wait for its "
+                                                       "take.done", take_id=take_id)
+        if not take.usable:
+            raise p.ProtocolError("take_not_usable", f"take {take_id} has no audio ({take.finish_reason}, "
+                                                     f"{take.frames} frames)", take_id=take_id)
+        return take
+
+    def start_take(self, message: p.TakeStart) -> None:
+        session_id = self.require_open()
+        state, store, limits = self.state, self.state.store, self.limits
+        self.supersede()
+        if message.history == "kept":
+            history_ids = store.kept_history(session_id)
+        else:
+            history_ids = [self.usable_take(session_id, take_id).take_id for take_id in message.history]
+        if store.count_takes(session_id) >= limits.max_takes_per_session:
+            raise p.ProtocolError("too_many_takes", f"this session holds {limits.max_takes_per_session} takes, "
+                                                    "the most it may; open a new session")
+        if state.engine_loop.depth >= limits.max_queue:
+            retry_ms = round(1000 * max(0.5, state.engine_loop.last_take_s))
+            raise p.ProtocolError("busy", f"the engine queue is full ({state.engine_loop.depth} waiting); retry in "
+                                          f"{retry_ms / 1000:g} s", retry_after_ms=retry_ms)
+        spec = message.sampling
+        defaults = Sampling()
+        sampling = Sampling(
+            temperature=defaults.temperature if spec.temperature is None else spec.temperature,
+            top_p=defaults.top_p if spec.top_p is None else spec.top_p,
+            top_k=defaults.top_k if spec.top_k is None else spec.top_k,
+            max_new_tokens=min(defaults.max_new_tokens, limits.max_new_tokens) if spec.max_new_tokens is None
+            else spec.max_new_tokens,
+            seed=secrets.randbelow(2**31) if spec.seed is None else spec.seed)
+        voice = store.session_voice(session_id)
+        turns = [HistoryTurn(text=take.text, codes=to_tensor(codes))
+                 for take_id in history_ids
+                 if (take := store.take(session_id, take_id)) is not None
+                 and (codes := store.take_codes(take_id)) is not None]
+        text, engine_voice_value = message.text, engine_voice(voice)
+
+        def build_prompt(engine: object, attempt_sampling: Sampling) -> Prompt:
+            return engine.prompt(text, engine_voice_value, turns, attempt_sampling,  # type: ignore[attr-defined]
+                                 drop_oldest_history=True)
+
+        deadline_ms = message.deadline_ms or limits.default_deadline_ms
+        received = time.monotonic()
+        take = store.add_take(session_id, message.line_id, message.text, None if voice is None else voice.voice_id,
+                              sampling_info(sampling))
+        live = LiveTake(state, self, take, history_ids)
+        loop = asyncio.get_running_loop()
+        guard = state.settings.silence if state.settings.silence.retries > 0 else None
+        live.job = TakeJob(build_prompt, sampling, live, loop, received + deadline_ms / 1000, guard)
+        try:
+            position = state.engine_loop.submit(live.job)
+        except Busy as error:  # only while the server stops
+            live.done(TakeOutcome("error", {"queue_ms": 0}, None, 0, 0, str(error)))
+            return
+        self.active = live
+        live.timer = loop.call_at(loop.time() + deadline_ms / 1000, live.expire)
+        self.outbox.message(p.TakeQueued(take.take_id, take.line_id, position, deadline_ms, message.ref))
+
+    def keep(self, message: p.TakeKeep) -> None:
+        session_id = self.require_open()
+        self.usable_take(session_id, message.take_id)
+        self.state.store.set_kept(message.take_id, True)
+        self.outbox.message(p.History(self.state.store.kept_history(session_id), [], None))
+
+    def drop(self, message: p.TakeDrop) -> None:
+        session_id = self.require_open()
+        if self.state.store.take(session_id, message.take_id) is None:
+            raise p.ProtocolError("unknown_take", f"take {message.take_id} is not a take of this session",
+                                  take_id=message.take_id)
+        self.state.store.set_kept(message.take_id, False)
+        self.outbox.message(p.History(self.state.store.kept_history(session_id), [], None))
+
+    async def handle(self, message: p.ClientMessage) -> None:
+        """An in-order message (everything but session.open, take.cancel and ping)."""
+        match message:
+            case p.VoiceSet():
+                await self.set_voice(message)
+            case p.TakeStart():
+                self.start_take(message)
+            case p.TakeKeep():
+                self.keep(message)
+            case p.TakeDrop():
+                self.drop(message)
+            case _:
+                raise AssertionError(f"{message.type} is handled on arrival")
+

@@ -1,0 +1,44 @@
+"""Server settings: what `retake serve` options set, in one frozen dataclass.
+
+The protocol limits (`Limits`) are part of it; the engine's own limits (prompt rows, new
+tokens, reference seconds) replace the defaults once the engine is loaded, so the limits a
+client sees in `session.ready` are the ones that apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backend.loop import SilenceGuard
+from backend.protocol import Limits
+
+FRONTEND_DIST = Path(__file__).resolve().parents[1] / "frontend" / "dist"
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    checkpoint: Path | None = None  # None: the tiny demo checkpoint
+    device: str = "auto"
+    first_window_frames: int | None = None
+    allow_origins: tuple[str, ...] = ()  # besides the server's own origin; "*" allows any
+    token: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    silence: SilenceGuard = field(default_factory=SilenceGuard)
+    send_queue_frames: int = 256  # audio frames waiting for a slow client before its take is stopped
+    static_dir: Path = FRONTEND_DIST
+
+    @property
+    def database(self) -> Path:
+        return self.data_dir / "retake.sqlite3"
+
+    def with_engine_limits(self, engine_limits: dict[str, object]) -> Settings:
+        """Limits narrowed to what the engine accepts."""
+        updates: dict[str, object] = {}
+        for name in ("max_new_tokens", "max_prompt_rows", "max_reference_seconds"):
+            value = engine_limits.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                updates[name] = type(getattr(self.limits, name))(value)
+        return dataclasses.replace(self, limits=dataclasses.replace(self.limits, **updates))  # type: ignore[arg-type]

@@ -1,0 +1,207 @@
+"""`POST /v1/audio/speech`: the seed's request body, answered like sglang-omni.
+
+- `stream: false`: a WAV (or raw PCM with `response_format: "pcm"`) once the take is done.
+- `stream: true, stream_format: "audio"`: raw PCM16 chunks, with X-Sample-Rate,
+  X-Channels and X-Bit-Depth headers.
+- `stream: true, stream_format: "sse"`: `speech.audio.delta` events with base64 PCM16, then
+  `speech.audio.done` with the finish reason and usage (prompt rows in, frames out).
+
+The take runs on the engine loop like a directing take (same queue, deadline and cancel on
+disconnect). The response starts only when the first audio or the end of the take is there,
+so a request the engine refuses is an HTTP 400, not a broken stream. The silence guard runs
+for complete responses only: streamed audio cannot be taken back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import io
+import json
+import secrets
+import time
+import wave
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from backend.loop import Busy, TakeJob, TakeOutcome
+from backend.state import ServerState
+from engine import AudioWindow, Prompt, RequestError, Sampling, SpeechRequest, parse_speech_request
+
+
+def openai_error(message: str, status_code: int = 400, headers: dict[str, str] | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status_code == 400 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}},
+                        status_code=status_code, headers=headers)
+
+
+def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(np.ascontiguousarray(pcm, dtype="<i2").tobytes())
+    return buffer.getvalue()
+
+
+class SpeechSink:
+    """Collects a take's events in an asyncio queue for the response."""
+
+    def __init__(self) -> None:
+        self.events: asyncio.Queue[bytes | TakeOutcome] = asyncio.Queue()
+        self.retried = False
+
+    def started(self, attempt: int, sampling: Sampling) -> None:
+        pass
+
+    def history(self, used: int) -> None:
+        pass
+
+    def window(self, attempt: int, window: AudioWindow) -> None:
+        self.events.put_nowait(np.ascontiguousarray(window.pcm, dtype="<i2").tobytes())
+
+    def retry(self, attempt: int, message: str) -> None:
+        self.retried = True
+        self.events.put_nowait(b"")  # marker: drop what was collected so far
+
+    def done(self, outcome: TakeOutcome) -> None:
+        self.events.put_nowait(outcome)
+
+
+def _options(body: dict[str, object]) -> tuple[bool, str, str]:
+    stream, stream_format = body.get("stream", False), body.get("stream_format", "audio")
+    response_format = body.get("response_format", "wav")
+    if not isinstance(stream, bool):
+        raise RequestError("stream must be true or false")
+    if stream_format not in ("audio", "sse"):
+        raise RequestError('stream_format must be "audio" (raw PCM16) or "sse" (server-sent events)')
+    if not stream and response_format not in ("wav", "pcm"):
+        raise RequestError('response_format must be "wav" or "pcm"')
+    return stream, str(stream_format), str(response_format)
+
+
+async def speech(request: Request) -> Response:
+    state: ServerState = request.app.state.retake
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return openai_error(f"the body must be JSON: {error}")
+    try:
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        stream, stream_format, response_format = _options(body)
+        parsed = parse_speech_request(body)
+    except RequestError as error:
+        return openai_error(str(error))
+    sampling = parsed.sampling
+    if sampling.seed is None:
+        sampling = dataclasses.replace(sampling, seed=secrets.randbelow(2**31))
+
+    def build_prompt(engine: object, attempt_sampling: Sampling) -> Prompt:
+        request_for_attempt: SpeechRequest = dataclasses.replace(parsed, sampling=attempt_sampling)
+        return engine.speech_prompt(request_for_attempt)  # type: ignore[attr-defined]
+
+    sink = SpeechSink()
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + state.settings.limits.default_deadline_ms / 1000
+    guard = None if stream or state.settings.silence.retries == 0 else state.settings.silence
+    job = TakeJob(build_prompt, sampling, sink, loop, deadline, guard)
+    try:
+        state.engine_loop.submit(job)
+    except Busy as error:
+        return openai_error(str(error), 503, {"Retry-After": str(max(1, round(error.retry_after_ms / 1000)))})
+
+    def stop() -> None:
+        job.cancel()
+        state.engine_loop.withdraw(job)
+
+    try:
+        first = await sink.events.get()
+    except asyncio.CancelledError:
+        stop()
+        raise
+    if isinstance(first, TakeOutcome):
+        state.metrics.take_done(first.finish_reason, first.timings)
+        if first.finish_reason == "error":
+            return openai_error(first.error or "the take failed")
+    if not stream:
+        return await _complete(state, sink, first, response_format, stop)
+    headers = {"X-Sample-Rate": str(state.engine.sample_rate), "X-Channels": "1", "X-Bit-Depth": "16"}
+    chunks = _chunks(state, sink, first, stop)
+    if stream_format == "audio":
+        return StreamingResponse(_raw(chunks), media_type="audio/pcm", headers=headers)
+    return StreamingResponse(_sse(chunks), media_type="text/event-stream", headers=headers)
+
+
+async def _complete(state: ServerState, sink: SpeechSink, first: bytes | TakeOutcome, response_format: str,
+                    stop: Callable[[], None]) -> Response:
+    pieces: list[bytes] = []
+    event = first
+    try:
+        while not isinstance(event, TakeOutcome):
+            if event == b"":
+                pieces.clear()  # a silence-guard retry: the take starts over
+            else:
+                pieces.append(event)
+            event = await sink.events.get()
+    except asyncio.CancelledError:
+        stop()
+        raise
+    if event is not first:
+        state.metrics.take_done(event.finish_reason, event.timings)
+    if event.finish_reason == "error" and not pieces:
+        return openai_error(event.error or "the take failed")
+    pcm = b"".join(pieces)
+    headers = {"X-Finish-Reason": event.finish_reason, "X-Sample-Rate": str(state.engine.sample_rate)}
+    if response_format == "pcm":
+        return Response(pcm, media_type="audio/pcm", headers=headers)
+    return Response(wav_bytes(np.frombuffer(pcm, dtype="<i2"), state.engine.sample_rate), media_type="audio/wav",
+                    headers=headers)
+
+
+async def _chunks(state: ServerState, sink: SpeechSink, first: bytes | TakeOutcome,
+                  stop: Callable[[], None]) -> AsyncIterator[bytes | TakeOutcome]:
+    """PCM chunks then the outcome; stops the take if the client goes away."""
+    event = first
+    finished = False
+    try:
+        while True:
+            yield event
+            if isinstance(event, TakeOutcome):
+                finished = True
+                return
+            event = await sink.events.get()
+            if isinstance(event, TakeOutcome):
+                state.metrics.take_done(event.finish_reason, event.timings)
+    finally:
+        if not finished:
+            stop()
+
+
+async def _raw(chunks: AsyncIterator[bytes | TakeOutcome]) -> AsyncIterator[bytes]:
+    async for event in chunks:
+        if isinstance(event, bytes) and event:
+            yield event
+
+
+async def _sse(chunks: AsyncIterator[bytes | TakeOutcome]) -> AsyncIterator[str]:
+    async for event in chunks:
+        if isinstance(event, bytes):
+            if event:
+                yield "data: " + json.dumps({"type": "speech.audio.delta",
+                                             "audio": base64.b64encode(event).decode("ascii")}) + "\n\n"
+            continue
+        if event.finish_reason == "error":
+            error = {"message": event.error or "the take failed", "type": "server_error", "param": None,
+                     "code": None}
+            yield "data: " + json.dumps({"type": "error", "error": error}) + "\n\n"
+            return
+        rows, frames = int(event.timings.get("prompt_rows") or 0), int(event.timings.get("frames") or 0)
+        usage = {"input_tokens": rows, "output_tokens": frames, "total_tokens": rows + frames}
+        yield "data: " + json.dumps({"type": "speech.audio.done", "finish_reason": event.finish_reason,
+                                     "usage": usage}) + "\n\n"

@@ -1,0 +1,49 @@
+"""Fixtures for the backend tests: the real engine on the tiny checkpoint, real servers, real SQLite
+files. One engine loop serves every server of the test session (loading and warming the engine
+once), and one shared server serves most tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.app import start_engine_loop
+from backend.loop import EngineLoop, SilenceGuard
+from backend.settings import Settings
+from live_server import LiveServer
+
+
+@pytest.fixture(scope="session")
+def engine_loop(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineLoop]:
+    settings = Settings(data_dir=tmp_path_factory.mktemp("unused"), checkpoint=tiny_checkpoint, device="cpu")
+    loop = start_engine_loop(settings)
+    yield loop
+    loop.stop()
+
+
+@pytest.fixture(scope="session")
+def make_server(engine_loop: EngineLoop, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Start a server with settings changes; every server started is stopped at the end."""
+    servers: list[LiveServer] = []
+
+    def start(data_dir: Path | None = None, **changes: Any) -> LiveServer:
+        limits = changes.pop("limits", {})
+        settings = Settings(data_dir=data_dir or tmp_path_factory.mktemp("data"), device="cpu")
+        settings = dataclasses.replace(settings, limits=dataclasses.replace(settings.limits, **limits), **changes)
+        server = LiveServer(settings, engine_loop)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def server(make_server: Any) -> LiveServer:
+    """The shared server (default settings, silence guard off so takes are what the engine made)."""
+    return make_server(silence=SilenceGuard(retries=0))

@@ -1,0 +1,47 @@
+"""A real server for the backend tests: uvicorn on 127.0.0.1 in a thread (see conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import uvicorn
+
+from backend.app import build_app
+from backend.loop import EngineLoop
+from backend.settings import Settings
+
+T = TypeVar("T")
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Tests are plain functions that run one coroutine (no async test plugin needed)."""
+    return asyncio.run(coroutine)
+
+
+class LiveServer:
+    """uvicorn serving build_app(settings) on a free loopback port, in a thread."""
+
+    def __init__(self, settings: Settings, engine_loop: EngineLoop) -> None:
+        self.settings = settings
+        config = uvicorn.Config(build_app(settings, engine_loop), host="127.0.0.1", port=0, log_level="warning",
+                                ws="websockets-sansio", ws_per_message_deflate=False,
+                                ws_max_size=settings.limits.max_message_bytes + 2**20, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.thread.start()
+        started = time.monotonic()
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() - started > 60:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.http = f"http://127.0.0.1:{port}"
+        self.ws = f"ws://127.0.0.1:{port}/ws"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

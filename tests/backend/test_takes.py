@@ -1,0 +1,153 @@
+"""Directing takes on a real server: streaming, export, keep/retake history, cancel, deadline."""
+
+from __future__ import annotations
+
+import io
+import urllib.request
+
+import numpy as np
+import soundfile as sf
+
+from backend.client import Director, TakeResult
+from live_server import LiveServer, run
+
+SHORT = {"max_new_tokens": 24}
+
+
+def export(server: LiveServer, session_id: str, take_id: int) -> np.ndarray:
+    with urllib.request.urlopen(f"{server.http}/sessions/{session_id}/takes/{take_id}.wav", timeout=60) as response:
+        assert response.headers["Content-Type"] == "audio/wav"
+        samples, rate = sf.read(io.BytesIO(response.read()), dtype="int16")
+    assert rate == 44100
+    return samples
+
+
+def check_stream(take: TakeResult) -> None:
+    """Headers are consistent: one take id, seq 0.., contiguous samples, the total take.done reports."""
+    position = 0
+    for seq, frame in enumerate(take.frames):
+        header = frame.header
+        assert (header.kind, header.take_id, header.seq, header.start_sample) == (1, take.take_id, seq, position)
+        assert len(frame.pcm) > 0
+        position += len(frame.pcm)
+    done = take.done
+    assert done["samples"] == position
+    assert done["frames"] == done["timings"]["frames"]  # type: ignore[index]
+    assert position == int(done["frames"]) * 2048  # type: ignore[call-overload]
+    flagged = [frame.header.last for frame in take.frames]
+    assert flagged[:-1] == [False] * (len(flagged) - 1)
+    if done["finish_reason"] in ("stop", "length"):
+        assert flagged[-1]
+
+
+def test_take_streams_windows_equal_to_its_export(server: LiveServer) -> None:
+    async def main() -> None:
+        director = await Director.connect(server.ws)
+        ready = await director.open()
+        assert ready["resumed"] is False and ready["engine"] == "drama3" and ready["demo_weights"] is True
+        assert (ready["sample_rate"], ready["frame_samples"]) == (44100, 2048)
+        assert ready["takes"] == [] and ready["lines"] == [] and ready["history"] == []
+        take = await director.take("line-1", "Places, everyone.", sampling={**SHORT, "seed": 3}, ref="t1")
+        kinds = [m["type"] for m in take.messages]
+        assert kinds == ["take.queued", "take.started", "history", "take.done"]
+        assert take.messages[0]["ref"] == "t1" and take.messages[0]["line_id"] == "line-1"
+        assert take.of_type("history")[0] == {"type": "history", "take_ids": [], "dropped": [],
+                                              "take_id": take.take_id}
+        done = take.done
+        assert done["finish_reason"] in ("stop", "length") and done["error"] is None and done["attempts"] == 1
+        timings = done["timings"]
+        assert isinstance(timings, dict)
+        assert timings["prompt_rows"] > 0 and timings["first_audio_ms"] is not None
+        assert take.frames, "no audio"
+        check_stream(take)
+        np.testing.assert_array_equal(export(server, str(ready["session_id"]), take.take_id), take.pcm)
+        await director.close()
+
+    run(main())
+
+
+def test_keep_then_retake_conditions_on_the_kept_take(server: LiveServer) -> None:
+    async def main() -> None:
+        director = await Director.connect(server.ws)
+        await director.open()
+        short = await director.take("line-1", "Who goes there?", sampling={"max_new_tokens": 8, "seed": 1})
+        longer = await director.take("line-1", "Who goes there?", sampling={"max_new_tokens": 20, "seed": 2})
+        f_short, f_long = int(short.done["frames"]), int(longer.done["frames"])  # type: ignore[call-overload]
+        assert f_short > 0 and f_long > 0 and f_short != f_long
+        history = await director.request({"type": "take.keep", "take_id": short.take_id}, "history")
+        assert history == {"type": "history", "take_ids": [short.take_id], "dropped": [], "take_id": None}
+
+        line = {"sampling": {"max_new_tokens": 4, "seed": 5}}
+        retake = await director.take("line-2", "Only me.", **line)  # history "kept": the short take
+        assert retake.of_type("history")[0]["take_ids"] == [short.take_id]
+        alone = await director.take("line-2", "Only me.", history=[], **line)
+        with_long = await director.take("line-2", "Only me.", history=[longer.take_id], **line)
+
+        def rows(take: TakeResult) -> int:
+            return int(take.done["timings"]["prompt_rows"])  # type: ignore[index]
+
+        # The kept take's frames are prompt rows of the retake: the same turn with another take's
+        # frames differs by exactly the difference in frames; text rows come on top of them.
+        assert rows(with_long) - rows(retake) == f_long - f_short
+        assert rows(retake) - rows(alone) > f_short
+
+        dropped = await director.request({"type": "take.drop", "take_id": short.take_id}, "history")
+        assert dropped["take_ids"] == []
+        again = await director.take("line-2", "Only me.", **line)
+        assert rows(again) == rows(alone)
+        await director.close()
+
+    run(main())
+
+
+def test_cancel_stops_a_take_mid_stream(server: LiveServer) -> None:
+    async def main() -> None:
+        director = await Director.connect(server.ws)
+        ready = await director.open()
+        take = await director.start("line-1", "A long speech that goes on.", sampling={"seed": 11})
+        first = await director.receive()
+        while not (hasattr(first, "header")):
+            take.messages.append(first)  # type: ignore[arg-type]
+            first = await director.receive()
+        director.pending.insert(0, first)
+        await director.send({"type": "take.cancel", "take_id": take.take_id})
+        await director.finish(take)
+        done = take.done
+        assert done["finish_reason"] == "cancelled"
+        assert 0 < int(done["frames"]) < int(ready["limits"]["max_new_tokens"])  # type: ignore[index, call-overload]
+        check_stream(take)
+        np.testing.assert_array_equal(export(server, str(ready["session_id"]), take.take_id), take.pcm)
+        await director.close()
+
+    run(main())
+
+
+def test_deadline_ends_a_take(server: LiveServer) -> None:
+    async def main() -> None:
+        director = await Director.connect(server.ws)
+        ready = await director.open()
+        take = await director.take("line-1", "A long speech that goes on.", sampling={"seed": 11}, deadline_ms=400)
+        assert take.messages[0]["deadline_ms"] == 400
+        done = take.done
+        assert done["finish_reason"] == "deadline"
+        assert int(done["frames"]) < int(ready["limits"]["max_new_tokens"])  # type: ignore[index, call-overload]
+        check_stream(take)
+        await director.close()
+
+    run(main())
+
+
+def test_a_new_take_supersedes_the_running_one(server: LiveServer) -> None:
+    async def main() -> None:
+        director = await Director.connect(server.ws)
+        await director.open()
+        first = await director.start("line-1", "A long speech that goes on.", sampling={"seed": 11})
+        second = await director.start("line-1", "Shorter.", sampling={**SHORT, "seed": 1})
+        await director.finish(first)
+        await director.finish(second)
+        assert first.done["finish_reason"] == "cancelled"
+        assert second.done["finish_reason"] in ("stop", "length")
+        check_stream(second)
+        await director.close()
+
+    run(main())
