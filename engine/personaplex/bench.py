@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         if args.checkpoint is None and args.size == "released":
             engine = random_engine(device, slots, args.greedy)
         else:
-            engine = PersonaPlex.load(args.checkpoint, device=device, slots=slots, sampling=Sampling(greedy=args.greedy))
+            engine = PersonaPlex.load(args.checkpoint, device=device, slots=slots,
+                                      sampling=Sampling(greedy=args.greedy))
         started = time.perf_counter()
         engine.open(persona=DEFAULT_PERSONA, voice=None)
         prefill_ticks = engine.lockstep.phys
@@ -132,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         if device == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-    print(f"{'slots':>5} {'tick ms':>8} {'p95':>7} {'encode':>7} {'model':>7} {'decode':>7} {'RTF':>6} {'prefill ms':>10}")
+    print(f"{'slots':>5} {'tick ms':>8} {'p95':>7} {'encode':>7} {'model':>7} {'decode':>7} {'RTF':>6} "
+          f"{'prefill ms':>10}")
     for r in rows:
         print(f"{r['slots']:>5} {r['tick_ms_mean']:>8.2f} {r['tick_ms_p95']:>7.2f} {r['encode_ms_mean']:>7.2f} "
               f"{r['model_ms_mean']:>7.2f} {r['decode_ms_mean']:>7.2f} {r['realtime_factor']:>6.3f} "

@@ -123,7 +123,7 @@ def _seanet_shapes(cfg: MimiConfig, prefix: str, decoder: bool) -> dict[str, tup
         shapes[f"{prefix}.model.{i}.conv.conv.bias"] = (cout,)
 
     def resblocks(i: int, dim: int) -> int:
-        for j in range(cfg.n_residual_layers):
+        for _ in range(cfg.n_residual_layers):
             conv(f"{i}.block.1", dim, dim // cfg.compress, cfg.residual_kernel_size)
             conv(f"{i}.block.3", dim // cfg.compress, dim, 1)
             i += 1
@@ -167,7 +167,8 @@ def mimi_shapes(cfg: MimiConfig) -> dict[str, tuple[int, ...]]:
     shapes["upsample.convtr.convtr.convtr.weight"] = (D, 1, 2 * stride)
     for half, count in (("rvq_first", 1), ("rvq_rest", cfg.total_codebooks - 1)):
         p = f"quantizer.{half}."
-        shapes |= {p + "input_proj.weight": (cfg.codebook_dim, D, 1), p + "output_proj.weight": (D, cfg.codebook_dim, 1)}
+        shapes |= {p + "input_proj.weight": (cfg.codebook_dim, D, 1),
+                   p + "output_proj.weight": (D, cfg.codebook_dim, 1)}
         for i in range(count):
             q = f"{p}vq.layers.{i}._codebook."
             shapes |= {q + "_initialized": (1,), q + "cluster_usage": (cfg.bins,),
@@ -185,7 +186,8 @@ def _read(path: Path, shapes: dict[str, tuple[int, ...]], device: str | torch.de
     missing = [k for k in shapes if k not in state]
     if missing:
         raise CheckpointError(f"{path.name} lacks {len(missing)} tensors the config needs, e.g. {missing[:3]}")
-    wrong = [f"{k} {tuple(state[k].shape)} (expected {shapes[k]})" for k in shapes if tuple(state[k].shape) != shapes[k]]
+    wrong = [f"{k} {tuple(state[k].shape)} (expected {shapes[k]})"
+             for k in shapes if tuple(state[k].shape) != shapes[k]]
     if wrong:
         raise CheckpointError(f"{path.name} has tensors of the wrong shape for its config: {wrong[:3]}")
     extra = sorted(set(state) - set(shapes))

@@ -138,7 +138,7 @@ class Lockstep:
              sample_text: Sampler, sample_audio: Sampler) -> TickOut:
         """user [B, codebooks] codes; steps[b] is slot b's prefill step, None when live."""
         override = self._write_inputs(user, steps)
-        o, CT, K = self.phys, self.cfg.ring_columns, self.cfg.rows
+        o, CT = self.phys, self.cfg.ring_columns
         if o == 0:
             self.ring[:, :, 0] = self.initial[None]
             self._advance()

@@ -64,3 +64,21 @@ def test_depformer_expansion_tiles_and_copies_eight_sets_to_sixteen():
     assert torch.equal(full["depformer_emb.14.weight"], stored["depformer_emb.6.weight"])
     assert torch.equal(full["depformer_emb.7.weight"], stored["depformer_emb.7.weight"])
     assert "depformer_emb.15.weight" not in full  # the last codebook is never a depformer input
+
+
+def test_a_repo_id_resolves_from_the_local_hugging_face_cache(personaplex_checkpoint: Path, tmp_path: Path,
+                                                              monkeypatch):
+    import shutil
+
+    import huggingface_hub.constants
+
+    from engine.personaplex.checkpoint import resolve
+
+    repo = tmp_path / "hub" / "models--nvidia--personaplex-7b-v1"
+    shutil.copytree(personaplex_checkpoint, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never the network
+    root = resolve("nvidia/personaplex-7b-v1")
+    assert root == repo / "snapshots" / "abc123" and read_config(root).demo_weights
