@@ -25,8 +25,9 @@ import torch
 
 class StepGraphs:
     def __init__(self, step: Callable[[int], None], buckets: Iterable[int], *, enabled: bool,
-                 warmup_calls: int = 2) -> None:
+                 warmup_calls: int = 2, generators: Iterable[torch.Generator] = ()) -> None:
         self.step = step
+        self.generators = tuple(generators)  # non-default generators the step draws from
         self.buckets = sorted(set(buckets))
         self.enabled = enabled and torch.cuda.is_available()
         self.warmup_calls = warmup_calls
@@ -55,6 +56,8 @@ class StepGraphs:
                     self.step(bucket)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
+            for generator in self.generators:  # replays then advance the generator's own offset
+                graph.register_generator_state(generator)
             with torch.cuda.graph(graph, pool=self.pool):
                 self.step(bucket)
             if self.pool is None:

@@ -1,0 +1,286 @@
+"""`retake bench decode|prefill|takes`: Drama 3 speed, printed as a table and written as JSON.
+
+    retake bench takes --random-weights --preset full --device cuda --json bench.json
+
+- decode: the median decode step (one frame: candidate head, sampling with RAS, the
+  13-layer tower, the backbone step) over >= 200 steps after a 300-row prompt, eager and
+  replayed from a CUDA graph; and the bytes one step must read over the measured copy
+  bandwidth (the floor), with the ratio to it.
+- prefill: the prompt's backbone and tower prefill for 300, 1,000 and 4,000 rows.
+- takes: all of the above, plus first audio (prefill start to the first PCM window on the
+  host) for a 300-row prompt, vocode ms per window length, and peak GPU memory.
+
+Design choices:
+- Random weights are drawn on the GPU (random_weights.py) in the released dtypes; the
+  routing of random weights is near-uniform, which every report says.
+- Prompts are synthetic frame rows (text rows, then audio rows): tokenising is not part of
+  what is measured; `prompt_ms` is measured by `retake say` instead.
+- GPU times come from CUDA events around the region after warm-up; CPU runs print the
+  same table (the numbers there are only for comparison within one run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+HELP = "Drama 3 speed: decode step eager vs CUDA graph, prefill, first audio (see docs/perf.md)"
+TARGETS = {"decode_graph_ms": 4.0, "first_audio_ms": 60.0, "graph_speedup": 3.0}
+PREFILL_ROWS = (300, 1000, 4000)
+WINDOW_FRAMES = (10, 20, 32, 64)
+NOTE = "random weights: routing is near-uniform, so expert reuse across tokens is lower than with real weights"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint", type=Path, help="a Drama 3 checkpoint directory")
+    source.add_argument("--random-weights", action="store_true", help="random weights made on the device")
+    parser.add_argument("--preset", choices=("full", "tiny"), default="full",
+                        help="model size with --random-weights (full: the assumed 35B-A3B dimensions)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--steps", type=int, default=200, help="decode steps timed (median reported)")
+    parser.add_argument("--json", type=Path, help="write the rows as JSON here")
+
+
+# ─── Building ─────────────────────────────────────────────────────────────────
+
+
+def build(args: argparse.Namespace):
+    """(model, codec, config, source) on the device, with the fast path installed on CUDA."""
+    from engine.drama3.codec import CodecConfig, load_codec
+    from engine.drama3.config import Drama3Config, preset
+    from engine.drama3.tiny import tiny_config
+
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.checkpoint is not None:
+        from engine.drama3.checkpoint import load_model
+
+        model, config, _ = load_model(args.checkpoint, device=device, dtype=dtype)
+        codec = load_codec(args.checkpoint, device=device)
+        source = str(args.checkpoint)
+    else:
+        from engine.drama3.random_weights import random_model
+
+        raw = preset("full") if args.preset == "full" else tiny_config()
+        config = Drama3Config.from_dict(raw)
+        model = random_model(config, device, dtype)
+        from engine.drama3.codec_tiny import TINY_CODEC, random_codec
+
+        codec_config = CodecConfig.from_dict() if args.preset == "full" else CodecConfig.from_dict(TINY_CODEC)
+        codec = random_codec(codec_config, seed=0).to(device).eval()
+        source = f"random weights, preset {args.preset}"
+    installed = ["fp8_moe"] if device.type == "cuda" and config.fp8_experts else []
+    return model, codec, config, source, installed
+
+
+def synthetic_prompt(config, rows: int, max_new_tokens: int, seed: int = 0):
+    """A prompt of `rows` frame rows: a third text, then audio rows with random codes."""
+    from engine.drama3.prompt import Prompt
+    from engine.drama3.sampling import Sampling
+
+    generator = torch.Generator().manual_seed(seed)
+    frames = torch.zeros(rows, config.frame_width, dtype=torch.long)
+    text = max(2, rows // 3)
+    frames[:text, 0] = torch.randint(0, 256, (text,), generator=generator)
+    codes = torch.randint(0, 1024, (rows - text, config.num_codebooks), generator=generator)
+    codes[:, 0] = torch.randint(1, config.codebook_size, (rows - text,), generator=generator)
+    frames[text:, 1:] = codes
+    frames[text:, 0] = codes[:, 0] + config.semantic_start_token_id
+    sampling = Sampling(temperature=1.0, top_p=0.9, top_k=30, max_new_tokens=max_new_tokens, seed=seed)
+    return Prompt(rows=frames, history_used=0, sampling=sampling)
+
+
+# ─── Timing ───────────────────────────────────────────────────────────────────
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_ms(fn, device: torch.device, repeats: int) -> list[float]:
+    """Milliseconds of each call, CUDA events on the GPU, the host clock on the CPU."""
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            started = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a large device-to-device copy (read + write counted)."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 26)
+    src, dst = torch.empty(n, dtype=torch.uint8, device=device), torch.empty(n, dtype=torch.uint8, device=device)
+    src.random_(0, 255)
+    ms = statistics.median(timed_ms(lambda: dst.copy_(src), device, 20))
+    return 2 * n / (ms / 1000)
+
+
+def decode_step_bytes(model, kv_rows: int) -> int:
+    """The fewest bytes one decode step of one take must read: every weight it multiplies
+    (k of E experts per layer), one row of each embedding table, the KV rows it attends
+    and the DeltaNet states it reads and writes."""
+    config, total = model.config, 0
+    text = config.text
+    for name, tensor in model.state_dict().items():
+        if tensor.dtype == torch.long:
+            continue
+        size = tensor.numel() * tensor.element_size()
+        if "embed_tokens" in name or "codebook_embeddings" in name or name.endswith("embedding.weight"):
+            rows = 1 + config.num_codebooks if "codebook_embeddings" in name else 1
+            size = size // tensor.shape[0] * rows
+        elif ".experts." in name:
+            size = size * text.num_experts_per_tok // text.num_experts
+        total += size
+    kv = len(text.full_attention_layers) * 2 * kv_rows * text.num_key_value_heads * text.head_dim
+    kv += (config.tower.n_layer + config.tower.residual_layers) * 2 * kv_rows * config.tower.n_local_heads \
+        * config.tower.head_dim
+    dtype_bytes = model.candidate_head.element_size()
+    state = len(text.linear_attention_layers) * text.linear_num_value_heads * text.linear_key_head_dim \
+        * text.linear_value_head_dim * 4 * 2  # float32, read and written
+    return total + kv * dtype_bytes + state
+
+
+# ─── Benchmarks ───────────────────────────────────────────────────────────────
+
+
+def bench_decode(model, config, device: torch.device, steps: int) -> dict:
+    from engine.drama3.fast import GraphedDecoder
+    from engine.drama3.generate import Decoder
+
+    max_rows = 300 + steps + 64
+    model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
+    prompt = synthetic_prompt(config, 300, steps + 32)
+    eager = Decoder(model, max_rows)
+    eager.prefill(prompt)
+    position = 299
+    bucket = eager.kv_len(position + steps)
+    for _ in range(3):
+        eager.step(bucket)
+    eager_ms = timed_ms(lambda: eager.step(bucket), device, steps)
+    row = {"bench": "decode", "kv_rows": bucket, "steps": steps,
+           "eager_ms": round(statistics.median(eager_ms), 3)}
+    graphed = GraphedDecoder(model, max_rows, enabled=device.type == "cuda")
+    graphed.capture()
+    graphed.prefill(prompt)
+    positions = iter(range(position, position + 10 * steps))
+    for _ in range(3):
+        graphed.replay(next(positions))
+    graph_ms = timed_ms(lambda: graphed.replay(next(positions)), device, steps)
+    row["graph_ms"] = round(statistics.median(graph_ms), 3)
+    row["graph_kv_rows"] = graphed.graphs.bucket_for(position + steps + 2)
+    row["graph_speedup"] = round(row["eager_ms"] / row["graph_ms"], 2)
+    row["capture_s"] = round(sum(graphed.graphs.capture_s.values()), 1)
+    bandwidth = copy_bandwidth(device)
+    step_bytes = decode_step_bytes(model, row["graph_kv_rows"])
+    row["step_gib"] = round(step_bytes / 2**30, 3)
+    row["bandwidth_gb_s"] = round(bandwidth / 1e9, 1)
+    row["floor_ms"] = round(step_bytes / bandwidth * 1000, 3)
+    row["ratio_to_floor"] = round(row["graph_ms"] / row["floor_ms"], 2)
+    row["frames_per_s"] = round(1000 / row["graph_ms"], 1)
+    return row
+
+
+def bench_prefill(model, config, device: torch.device) -> list[dict]:
+    from engine.drama3.generate import Decoder
+
+    rows_out = []
+    max_rows = max(PREFILL_ROWS) + 64
+    model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
+    decoder = Decoder(model, max_rows)
+    for rows in PREFILL_ROWS:
+        prompt = synthetic_prompt(config, rows, 16)
+        decoder.prefill(prompt)  # warm-up (autotuning, allocator)
+        ms = timed_ms(lambda: decoder.prefill(prompt), device, 3)
+        rows_out.append({"bench": "prefill", "rows": rows, "ms": round(statistics.median(ms), 2),
+                         "rows_per_s": round(rows / statistics.median(ms) * 1000)})
+    return rows_out
+
+
+def bench_takes(model, codec, config, device: torch.device) -> list[dict]:
+    from engine.drama3.fast import GraphedDecoder
+    from engine.drama3.generate import AudioWindow, Done, take
+    from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, decode_window
+
+    out = []
+    max_rows = 300 + 200 + 64
+    model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
+    decoder = GraphedDecoder(model, max_rows, enabled=device.type == "cuda")
+    decoder.capture()
+    for first_window in (None, 4):
+        firsts = []
+        for seed in range(4):
+            prompt = synthetic_prompt(config, 300, 48, seed)
+            events = take(decoder, codec, prompt, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window,
+                          step=decoder.replay)
+            done = [e for e in events if isinstance(e, Done)][0]
+            firsts.append(done.timings["first_audio_ms"])
+        out.append({"bench": "first_audio", "prompt_rows": 300, "first_window_frames": first_window or 10,
+                    "first_audio_ms": round(statistics.median(firsts[1:]), 1)})
+    codes = torch.randint(0, 1024, (config.num_codebooks, 512), device=device)
+    for frames in WINDOW_FRAMES:
+        for context in (0, STREAM_OVERLAP_FRAMES):
+            end = context + frames
+            window = Window(start=0, emit=context, end=end, last=False)
+            decode_window(codec, codes, window)
+            ms = timed_ms(lambda: decode_window(codec, codes, window), device, 5)
+            out.append({"bench": "vocode", "frames": frames, "context_frames": context,
+                        "ms": round(statistics.median(ms), 2)})
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("retake bench: --device cuda but no CUDA GPU is available")
+    if args.checkpoint is None and not args.random_weights:
+        args.random_weights, args.preset = True, args.preset
+    started = time.perf_counter()
+    with torch.inference_mode():
+        model, codec, config, source, installed = build(args)
+        built_s = time.perf_counter() - started
+        rows: list[dict] = []
+        if args.bench in ("decode", "takes"):
+            rows.append(bench_decode(model, config, device, args.steps))
+        if args.bench in ("prefill", "takes"):
+            rows += bench_prefill(model, config, device)
+        if args.bench == "takes":
+            rows += bench_takes(model, codec, config, device)
+    meta = {"source": source, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "kernels": installed, "build_s": round(built_s, 1), "note": NOTE,
+            "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+            if device.type == "cuda" else None, "targets": TARGETS}
+    print(f"# {meta['device']}, torch {meta['torch']}, {source}; kernels: {', '.join(installed) or 'none'}")
+    print(f"# {NOTE}")
+    for row in rows:
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+    decode = next((r for r in rows if r["bench"] == "decode"), None)
+    if decode:
+        print(f"targets: decode graph {decode['graph_ms']} ms (<= {TARGETS['decode_graph_ms']}), "
+              f"graph speed-up {decode['graph_speedup']}x (>= {TARGETS['graph_speedup']}x), "
+              f"{decode['ratio_to_floor']}x the {decode['floor_ms']} ms floor")
+    first = [r for r in rows if r["bench"] == "first_audio"]
+    if first:
+        print("targets: first audio " + ", ".join(f"{r['first_audio_ms']} ms (first window "
+                                                 f"{r['first_window_frames']})" for r in first)
+              + f" (<= {TARGETS['first_audio_ms']})")
+    if meta["peak_memory_gib"] is not None:
+        print(f"peak GPU memory {meta['peak_memory_gib']} GiB")
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
+    return 0

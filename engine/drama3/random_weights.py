@@ -1,0 +1,72 @@
+"""A Drama 3 model of any config with random weights made on its own device.
+
+No real checkpoint exists on any machine we have, so GPU benchmarks build the full-size
+model (the `full` preset) with random weights drawn straight on the GPU, in the dtypes
+the release ships: block-FP8 experts with float32 scales per 128x128 block, everything
+else bfloat16 (DeltaNet decays float32). Drawing 35B parameters on the CPU and copying
+them would take minutes; on the GPU it takes seconds.
+
+The scales follow tiny.py's (`initial_value`): linear weights N(0, 1/fan_in), embeddings
+N(0, 1), zero-centred norms N(0, 0.01), decays exp(A_log) in [0.01, 1], so activations
+stay O(1) through 40 layers. Routing on random weights is near-uniform: say so whenever
+quoting numbers measured with them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.drama3.checkpoint import checkpoint_key, empty_model
+from engine.drama3.config import FP8_BLOCK, Drama3Config
+from engine.drama3.model import Drama3Model
+from engine.drama3.tiny import EMBEDDING, FP8_MAX, ZERO_CENTRED_NORM
+
+
+def _quantize_stack(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, N, K] float -> float8 [E, N, K] and float32 scale_inv [E, N/128, K/128]."""
+    E, N, K = weights.shape
+    blocks = weights.view(E, N // FP8_BLOCK[0], FP8_BLOCK[0], K // FP8_BLOCK[1], FP8_BLOCK[1])
+    scale = blocks.abs().amax(dim=(2, 4)).float().clamp(min=1e-12) / FP8_MAX  # [E, N/128, K/128]
+    quantized = (blocks.float() / scale[:, :, None, :, None]).to(torch.float8_e4m3fn)
+    return quantized.view(E, N, K), scale
+
+
+def _fill(name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+    key = checkpoint_key(name) if name != "candidate_head" else "lm_head.weight"
+    shape, device = tensor.shape, tensor.device
+    if key.endswith("A_log"):
+        tensor.copy_(torch.rand(shape, generator=generator, device=device).mul(0.99).add(0.01).log())
+        return
+    normal = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+    if key.endswith("dt_bias"):
+        normal.mul_(0.5)
+    elif key.endswith("linear_attn.norm.weight"):
+        normal.mul_(0.1).add_(1.0)
+    elif ZERO_CENTRED_NORM.search(key):
+        normal.mul_(0.1)
+    elif not EMBEDDING.search(key):
+        normal.mul_(shape[-1] ** -0.5)  # a linear weight [out, in] or a conv [C, 1, K]
+    tensor.copy_(normal)
+
+
+@torch.inference_mode()
+def random_model(config: Drama3Config, device: torch.device | str, dtype: torch.dtype,
+                 seed: int = 0) -> Drama3Model:
+    """The model for `config` on `device` with random weights, experts block-FP8 if the config says so."""
+    model = empty_model(config, device, dtype)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    tensors = model.state_dict(keep_vars=True)
+    for name, tensor in tensors.items():
+        stem, _, leaf = name.rpartition(".")
+        if stem.endswith(".experts") and leaf in ("w13", "w2") and tensor.dtype == torch.float8_e4m3fn:
+            for expert in range(tensor.shape[0]):  # one expert at a time: no 1 GB float temporaries
+                value = torch.randn(tensor.shape[1:], generator=generator, device=tensor.device)
+                value *= tensor.shape[-1] ** -0.5
+                quantized, scale = _quantize_stack(value[None])
+                tensor.data[expert].copy_(quantized[0])
+                tensors[f"{name}_scale_inv"].data[expert].copy_(scale[0])
+        elif leaf.endswith("_scale_inv") or tensor.dtype == torch.long:
+            continue  # scales come with their weights; candidate_ids are set by init_buffers
+        else:
+            _fill(name, tensor.data, generator)
+    return model
