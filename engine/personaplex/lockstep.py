@@ -72,6 +72,8 @@ class Lockstep:
         K, CT = cfg.rows, cfg.ring_columns
         self.initial = torch.tensor([cfg.text_card] + [cfg.card] * cfg.n_q, device=device)  # [K]
         self.delays = torch.tensor(cfg.delays, device=device)  # [K]
+        self.warmup = torch.tensor(cfg.delays)  # [K] on the host, next to `local`
+        self.sine = torch.tensor(cfg.sine_tokens, device=device)  # [codebooks]
         self.rows = torch.arange(K, device=device)
         self.ring = torch.zeros(slots, K, CT, dtype=torch.long, device=device)
         self.provided = torch.zeros(slots, K, CT, dtype=torch.bool, device=device)
@@ -109,12 +111,11 @@ class Lockstep:
         write = torch.zeros(B, self.cfg.rows, dtype=torch.bool)
         write[:, 1 + n:] = True
         override = None
-        sine = torch.tensor(self.cfg.sine_tokens, device=self.device)
         for slot, step in enumerate(steps):
             if step is None:
                 continue
             write[slot] = True
-            values[slot, 1 + n:] = sine if step.user_sine else self.initial[1 + n:]
+            values[slot, 1 + n:] = self.sine if step.user_sine else self.initial[1 + n:]
             values[slot, 0] = step.text
             if step.agent is not None:
                 values[slot, 1:1 + n] = torch.tensor(step.agent, device=self.device)
@@ -128,7 +129,7 @@ class Lockstep:
         cols = (o + self.delays) % CT  # [K]
         self.ring[:, self.rows, cols] = torch.where(write, values, self.ring[:, self.rows, cols])
         self.provided[:, self.rows, cols] |= write
-        gate = (self.local[:, None] <= torch.tensor(self.cfg.delays)[None]).to(self.device)  # [B, K]
+        gate = (self.local[:, None] <= self.warmup[None]).to(self.device)  # [B, K]
         self.ring[:, :, o % CT] = torch.where(gate, self.initial[None], self.ring[:, :, o % CT])
         self.provided[:, :, o % CT] |= gate
         return override
