@@ -82,3 +82,16 @@ def test_a_repo_id_resolves_from_the_local_hugging_face_cache(personaplex_checkp
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never the network
     root = resolve("nvidia/personaplex-7b-v1")
     assert root == repo / "snapshots" / "abc123" and read_config(root).demo_weights
+
+
+def test_no_checkpoint_means_the_tiny_demo_written_once_to_the_cache(tmp_path: Path, monkeypatch):
+    from engine.personaplex.engine import PersonaPlex
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    engine = PersonaPlex.load(None, device="cpu")
+    root = tmp_path / "retake" / "personaplex-tiny"
+    assert engine.root == root and engine.demo_weights and engine.voice_names() == ["NATF2"]
+    written = (root / "model.safetensors").stat().st_mtime_ns
+    assert PersonaPlex.load(None, device="cpu").root == root
+    assert (root / "model.safetensors").stat().st_mtime_ns == written
+    assert not [p for p in tmp_path.joinpath("retake").iterdir() if p.name.startswith(".")]  # no staging left
