@@ -79,17 +79,16 @@ class Director:
         return message
 
     async def expect(self, kind: str, timeout: float = 30.0) -> JsonMessage:
-        """The next JSON message, which must be of this type (audio frames in between are kept)."""
+        """The next JSON message of this type; what arrives before it is kept for later calls."""
         skipped: list[JsonMessage | AudioFrame] = []
-        while True:
-            item = await self.receive(timeout)
-            if isinstance(item, AudioFrame):
+        try:
+            while True:
+                item = await self.receive(timeout)
+                if isinstance(item, dict) and item["type"] == kind:
+                    return item
                 skipped.append(item)
-                continue
+        finally:
             self.pending = skipped + self.pending
-            if item["type"] != kind:
-                raise AssertionError(f"expected {kind}, got {item}")
-            return item
 
     async def request(self, message: JsonMessage, reply: str, timeout: float = 30.0) -> JsonMessage:
         await self.send(message)

@@ -1,0 +1,193 @@
+"""Admission and limits on a real server: origin, token, sessions, queue, takes; and the silence guard."""
+
+from __future__ import annotations
+
+import io
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+from websockets.exceptions import InvalidStatus
+
+from backend.client import Director
+from backend.loop import SilenceGuard
+from live_server import LiveServer, run
+
+LONG = {"sampling": {"seed": 11}}
+
+
+def http_status(url: str, headers: dict[str, str] | None = None, data: bytes | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers or {}), timeout=60) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def refused(url: str, **options: Any) -> int:
+    async def main() -> int:
+        with pytest.raises(InvalidStatus) as caught:
+            await Director.connect(url, **options)
+        return int(caught.value.response.status_code)
+
+    return run(main())
+
+
+def test_origin_check(server: LiveServer, make_server: Any) -> None:
+    own = server.http  # same origin: scheme, host and port of the server
+    assert refused(server.ws, origin="http://evil.example") == 403
+    assert refused(server.ws, origin=own.replace("127.0.0.1", "localhost")) == 403
+
+    async def opens(url: str, origin: str | None) -> None:
+        director = await Director.connect(url, origin=origin)
+        await director.open()
+        await director.close()
+
+    run(opens(server.ws, own))
+    run(opens(server.ws, None))  # not a browser
+    allowing = make_server(allow_origins=("http://studio.example",))
+    run(opens(allowing.ws, "http://studio.example"))
+    assert refused(allowing.ws, origin="http://evil.example") == 403
+
+
+def test_bearer_token(make_server: Any) -> None:
+    server = make_server(token="s3cret")
+    assert refused(server.ws) == 403
+    assert refused(server.ws, token="wrong") == 403
+
+    async def opens(url: str, token: str | None) -> None:
+        director = await Director.connect(url, token=token)
+        await director.open()
+        await director.close()
+
+    run(opens(server.ws, "s3cret"))
+    run(opens(server.ws + "?token=s3cret", None))  # browsers cannot set headers on a WebSocket
+    body = json.dumps({"input": "Hi.", "max_new_tokens": 2}).encode()
+    assert http_status(f"{server.http}/v1/audio/speech", data=body) == 401
+    assert http_status(f"{server.http}/v1/audio/speech", {"Authorization": "Bearer s3cret"}, body) == 200
+    assert http_status(f"{server.http}/metrics") == 401
+    assert http_status(f"{server.http}/health") == 200
+
+
+def test_too_many_sessions(make_server: Any) -> None:
+    server = make_server(limits={"max_sessions": 1})
+
+    async def main() -> None:
+        first = await Director.connect(server.ws)
+        await first.open()
+        second = await Director.connect(server.ws)
+        error = await second.expect("error")
+        assert error["code"] == "too_many_sessions"
+        await second.socket.wait_closed()
+        assert second.socket.close_code == 1013
+        await first.close()
+        third = await Director.connect(server.ws)  # a slot is free again
+        await third.open()
+        await third.close()
+
+    run(main())
+
+
+def test_a_full_queue_answers_busy(make_server: Any) -> None:
+    server = make_server(limits={"max_queue": 1})
+
+    async def main() -> None:
+        directors = [await Director.connect(server.ws) for _ in range(3)]
+        for director in directors:
+            await director.open()
+        running = await directors[0].start("a", "A long speech that goes on.", **LONG)
+        await directors[0].expect("take.started")
+        waiting = await directors[1].start("a", "Waiting.", sampling={"max_new_tokens": 2})
+        assert waiting.messages[0]["position"] == 1
+        turned_away = await directors[2].start("a", "No room.", sampling={"max_new_tokens": 2}, ref="r")
+        error = turned_away.messages[0]
+        assert (error["type"], error["code"], error["ref"]) == ("error", "busy", "r")
+        assert int(error["retry_after_ms"]) > 0  # type: ignore[call-overload]
+        await directors[0].send({"type": "take.cancel", "take_id": running.take_id})
+        await directors[0].finish(running)
+        await directors[1].finish(waiting)
+        assert waiting.done["finish_reason"] in ("stop", "length")
+        for director in directors:
+            await director.close()
+
+    run(main())
+
+
+def test_takes_per_session(make_server: Any) -> None:
+    server = make_server(limits={"max_takes_per_session": 2})
+
+    async def main() -> None:
+        director = await Director.connect(server.ws)
+        await director.open()
+        for _ in range(2):
+            await director.take("a", "Again.", sampling={"max_new_tokens": 2})
+        error = await director.request({"type": "take.start", "line_id": "a", "text": "Again."}, "error")
+        assert error["code"] == "too_many_takes"
+        await director.close()
+
+    run(main())
+
+
+def test_silence_guard_retries_and_tells_the_client(make_server: Any) -> None:
+    # Every sample counts as silent (level 32767): the first attempt is stopped after 0.3 s of
+    # audio and retried once with seed + 1; the retry runs to its end.
+    server = make_server(silence=SilenceGuard(seconds=0.3, level=32767, retries=1))
+
+    async def main() -> None:
+        director = await Director.connect(server.ws)
+        ready = await director.open()
+        take = await director.take("a", "Hello?", sampling={"max_new_tokens": 40, "seed": 100})
+        kinds = [m["type"] for m in take.messages]
+        assert kinds == ["take.queued", "take.started", "history", "take.retry", "take.started", "take.done"]
+        retry = take.of_type("take.retry")[0]
+        assert (retry["attempt"], retry["reason"]) == (2, "silence") and "seed 101" in str(retry["message"])
+        assert [m["attempt"] for m in take.of_type("take.started")] == [1, 2]
+        done = take.done
+        assert done["attempts"] == 2
+        # Audio restarted at seq 0, sample 0; what was kept is the second attempt, and it is what exports.
+        assert take.frames[0].header.seq == 0 and take.frames[0].header.start_sample == 0
+        assert len(take.all_frames) > len(take.frames)
+        assert sum(len(f.pcm) for f in take.frames) == done["samples"]
+        url = f"{server.http}/sessions/{ready['session_id']}/takes/{take.take_id}.wav"
+        with urllib.request.urlopen(url, timeout=60) as response:
+            exported, _ = sf.read(io.BytesIO(response.read()), dtype="int16")
+        np.testing.assert_array_equal(exported, take.pcm)
+        resumed = await Director.connect(server.ws)
+        stored = (await resumed.open(str(ready["session_id"])))["takes"][0]  # type: ignore[index]
+        assert stored["sampling"]["seed"] == 101 and stored["attempts"] == 2  # type: ignore[index]
+        await resumed.close()
+        await director.close()
+
+    run(main())
+
+
+def test_metrics_and_health(server: LiveServer) -> None:
+    with urllib.request.urlopen(f"{server.http}/health", timeout=30) as response:
+        health = json.loads(response.read())
+    assert health["status"] == "ok" and health["engine"] == "drama3" and health["demo_weights"] is True
+
+    async def one_take() -> None:
+        director = await Director.connect(server.ws)
+        await director.open()
+        await director.take("a", "Count me.", sampling={"max_new_tokens": 4})
+        await director.close()
+
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(f"{server.http}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    before = scrape()
+    run(one_take())
+    after = scrape()
+    finished = sum(after[f'retake_takes_total{{finish_reason="{r}"}}'] - before[f'retake_takes_total{{finish_reason="{r}"}}']
+                   for r in ("stop", "length"))
+    assert finished == 1
+    assert after["retake_first_audio_seconds_count"] == before["retake_first_audio_seconds_count"] + 1
+    assert after["retake_decode_frames_per_second_count"] == before["retake_decode_frames_per_second_count"] + 1
+    assert "retake_queue_depth" in after and "retake_sessions" in after

@@ -1,0 +1,90 @@
+"""POST /v1/audio/speech on a real server: a WAV, a raw PCM16 stream and SSE give the same take."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from live_server import LiveServer
+
+BODY = {"input": "Places, everyone.", "max_new_tokens": 16, "seed": 21, "temperature": 0.8}
+
+
+def post(server: LiveServer, body: object) -> tuple[int, dict[str, str], bytes]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(f"{server.http}/v1/audio/speech", data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+
+
+def test_wav_raw_stream_and_sse_carry_the_same_audio(server: LiveServer) -> None:
+    status, headers, wav = post(server, BODY)
+    assert status == 200 and headers["content-type"] == "audio/wav"
+    samples, rate = sf.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 44100 and len(samples) > 0 and len(samples) % 2048 == 0
+
+    status, headers, raw = post(server, {**BODY, "stream": True})
+    assert status == 200 and headers["content-type"] == "audio/pcm"
+    assert (headers["x-sample-rate"], headers["x-channels"], headers["x-bit-depth"]) == ("44100", "1", "16")
+    np.testing.assert_array_equal(np.frombuffer(raw, dtype="<i2"), samples)
+
+    status, headers, sse = post(server, {**BODY, "stream": True, "stream_format": "sse"})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(block[len("data: "):]) for block in sse.decode().split("\n\n") if block]
+    deltas, done = events[:-1], events[-1]
+    assert deltas and all(event["type"] == "speech.audio.delta" for event in deltas)
+    pcm = b"".join(base64.b64decode(event["audio"]) for event in deltas)
+    np.testing.assert_array_equal(np.frombuffer(pcm, dtype="<i2"), samples)
+    assert done["type"] == "speech.audio.done" and done["finish_reason"] in ("stop", "length")
+    usage = done["usage"]
+    assert usage["output_tokens"] == len(samples) // 2048
+    assert usage["input_tokens"] > 0 and usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+    status, headers, pcm_body = post(server, {**BODY, "response_format": "pcm"})
+    assert status == 200 and headers["content-type"] == "audio/pcm"
+    np.testing.assert_array_equal(np.frombuffer(pcm_body, dtype="<i2"), samples)
+
+
+def test_envelope_with_character_and_history(server: LiveServer) -> None:
+    status, _, first = post(server, BODY)
+    assert status == 200
+    envelope = "@@drama3-space@@" + json.dumps({"text": "Then light it.", "history": ["Places, everyone."],
+                                                "voice_references": 0,
+                                                "character": {"name": "Mara", "description": "a tired keeper"}})
+    status, _, wav = post(server, {**BODY, "input": envelope,
+                                   "references": [{"data": base64.b64encode(first).decode(), "text": "x"}]})
+    assert status == 200
+    samples, _ = sf.read(io.BytesIO(wav), dtype="int16")
+    assert len(samples) > 0
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    (b"{not json", "JSON"),
+    ([1, 2], "object"),
+    ({"max_new_tokens": 4}, "input"),
+    ({**BODY, "top_p": 0}, "top_p"),
+    ({**BODY, "temperature": "hot"}, "temperature"),
+    ({**BODY, "stream": "yes"}, "stream"),
+    ({**BODY, "stream": True, "stream_format": "mp3"}, "stream_format"),
+    ({**BODY, "response_format": "mp3"}, "response_format"),
+    ({**BODY, "references": [{"data": "%%%", "text": "x"}]}, "base64"),
+    ({**BODY, "references": [{"data": base64.b64encode(b"not audio").decode(), "text": "x"}]}, "audio"),
+    ({**BODY, "input": "@@drama3-space@@{broken"}, "envelope"),
+])
+def test_bad_requests_get_400_with_a_json_error(server: LiveServer, body: Any, says: str) -> None:
+    status, headers, reply = post(server, body)
+    assert status == 400 and headers["content-type"] == "application/json"
+    error = json.loads(reply)["error"]
+    assert error["type"] == "invalid_request_error" and says in error["message"]
