@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
+import torch
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -87,7 +88,8 @@ async def export_take(request: Request) -> Response:
     pcm = np.zeros(0, dtype=np.int16)
     if codes is not None:
         try:
-            pcm = await state.call(lambda engine: engine.vocode_take(codes))  # type: ignore[attr-defined]
+            tensor = torch.from_numpy(codes)  # [codebooks, frames]
+            pcm = await state.call(lambda engine: engine.vocode_take(tensor))  # type: ignore[attr-defined]
         except Busy as error:
             return JSONResponse({"error": str(error)}, status_code=503,
                                 headers={"Retry-After": str(max(1, round(error.retry_after_ms / 1000)))})
