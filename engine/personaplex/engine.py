@@ -21,6 +21,8 @@ Design choices:
 - `record_voice` makes a voice bundle from a clip the way the reference saves one, on a
   fresh engine (it resets every slot).
 - Random draws come from the engine's own generator (`Sampling.seed`), greedy when asked.
+- On CUDA the lockstep's model step and Mimi's encode and decode are captured CUDA graphs
+  (engine/graphs.py) replayed every tick; the host bookkeeping between them is eager.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 import torch
 
 from engine.errors import RequestError
+from engine.graphs import StepGraphs
 from engine.personaplex.checkpoint import (load_lm, load_mimi, load_tokenizer, read_config, resolve,
                                            voices_dir)
 from engine.personaplex.config import EPAD_TOKEN, PAD_TOKEN, PersonaPlexConfig
@@ -56,6 +59,45 @@ class Frame:
     pcm: np.ndarray  # float32 [frame_size], the agent's audio for this tick
     text: str | None  # the agent's text piece, None for padding
     tokens: torch.Tensor  # [K] the de-delayed tokens: text, agent codes, user codes (CPU)
+
+
+class CodecSteps:
+    """Mimi encode and decode of all slots on static buffers, each captured as a CUDA graph on the GPU.
+
+    Capturing runs a step a few times, which would advance the streams: their state is
+    saved before and put back after, so the first real step continues where it should.
+    """
+
+    def __init__(self, mimi: Mimi, slots: int, device: torch.device, graphs: bool):
+        n, size = mimi.codebooks, mimi.frame_size
+        self.mimi = mimi
+        self.pcm_in = torch.zeros(slots, size, device=device)
+        self.codes_out = torch.zeros(slots, n, dtype=torch.long, device=device)
+        self.codes_in = torch.zeros(slots, n, dtype=torch.long, device=device)
+        self.pcm_out = torch.zeros(slots, size, device=device)
+        enabled = graphs and device.type == "cuda"
+        self.encoder = StepGraphs(lambda _: self.codes_out.copy_(mimi.encode(self.pcm_in)), [0], enabled=enabled)
+        self.decoder = StepGraphs(lambda _: self.pcm_out.copy_(mimi.decode(self.codes_in)), [0], enabled=enabled)
+
+    def _run(self, step: StepGraphs) -> None:
+        if step.enabled and not step.graphs:
+            state = [b.clone() for b in self.mimi.buffers()]
+            step.capture()
+            for buffer, saved in zip(self.mimi.buffers(), state):
+                buffer.copy_(saved)
+        step(0)
+
+    def encode(self, pcm: torch.Tensor) -> torch.Tensor:
+        """pcm [B, frame_size] -> codes [B, codebooks]."""
+        self.pcm_in.copy_(pcm)
+        self._run(self.encoder)
+        return self.codes_out.clone()
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, codebooks] (valid codes) -> pcm [B, frame_size]."""
+        self.codes_in.copy_(codes)
+        self._run(self.decoder)
+        return self.pcm_out.clone()
 
 
 def tiny_checkpoint_dir() -> Path:
@@ -108,10 +150,12 @@ class PersonaPlex:
         self.sampling = Sampling()
         self.set_sampling(sampling)
         mimi.setup_streams(self.slots)
+        self.codec = CodecSteps(mimi, self.slots, device, graphs=lockstep.use_graphs)
 
     @staticmethod
     def load(checkpoint: str | Path | None = None, device: str = "auto", slots: int = 1,
-             sampling: Sampling | None = None) -> PersonaPlex:
+             sampling: Sampling | None = None, graphs: bool = True) -> PersonaPlex:
+        """`graphs`: replay CUDA graphs on a GPU (ignored on CPU)."""
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise RequestError(f"slots must be an integer >= 1; got {slots!r}")
         if device == "auto":
@@ -123,7 +167,7 @@ class PersonaPlex:
         cfg = read_config(root)
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
         temporal, depformer = load_lm(root, cfg, dev, dtype)
-        lockstep = Lockstep(cfg.lm, temporal, depformer, slots, dev)
+        lockstep = Lockstep(cfg.lm, temporal, depformer, slots, dev, graphs=graphs)
         return PersonaPlex(root, cfg, lockstep, load_mimi(root, cfg, dev), load_tokenizer(root, cfg), dev,
                            sampling or Sampling())
 
@@ -134,11 +178,17 @@ class PersonaPlex:
 
     def set_sampling(self, sampling: Sampling) -> None:
         self.sampling = sampling.checked()
-        if sampling.greedy:
-            self.generator = None
-            return
-        self.generator = torch.Generator(self.device)
-        self.generator.manual_seed(sampling.seed if sampling.seed is not None else int(torch.seed() % 2 ** 62))
+        self.generator = None
+        if not sampling.greedy:
+            self.generator = torch.Generator(self.device)
+            self.generator.manual_seed(sampling.seed if sampling.seed is not None else int(torch.seed() % 2 ** 62))
+        self._install_samplers()
+
+    def _install_samplers(self) -> None:
+        s, gen = self.sampling, self.generator
+        self.lockstep.set_samplers(lambda logits: sample_token(logits, s.text_temperature, s.text_top_k, gen),
+                                   lambda logits: sample_token(logits, s.audio_temperature, s.audio_top_k, gen),
+                                   gen)
 
     # -- voices and system prompts ---------------------------------------------------------
 
@@ -207,7 +257,7 @@ class PersonaPlex:
         if not np.isfinite(pcm).all():
             raise RequestError("user audio holds non-finite samples")
         start = time.perf_counter()
-        codes = self.mimi.encode(torch.from_numpy(pcm).to(self.device))
+        codes = self.codec.encode(torch.from_numpy(pcm).to(self.device))
         self.timings = {"encode_ms": (time.perf_counter() - start) * 1000}
         return self._tick(codes)
 
@@ -227,11 +277,7 @@ class PersonaPlex:
     def _tick(self, codes: torch.Tensor) -> list[Frame | None]:
         start = time.perf_counter()
         steps = [queue.popleft() if queue else None for queue in self.queues]
-        s = self.sampling
-        gen = self.generator
-        out = self.lockstep.tick(codes, steps,
-                                 lambda logits: sample_token(logits, s.text_temperature, s.text_top_k, gen),
-                                 lambda logits: sample_token(logits, s.audio_temperature, s.audio_top_k, gen))
+        out = self.lockstep.tick(codes, steps)
         model_ms = (time.perf_counter() - start) * 1000
         speaking = [out.ran and out.ready[b] and steps[b] is None for b in range(self.slots)]
         frames: list[Frame | None] = [None] * self.slots
@@ -239,7 +285,7 @@ class PersonaPlex:
             n = self.cfg.lm.codebooks
             quiet = torch.tensor([not s for s in speaking], device=self.device)[:, None]
             agent = torch.where(quiet, self.silence[None], out.tokens[:, 1:1 + n])  # [B, n]
-            pcm = self.mimi.decode(agent).cpu().numpy()  # [B, frame_size]
+            pcm = self.codec.decode(agent).cpu().numpy()  # [B, frame_size]
             tokens = out.tokens.cpu()
             for b in np.flatnonzero(speaking):
                 frames[b] = Frame(pcm=pcm[b], text=self.text_piece(int(tokens[b, 0])), tokens=tokens[b])
@@ -271,8 +317,8 @@ class PersonaPlex:
         self.queues = [deque() for _ in range(self.slots)]
         idle = torch.zeros(self.slots, self.cfg.lm.codebooks, dtype=torch.long, device=self.device)
         embeddings = []
-        for step in voice_part:
-            out = self.lockstep.tick(idle, [step] * self.slots, lambda x: x.argmax(-1), lambda x: x.argmax(-1))
+        for step in voice_part:  # the samples are all overwritten by forced tokens: any sampler will do
+            out = self.lockstep.tick(idle, [step] * self.slots)
             if out.ran:
                 embeddings.append(out.embeddings[0, 0].float())
         cache = self.lockstep.ring[0].clone()

@@ -34,7 +34,10 @@ Design choices:
   inference (reference/personaplex.md §1.4), checked against `all_steps=True` by
   test_lockstep. It halves the depformer's work.
 - Everything per slot is a row of a static tensor; phases (prefill, live) are data (the
-  per-slot `PrefillStep`), never branches inside the model.
+  per-slot `PrefillStep`), never branches inside the model. The model part of a tick
+  (`_model_step`: embeddings, Helium, text sampling, depformer) reads and writes static
+  buffers only, so on CUDA it is captured once as a graph (engine/graphs.py) and replayed
+  every tick; host bookkeeping (ring writes, gates, output gather) stays eager.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.graphs import StepGraphs
 from engine.personaplex.config import LMConfig
 from engine.personaplex.depformer import Depformer
 from engine.personaplex.prompt import PrefillStep
@@ -60,16 +64,31 @@ class TickOut:
     embeddings: torch.Tensor | None  # [B, 1, D] the model input embeddings as computed from tokens
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
+
+
 class Lockstep:
     def __init__(self, cfg: LMConfig, temporal: Temporal, depformer: Depformer, slots: int, device: torch.device,
-                 all_steps: bool = False):
+                 all_steps: bool = False, graphs: bool = False):
         self.cfg = cfg
         self.all_steps = all_steps
         self.temporal = temporal
         self.depformer = depformer
         self.slots = slots
         self.device = device
+        self.use_graphs = graphs and device.type == "cuda"
         K, CT = cfg.rows, cfg.ring_columns
+        dtype = temporal.text_linear.weight.dtype
+        # The model step's static inputs and outputs (`_model_step`, graph-capturable).
+        self.inputs = torch.zeros(slots, K, dtype=torch.long, device=device)  # model input column
+        self.goal = torch.zeros(slots, K, dtype=torch.long, device=device)  # target column
+        self.goal_provided = torch.zeros(slots, K, dtype=torch.bool, device=device)
+        self.override = torch.zeros(slots, 1, cfg.dim, dtype=dtype, device=device)  # voice embeddings
+        self.override_rows = torch.zeros(slots, dtype=torch.bool, device=device)
+        self.embeddings = torch.zeros(slots, 1, cfg.dim, dtype=dtype, device=device)
+        self.sampled = torch.zeros(slots, K, dtype=torch.long, device=device)  # text + audio codes
+        self.set_samplers(greedy, greedy, None)
         self.initial = torch.tensor([cfg.text_card] + [cfg.card] * cfg.n_q, device=device)  # [K]
         self.delays = torch.tensor(cfg.delays, device=device)  # [K]
         self.warmup = torch.tensor(cfg.delays)  # [K] on the host, next to `local`
@@ -97,12 +116,17 @@ class Lockstep:
         self.local[slot] = 0
         self.positions[slot] = -1
 
+    def set_samplers(self, text: Sampler, audio: Sampler, generator: torch.Generator | None) -> None:
+        """The samplers of the model step (`generator`: the one they draw from); drops captured graphs."""
+        self.samplers = (text, audio)
+        self.graphs = StepGraphs(lambda _: self._model_step(), [0], enabled=self.use_graphs,
+                                 generators=() if generator is None else (generator,))
+
     def phase(self, slot: int) -> int:
         return (self.phys - int(self.local[slot])) % self.cfg.ring_columns
 
-    def _write_inputs(self, user: torch.Tensor,
-                      steps: list[PrefillStep | None]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Steps 1-3. Returns the voice embeddings [B, 1, D] and the slots they replace the input of [B]."""
+    def _write_inputs(self, user: torch.Tensor, steps: list[PrefillStep | None]) -> None:
+        """Steps 1-3, and the voice embeddings that replace some slots' input this tick."""
         B, n, o, CT = self.slots, self.cfg.codebooks, self.phys, self.cfg.ring_columns
         for slot, step in enumerate(steps):
             if step is not None and step.restore is not None:
@@ -110,7 +134,7 @@ class Lockstep:
         values = torch.cat([self.initial[None, :1 + n].expand(B, -1), user.to(self.device)], dim=1)  # [B, K]
         write = torch.zeros(B, self.cfg.rows, dtype=torch.bool)
         write[:, 1 + n:] = True
-        override = None
+        self.override_rows.zero_()
         for slot, step in enumerate(steps):
             if step is None:
                 continue
@@ -120,11 +144,8 @@ class Lockstep:
             if step.agent is not None:
                 values[slot, 1:1 + n] = torch.tensor(step.agent, device=self.device)
             if step.embedding is not None:
-                if override is None:
-                    override = (torch.zeros(B, 1, self.cfg.dim, device=self.device),
-                                torch.zeros(B, dtype=torch.bool, device=self.device))
-                override[0][slot, 0] = step.embedding.to(self.device)
-                override[1][slot] = True
+                self.override[slot, 0] = step.embedding.to(self.device)
+                self.override_rows[slot] = True
         write = write.to(self.device)
         cols = (o + self.delays) % CT  # [K]
         self.ring[:, self.rows, cols] = torch.where(write, values, self.ring[:, self.rows, cols])
@@ -132,39 +153,46 @@ class Lockstep:
         gate = (self.local[:, None] <= self.warmup[None]).to(self.device)  # [B, K]
         self.ring[:, :, o % CT] = torch.where(gate, self.initial[None], self.ring[:, :, o % CT])
         self.provided[:, :, o % CT] |= gate
-        return override
+
+    def _model_step(self) -> None:
+        """Step 5 on static buffers only: embed (or take the voice embedding), Helium, text, depformer."""
+        sample_text, sample_audio = self.samplers
+        n = self.cfg.depformer_steps if self.all_steps else self.cfg.codebooks
+        embeddings = self.temporal.embed(self.inputs)  # [B, 1, D]
+        self.embeddings.copy_(embeddings)
+        x = torch.where(self.override_rows[:, None, None], self.override, embeddings)
+        hidden, text_logits = self.temporal(x, self.positions[:, None])
+        text = sample_text(text_logits[:, 0].float())  # [B]
+        goal, provided = self.goal, self.goal_provided
+        text_in = torch.where(provided[:, 0], goal[:, 0], text)
+        audio = self.depformer(hidden, text_in, goal[:, 1:], provided[:, 1:], sample_audio, steps=n)  # [B, n]
+        self.sampled[:, 0] = text
+        self.sampled[:, 1:1 + n] = audio
+        self.sampled[:, 1 + n:] = goal[:, 1 + n:]  # the user rows are always provided
 
     @torch.no_grad()
-    def tick(self, user: torch.Tensor, steps: list[PrefillStep | None],
-             sample_text: Sampler, sample_audio: Sampler) -> TickOut:
+    def tick(self, user: torch.Tensor, steps: list[PrefillStep | None]) -> TickOut:
         """user [B, codebooks] codes; steps[b] is slot b's prefill step, None when live."""
-        override = self._write_inputs(user, steps)
+        self._write_inputs(user, steps)
         o, CT = self.phys, self.cfg.ring_columns
         if o == 0:
             self.ring[:, :, 0] = self.initial[None]
             self._advance()
             return TickOut(False, None, [False] * self.slots, None)
         source, target = (o - 1) % CT, o % CT
-        inputs = self.ring[:, :, source]  # [B, K]
-        goal, provided = self.ring[:, :, target].clone(), self.provided[:, :, target].clone()
-        embeddings = self.temporal.embed(inputs)  # [B, 1, D]
-        x = embeddings
-        if override is not None:
-            x = torch.where(override[1][:, None, None], override[0].to(embeddings.dtype), embeddings)
-        hidden, text_logits = self.temporal(x, self.positions[:, None])
-        text = sample_text(text_logits[:, 0].float())  # [B]
-        text_in = torch.where(provided[:, 0], goal[:, 0], text)
-        n = self.cfg.depformer_steps if self.all_steps else self.cfg.codebooks
-        audio = self.depformer(hidden, text_in, goal[:, 1:], provided[:, 1:], sample_audio, steps=n)  # [B, n]
-        audio = torch.cat([audio, goal[:, 1 + n:]], dim=1)  # [B, n_q]: the user rows are always provided
+        self.inputs.copy_(self.ring[:, :, source])
+        self.goal.copy_(self.ring[:, :, target])
+        self.goal_provided.copy_(self.provided[:, :, target])
+        if self.use_graphs and not self.graphs.graphs:
+            self.graphs.capture()  # its runs only rewrite this tick's key/value slots and scratch buffers
+        self.graphs(0)
         self.provided[:, :, source] = False
-        sampled = torch.cat([text[:, None], audio], dim=1)  # [B, K]
-        self.ring[:, :, target] = torch.where(provided, goal, sampled)
+        self.ring[:, :, target] = torch.where(self.goal_provided, self.goal, self.sampled)
         ready = (self.local > self.cfg.max_delay).tolist()
         cols = (o - self.cfg.max_delay + self.delays) % CT  # [K]
         tokens = self.ring[:, self.rows, cols]  # [B, K]
         self._advance()
-        return TickOut(True, tokens, ready, embeddings)
+        return TickOut(True, tokens, ready, self.embeddings.clone())
 
     def _advance(self) -> None:
         self.phys += 1

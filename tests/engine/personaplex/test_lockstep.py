@@ -38,12 +38,14 @@ def test_output_frame_is_de_delayed_and_model_input_is_the_delayed_frame(engine:
         audios[-1].append(logits.argmax(-1))
         return audios[-1][-1]
 
+    lockstep.set_samplers(sample_text, sample_audio, None)
     for tick in range(8):
         audios.append([])
         users.append(user_codes(engine, tick))
-        outs.append(lockstep.tick(users[-1], [None, None], sample_text, sample_audio))
-        audios[-1] = torch.stack(audios[-1], dim=1)  # [B, 16]: agent codebooks then user codebooks
+        outs.append(lockstep.tick(users[-1], [None, None]))
+        audios[-1] = torch.stack(audios[-1], dim=1)  # [B, 8]: the agent codebooks
         assert outs[-1].ready == [True, True]
+    engine.set_sampling(engine.sampling)
     for i in range(1, 8):
         frame = outs[i].tokens
         assert torch.equal(frame[:, 1 + n:], users[i - 1])  # the user frame of one tick earlier
@@ -95,7 +97,7 @@ def test_system_prompt_order_voice_silence_persona_silence(engine: PersonaPlex):
     written = []
     for step in steps:
         column = engine.lockstep.phys % CT
-        engine.lockstep.tick(user_codes(engine, 0), [step, step], lambda x: x.argmax(-1), lambda x: x.argmax(-1))
+        engine.lockstep.tick(user_codes(engine, 0), [step, step])
         written.append(ring[0, :, column].clone())
     delayed = torch.tensor(cfg.delays) > 0
     for i, (step, column) in enumerate(zip(steps[1 + T:], written[1 + T:])):
