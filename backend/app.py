@@ -105,15 +105,14 @@ async def speech_route(request: Request) -> Response:
 
 
 def log_ready(engine_loop: EngineLoop) -> None:
-    engine = engine_loop.engine
-    warm = ", ".join(f"{key} {value}" for key, value in engine_loop.warm_up.items())
-    log.info("engine %s ready: %s", engine.name, warm or "no warm-up figures")  # type: ignore[union-attr]
+    """The seed's warm-up line: decode step time and peak memory, and a plain word about demo weights."""
+    engine, warm = engine_loop.engine, engine_loop.warm_up
+    step, peak = warm.get("decode_step_ms"), warm.get("peak_memory_gib")
+    log.info("engine %s ready on %s after a %ss warm-up take: one decode step %s ms, peak memory %s",
+             engine.name, getattr(engine, "device", "?"), warm.get("warm_up_s", "?"),  # type: ignore[union-attr]
+             step if step is not None else "?", f"{peak} GiB" if peak is not None else "n/a (CPU)")
     if engine.demo_weights:  # type: ignore[union-attr]
         log.warning("DEMO WEIGHTS: the tiny random-weight checkpoint; its audio is noise")
-
-
-async def not_built(request: Request) -> Response:
-    return HTMLResponse(NOT_BUILT)
 
 
 def start_engine_loop(settings: Settings, load: Callable[[], object] | None = None) -> EngineLoop:

@@ -158,7 +158,10 @@ class TakeJob(Job):
         self.cancel()
 
     def _post(self, fn: Callable[..., None], *args: object) -> None:
-        self.loop.call_soon_threadsafe(fn, *args)
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop is closed (the server stopped): nobody listens any more
+            self.cancel()
 
     def _finish(self, outcome: TakeOutcome) -> None:
         self._post(self.sink.done, outcome)
