@@ -220,11 +220,13 @@ try {
   // 2. Keep it, take the next line: the new take hears the kept one.
   await page.locator(`.take[data-take="${first.takeId}"] .keep`).click();
   await page.waitForFunction((id) => window.retake.scene.takes.get(id)?.kept === true, first.takeId);
-  check("the kept take is marked", await page.locator(`.take[data-take="${first.takeId}"]`).evaluate((el) => el.classList.contains("kept")));
+  await page.locator(`.take.kept[data-take="${first.takeId}"]`).waitFor();
+  check("the kept take is marked", (await page.locator(`.take[data-take="${first.takeId}"] .keep`).textContent()) === "Kept ✓");
   await page.locator("#add-line").click();
   const second = await takeLine(1, "Again, softer this time.");
   check("the second take was conditioned on the kept one", JSON.stringify(second.history) === JSON.stringify([first.takeId]),
     JSON.stringify(second.history));
+  await page.locator(`#history li[data-take="${first.takeId}"]`).waitFor();
   const shown = await page.locator("#history li").evaluateAll((items) => items.map((li) => Number(li.dataset.take)));
   check("the history panel shows what line 2 hears", JSON.stringify(shown) === JSON.stringify([first.takeId]), JSON.stringify(shown));
   await page.locator(`.take[data-take="${second.takeId}"] .keep`).click();
@@ -251,6 +253,7 @@ try {
   check("reload keeps the script", JSON.stringify(scene.lines) === JSON.stringify(["Places, everyone.", "Again, softer this time."]),
     JSON.stringify(scene.lines));
   check("reload keeps the kept takes", JSON.stringify(scene.kept) === JSON.stringify([first.takeId, second.takeId]), JSON.stringify(scene.kept));
+  await page.waitForFunction((n) => document.querySelectorAll(".line-text").length === n, scene.lines.length);
   const inputs = await page.locator(".line-text").evaluateAll((els) => els.map((el) => el.value));
   check("the page shows the lines", JSON.stringify(inputs) === JSON.stringify(scene.lines), JSON.stringify(inputs));
 
