@@ -1,0 +1,90 @@
+"""`retake serve` as a process, and `retake loadtest` against the shared test server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from backend.commands import loadtest
+from live_server import LiveServer
+
+
+def test_longest_stall_follows_playback_time() -> None:
+    # Windows of 1 s: the second arrives 0.5 s into playback (no stall), the third 0.5 s after the
+    # second one finished playing (a 0.5 s stall), and playback then runs late by that much.
+    assert loadtest.longest_stall([0.0, 0.5, 2.5, 3.0], [1.0, 1.0, 1.0, 1.0]) == pytest.approx(0.5)
+    assert loadtest.longest_stall([10.0, 10.1, 10.2], [0.5, 0.5, 0.5]) == 0.0
+    assert loadtest.longest_stall([], []) == 0.0
+
+
+def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    loadtest.add_arguments(parser)
+    out = tmp_path / "load.json"
+    args = parser.parse_args(["--url", server.ws, "--sessions", "2", "--takes", "2", "--max-new-tokens", "12",
+                              "--stagger-ms", "0", "--json", str(out)])
+    assert loadtest.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "2 sessions x 2 takes" in printed and "first audio (client)" in printed and "longest gap" in printed
+    report = json.loads(out.read_text())
+    assert report["failures"] == [] and len(report["takes"]) == 4
+    for take in report["takes"]:
+        assert take["finish_reason"] in ("stop", "length")
+        assert take["first_audio_s"] > 0 and take["longest_gap_s"] >= 0 and take["audio_s"] > 0
+    # Kept takes grow each session's history: the second take's prompt holds the first.
+    by_session = {s: [t for t in report["takes"] if t["session"] == s] for s in (0, 1)}
+    assert all(takes[1]["prompt_rows"] > takes[0]["prompt_rows"] for takes in by_session.values())
+
+
+RETAKE = [sys.executable, "-c", "import sys; from backend.cli import main; sys.exit(main())"]  # the console script
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_serve_warms_up_logs_and_serves(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    port = free_port()
+    command = [*RETAKE, "serve", "--checkpoint", str(tiny_checkpoint), "--device", "cpu",
+               "--port", str(port), "--data-dir", str(tmp_path / "data")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    health = json.loads(response.read())
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, "retake serve did not come up"
+                time.sleep(0.25)
+        assert health == {"status": "ok", "engine": "drama3", "demo_weights": True, "sessions": 0, "queue": 0}
+    finally:
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output  # Ctrl+C: uvicorn shuts down cleanly, then the usual 130
+    assert "Application shutdown complete" in output
+    assert "one decode step" in output and "DEMO WEIGHTS" in output
+    assert f"sessions are stored in {tmp_path / 'data' / 'retake.sqlite3'}" in output
+    assert (tmp_path / "data" / "retake.sqlite3").is_file()
+
+
+def test_serve_refuses_a_missing_checkpoint(tmp_path: Path) -> None:
+    result = subprocess.run([*RETAKE, "serve", "--checkpoint", str(tmp_path / "nope")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"retake serve: --checkpoint {tmp_path / 'nope'} is not a directory"
