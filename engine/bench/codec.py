@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         })
     name = torch.cuda.get_device_name() if device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(f"codec: {source}; {name}; take of {args.frames} frames ({audio_s:.1f} s); "
-          f"whole-take decode {whole_ms:.1f} ms; decoder {next(codec.decoder.parameters()).dtype}")
+          f"whole-take decode {whole_ms:.1f} ms; decoder {codec.decoder_dtype}")
     print(f"{'overlap':>8} {'SNR dB':>8} {'ms/window':>10} {'max ms':>8} {'steady ms':>10} {'first ms':>9} "
           f"{'RTF':>8} {'windows':>8}")
     for r in rows:

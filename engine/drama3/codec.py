@@ -35,7 +35,7 @@ from torch import nn
 
 from engine.drama3.audio import read_reference_audio
 from engine.drama3.codec_layers import (
-    CausalConv, CausalConvTranspose, Decoder, DownsampleQuantizer, Encoder, WindowLimitedTransformer,
+    CausalConv, CausalConvTranspose, Decoder, DownsampleQuantizer, Encoder, Snake, WindowLimitedTransformer,
 )
 from engine.drama3.config import ConfigError
 
@@ -172,6 +172,10 @@ class Codec(nn.Module):
     def device(self) -> torch.device:
         return self.decoder.model[0].conv.weight.device
 
+    @property
+    def decoder_dtype(self) -> torch.dtype:
+        return self.decoder.model[0].conv.weight.dtype
+
     @torch.inference_mode()
     def encode(self, samples: np.ndarray | torch.Tensor) -> torch.Tensor:
         """int64 codes [num_codebooks, ceil(S / frame_samples)] (CPU) of mono samples [S] at
@@ -187,8 +191,7 @@ class Codec(nn.Module):
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """float32 waveform [F * frame_samples] (on the codec's device) of codes [N, F]."""
         latent = self.quantizer.decode(codes.to(self.device, torch.long)[None])  # [1, C, 4F]
-        dtype = self.decoder.model[0].conv.weight.dtype
-        return self.decoder(latent.to(dtype))[0, 0].float()
+        return self.decoder(latent.to(self.decoder_dtype))[0, 0].float()
 
     def encode_reference(self, data: bytes | str | os.PathLike) -> torch.Tensor:
         """Codes of a reference clip (WAV/FLAC bytes, base64 text or a path), each clip
@@ -298,5 +301,8 @@ def ready(codec: Codec, device: str | torch.device) -> Codec:
     Omni's vocoder; the quantiser stays float32)."""
     codec = codec.eval().requires_grad_(False).to(device)
     if codec.device.type == "cuda":
+        snakes = [(m, m.alpha.detach().clone()) for m in codec.decoder.modules() if isinstance(m, Snake)]
         codec.decoder.half()
+        for snake, alpha in snakes:  # Snake frequencies stay float32, as in SGLang Omni's decoder
+            snake.alpha = nn.Parameter(alpha, requires_grad=False)
     return codec

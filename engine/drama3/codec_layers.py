@@ -32,7 +32,10 @@ class Snake(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
-        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
+        # In float32 with float32 alphas, rounded once, as SGLang Omni's float16 decoder
+        # computes it (a Triton kernel); per-op float16 loses ~1 dB against float32.
+        x32, alpha = x.float(), self.alpha.float()
+        return (x32 + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x32).pow(2)).to(x.dtype)
 
 
 class CausalConv(nn.Module):
@@ -101,7 +104,9 @@ class LayerScale(nn.Module):
         self.gamma = nn.Parameter(torch.full((dim,), 1e-2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.gamma
+        # In x's dtype, as the release's in-place x.mul_(gamma): under bfloat16 autocast
+        # the scaled branch is rounded to bfloat16 before the residual add.
+        return (x * self.gamma).to(x.dtype)
 
 
 class Attention(nn.Module):

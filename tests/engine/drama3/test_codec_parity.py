@@ -160,26 +160,40 @@ def test_encode_matches_the_reference(tiny) -> None:
     assert torch.equal(codes, expected[0])
 
 
+def snr_db(truth: torch.Tensor, other: torch.Tensor) -> float:
+    return float(10 * torch.log10(truth.pow(2).sum() / (truth - other).pow(2).sum().clamp_min(1e-20)))
+
+
 @pytest.mark.gpu
-def test_gpu_numerics_match_the_reference(tiny) -> None:
-    """On CUDA: encode under bfloat16 autocast, decoder in float16, as SGLang Omni runs them."""
-    codec, reference = tiny
-    codec = codec.to("cuda")
-    codec.decoder.half()
-    reference = reference.to("cuda")
+def test_gpu_numerics_match_the_reference(tmp_path: Path) -> None:
+    """On CUDA, as SGLang Omni serves the codec: weight norm folded in float32, encoding
+    under bfloat16 autocast (same codes), the decoder in float16 (at least as close to a
+    float32 decode as the reference's own float16 decoder: the reference's TorchScript
+    Snake switches from per-op float16 to fused float32 after its first calls, so the two
+    float16 decodes are not bitwise equal)."""
+    write_tiny_codec(tmp_path, seed=0)
+    reference = reference_codec(CodecConfig.from_dict(TINY_CODEC).raw)
+    reference.load_state_dict(torch.load(tmp_path / "codec.pth", weights_only=True), strict=True)
+    reference.eval().fold_weight_norm()
+    reference.cuda()
+    codec = load_codec(tmp_path, "cuda")
     g = torch.Generator().manual_seed(5)
     codes = torch.stack([torch.randint(0, size, (70,), generator=g) for size in codec.codebook_sizes])
-    with torch.inference_mode():
-        latent = reference.quantizer.decode(codes[None].cuda())
-        expected = reference.decoder.half()(latent.half())[0, 0].float()
-        reference.decoder.float()
-    audio = codec.decode(codes)
-    snr = 10 * torch.log10(expected.pow(2).sum() / (audio - expected).pow(2).sum())
-    assert snr > 40, f"float16 decode {snr:.1f} dB from the reference"
-    audio_in = torch.randn(3 * 44100, generator=g) * 0.2
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
-        expected_codes, _ = reference.encode(audio_in[None].cuda())
-    codes = codec.encode(audio_in)
-    assert (codes == expected_codes[0].cpu()).float().mean() > 0.95  # bf16 near-ties may differ
-    codec.to("cpu").decoder.float()
-    reference.to("cpu")
+    tf32 = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = False
+        with torch.inference_mode():
+            latent = reference.quantizer.decode(codes[None].cuda())
+            truth = reference.decoder(latent)[0, 0]
+            theirs = reference.decoder.half()(latent.half())[0, 0].float()
+            reference.decoder.float()
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+    ours = codec.decode(codes)
+    assert truth.std() > 0.05
+    assert snr_db(truth, ours) >= max(40.0, snr_db(truth, theirs) - 0.5), (snr_db(truth, ours), snr_db(truth, theirs))
+    for seed in range(3):
+        clip = torch.randn(3 * 44100, generator=torch.Generator().manual_seed(seed)) * 0.2
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            expected_codes, _ = reference.encode(clip[None].cuda())
+        assert torch.equal(codec.encode(clip), expected_codes[0].cpu())
