@@ -25,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frames", type=int, default=200, help="frames per take (default 200, ~9.3 s of audio)")
     parser.add_argument("--takes", type=int, default=3, help="takes to time after a warm-up (default 3)")
     parser.add_argument("--text", default=TEXT)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads for torch (default 1: the tiny model's ops are too small to split; "
-                             "0 keeps torch's default)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads for torch (default 0: torch's default; on a busy shared CPU 1 can be "
+                             "several times faster)")
     parser.add_argument("--json", type=Path, help="also write the results here")
 
 
