@@ -9,6 +9,8 @@ Design choices:
 - One engine per process, owned by one thread (the engine loop): it holds the model,
   the codec, the tokenizer and one decode slot whose caches are allocated once, sized
   for the longest prompt plus the longest take, so a take never allocates cache memory.
+  Inside, one worker thread vocodes a take's windows while the loop decodes its next
+  frames; callers never see it.
 - `prompt` does everything that can refuse a request (text, codes, character, sampling,
   the row limit) before the accelerator is touched; `generate` only fails on the model.
 - A checkpoint written from the tiny preset is flagged `demo_weights`: its weights are
@@ -27,16 +29,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
 from engine.drama3.checkpoint import load_model, resolve_checkpoint
 from engine.drama3.codec import load_codec
 from engine.drama3.generate import AudioWindow, Decoder, Done, take
-from engine.drama3.prompt import HistoryTurn, Prompt, Reference, build_prompt, MAX_PROMPT_ROWS
+from engine.drama3.prompt import MAX_PROMPT_ROWS, HistoryTurn, Prompt, Reference, build_prompt
 from engine.drama3.request import SpeechRequest
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, render_take
-from engine.drama3.tiny import tiny_config
 from engine.drama3.audio import MAX_REFERENCE_SECONDS
+from engine.drama3.checkpoint import CheckpointError
+from engine.drama3.codec import Codec
+from engine.drama3.config import Drama3Config
+from engine.drama3.model import Drama3Model
+from engine.drama3.tiny import tiny_config
 from engine.errors import RequestError
 
 
@@ -61,8 +68,12 @@ def pick_device(device: str) -> torch.device:
 class Drama3Engine:
     name = "drama3"
 
-    def __init__(self, spec: EngineSpec, model, config, tokenizer, codec, demo_weights: bool) -> None:
+    def __init__(self, spec: EngineSpec, model: Drama3Model, config: Drama3Config, tokenizer: Tokenizer,
+                 codec: Codec, demo_weights: bool) -> None:
         check_settings(spec.stream_overlap_frames, spec.first_window_frames)
+        if codec.num_codebooks != config.num_codebooks:
+            raise CheckpointError(f"codec.pth has {codec.num_codebooks} codebooks; config.json says "
+                                  f"{config.num_codebooks}")
         self.spec, self.model, self.config, self.tokenizer, self.codec = spec, model, config, tokenizer, codec
         self.demo_weights = demo_weights
         self.device = model.candidate_head.device
