@@ -31,17 +31,15 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from engine.drama3.checkpoint import load_model, resolve_checkpoint
-from engine.drama3.codec import load_codec
+from engine.drama3.audio import MAX_REFERENCE_SECONDS
+from engine.drama3.checkpoint import CheckpointError, load_model, resolve_checkpoint
+from engine.drama3.codec import Codec, load_codec
+from engine.drama3.config import Drama3Config
 from engine.drama3.generate import AudioWindow, Decoder, Done, take
 from engine.drama3.prompt import MAX_PROMPT_ROWS, HistoryTurn, Prompt, Reference, build_prompt
 from engine.drama3.request import SpeechRequest
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, render_take
-from engine.drama3.audio import MAX_REFERENCE_SECONDS
-from engine.drama3.checkpoint import CheckpointError
-from engine.drama3.codec import Codec
-from engine.drama3.config import Drama3Config
 from engine.drama3.model import Drama3Model
 from engine.drama3.tiny import tiny_config
 from engine.errors import RequestError
