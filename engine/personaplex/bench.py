@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed ticks first")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     parser.add_argument("--greedy", action="store_true", help="argmax instead of the reference sampling")
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
 
 
 def _randomize(module, generator) -> None:
@@ -57,7 +58,7 @@ def _randomize(module, generator) -> None:
     torch.nn.Module.eval(module)
 
 
-def random_engine(device: str, slots: int, greedy: bool):
+def random_engine(device: str, slots: int, greedy: bool, graphs: bool):
     """The released configuration with random weights, built directly on the device."""
     import sentencepiece
     import torch
@@ -82,7 +83,7 @@ def random_engine(device: str, slots: int, greedy: bool):
         module.to(kind)
         _randomize(module, generator)
     tokenizer = sentencepiece.SentencePieceProcessor(model_proto=tiny_tokenizer_model())
-    lockstep = Lockstep(cfg.lm, temporal, depformer, slots, dev)
+    lockstep = Lockstep(cfg.lm, temporal, depformer, slots, dev, graphs=graphs)
     root = Path(tempfile.mkdtemp(prefix="personaplex-bench-"))
     return PersonaPlex(root, cfg, lockstep, mimi, tokenizer, dev, Sampling(greedy=greedy))
 
@@ -100,10 +101,10 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for slots in args.slots:
         if args.checkpoint is None and args.size == "released":
-            engine = random_engine(device, slots, args.greedy)
+            engine = random_engine(device, slots, args.greedy, graphs=not args.eager)
         else:
             engine = PersonaPlex.load(args.checkpoint, device=device, slots=slots,
-                                      sampling=Sampling(greedy=args.greedy))
+                                      sampling=Sampling(greedy=args.greedy), graphs=not args.eager)
         started = time.perf_counter()
         engine.open(persona=DEFAULT_PERSONA, voice=None)
         prefill_ticks = engine.lockstep.phys
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 for name in parts:
                     parts[name].append(engine.timings[name])
         ticks_sorted = sorted(ticks)
-        row = {"slots": slots, "device": device, "size": args.size if args.checkpoint is None else args.checkpoint,
+        row = {"slots": slots, "device": device, "graphs": engine.lockstep.use_graphs, "size": args.size if args.checkpoint is None else args.checkpoint,
                "prefill_ticks": prefill_ticks, "prefill_ms": round(prefill_ms, 1),
                "tick_ms_mean": round(sum(ticks) / len(ticks), 2),
                "tick_ms_p50": round(ticks_sorted[len(ticks) // 2], 2),

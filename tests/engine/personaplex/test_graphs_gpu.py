@@ -37,4 +37,4 @@ def test_graphed_ticks_equal_eager_ticks_through_a_recycle(personaplex_checkpoin
                 spoken += 1
                 assert torch.equal(a.tokens, b.tokens)
                 np.testing.assert_allclose(a.pcm, b.pcm, atol=1e-5)
-    assert spoken > 60
+    assert spoken > 45  # slot 0 every tick, slot 1 once its system prompt is done
