@@ -269,6 +269,25 @@ export class Scene {
     return out;
   }
 
+  /**
+   * Keep at most `budget` samples of take audio in the page: past it, the audio of the
+   * oldest takes that are neither kept nor the latest of their line is let go (their
+   * waveforms stay; playing or exporting one fetches it again from the server).
+   */
+  trimAudio(budget: number): void {
+    let held = 0;
+    for (const take of this.takes.values()) held += take.received;
+    const spare = [...this.takes.values()]
+      .filter((t) => t.phase === "done" && !t.kept && t.received > 0 && this.latestTake(t.lineId) !== t)
+      .sort((a, b) => a.id - b.id);
+    for (const take of spare) {
+      if (held <= budget) break;
+      held -= take.received;
+      take.windows = [];
+      take.received = 0;
+    }
+  }
+
   /** Install audio fetched from the server's WAV export (after a reload). */
   setAudio(take: Take, pcm: Int16Array): void {
     clearAudio(take);

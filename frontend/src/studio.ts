@@ -24,6 +24,8 @@ export type Change = "script" | "takes" | "connection" | "voice" | "errors" | "m
 export type ErrorTarget = string;
 
 const SESSION_KEY = "retake.session";
+/** Take audio the page holds at most (~11 minutes at 44.1 kHz, 60 MB); see Scene.trimAudio. */
+const AUDIO_BUDGET_SAMPLES = 30_000_000;
 const scriptKey = (sessionId: string): string => `retake.script.${sessionId}`;
 
 export class Studio {
@@ -268,6 +270,7 @@ export class Studio {
       case "take.done": {
         const take = this.scene.takeDone(message);
         if (take !== undefined && take.id === this.playingTakeId) this.player?.end(take.id);
+        this.scene.trimAudio(AUDIO_BUDGET_SAMPLES);
         if (message.error !== null) this.errors.set(`take:${message.take_id}`, message.error);
         this.onChange("takes");
         return this.onChange("errors");

@@ -83,6 +83,21 @@ describe("Scene", () => {
     expect(scene.takes.get(7)!.streamProblem).toBe("received 0 of 2048 samples");
   });
 
+  it("lets go of the audio of old takes past its budget, never of kept or latest takes", () => {
+    const scene = new Scene();
+    const [a, b] = [scene.addLine("a"), scene.addLine("b")];
+    queued(scene, 1, a.id); finished(scene, 1, [1, 1, 1]);
+    queued(scene, 2, a.id); finished(scene, 2, [2, 2, 2]);
+    queued(scene, 3, a.id); finished(scene, 3, [3, 3, 3]);
+    queued(scene, 4, b.id); finished(scene, 4, [4, 4, 4]);
+    keep(scene, 1);
+    scene.trimAudio(6);
+    const held = (id: number) => scene.takes.get(id)!.received;
+    expect([held(1), held(2), held(3), held(4)]).toEqual([3, 0, 3, 3]); // 2 went: not kept, not latest
+    expect(scene.takes.get(2)!.peaks.length).toBe(3); // its waveform stays
+    expect(scene.pcmOf(scene.takes.get(2)!)).toBeNull(); // so it is fetched again when needed
+  });
+
   it("throws away a silent attempt's audio on take.retry", () => {
     const scene = new Scene();
     const line = scene.addLine("a");

@@ -103,8 +103,9 @@ class TakeView {
     const rate = this.studio.sampleRate;
     const report = this.studio.report;
     const playhead = report !== null && report.takeId === t.id && this.studio.playingTakeId === t.id ? report.rendered : null;
-    const span = t.phase === "done" ? Math.max(t.received, 1) : Math.max(t.received, STREAM_SPAN_SECONDS * rate);
-    const key = `${t.received}/${span}/${playhead}/${this.canvas.clientWidth}`;
+    // The peaks outlive the samples (Scene.trimAudio), so they say how much there is to draw.
+    const span = t.phase === "done" ? Math.max(t.samples, 1) : Math.max(t.peaks.length, STREAM_SPAN_SECONDS * rate);
+    const key = `${t.peaks.length}/${span}/${playhead}/${this.canvas.clientWidth}`;
     if (key === this.drawn) return;
     this.drawn = key;
     drawWave(this.canvas, t.peaks, span, playhead, style());
