@@ -32,6 +32,7 @@ from backend.settings import Settings
 from backend.speech import speech, wav_bytes
 from backend.state import EngineInfo, ServerState
 from backend.store import Store
+from engine import Drama3Engine
 
 log = logging.getLogger("retake")
 
@@ -42,8 +43,8 @@ NOT_BUILT = """<!doctype html><meta charset="utf-8"><title>Retake</title>
 """
 
 
-def engine_loader(settings: Settings) -> Callable[[], object]:
-    def load() -> object:
+def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
+    def load() -> Drama3Engine:
         from engine import EngineSpec, load_engine
 
         return load_engine(EngineSpec(checkpoint=settings.checkpoint, device=settings.device,
@@ -89,7 +90,7 @@ async def export_take(request: Request) -> Response:
     if codes is not None:
         try:
             tensor = torch.from_numpy(codes)  # [codebooks, frames]
-            pcm = await state.call(lambda engine: engine.vocode_take(tensor))  # type: ignore[attr-defined]
+            pcm = await state.call(lambda engine: engine.vocode_take(tensor))
         except Busy as error:
             return JSONResponse({"error": str(error)}, status_code=503,
                                 headers={"Retry-After": str(max(1, round(error.retry_after_ms / 1000)))})
@@ -107,15 +108,20 @@ async def speech_route(request: Request) -> Response:
 def log_ready(engine_loop: EngineLoop) -> None:
     """The seed's warm-up line: decode step time and peak memory, and a plain word about demo weights."""
     engine, warm = engine_loop.engine, engine_loop.warm_up
+    assert engine is not None
     step, peak = warm.get("decode_step_ms"), warm.get("peak_memory_gib")
-    log.info("engine %s ready on %s after a %ss warm-up take: one decode step %s ms, peak memory %s",
-             engine.name, getattr(engine, "device", "?"), warm.get("warm_up_s", "?"),  # type: ignore[union-attr]
-             step if step is not None else "?", f"{peak} GiB" if peak is not None else "n/a (CPU)")
-    if engine.demo_weights:  # type: ignore[union-attr]
+    log.info("engine %s ready on %s after a %ss warm-up take: one decode step %s ms, peak memory %s", engine.name,
+             engine.device, warm.get("warm_up_s", "?"), "?" if step is None else step,
+             "n/a (CPU)" if peak is None else f"{peak} GiB")
+    if engine.demo_weights:
         log.warning("DEMO WEIGHTS: the tiny random-weight checkpoint; its audio is noise")
 
 
-def start_engine_loop(settings: Settings, load: Callable[[], object] | None = None) -> EngineLoop:
+async def not_built(request: Request) -> Response:
+    return HTMLResponse(NOT_BUILT)
+
+
+def start_engine_loop(settings: Settings, load: Callable[[], Drama3Engine] | None = None) -> EngineLoop:
     """Start the engine thread; returns once the engine is loaded and warm (raises what loading raised)."""
     engine_loop = EngineLoop(load or engine_loader(settings), settings.limits.max_queue)
     try:
@@ -139,14 +145,14 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None) -> Star
                      store.interrupted)
         owned = engine_loop is None
         try:
-            running = engine_loop or await asyncio.to_thread(start_engine_loop, settings)
+            running = engine_loop if engine_loop is not None else await asyncio.to_thread(start_engine_loop, settings)
         except BaseException:
             store.close()
             raise
         engine = running.engine
-        info = EngineInfo(engine.name, engine.sample_rate, engine.frame_samples,  # type: ignore[attr-defined]
-                          bool(engine.demo_weights))  # type: ignore[attr-defined]
-        served = settings.with_engine_limits(dict(engine.limits))  # type: ignore[attr-defined]
+        assert engine is not None
+        info = EngineInfo(engine.name, engine.sample_rate, engine.frame_samples, bool(engine.demo_weights))
+        served = settings.with_engine_limits(dict(engine.limits))
         state = ServerState(served, store, running, info, Metrics(lambda: running.depth, lambda: 0))
         state.metrics.sessions = lambda: state.sockets
         app.state.retake = state

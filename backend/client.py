@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.typing import Origin
 
 from backend.protocol import AudioHeader, unpack_audio_frame
 
@@ -57,7 +58,7 @@ class Director:
     @classmethod
     async def connect(cls, url: str, *, token: str | None = None, origin: str | None = None) -> Director:
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        socket = await connect(url, additional_headers=headers, origin=origin,  # type: ignore[arg-type]
+        socket = await connect(url, additional_headers=headers, origin=None if origin is None else Origin(origin),
                                compression=None, max_size=None, open_timeout=30)
         return cls(socket)
 
@@ -111,8 +112,8 @@ class Director:
                 skipped.append(item)
                 continue
             self.pending = skipped + self.pending
-            result = TakeResult(int(item["take_id"] or 0) if item["type"] == "take.queued" else 0,  # type: ignore[call-overload]
-                                sent)
+            take_id = item.get("take_id") if item["type"] == "take.queued" else 0
+            result = TakeResult(take_id if isinstance(take_id, int) else 0, sent)
             result.messages.append(item)
             return result
 

@@ -29,11 +29,12 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 import numpy as np
 
-from engine import AudioWindow, Done, Prompt, RequestError, Sampling
+from backend.protocol import FinishReason
+from engine import AudioWindow, Done, Drama3Engine, Prompt, RequestError, Sampling
 
 log = logging.getLogger("retake.loop")
 T = TypeVar("T")
@@ -57,31 +58,23 @@ class Job:
     def cancel(self) -> None:
         self.cancelled.set()
 
-    def run(self, engine: EngineLike) -> None:
+    def run(self, engine: Drama3Engine) -> None:
         raise NotImplementedError
 
     def withdrawn(self) -> None:
         """Called (on the event loop) when the job left the queue without running."""
 
 
-class EngineLike(Protocol):
-    """What the loop needs of the engine (engine.load_engine's result has it all)."""
-
-    name: str
-    sample_rate: int
-    frame_samples: int
-
-
 class CallJob(Job, Generic[T]):
     """Run `fn(engine)` on the engine thread; its result or exception lands in `future`."""
 
-    def __init__(self, fn: Callable[[object], T], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, fn: Callable[[Drama3Engine], T], loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self.fn = fn
         self.loop = loop
         self.future: asyncio.Future[T] = loop.create_future()
 
-    def run(self, engine: EngineLike) -> None:
+    def run(self, engine: Drama3Engine) -> None:
         try:
             result = self.fn(engine)
         except BaseException as error:  # noqa: BLE001 - handed to the awaiting coroutine
@@ -120,7 +113,7 @@ class TakeSink(Protocol):
 
 @dataclass(frozen=True)
 class TakeOutcome:
-    finish_reason: str
+    finish_reason: FinishReason
     timings: dict[str, float | int | None]
     codes: np.ndarray | None  # int64 [codebooks, frames] of the last attempt, None if it never ran
     samples: int
@@ -135,7 +128,7 @@ class SilenceGuard:
     retries: int = 2
 
 
-PromptBuilder = Callable[[object, Sampling], Prompt]
+PromptBuilder = Callable[[Drama3Engine, Sampling], Prompt]
 
 
 class TakeJob(Job):
@@ -166,7 +159,7 @@ class TakeJob(Job):
     def _finish(self, outcome: TakeOutcome) -> None:
         self._post(self.sink.done, outcome)
 
-    def run(self, engine: EngineLike) -> None:
+    def run(self, engine: Drama3Engine) -> None:
         queue_ms = round((time.monotonic() - self.submitted) * 1000)
         if self.cancelled.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline):
             self._finish(TakeOutcome("cancelled" if self.cancelled.is_set() else "deadline",
@@ -191,10 +184,12 @@ class TakeJob(Job):
             retry = self.guard is not None and attempt <= self.guard.retries
             silent_samples, peak, samples = 0, 0, 0
             done: Done | None = None
+
+            def stopped(stop: threading.Event = stop_attempt) -> bool:
+                return self.cancelled.is_set() or stop.is_set()
+
             try:
-                for event in engine.generate(  # type: ignore[attr-defined]
-                        prompt, deadline=self.deadline,
-                        cancelled=lambda: self.cancelled.is_set() or stop_attempt.is_set()):
+                for event in engine.generate(prompt, deadline=self.deadline, cancelled=stopped):
                     if isinstance(event, AudioWindow):
                         samples += len(event.pcm)
                         self._post(self.sink.window, attempt, event)
@@ -222,10 +217,11 @@ class TakeJob(Job):
                 continue
             codes = done.codes.numpy() if done.codes is not None else None
             error_text = done.error if done.finish_reason == "error" else None
+            reason: FinishReason
             if self.error is not None:
                 error_text, reason = self.error, "error"
             else:
-                reason = done.finish_reason
+                reason = cast(FinishReason, done.finish_reason)
             self._finish(TakeOutcome(reason, {"queue_ms": queue_ms, **done.timings}, codes, samples, attempt,
                                      error_text))
             return
@@ -234,11 +230,11 @@ class TakeJob(Job):
 class EngineLoop:
     """The thread that owns the engine, and the queue in front of it."""
 
-    def __init__(self, load: Callable[[], object], max_queue: int) -> None:
+    def __init__(self, load: Callable[[], Drama3Engine], max_queue: int) -> None:
         self.load = load
         self.max_queue = max_queue
-        self.engine: object | None = None
-        self.warm_up: dict[str, object] = {}
+        self.engine: Drama3Engine | None = None
+        self.warm_up: dict[str, float | None] = {}
         self._queue: collections.deque[Job] = collections.deque()
         self._condition = threading.Condition()
         self._stopping = False
@@ -248,7 +244,7 @@ class EngineLoop:
         self.running: Job | None = None
         self.last_take_s = 2.0  # duration of the last take; the busy retry hint
 
-    def start(self) -> object:
+    def start(self) -> Drama3Engine:
         """Start the thread; wait until the engine is loaded and warm. Raises what loading raised."""
         self._thread.start()
         self._ready.wait()
@@ -299,7 +295,7 @@ class EngineLoop:
     def _main(self) -> None:
         try:
             self.engine = self.load()
-            self.warm_up = dict(self.engine.warm_up())  # type: ignore[attr-defined]
+            self.warm_up = dict(self.engine.warm_up())
         except BaseException as error:  # noqa: BLE001 - re-raised by start() in the caller's thread
             self._load_error = error
             self._ready.set()
@@ -315,7 +311,7 @@ class EngineLoop:
                 job = self.running = self._queue.popleft()
             started = time.monotonic()
             try:
-                job.run(engine)  # type: ignore[arg-type]
+                job.run(engine)
             except BaseException:  # noqa: BLE001 - jobs report their own failures; this is a last resort
                 log.error("engine job crashed:\n%s", traceback.format_exc())
             finally:

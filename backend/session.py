@@ -29,7 +29,7 @@ from backend import protocol as p
 from backend.loop import Busy, TakeJob, TakeOutcome
 from backend.state import ServerState
 from backend.store import StoredReference, StoredTake, StoredVoice
-from engine import AudioWindow, Character, HistoryTurn, Prompt, Reference, RequestError, Sampling
+from engine import AudioWindow, Character, Drama3Engine, HistoryTurn, Prompt, Reference, RequestError, Sampling
 
 
 @dataclass(frozen=True)
@@ -159,12 +159,12 @@ class LiveTake:
         self.finished = True
         if self.timer is not None:
             self.timer.cancel()
-        self.state.store.finish_take(self.take_id, outcome.finish_reason,  # type: ignore[arg-type]
+        self.state.store.finish_take(self.take_id, outcome.finish_reason,
                                      error=outcome.error, timings=outcome.timings, samples=outcome.samples,
                                      attempts=outcome.attempts, codes=outcome.codes)
         self.state.metrics.take_done(outcome.finish_reason, outcome.timings)
         frames = 0 if outcome.codes is None else int(outcome.codes.shape[1])
-        message = p.TakeDone(self.take_id, outcome.finish_reason, outcome.timings,  # type: ignore[arg-type]
+        message = p.TakeDone(self.take_id, outcome.finish_reason, outcome.timings,
                              frames, outcome.samples, outcome.attempts, outcome.error)
         holder = self.state.sessions.get(self.session_id, self.session)
         holder.outbox.message(message)
@@ -245,18 +245,18 @@ class Session:
         references = [(clip.audio, clip.text) for clip in message.references]
         character = message.character
 
-        def encode(engine: object) -> list[np.ndarray]:
+        def encode(engine: Drama3Engine) -> list[np.ndarray]:
             """Encode the clips and check the voice the way a take will use it."""
             codes = []
             for index, (audio, _text) in enumerate(references):
                 try:
-                    codes.append(engine.encode_reference(audio).numpy())  # type: ignore[attr-defined]
+                    codes.append(engine.encode_reference(audio).numpy())
                 except RequestError as error:
                     raise RequestError(f"references.{index}: {error}") from None
             voice: list[Reference] | Character | None = (
                 Character(character.name, character.description, character.scene) if character
                 else [Reference(codes=to_tensor(c), transcript=t) for c, (_a, t) in zip(codes, references)] or None)
-            engine.prompt("Check.", voice, [], Sampling(max_new_tokens=1, seed=0))  # type: ignore[attr-defined]
+            engine.prompt("Check.", voice, [], Sampling(max_new_tokens=1, seed=0))
             return codes
 
         try:
@@ -312,9 +312,8 @@ class Session:
                  and (codes := store.take_codes(take_id)) is not None]
         text, engine_voice_value = message.text, engine_voice(voice)
 
-        def build_prompt(engine: object, attempt_sampling: Sampling) -> Prompt:
-            return engine.prompt(text, engine_voice_value, turns, attempt_sampling,  # type: ignore[attr-defined]
-                                 drop_oldest_history=True)
+        def build_prompt(engine: Drama3Engine, attempt_sampling: Sampling) -> Prompt:
+            return engine.prompt(text, engine_voice_value, turns, attempt_sampling, drop_oldest_history=True)
 
         deadline_ms = message.deadline_ms or limits.default_deadline_ms
         received = time.monotonic()

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from backend.loop import Busy, TakeJob, TakeOutcome
 from backend.state import ServerState
-from engine import AudioWindow, Prompt, RequestError, Sampling, SpeechRequest, parse_speech_request
+from engine import AudioWindow, Drama3Engine, Prompt, RequestError, Sampling, SpeechRequest, parse_speech_request
 
 
 def openai_error(message: str, status_code: int = 400, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -102,9 +102,9 @@ async def speech(request: Request) -> Response:
     if sampling.seed is None:
         sampling = dataclasses.replace(sampling, seed=secrets.randbelow(2**31))
 
-    def build_prompt(engine: object, attempt_sampling: Sampling) -> Prompt:
+    def build_prompt(engine: Drama3Engine, attempt_sampling: Sampling) -> Prompt:
         request_for_attempt: SpeechRequest = dataclasses.replace(parsed, sampling=attempt_sampling)
-        return engine.speech_prompt(request_for_attempt)  # type: ignore[attr-defined]
+        return engine.speech_prompt(request_for_attempt)
 
     sink = SpeechSink()
     loop = asyncio.get_running_loop()

@@ -15,6 +15,7 @@ from backend.loop import CallJob, EngineLoop
 from backend.metrics import Metrics
 from backend.settings import Settings
 from backend.store import Store
+from engine import Drama3Engine
 
 if TYPE_CHECKING:
     from backend.session import Session
@@ -40,7 +41,7 @@ class ServerState:
     sockets: int = 0  # open directing sockets (limits.max_sessions)
     sessions: dict[str, Session] = field(default_factory=dict)  # session id -> the socket that holds it
 
-    async def call(self, fn: Callable[[object], T]) -> T:
+    async def call(self, fn: Callable[[Drama3Engine], T]) -> T:
         """Run `fn(engine)` on the engine thread (raises loop.Busy when the queue is full)."""
         job: CallJob[T] = CallJob(fn, asyncio.get_running_loop())
         self.engine_loop.submit(job)

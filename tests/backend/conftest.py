@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from live_server import LiveServer
 
 from backend.app import start_engine_loop
 from backend.loop import EngineLoop, SilenceGuard
 from backend.settings import Settings
-from live_server import LiveServer
 
 
 @pytest.fixture(scope="session")

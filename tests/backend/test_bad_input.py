@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from live_server import LiveServer, run
 
 from backend.client import Director
-from live_server import LiveServer, run
 
 INVALID = json.loads((Path(__file__).parents[1] / "fixtures" / "protocol" / "invalid_client_messages.json").read_text())
 

@@ -14,9 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from live_server import LiveServer
 
 from backend.commands import loadtest
-from live_server import LiveServer
 
 
 def test_longest_stall_follows_playback_time() -> None:

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
+from live_server import LiveServer, run
 from websockets.exceptions import InvalidStatus
 
 from backend.client import Director
 from backend.loop import SilenceGuard
-from live_server import LiveServer, run
 
 LONG = {"sampling": {"seed": 11}}
 
@@ -185,9 +185,20 @@ def test_metrics_and_health(server: LiveServer) -> None:
     before = scrape()
     run(one_take())
     after = scrape()
-    finished = sum(after[f'retake_takes_total{{finish_reason="{r}"}}'] - before[f'retake_takes_total{{finish_reason="{r}"}}']
-                   for r in ("stop", "length"))
+    counter = 'retake_takes_total{{finish_reason="{}"}}'
+    finished = sum(after[counter.format(r)] - before[counter.format(r)] for r in ("stop", "length"))
     assert finished == 1
     assert after["retake_first_audio_seconds_count"] == before["retake_first_audio_seconds_count"] + 1
     assert after["retake_decode_frames_per_second_count"] == before["retake_decode_frames_per_second_count"] + 1
     assert "retake_queue_depth" in after and "retake_sessions" in after
+
+
+def test_the_studio_page(make_server: Any, tmp_path: Any) -> None:
+    built = tmp_path / "dist"
+    built.mkdir()
+    (built / "index.html").write_text("<!doctype html><title>studio marker</title>")
+    with urllib.request.urlopen(f"{make_server(static_dir=built).http}/", timeout=30) as response:
+        assert "studio marker" in response.read().decode()
+    with urllib.request.urlopen(f"{make_server(static_dir=tmp_path / 'missing').http}/", timeout=30) as response:
+        page = response.read().decode()
+    assert response.status == 200 and "npm run build" in page

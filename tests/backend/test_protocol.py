@@ -43,7 +43,8 @@ def test_client_fixture_parses_to_its_fields(sample: dict[str, typing.Any]) -> N
         assert (message.line_id, message.text) == (raw["line_id"], raw["text"])
         assert message.history == ("kept" if "history" not in raw else tuple(raw["history"]))
         assert dataclasses.asdict(message.sampling) == {
-            name: raw.get("sampling", {}).get(name) for name in ("temperature", "top_p", "top_k", "max_new_tokens", "seed")
+            name: raw.get("sampling", {}).get(name)
+            for name in ("temperature", "top_p", "top_k", "max_new_tokens", "seed")
         }
         assert message.deadline_ms == raw.get("deadline_ms")
     elif isinstance(message, p.VoiceSet):

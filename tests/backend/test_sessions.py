@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
+from live_server import LiveServer, run
 
 from backend.client import Director
-from live_server import LiveServer, run
 
 LINE = {"sampling": {"max_new_tokens": 12, "seed": 4}}
 
@@ -45,7 +45,8 @@ def test_two_sessions_never_see_each_others_voice_takes_or_audio(server: LiveSer
         [reference] = voice["voice"]["references"]  # type: ignore[index]
         assert reference["text"] == "A low hum." and reference["frames"] >= 10  # 0.5 s at ~21.5 frames/s
         # Both sessions take at once: each gets only its own messages and audio.
-        takes = await asyncio.gather(one.take("a", "From the first.", **LINE), two.take("b", "From the second.", **LINE))
+        takes = await asyncio.gather(one.take("a", "From the first.", **LINE),
+                                     two.take("b", "From the second.", **LINE))
         for take in takes:
             assert take.done["finish_reason"] in ("stop", "length")
             assert {frame.header.take_id for frame in take.all_frames} == {take.take_id}

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
-
 from live_server import LiveServer
 
 BODY = {"input": "Places, everyone.", "max_new_tokens": 16, "seed": 21, "temperature": 0.8}

@@ -7,9 +7,9 @@ import urllib.request
 
 import numpy as np
 import soundfile as sf
+from live_server import LiveServer, run
 
 from backend.client import Director, TakeResult
-from live_server import LiveServer, run
 
 SHORT = {"max_new_tokens": 24}
 
