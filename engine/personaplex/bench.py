@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
                 for name in parts:
                     parts[name].append(engine.timings[name])
         ticks_sorted = sorted(ticks)
-        row = {"slots": slots, "device": device, "graphs": engine.lockstep.use_graphs, "size": args.size if args.checkpoint is None else args.checkpoint,
+        row = {"slots": slots, "device": device, "graphs": engine.lockstep.use_graphs,
+               "size": args.size if args.checkpoint is None else args.checkpoint,
                "prefill_ticks": prefill_ticks, "prefill_ms": round(prefill_ms, 1),
                "tick_ms_mean": round(sum(ticks) / len(ticks), 2),
                "tick_ms_p50": round(ticks_sorted[len(ticks) // 2], 2),
