@@ -32,7 +32,7 @@ Design choices:
   written before every tick, and the warm-up gate covers a fresh slot), and the depformer
   is causal over steps, so skipping them changes no agent code: the reference's own
   inference (reference/personaplex.md §1.4), checked against `all_steps=True` by
-  test_lockstep. It halves the depformer's work.
+  tests/engine/personaplex/test_slots.py. It halves the depformer's work.
 - Everything per slot is a row of a static tensor; phases (prefill, live) are data (the
   per-slot `PrefillStep`), never branches inside the model. The model part of a tick
   (`_model_step`: embeddings, Helium, text sampling, depformer) reads and writes static
