@@ -276,8 +276,11 @@ def load_codec(path: Path | str, device: str | torch.device = "cpu") -> Codec:
     config = read_config(path.parent)
     try:
         state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any unreadable file gets the same answer
-        raise ConfigError(f"{path} is not a PyTorch state dict: {error}") from error
+    except Exception:  # noqa: BLE001 - the legacy (pre-zip) format cannot be memory-mapped
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # noqa: BLE001 - any unreadable file gets the same answer
+            raise ConfigError(f"{path} is not a PyTorch state dict: {error}") from error
     if not isinstance(state, Mapping):
         raise ConfigError(f"{path} must hold a state dict; got {type(state).__name__}")
     weights = fold_weight_norm(unwrap(state))
