@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=("full", "tiny"), default="full",
                         help="model size with --random-weights (full: the assumed 35B-A3B dimensions)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-compile", action="store_true", help="leave decode layers uncompiled")
     parser.add_argument("--steps", type=int, default=200, help="decode steps timed (median reported)")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
 
@@ -51,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build(args: argparse.Namespace):
-    """(model, codec, config, source) on the device, with the fast path installed on CUDA."""
+    """(model, codec, config, source) on the device; the fast path is installed later."""
     from engine.drama3.codec import CodecConfig, load_codec
     from engine.drama3.config import Drama3Config, preset
     from engine.drama3.tiny import tiny_config
@@ -75,8 +76,7 @@ def build(args: argparse.Namespace):
         codec_config = CodecConfig.from_dict() if args.preset == "full" else CodecConfig.from_dict(TINY_CODEC)
         codec = random_codec(codec_config, seed=0).to(device).eval()
         source = f"random weights, preset {args.preset}"
-    installed = ["fp8_moe"] if device.type == "cuda" and config.fp8_experts else []
-    return model, codec, config, source, installed
+    return model, codec, config, source
 
 
 def synthetic_prompt(config, rows: int, max_new_tokens: int, seed: int = 0):
@@ -159,8 +159,9 @@ def decode_step_bytes(model, kv_rows: int) -> int:
 # ─── Benchmarks ───────────────────────────────────────────────────────────────
 
 
-def bench_decode(model, config, device: torch.device, steps: int) -> dict:
-    from engine.drama3.fast import GraphedDecoder
+def bench_decode(model, config, device: torch.device, steps: int, compile_layers: bool) -> tuple[dict, list[str]]:
+    """Eager steps of the plain model, then the fast path installed: compiled steps and graph replays."""
+    from engine.drama3.fast import GraphedDecoder, install_fast_path
     from engine.drama3.generate import Decoder
 
     max_rows = 300 + steps + 64
@@ -175,6 +176,14 @@ def bench_decode(model, config, device: torch.device, steps: int) -> dict:
     eager_ms = timed_ms(lambda: eager.step(bucket), device, steps)
     row = {"bench": "decode", "kv_rows": bucket, "steps": steps,
            "eager_ms": round(statistics.median(eager_ms), 3)}
+    installed = install_fast_path(model, compile_layers=compile_layers)
+    if compile_layers and device.type == "cuda":
+        started = time.perf_counter()
+        eager.prefill(prompt)
+        for _ in range(3):
+            eager.step(bucket)
+        row["compile_s"] = round(time.perf_counter() - started, 1)
+        row["compiled_ms"] = round(statistics.median(timed_ms(lambda: eager.step(bucket), device, steps)), 3)
     graphed = GraphedDecoder(model, max_rows, enabled=device.type == "cuda")
     graphed.capture()
     graphed.prefill(prompt)
@@ -193,7 +202,7 @@ def bench_decode(model, config, device: torch.device, steps: int) -> dict:
     row["floor_ms"] = round(step_bytes / bandwidth * 1000, 3)
     row["ratio_to_floor"] = round(row["graph_ms"] / row["floor_ms"], 2)
     row["frames_per_s"] = round(1000 / row["graph_ms"], 1)
-    return row
+    return row, installed
 
 
 def bench_prefill(model, config, device: torch.device) -> list[dict]:
@@ -252,11 +261,16 @@ def run(args: argparse.Namespace) -> int:
         args.random_weights, args.preset = True, args.preset
     started = time.perf_counter()
     with torch.inference_mode():
-        model, codec, config, source, installed = build(args)
+        model, codec, config, source = build(args)
         built_s = time.perf_counter() - started
         rows: list[dict] = []
         if args.bench in ("decode", "takes"):
-            rows.append(bench_decode(model, config, device, args.steps))
+            row, installed = bench_decode(model, config, device, args.steps, not args.no_compile)
+            rows.append(row)
+        else:
+            from engine.drama3.fast import install_fast_path
+
+            installed = install_fast_path(model, compile_layers=not args.no_compile)
         if args.bench in ("prefill", "takes"):
             rows += bench_prefill(model, config, device)
         if args.bench == "takes":

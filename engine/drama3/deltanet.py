@@ -130,6 +130,9 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.zeros(self.v_heads, dtype=torch.float32))
         self.norm = GatedRMSNorm(self.v_dim, config.rms_norm_eps)
         self.out_proj = nn.Linear(value_width, D, bias=False)
+        # The recurrence: `gated_delta_rule` (plain torch) unless the GPU fast path installs
+        # flash-linear-attention's kernels (engine/drama3/fast.py); same arguments and results.
+        self.rule = gated_delta_rule
         self.register_buffer("conv_state", None, persistent=False)  # [slots, C, K-1], by setup_cache
         self.register_buffer("recurrent_state", None, persistent=False)  # [slots, Hv, Dk, Dv] float32
 
@@ -156,7 +159,7 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.in_proj_b(x).float())  # [B, T, Hv]
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())  # [B, T, Hv]
         state = self.recurrent_state[slots] * continuing[..., None]  # [B, Hv, Dk, Dv]
-        out, state = gated_delta_rule(q, k, v, g, beta, state)  # [B, T, Hv, Dv]
+        out, state = self.rule(q, k, v, g, beta, state)  # [B, T, Hv, Dv]
         self.recurrent_state[slots] = state
         z = self.in_proj_z(x).unflatten(-1, (self.v_heads, self.v_dim))  # [B, T, Hv, Dv]
         return self.out_proj(self.norm(out, z).flatten(-2))

@@ -35,7 +35,8 @@ from engine.drama3.audio import MAX_REFERENCE_SECONDS
 from engine.drama3.checkpoint import CheckpointError, load_model, resolve_checkpoint
 from engine.drama3.codec import Codec, load_codec
 from engine.drama3.config import Drama3Config
-from engine.drama3.generate import AudioWindow, Decoder, Done, take
+from engine.drama3.fast import GraphedDecoder, install_fast_path
+from engine.drama3.generate import AudioWindow, Done, take
 from engine.drama3.prompt import MAX_PROMPT_ROWS, HistoryTurn, Prompt, Reference, build_prompt
 from engine.drama3.request import SpeechRequest
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
@@ -83,7 +84,9 @@ class Drama3Engine:
                        "codebook_size": config.codebook_size}
         max_rows = MAX_PROMPT_ROWS + MAX_NEW_TOKENS
         model.setup_caches(1, max_rows, self.device, model.candidate_head.dtype)
-        self.decoder = Decoder(model, max_rows)
+        # On CUDA: fla prefill, compiled decode layers, and the step replayed from CUDA graphs.
+        self.fast_path = install_fast_path(model) if self.device.type == "cuda" else []
+        self.decoder = GraphedDecoder(model, max_rows)
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
 
@@ -116,9 +119,12 @@ class Drama3Engine:
     def generate(self, prompt: Prompt, deadline: float | None = None,
                  cancelled: Callable[[], bool] | None = None) -> Iterator[AudioWindow | Done]:
         """AudioWindow events as the take's frames exist, then one Done."""
+        graphs = self.decoder.graphs
+        if graphs.enabled and len(graphs.graphs) < len(graphs.buckets):
+            self.decoder.capture()  # normally done by warm_up; safe here, before the take's prefill
         return take(self.decoder, self.codec, prompt, overlap=self.spec.stream_overlap_frames,
                     first_window=self.spec.first_window_frames, deadline=deadline, cancelled=cancelled,
-                    executor=self.vocoder)
+                    executor=self.vocoder, step=self.decoder.replay if graphs.enabled else None)
 
     def vocode_take(self, codes: torch.Tensor) -> np.ndarray:
         """int16 PCM: exactly the samples the stream of a take with these codes carried."""
@@ -126,16 +132,20 @@ class Drama3Engine:
             return render_take(self.codec, codes, self.spec.stream_overlap_frames, self.spec.first_window_frames)
 
     def warm_up(self) -> dict:
-        """Run a short take so first requests do not pay for lazy initialisation; time its steps."""
+        """Capture the decode graphs (CUDA) and run a short take, so first requests do not pay
+        for compilation or lazy initialisation; time its steps."""
         started = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+            with torch.inference_mode():
+                self.decoder.capture()
         prompt = self.prompt("Places, everyone.", None, [], Sampling(max_new_tokens=24, seed=0))
         done = [event for event in self.generate(prompt) if isinstance(event, Done)][0]
         if done.finish_reason == "error":
             raise RuntimeError(f"the warm-up take failed: {done.error}")
         rate = done.timings["decode_frames_per_s"]
-        return {"warm_up_s": round(time.perf_counter() - started, 2),
+        return {"warm_up_s": round(time.perf_counter() - started, 2), "fast_path": self.fast_path,
+                "graphs": len(self.decoder.graphs.graphs),
                 "decode_step_ms": round(1000 / rate, 2) if rate else None,
                 "peak_memory_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
                 if self.device.type == "cuda" else None}

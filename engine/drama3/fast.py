@@ -1,5 +1,6 @@
 """The GPU fast path of Drama 3: kernels installed into a built model, and a graphed decode step.
 
+    install_fast_path(model)                     # fla DeltaNet prefill; torch.compile'd decode layers
     decoder = GraphedDecoder(model, max_rows)    # a Decoder whose step replays CUDA graphs
     decoder.capture(max_rows)                    # before the first take (warm-up)
     take(decoder, codec, prompt, ..., step=decoder.replay)
@@ -8,6 +9,12 @@ Design choices:
 - Serving concerns are transformations of an already-built model (gpt-fast's
   `apply_tp`, `replace_linear_int8`): the model files know nothing of kernels or graphs,
   and the eager path stays available and identical (tests compare the two).
+- Gated DeltaNet prefill runs flash-linear-attention's chunked kernel; one-row decode
+  calls keep the plain recurrence, which torch.compile fuses.
+- Decode calls (one row per slot) of every backbone and tower layer run torch.compile'd
+  code (Inductor fuses the norms, rope, gates and the DeltaNet step into a few kernels);
+  calls over many rows (prefill) stay eager, so prompts of any length never recompile.
+  The block-FP8 experts keep their own Triton kernel (moe.py).
 - One CUDA graph per KV bucket (the attended cache rows: 256, 512, 1024, ... up to the
   cache size). A step at position p replays the smallest bucket >= p + 2. Every bucket
   is captured at warm-up, before the first take: capturing runs the step, which would
@@ -21,9 +28,64 @@ from __future__ import annotations
 
 import torch
 
+from collections.abc import Callable
+
+from engine.drama3.deltanet import GatedDeltaNet, recurrent_delta_rule
 from engine.drama3.generate import KV_BUCKET_ROWS, Decoder
 from engine.drama3.model import Drama3Model
 from engine.graphs import StepGraphs
+
+
+def fla_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gated_delta_rule` with flash-linear-attention's chunked kernel for many rows."""
+    if q.shape[1] == 1:
+        return recurrent_delta_rule(q, k, v, g, beta, state)
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    dtype = torch.bfloat16  # fla's tensor-core path; its state and accumulation stay float32
+    out, final = chunk_gated_delta_rule(q.to(dtype), k.to(dtype), v.to(dtype), g.float(), beta.to(dtype),
+                                        scale=1.0, initial_state=state.float(), output_final_state=True)
+    return out.float(), final.float()
+
+
+def decode_compiled(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`forward` compiled for one-row calls ([B, D] or [B, 1, D]); other calls run eagerly."""
+    compiled = torch.compile(forward, dynamic=None)  # kv_len buckets become one symbolic size
+
+    def run(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        one_row = x.dim() == 2 or x.shape[1] == 1
+        return (compiled if one_row else forward)(x, *args, **kwargs)
+
+    return run
+
+
+def install_fast_path(model: Drama3Model, *, compile_layers: bool = True) -> list[str]:
+    """Install the GPU fast path into `model` (a no-op on CPU); return what was installed."""
+    installed: list[str] = []
+    if model.candidate_head.device.type != "cuda":
+        return installed
+    try:
+        import fla.ops.gated_delta_rule  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        for module in model.modules():
+            if isinstance(module, GatedDeltaNet):
+                module.rule = fla_delta_rule
+        installed.append("fla_prefill")
+    if compile_layers:
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        torch._dynamo.config.suppress_errors = True  # a layer that fails to compile runs eagerly
+        tower = model.tower
+        for layer in (*model.backbone.layers, *tower.shared_layers, *tower.residual_layers):
+            layer.forward = decode_compiled(layer.forward)
+        installed.append("compiled_decode_layers")
+    if model.config.fp8_experts:
+        installed.append("fp8_moe")
+    return installed
 
 
 class GraphedDecoder(Decoder):
