@@ -10,13 +10,14 @@ import argparse
 import importlib
 
 NAME = "bench"
-HELP = "measure speed: codec, rtf (CPU take real-time factor), decode, prefill, takes"
+HELP = "measure speed: codec, rtf (CPU take real-time factor), decode, prefill, takes, personaplex"
 BENCHES = {
     "codec": "engine.bench.codec",
     "rtf": "engine.bench.rtf",
     "decode": "engine.bench.drama3",
     "prefill": "engine.bench.drama3",
     "takes": "engine.bench.drama3",
+    "personaplex": "engine.personaplex.bench",
 }
 
 
