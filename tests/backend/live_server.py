@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import Coroutine
@@ -25,13 +26,18 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 class LiveServer:
     """uvicorn serving build_app(settings) on a free loopback port, in a thread."""
 
-    def __init__(self, settings: Settings, engine_loop: EngineLoop) -> None:
+    def __init__(self, settings: Settings, engine_loop: EngineLoop, send_buffer: int | None = None) -> None:
         self.settings = settings
-        config = uvicorn.Config(build_app(settings, engine_loop), host="127.0.0.1", port=0, log_level="warning",
+        config = uvicorn.Config(build_app(settings, engine_loop), log_level="warning",
                                 ws="websockets-sansio", ws_per_message_deflate=False,
                                 ws_max_size=settings.limits.max_message_bytes + 2**20, lifespan="on")
+        listener = socket.socket()
+        if send_buffer is not None:  # accepted sockets inherit it (and lose send-buffer autotuning)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        listener.bind(("127.0.0.1", 0))
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [listener]}, name="uvicorn",
+                                       daemon=True)
         self.thread.start()
         started = time.monotonic()
         while not self.server.started:

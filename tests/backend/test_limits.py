@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import socket
+import sqlite3
 import urllib.error
 import urllib.request
 from typing import Any
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from live_server import LiveServer, run
+from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from backend.client import Director
@@ -202,3 +206,42 @@ def test_the_studio_page(make_server: Any, tmp_path: Any) -> None:
     with urllib.request.urlopen(f"{make_server(static_dir=tmp_path / 'missing').http}/", timeout=30) as response:
         page = response.read().decode()
     assert response.status == 200 and "npm run build" in page
+
+
+def test_no_per_message_compression(server: LiveServer) -> None:
+    async def main() -> None:
+        socket = await connect(server.ws, compression="deflate")  # the client offers it
+        assert socket.protocol.extensions == []  # the server declines: audio does not compress
+        await socket.close()
+
+    run(main())
+
+
+@pytest.mark.slow
+def test_a_client_that_does_not_read_gets_its_take_stopped(make_server: Any, tmp_path: Any) -> None:
+    server = make_server(data_dir=tmp_path, send_queue_frames=1, send_buffer=16384)
+
+    async def main() -> None:
+        # Small socket buffers on both ends and max_queue=1: the client stops taking audio after a
+        # few windows, the server's socket stops draining, and its send queue of one frame fills.
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.connect(("127.0.0.1", int(server.http.rsplit(":", 1)[1])))
+        client = await connect(server.ws, sock=raw, compression=None, max_queue=1, max_size=None)
+        await client.send(json.dumps({"type": "session.open"}))
+        await client.recv()
+        await client.send(json.dumps({"type": "take.start", "line_id": "a", "text": "A long speech that goes on.",
+                                      "sampling": {"seed": 11}}))
+        # Without reading the socket, watch the take in the server's SQLite file until it ends.
+        database = sqlite3.connect(tmp_path / "retake.sqlite3")
+        for _ in range(1200):
+            row = database.execute("SELECT state, finish_reason, error, frames FROM takes").fetchone()
+            if row is not None and row[0] == "done":
+                break
+            await asyncio.sleep(0.1)
+        database.close()
+        assert row[:2] == ("done", "error") and "not reading" in row[2]
+        assert row[3] < 1200  # stopped early
+        client.transport.abort()  # a close handshake would wait behind the audio still buffered
+
+    run(main())

@@ -175,8 +175,15 @@ def test_resuming_elsewhere_takes_the_session_over(server: LiveServer) -> None:
     run(main())
 
 
+def long_clip(seconds: float) -> str:
+    buffer = io.BytesIO()
+    sf.write(buffer, np.zeros(int(8000 * seconds), np.int16), 8000, format="WAV", subtype="PCM_16")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
 @pytest.mark.parametrize("voice", [
     {"references": [{"audio": base64.b64encode(b"RIFF not really a wav").decode(), "text": "Hi."}]},
+    {"references": [{"audio": long_clip(61), "text": "Too long."}]},  # past limits.max_reference_seconds
     {"character": {"name": "Ma:ra", "description": "a keeper"}},
 ])
 def test_a_bad_voice_is_refused_and_the_old_one_stays(server: LiveServer, voice: dict[str, Any]) -> None:

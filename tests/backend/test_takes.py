@@ -148,3 +148,25 @@ def test_a_new_take_supersedes_the_running_one(server: LiveServer) -> None:
         await director.close()
 
     run(main())
+
+
+def test_history_past_the_row_limit_drops_the_oldest_turns(server: LiveServer) -> None:
+    async def main() -> None:
+        director = await Director.connect(server.ws)
+        ready = await director.open()
+        turn = await director.take("line-1", "Again and again.", sampling={"max_new_tokens": 12, "seed": 1})
+        frames = int(turn.done["frames"])  # type: ignore[call-overload]
+        limit = int(ready["limits"]["max_prompt_rows"])  # type: ignore[index, call-overload]
+        turns = limit // frames + 8  # the same take as every turn: more rows than the limit holds
+        take = await director.take("line-2", "Enough.", history=[turn.take_id] * turns,
+                                   sampling={"max_new_tokens": 2, "seed": 1})
+        history = take.of_type("history")[0]
+        used, dropped = history["take_ids"], history["dropped"]
+        assert isinstance(used, list) and isinstance(dropped, list)
+        assert dropped and used and len(used) + len(dropped) == turns
+        assert take.done["finish_reason"] in ("stop", "length")
+        rows = int(take.done["timings"]["prompt_rows"])  # type: ignore[index]
+        assert limit - frames - 64 < rows <= limit  # as many turns as fit
+        await director.close()
+
+    run(main())
