@@ -95,7 +95,7 @@ export class Player {
   }
 
   /** Everything the tap recorded (only with `?tap`). */
-  async readTap(): Promise<{ startFrame: number; samples: Float32Array }> {
+  async readTap(): Promise<{ startFrame: number; skipped: number; samples: Float32Array }> {
     const reply = await this.askTap({ type: "read" });
     if (reply.type !== "tape") throw new Error("the tap answered a read with a reset");
     return reply;

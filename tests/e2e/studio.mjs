@@ -98,15 +98,22 @@ async function heard(takeId, after = -1) {
   }, [takeId, after]);
   const got = await studio(async () => {
     const player = window.retake.audioPlayer;
-    const tape = await player.readTap();
+    const end = player.report.endFrame;
+    // The tap may not have recorded the last quanta yet when the player's report says "ended".
+    let tape = await player.readTap();
+    for (let tries = 0; tape.startFrame + tape.samples.length < end && tries < 100; tries++) {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      tape = await player.readTap();
+    }
     const bytes = new Uint8Array(tape.samples.buffer);
     let binary = "";
     for (let k = 0; k < bytes.length; k += 0x8000) binary += String.fromCharCode(...bytes.subarray(k, k + 0x8000));
-    return { report: player.report, startFrame: tape.startFrame, tape: btoa(binary), rate: player.sampleRate,
+    return { report: player.report, startFrame: tape.startFrame, skipped: tape.skipped, tape: btoa(binary), rate: player.sampleRate,
       latency: window.retake.lastLatencyMs };
   });
   const tape = new Float32Array(Buffer.from(got.tape, "base64").buffer.slice(0));
   const offset = got.report.firstFrame - got.startFrame;
+  if (got.skipped > 0) console.log(`note: the tap was not run for ${got.skipped} render quanta`);
   check(`the tap recorded take ${takeId}`, offset >= 0 && offset + got.report.rendered <= tape.length, `offset ${offset}, tape ${tape.length}`);
   return { ...got, tape, offset };
 }
@@ -227,7 +234,9 @@ try {
   await page.keyboard.press("Space");
   const replay = await heard(first.takeId, live.report.endFrame);
   exact(replay, sent, "played again");
-  result.firstTake = { takeId: first.takeId, samples: sent.length, heardLatencyMs: live.latency, live: live.report, replay: replay.report };
+  const timings = await studio((id) => window.retake.scene.takes.get(id).timings, first.takeId);
+  result.firstTake = { takeId: first.takeId, samples: sent.length, heardLatencyMs: live.latency, timings, live: live.report, replay: replay.report };
+  console.log(`first audio: heard ${live.latency.toFixed(0)} ms; server ${timings.first_audio_ms} ms after ${timings.queue_ms} ms queued`);
 
   // 2. Keep it, take the next line: the new take hears the kept one.
   await page.locator(`.take[data-take="${first.takeId}"] .keep`).click();

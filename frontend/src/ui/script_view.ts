@@ -72,7 +72,9 @@ class TakeView {
     this.el.classList.toggle("playing", playing);
     this.el.classList.toggle("failed", t.finishReason === "error");
     setText(this.label, `${this.index + 1}`);
-    this.label.title = `take ${t.id}${t.sampling ? ` · seed ${t.sampling.seed} · T ${t.sampling.temperature} · top-p ${t.sampling.top_p} · top-k ${t.sampling.top_k}` : ""}`;
+    const sampling = t.sampling ? ` · seed ${t.sampling.seed} · T ${t.sampling.temperature} · top-p ${t.sampling.top_p} · top-k ${t.sampling.top_k}` : "";
+    const heard = t.history.length > 0 ? ` · heard takes ${t.history.join(", ")}` : "";
+    this.label.title = `take ${t.id}${sampling}${heard}${t.dropped.length > 0 ? ` (left out ${t.dropped.join(", ")})` : ""}`;
     const streaming = t.phase === "running";
     const status = t.phase === "queued" ? `queued${t.queuePosition > 0 ? ` #${t.queuePosition + 1}` : ""}`
       : streaming ? (t.attempts > 1 ? `streaming (attempt ${t.attempts})` : "streaming")

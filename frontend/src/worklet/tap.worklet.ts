@@ -12,6 +12,7 @@ class TapProcessor extends AudioWorkletProcessor {
   private readonly tape = new Float32Array(TAPE_SECONDS * sampleRate);
   private length = 0;
   private startFrame = -1;
+  private skipped = 0; // quanta this node was not run for (should stay 0)
 
   constructor() {
     super();
@@ -19,12 +20,13 @@ class TapProcessor extends AudioWorkletProcessor {
       if (event.data.type === "reset") {
         this.length = 0;
         this.startFrame = -1; // the next quantum's frame: after this answer reaches the page
+        this.skipped = 0;
         const done: FromTap = { type: "reset" };
         this.port.postMessage(done);
         return;
       }
       const samples = this.tape.slice(0, this.length);
-      const reply: FromTap = { type: "tape", startFrame: this.startFrame, samples };
+      const reply: FromTap = { type: "tape", startFrame: this.startFrame, skipped: this.skipped, samples };
       this.port.postMessage(reply, [samples.buffer]);
     };
   }
@@ -33,11 +35,16 @@ class TapProcessor extends AudioWorkletProcessor {
     if (this.startFrame < 0) this.startFrame = currentFrame;
     const block = inputs[0]?.[0];
     const n = block?.length ?? 128;
-    if (this.length + n > this.tape.length) return true; // full: stop recording, keep the start
+    // Write where the quantum belongs, so a quantum this node was not run for stays a
+    // visible hole (counted) instead of shifting everything after it.
+    const at = currentFrame - this.startFrame;
+    if (at !== this.length) this.skipped += Math.max(0, at - this.length) / n;
+    if (at + n > this.tape.length) return true; // full: stop recording, keep the start
+    if (at > this.length) this.tape.fill(0, this.length, at);
     // A disconnected input arrives as zero channels: record it as the silence it is.
-    if (block === undefined) this.tape.fill(0, this.length, this.length + n);
-    else this.tape.set(block, this.length);
-    this.length += n;
+    if (block === undefined) this.tape.fill(0, at, at + n);
+    else this.tape.set(block, at);
+    this.length = at + n;
     return true;
   }
 }
