@@ -20,7 +20,7 @@ FRONTEND_DIST = Path(__file__).resolve().parents[1] / "frontend" / "dist"
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path
-    checkpoint: Path | None = None  # None: the tiny demo checkpoint
+    checkpoint: Path | str | None = None  # a directory or a Hub repo id; None: the tiny demo checkpoint
     device: str = "auto"
     first_window_frames: int | None = None
     allow_origins: tuple[str, ...] = ()  # besides the server's own origin; "*" allows any

@@ -26,8 +26,9 @@ def default_data_dir() -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", type=Path, help="Drama 3 checkpoint directory (default: the tiny demo "
-                                                        "checkpoint with random weights, on the CPU)")
+    parser.add_argument("--checkpoint", help="a Drama 3 checkpoint directory or Hugging Face repo id (owner/name"
+                                             "[@revision], from the local cache first); default: the tiny demo "
+                                             "checkpoint with random weights, on the CPU")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the engine runs (auto: CUDA if present; the demo checkpoint uses the CPU)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -62,8 +63,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
     from backend.protocol import Limits
     from backend.settings import Settings
 
-    if args.checkpoint is not None and not args.checkpoint.is_dir():
-        raise UsageError(f"--checkpoint {args.checkpoint} is not a directory")
     for name in ("max_sessions", "max_queue", "deadline_ms", "max_deadline_ms", "port"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")

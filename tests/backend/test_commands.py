@@ -87,4 +87,6 @@ def test_serve_refuses_a_missing_checkpoint(tmp_path: Path) -> None:
     result = subprocess.run([*RETAKE, "serve", "--checkpoint", str(tmp_path / "nope")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert result.stderr.strip() == f"retake serve: --checkpoint {tmp_path / 'nope'} is not a directory"
+    last_line = result.stderr.strip().splitlines()[-1]  # after the "loading ..." log line
+    assert last_line == (f"retake serve: {tmp_path / 'nope'} is neither a checkpoint directory nor a "
+                         "Hugging Face repo id (owner/name)")
