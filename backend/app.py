@@ -161,6 +161,7 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None) -> Star
         try:
             yield
         finally:
+            state.closing = True
             if owned:
                 running.stop()
             store.close()

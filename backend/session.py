@@ -132,17 +132,23 @@ class LiveTake:
     # TakeSink ---------------------------------------------------------------
 
     def started(self, attempt: int, sampling: Sampling) -> None:
+        if self.state.closing:
+            return
         self.state.store.start_take(self.take_id, attempt, sampling_info(sampling))
         self.seq = 0
         self.session.outbox.message(p.TakeStarted(self.take_id, attempt))
 
     def history(self, used: int) -> None:
+        if self.state.closing:
+            return
         ids = self.requested_history
         kept, dropped = ids[len(ids) - used:] if used else [], ids[: len(ids) - used]
         self.state.store.set_history(self.take_id, kept)
         self.session.outbox.message(p.History(kept, dropped, self.take_id))
 
     def window(self, attempt: int, window: AudioWindow) -> None:
+        if self.state.closing:
+            return
         frame = p.pack_audio_frame(self.take_id, self.seq, window.start_sample,
                                    np.ascontiguousarray(window.pcm, dtype="<i2").tobytes(), last=window.last)
         self.seq += 1
@@ -150,11 +156,13 @@ class LiveTake:
             self.job.fail("the client is not reading audio fast enough; the take was stopped")
 
     def retry(self, attempt: int, message: str) -> None:
+        if self.state.closing:
+            return
         self.state.metrics.retries += 1
         self.session.outbox.message(p.TakeRetry(self.take_id, attempt, "silence", message))
 
     def done(self, outcome: TakeOutcome) -> None:
-        if self.finished:
+        if self.finished or self.state.closing:  # stopping: the next start finishes the take as an error
             return
         self.finished = True
         if self.timer is not None:

@@ -39,6 +39,7 @@ class ServerState:
     engine: EngineInfo
     metrics: Metrics
     sockets: int = 0  # open directing sockets (limits.max_sessions)
+    closing: bool = False  # the server is stopping: late engine events are dropped, the store is closing
     sessions: dict[str, Session] = field(default_factory=dict)  # session id -> the socket that holds it
 
     async def call(self, fn: Callable[[Drama3Engine], T]) -> T:
