@@ -6,6 +6,7 @@ import io
 import urllib.request
 
 import numpy as np
+import pytest
 import soundfile as sf
 from live_server import LiveServer, run
 
@@ -150,6 +151,7 @@ def test_a_new_take_supersedes_the_running_one(server: LiveServer) -> None:
     run(main())
 
 
+@pytest.mark.slow
 def test_history_past_the_row_limit_drops_the_oldest_turns(server: LiveServer) -> None:
     async def main() -> None:
         director = await Director.connect(server.ws)
