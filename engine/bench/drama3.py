@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model size with --random-weights (full: the assumed 35B-A3B dimensions)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-compile", action="store_true", help="leave decode layers uncompiled")
+    parser.add_argument("--compile-prefill", action="store_true",
+                        help="also compile the layers for prefill chunks (symbolic row count)")
+    parser.add_argument("--profile", type=Path, metavar="FILE",
+                        help="write the top kernels of one decode step and one 300-row prefill here")
     parser.add_argument("--steps", type=int, default=200, help="decode steps timed (median reported)")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
 
@@ -159,7 +163,8 @@ def decode_step_bytes(model, kv_rows: int) -> int:
 # ─── Benchmarks ───────────────────────────────────────────────────────────────
 
 
-def bench_decode(model, config, device: torch.device, steps: int, compile_layers: bool) -> tuple[dict, list[str]]:
+def bench_decode(model, config, device: torch.device, steps: int, compile_layers: bool,
+                 compile_prefill: bool = False) -> tuple[dict, list[str]]:
     """Eager steps of the plain model, then the fast path installed: compiled steps and graph replays."""
     from engine.drama3.fast import GraphedDecoder, install_fast_path
     from engine.drama3.generate import Decoder
@@ -176,7 +181,7 @@ def bench_decode(model, config, device: torch.device, steps: int, compile_layers
     eager_ms = timed_ms(lambda: eager.step(bucket), device, steps)
     row = {"bench": "decode", "kv_rows": bucket, "steps": steps,
            "eager_ms": round(statistics.median(eager_ms), 3)}
-    installed = install_fast_path(model, compile_layers=compile_layers)
+    installed = install_fast_path(model, compile_layers=compile_layers, compile_prefill=compile_prefill)
     if compile_layers and device.type == "cuda":
         started = time.perf_counter()
         eager.prefill(prompt)
@@ -253,6 +258,35 @@ def bench_takes(model, codec, config, device: torch.device) -> list[dict]:
     return out
 
 
+def profile_tables(model, config, device: torch.device) -> str:
+    """The kernels of one graphed decode step and one 300-row prefill, most time first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.drama3.fast import GraphedDecoder
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    max_rows = 300 + 64
+    model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
+    prompt = synthetic_prompt(config, 300, 32)
+    decoder = GraphedDecoder(model, max_rows, enabled=False)  # eager steps: the profiler sees each kernel
+    decoder.prefill(prompt)
+    bucket = decoder.graphs.bucket_for(300 + 8)
+    decoder.step(bucket)
+    sync(device)
+    out = []
+    with profile(activities=activities) as step_profile:
+        decoder.step(bucket)
+        sync(device)
+    out.append("# one decode step (the installed fast path, launched without its graph)\n"
+               + step_profile.key_averages().table(sort_by=sort, row_limit=40))
+    with profile(activities=activities) as prefill_profile:
+        decoder.prefill(prompt)
+        sync(device)
+    out.append("# one 300-row prefill\n" + prefill_profile.key_averages().table(sort_by=sort, row_limit=40))
+    return "\n\n".join(out)
+
+
 def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -265,16 +299,20 @@ def run(args: argparse.Namespace) -> int:
         built_s = time.perf_counter() - started
         rows: list[dict] = []
         if args.bench in ("decode", "takes"):
-            row, installed = bench_decode(model, config, device, args.steps, not args.no_compile)
+            row, installed = bench_decode(model, config, device, args.steps, not args.no_compile,
+                                          args.compile_prefill)
             rows.append(row)
         else:
             from engine.drama3.fast import install_fast_path
 
-            installed = install_fast_path(model, compile_layers=not args.no_compile)
+            installed = install_fast_path(model, compile_layers=not args.no_compile,
+                                          compile_prefill=args.compile_prefill)
         if args.bench in ("prefill", "takes"):
             rows += bench_prefill(model, config, device)
         if args.bench == "takes":
             rows += bench_takes(model, codec, config, device)
+        if args.profile:
+            args.profile.write_text(profile_tables(model, config, device), encoding="utf-8")
     meta = {"source": source, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "kernels": installed, "build_s": round(built_s, 1), "note": NOTE,
             "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)

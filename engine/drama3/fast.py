@@ -49,18 +49,25 @@ def fla_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     return out.float(), final.float()
 
 
-def decode_compiled(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """`forward` compiled for one-row calls ([B, D] or [B, 1, D]); other calls run eagerly."""
-    compiled = torch.compile(forward, dynamic=None)  # kv_len buckets become one symbolic size
+def layer_compiled(forward: Callable[..., torch.Tensor], prefill: bool) -> Callable[..., torch.Tensor]:
+    """`forward` compiled for one-row calls ([B, D] or [B, 1, D]); calls over many rows
+    (prefill chunks) run eagerly, or compiled with a symbolic row count if `prefill`."""
+    decode = torch.compile(forward, dynamic=None)  # kv_len buckets become one symbolic size
+    rows = torch.compile(forward, dynamic=True) if prefill else forward
 
     def run(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         one_row = x.dim() == 2 or x.shape[1] == 1
-        return (compiled if one_row else forward)(x, *args, **kwargs)
+        return (decode if one_row else rows)(x, *args, **kwargs)
 
     return run
 
 
-def install_fast_path(model: Drama3Model, *, compile_layers: bool = True) -> list[str]:
+def install_fast_path(model: Drama3Model, *, compile_layers: bool = True,
+                      compile_prefill: bool = False) -> list[str]:
+    """Install the GPU fast path into `model` (a no-op on CPU); return what was installed.
+
+    compile_prefill (off by default until measured, see docs/perf.md) also compiles the
+    layers for prefill chunks: eager prefill launches every small op from Python."""
     """Install the GPU fast path into `model` (a no-op on CPU); return what was installed."""
     installed: list[str] = []
     if model.candidate_head.device.type != "cuda":
@@ -81,8 +88,10 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True) -> lis
         torch._dynamo.config.suppress_errors = True  # a layer that fails to compile runs eagerly
         tower = model.tower
         for layer in (*model.backbone.layers, *tower.shared_layers, *tower.residual_layers):
-            layer.forward = decode_compiled(layer.forward)
+            layer.forward = layer_compiled(layer.forward, compile_prefill)
         installed.append("compiled_decode_layers")
+        if compile_prefill:
+            installed.append("compiled_prefill_layers")
     if model.config.fp8_experts:
         installed.append("fp8_moe")
     return installed

@@ -72,3 +72,26 @@ def test_fast_path_decode_matches_eager(tiny_checkpoint) -> None:
                             lambda position: graphed.step(graphed.graphs.bucket_for(position + 2)))
         replayed = frames_of(graphed, prompt, steps, graphed.replay)
         assert torch.equal(replayed, stepped)
+
+
+def test_compiled_prefill_matches_eager(tiny_checkpoint) -> None:
+    """Prefill chunks through layers compiled with a symbolic row count leave the same state."""
+    from engine.drama3.checkpoint import load_model
+    from engine.drama3.prompt import build_prompt
+    from engine.drama3.sampling import Sampling
+
+    model, config, tokenizer = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
+    max_rows = 512
+    model.setup_caches(1, max_rows, "cuda", torch.float32)
+    prompts = [build_prompt(text, None, [], Sampling(max_new_tokens=16, seed=1), tokenizer, config)
+               for text in ("A first prompt.", "A second, longer prompt of another length.")]
+    with torch.inference_mode():
+        decoder = Decoder(model, max_rows)
+        reference = []
+        for prompt in prompts:
+            decoder.prefill(prompt)
+            reference.append(decoder.hidden.clone())
+        assert "compiled_prefill_layers" in install_fast_path(model, compile_prefill=True)
+        for prompt, expected in zip(prompts, reference):
+            decoder.prefill(prompt)
+            assert (decoder.hidden - expected).norm() / expected.norm() < 1e-4
