@@ -58,6 +58,7 @@ def test_fast_path_decode_matches_eager(tiny_checkpoint) -> None:
     steps, max_rows = 24, len(prompt.rows) + 64
     model.setup_caches(1, max_rows, "cuda", torch.float32)
     with torch.inference_mode():
+        install_fast_path(model, compile_layers=False)  # fla prefill in both runs: only compilation differs
         eager = Decoder(model, max_rows)
         kv = eager.kv_len(len(prompt.rows) + steps)
         reference = frames_of(eager, prompt, steps, lambda position: eager.step(kv))
@@ -86,6 +87,7 @@ def test_compiled_prefill_matches_eager(tiny_checkpoint) -> None:
     prompts = [build_prompt(text, None, [], Sampling(max_new_tokens=16, seed=1), tokenizer, config)
                for text in ("A first prompt.", "A second, longer prompt of another length.")]
     with torch.inference_mode():
+        install_fast_path(model, compile_layers=False)  # fla prefill in both runs: only compilation differs
         decoder = Decoder(model, max_rows)
         reference = []
         for prompt in prompts:
