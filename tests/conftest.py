@@ -18,6 +18,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Every model in the tests is tiny: thousands of small ops that one thread runs as fast
+    as two alone, and far faster on a shared CPU (two threads stall on each other's slices)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Drama 3 checkpoint in the released layout (seed 0)."""

@@ -228,7 +228,7 @@ def bench_prefill(model, config, device: torch.device) -> list[dict]:
 
 def bench_takes(model, codec, config, device: torch.device) -> list[dict]:
     from engine.drama3.fast import GraphedDecoder
-    from engine.drama3.generate import AudioWindow, Done, take
+    from engine.drama3.generate import Done, take
     from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, decode_window
 
     out = []

@@ -158,7 +158,6 @@ def load_tensors(model: Drama3Model, shards: list[Path],
     progress(shard, shards, bytes done, bytes total) is called after each shard."""
     layout = checkpoint_layout(model)
     tensors = model.state_dict(keep_vars=True)
-    candidates = model.candidate_ids.cpu()
     seen: dict[str, Path] = {}
     total, done = sum(f.stat().st_size for f in shards), 0
     for number, file in enumerate(shards, 1):

@@ -21,15 +21,6 @@ from engine.errors import RequestError
 RATE = 44100
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny codec's ops are too small to split: one thread is as fast alone and far
-    faster on a shared CPU (two threads stall on each other's time slices)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -32,15 +32,6 @@ from engine.drama3.codec_tiny import TINY_CODEC, release_state_dict, write_tiny_
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny codec's ops are too small to split: one thread is as fast alone and far
-    faster on a shared CPU (two threads stall on each other's time slices)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def reference_modules() -> tuple[types.ModuleType, types.ModuleType]:
     try:

@@ -22,12 +22,7 @@ from engine.drama3.sampling import ras_window_of
 
 @pytest.fixture(scope="module")
 def tiny(tiny_checkpoint):
-    # One thread: the tiny model's ops are too small to split, and on a shared 2-core
-    # machine a second thread waits on the other's barrier for most of each step.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu"))
-    torch.set_num_threads(threads)
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu"))
 
 
 def run(engine, prompt, **kwargs) -> tuple[list[AudioWindow], Done]:

@@ -19,15 +19,6 @@ from engine.errors import RequestError
 TAKE_FRAMES = 480  # past 320 frames, so the last windows' context is cut at 320
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny codec's ops are too small to split: one thread is as fast alone and far
-    faster on a shared CPU (two threads stall on each other's time slices)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def codec(tmp_path_factory: pytest.TempPathFactory):
