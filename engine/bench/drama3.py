@@ -5,7 +5,9 @@
 - decode: the median decode step (one frame: candidate head, sampling with RAS, the
   13-layer tower, the backbone step) over >= 200 steps after a 300-row prompt, eager and
   replayed from a CUDA graph; and the bytes one step must read over the measured copy
-  bandwidth (the floor), with the ratio to it.
+  bandwidth (the floor), with the ratio to it. Also the aten ops and GEMMs one eager
+  step launches (torch.profiler), before and after `fuse_projections`, and the eager
+  step time once fused.
 - prefill: the prompt's backbone and tower prefill for 300, 1,000 and 4,000 rows.
 - takes: all of the above, plus first audio (prefill start to the first PCM window on the
   host) for a 300-row prompt, vocode ms per window length, and peak GPU memory.
@@ -158,6 +160,77 @@ def decode_step_bytes(model, kv_rows: int) -> int:
     state = len(text.linear_attention_layers) * text.linear_num_value_heads * text.linear_key_head_dim \
         * text.linear_value_head_dim * 4 * 2  # float32, read and written
     return total + kv * dtype_bytes + state
+
+
+# ─── Counting ops ─────────────────────────────────────────────────────────────
+
+# Aten ops that launch no kernel: views, allocations, metadata, and wrappers that compute
+# only through the ops they call (a no-op `.to()` calls nothing).
+NO_KERNEL = frozenset(f"aten::{name}" for name in (
+    "as_strided", "view", "_unsafe_view", "_reshape_alias", "reshape", "t", "transpose", "permute", "expand",
+    "expand_as", "slice", "select", "split", "split_with_sizes", "chunk", "unflatten", "flatten", "unsqueeze",
+    "squeeze", "narrow", "unbind", "view_as", "alias", "detach", "real", "resolve_conj", "resolve_neg",
+    "lift_fresh", "empty", "empty_strided", "empty_like", "resize_", "result_type", "scalar_tensor", "to",
+    "type_as", "contiguous"))
+GEMMS = frozenset(f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "_scaled_mm"))
+
+
+PARTS = ("deltanet", "attention", "tower")  # profiler ranges around layer calls
+
+
+def step_op_counts(decoder, kv_len: int) -> dict[str, int]:
+    """The aten ops one eager `decoder.step(kv_len)` launches, counted with torch.profiler.
+
+    An op counts if it launches work (not in NO_KERNEL) and no op it calls counts: a
+    composite like `linear` counts as its `mm`, and a kernel's own helpers are not counted
+    twice. Keys: `ops` (all of them), `gemms` (matrix products), `linears` (F.linear
+    calls), and each per part as `{part}_{key}`: `deltanet` and `attention` (the backbone
+    layers with that mixer), `tower` (its 13 layers) and `other` (candidate head,
+    sampling, embedding, codebook sums, final norm)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from engine.drama3.backbone import DecoderLayer
+    from engine.drama3.tower import TowerLayer
+
+    ranges: list[record_function] = []
+    hooks = []
+    for module in decoder.model.modules():
+        if isinstance(module, (DecoderLayer, TowerLayer)):
+            part = "tower" if isinstance(module, TowerLayer) else "attention" if module.full_attention else "deltanet"
+            hooks.append(module.register_forward_pre_hook(
+                lambda m, args, part=part: ranges.append(record_function(part).__enter__())))
+            hooks.append(module.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None)))
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            decoder.step(kv_len)
+            sync(decoder.device)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    counts: dict[str, int] = {}
+
+    def add(key: str, event) -> None:
+        while event is not None and event.name not in PARTS:
+            event = event.cpu_parent
+        for name in (key, f"{event.name if event is not None else 'other'}_{key}"):
+            counts[name] = counts.get(name, 0) + 1
+
+    def launches(event) -> bool:
+        """Count `event` or the ops under it; True if anything counted."""
+        below = [launches(child) for child in event.cpu_children]  # a list: every child is visited
+        if any(below) or not event.name.startswith("aten::") or event.name in NO_KERNEL:
+            return any(below)
+        add("ops", event)
+        if event.name in GEMMS:
+            add("gemms", event)
+        return True
+
+    for event in prof.events():
+        if event.cpu_parent is None:
+            launches(event)
+        if event.name == "aten::linear":
+            add("linears", event)
+    return counts
 
 
 # ─── Benchmarks ───────────────────────────────────────────────────────────────

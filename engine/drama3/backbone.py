@@ -17,6 +17,8 @@ Design choices:
 - Full attention: `q_proj` gives each head its query and its output gate side by side
   ([q_h | gate_h] per head); q and k get per-head zero-centred RMSNorm, then NeoX rope on
   the first `head_dim * partial_rotary_factor` dims; output `o_proj(attn * sigmoid(gate))`.
+- q/k/v projections read the same input: `project` runs them, and the fast path
+  (fast.py `fuse_projections`) replaces it with one GEMM over their stacked weights.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from engine.drama3.moe import SparseMoE
 class GatedAttention(nn.Module):
     """`self_attn` of a full-attention layer."""
 
+    projections = ("q_proj", "k_proj", "v_proj")  # the linears of `project`, in its order
+
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
         D, H, Hkv, Dh = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -45,11 +49,16 @@ class GatedAttention(nn.Module):
         self.k_norm = RMSNorm(Dh, config.rms_norm_eps)
         self.kv_cache: KVCache | None = None
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [B, T, D] -> q with gates [B, T, 2*H*Dh], k and v [B, T, Hkv*Dh] (one GEMM once fused)."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def forward(self, x: torch.Tensor, rope: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
                 kv_len: int | None) -> torch.Tensor:
-        q, gate = self.q_proj(x).unflatten(-1, (self.heads, 2 * self.head_dim)).chunk(2, dim=-1)  # [B, T, H, Dh]
-        k = self.k_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))  # [B, T, Hkv, Dh]
-        v = self.v_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
+        q, k, v = self.project(x)
+        q, gate = q.unflatten(-1, (self.heads, 2 * self.head_dim)).chunk(2, dim=-1)  # [B, T, H, Dh]
+        k = k.unflatten(-1, (self.kv_heads, self.head_dim))  # [B, T, Hkv, Dh]
+        v = v.unflatten(-1, (self.kv_heads, self.head_dim))
         q = rope_neox(self.q_norm(q), rope)
         k = rope_neox(self.k_norm(k), rope)
         keys, values = self.kv_cache.update(k, v, input_pos, slots, kv_len)

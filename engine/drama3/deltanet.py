@@ -16,6 +16,9 @@ Design choices:
   steps between chunks. `gated_delta_rule` uses the recurrent form for a single row (a
   decode step: no loop, no padding) and the chunked one otherwise; they are tested equal.
 - The gated output norm is a plain RMSNorm (weight, not 1 + weight) times silu(z).
+- The four input projections (qkv, z, b, a) all read x: `project` runs them, and the
+  fast path (fast.py `fuse_projections`) replaces it with one GEMM over their stacked
+  weights, split the same way.
 """
 
 from __future__ import annotations
@@ -112,6 +115,8 @@ class GatedRMSNorm(nn.Module):
 class GatedDeltaNet(nn.Module):
     """`linear_attn` of a backbone layer; parameter names follow the checkpoint."""
 
+    projections = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # the linears of `project`, in its order
+
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
         self.k_heads, self.v_heads = config.linear_num_key_heads, config.linear_num_value_heads
@@ -141,10 +146,14 @@ class GatedDeltaNet(nn.Module):
         self.recurrent_state = torch.zeros(slots, self.v_heads, self.k_dim, self.v_dim,
                                            device=device, dtype=torch.float32)
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [B, T, D] -> qkv [B, T, C], z [B, T, Hv*Dv], b and a [B, T, Hv] (one GEMM once fused)."""
+        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+
     def forward(self, x: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
         continuing = (input_pos[:, 0] > 0)[:, None, None]  # [B, 1, 1]: a row at position 0 starts a take
-        mixed = self.in_proj_qkv(x).transpose(1, 2)  # [B, C, T]
+        mixed, z, b, a = self.project(x)
+        mixed = mixed.transpose(1, 2)  # [B, C, T]
         window = torch.cat((self.conv_state[slots] * continuing, mixed), dim=-1)  # [B, C, K-1+T]
         self.conv_state[slots] = window[:, :, -(self.kernel - 1):]
         mixed = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.conv_channels)).transpose(1, 2)  # [B, T, C]
@@ -156,10 +165,10 @@ class GatedDeltaNet(nn.Module):
         k = l2_normalize(k.float().unflatten(-1, (self.k_heads, self.k_dim))).repeat_interleave(repeat, dim=2)
         q = q * self.k_dim ** -0.5  # [B, T, Hv, Dk]
         v = v.float().unflatten(-1, (self.v_heads, self.v_dim))  # [B, T, Hv, Dv]
-        beta = torch.sigmoid(self.in_proj_b(x).float())  # [B, T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())  # [B, T, Hv]
+        beta = torch.sigmoid(b.float())  # [B, T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # [B, T, Hv]
         state = self.recurrent_state[slots] * continuing[..., None]  # [B, Hv, Dk, Dv]
         out, state = self.rule(q, k, v, g, beta, state)  # [B, T, Hv, Dv]
         self.recurrent_state[slots] = state
-        z = self.in_proj_z(x).unflatten(-1, (self.v_heads, self.v_dim))  # [B, T, Hv, Dv]
+        z = z.unflatten(-1, (self.v_heads, self.v_dim))  # [B, T, Hv, Dv]
         return self.out_proj(self.norm(out, z).flatten(-2))

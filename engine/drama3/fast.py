@@ -1,6 +1,7 @@
 """The GPU fast path of Drama 3: kernels installed into a built model, and a graphed decode step.
 
-    install_fast_path(model)                     # fla DeltaNet prefill; torch.compile'd decode layers
+    fuse_projections(model)                      # one GEMM per group of linears over one input (any device)
+    install_fast_path(model)                     # fused projections; fla DeltaNet prefill; compiled decode layers
     decoder = GraphedDecoder(model, max_rows)    # a Decoder whose step replays CUDA graphs
     decoder.capture(max_rows)                    # before the first take (warm-up)
     take(decoder, codec, prompt, ..., step=decoder.replay)
@@ -9,6 +10,14 @@ Design choices:
 - Serving concerns are transformations of an already-built model (gpt-fast's
   `apply_tp`, `replace_linear_int8`): the model files know nothing of kernels or graphs,
   and the eager path stays available and identical (tests compare the two).
+- Projections that read the same input run as one GEMM over their stacked weights
+  (nano-vllm's packed modules, done after loading): DeltaNet qkv/z/b/a, attention q/k/v,
+  router gate + shared-expert gate, shared-expert gate/up, tower w1/w3. A module lists
+  them in its `projections` and runs them in `project`; `fuse_projections` replaces that
+  method with a `PackedLinear`. The stacked weight owns the memory and each Linear's
+  weight becomes a view of its rows, so nothing is stored twice and `state_dict` keeps
+  the checkpoint's names, shapes and dtypes (the stacked weight is a non-persistent
+  buffer). Fuse on the model's final device: `.to()` afterwards copies the views apart.
 - Gated DeltaNet prefill runs flash-linear-attention's chunked kernel; one-row decode
   calls keep the plain recurrence, which torch.compile fuses.
 - Decode calls (one row per slot) of every backbone and tower layer run torch.compile'd
@@ -26,14 +35,52 @@ Design choices:
 
 from __future__ import annotations
 
-import torch
-
 from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 from engine.drama3.deltanet import GatedDeltaNet, recurrent_delta_rule
 from engine.drama3.generate import KV_BUCKET_ROWS, Decoder
 from engine.drama3.model import Drama3Model
 from engine.graphs import StepGraphs
+
+
+class PackedLinear(nn.Module):
+    """Bias-free linears over one input as one GEMM: `weight` [sum N_i, D] stacks theirs.
+
+    Each Linear's weight is re-pointed to a view of its rows (same storage), so the
+    model holds every weight once and keeps its checkpoint names."""
+
+    def __init__(self, linears: list[nn.Linear]) -> None:
+        super().__init__()
+        if any(linear.bias is not None for linear in linears):
+            raise ValueError("PackedLinear packs bias-free linears only")
+        with torch.no_grad():
+            weight = torch.cat([linear.weight for linear in linears])  # [sum N_i, D], their dtype
+        self.register_buffer("weight", weight, persistent=False)  # state_dict keeps the views' names
+        self.sizes = [linear.out_features for linear in linears]
+        for linear, rows in zip(linears, weight.split(self.sizes)):
+            linear.weight = nn.Parameter(rows, requires_grad=False)  # a view: the old tensor is freed
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [..., D] -> one [..., N_i] view per packed linear, in their order."""
+        return F.linear(x, self.weight).split(self.sizes, dim=-1)
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Run each module's `projections` as one GEMM (see the module docstring); return how
+    many modules were fused now (0 when called again)."""
+    fused = 0
+    for module in list(model.modules()):
+        names = getattr(type(module), "projections", None)
+        if names is None or isinstance(getattr(module, "packed", None), PackedLinear):
+            continue
+        module.packed = PackedLinear([getattr(module, name) for name in names])
+        module.project = module.packed.forward  # shadows the class's `project` (the separate linears)
+        fused += 1
+    return fused
 
 
 def fla_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -68,10 +115,11 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True,
 
     compile_prefill (off by default until measured, see docs/perf.md) also compiles the
     layers for prefill chunks: eager prefill launches every small op from Python."""
-    """Install the GPU fast path into `model` (a no-op on CPU); return what was installed."""
     installed: list[str] = []
     if model.candidate_head.device.type != "cuda":
         return installed
+    fuse_projections(model)  # before compiling: the compiled layers trace the packed GEMMs
+    installed.append("fused_projections")
     try:
         import fla.ops.gated_delta_rule  # noqa: F401
     except ImportError:

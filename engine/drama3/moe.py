@@ -20,6 +20,9 @@ Design choices:
   and 128-channel group), the Triton kernel of engine/kernels/fp8_moe.py, which reads the
   same buffers (graph-safe for a few rows). The plain paths above are its CPU stand-in
   (weights dequantised, activations not quantised).
+- Linears that read the same input have a `project` method: the router `gate` with
+  `shared_expert_gate`, and the shared expert's gate_proj with up_proj. The fast path
+  (fast.py `fuse_projections`) replaces each with one GEMM over the stacked weights.
 """
 
 from __future__ import annotations
@@ -106,18 +109,27 @@ def experts_grouped(experts: Experts, x: torch.Tensor, index: torch.Tensor, weig
 class MLP(nn.Module):
     """The shared expert: a SwiGLU with checkpoint names gate_proj, up_proj, down_proj."""
 
+    projections = ("gate_proj", "up_proj")  # the linears of `project`, in its order
+
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, D] -> gate and up [N, I] (one GEMM once fused)."""
+        return self.gate_proj(x), self.up_proj(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.project(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class SparseMoE(nn.Module):
     """`mlp` of a backbone layer: router `gate`, `experts`, `shared_expert`, `shared_expert_gate`."""
+
+    projections = ("gate", "shared_expert_gate")  # the linears of `project`, in its order
 
     def __init__(self, config: TextConfig, fp8: bool) -> None:
         super().__init__()
@@ -127,15 +139,24 @@ class SparseMoE(nn.Module):
         self.shared_expert = MLP(config.hidden_size, config.shared_expert_intermediate_size)
         self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, D] -> router logits [N, E] and the shared expert's gate logit [N, 1] (one GEMM once fused)."""
+        return self.gate(x), self.shared_expert_gate(x)
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, D] -> experts [N, k] and their renormalised float32 weights [N, k]."""
-        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [N, E]
+        return self.top_experts(self.gate(x))
+
+    def top_experts(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits [N, E] -> experts [N, k] and their renormalised float32 weights [N, k]."""
+        probs = torch.softmax(logits.float(), dim=-1)  # [N, E]
         weights, experts = probs.topk(self.top_k, dim=-1)
         return experts, weights / weights.sum(-1, keepdim=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(0, -2)  # [N, D]
-        experts, weights = self.route(flat)
+        router_logits, shared_logit = self.project(flat)
+        experts, weights = self.top_experts(router_logits)
         routed = self.experts(flat, experts, weights)
-        shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        shared = torch.sigmoid(shared_logit) * self.shared_expert(flat)
         return (routed + shared).view_as(x)

@@ -26,6 +26,8 @@ Design choices:
   position. Layers accept [B, D] rows (with [B] codes and positions) or [B, T, D].
 - Module names follow the checkpoint keys inside each layer; the loader's rename table
   maps the layer stacks and `semantic_embedding` / `codebook_embedding` to `embedding`.
+- `wqkv` comes fused in the checkpoint; the feed-forward's w1 and w3 are separate, run by
+  its `project`, which the fast path (fast.py `fuse_projections`) makes one GEMM.
 """
 
 from __future__ import annotations
@@ -62,14 +64,21 @@ class TowerAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
+    projections = ("w1", "w3")  # the linears of `project`, in its order
+
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
         self.w1 = nn.Linear(dim, hidden, bias=False)  # gate
         self.w3 = nn.Linear(dim, hidden, bias=False)  # up
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, D] -> gate and up [B, T, hidden] (one GEMM once fused)."""
+        return self.w1(x), self.w3(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.project(x)
+        return self.w2(F.silu(gate) * up)
 
 
 class TowerBlock(nn.Module):

@@ -1,0 +1,106 @@
+"""Fused projections (fast.py `fuse_projections`) against the plain model on the tiny
+checkpoint: same prefill hidden states and decode frames, every weight stored once under
+its checkpoint name and dtype, and one GEMM per packed group in the decode step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.bench.drama3 import step_op_counts
+from engine.drama3.checkpoint import load_model
+from engine.drama3.fast import PackedLinear, fuse_projections
+from engine.drama3.generate import Decoder
+from engine.drama3.prompt import build_prompt
+from engine.drama3.sampling import Sampling
+
+
+def stored_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the distinct storages behind the model's parameters and buffers."""
+    storages = {}
+    for tensor in (*model.parameters(), *model.buffers()):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fusing_stores_each_weight_once_under_its_checkpoint_name(tiny_checkpoint, dtype) -> None:
+    model, _, _ = load_model(tiny_checkpoint, device="cpu", dtype=dtype)  # its own: fusing changes the model
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    bytes_before = stored_bytes(model)
+    # 3 DeltaNet + 1 attention + 4 routers + 4 shared experts + 13 tower feed-forwards
+    assert fuse_projections(model) == 25
+    assert fuse_projections(model) == 0  # a second call finds them fused
+    assert stored_bytes(model) == bytes_before
+    after = model.state_dict()
+    assert list(after) == list(before)
+    for name, tensor in before.items():
+        assert after[name].dtype == tensor.dtype and torch.equal(after[name], tensor), name
+    deltanet = model.backbone.layers[0].linear_attn
+    assert deltanet.A_log.dtype == deltanet.dt_bias.dtype == torch.float32
+    assert model.backbone.layers[0].mlp.experts.w13.dtype == torch.float8_e4m3fn
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert len(packed) == 25 and all(p.weight.dtype == dtype for p in packed)
+    for module in model.modules():
+        for name in getattr(type(module), "projections", ()):
+            weight = getattr(module, name).weight
+            assert weight.untyped_storage().data_ptr() == module.packed.weight.untyped_storage().data_ptr()
+
+
+@pytest.fixture(scope="module")
+def plain_and_fused(tiny_checkpoint):
+    plain, config, tokenizer = load_model(tiny_checkpoint, device="cpu", dtype=torch.float32)
+    fused, _, _ = load_model(tiny_checkpoint, device="cpu", dtype=torch.float32)
+    fuse_projections(fused)
+    prompt = build_prompt("Fused or not, the same take.", None, [], Sampling(max_new_tokens=24, seed=3),
+                          tokenizer, config)
+    max_rows = len(prompt.rows) + 32
+    for model in (plain, fused):
+        model.setup_caches(1, max_rows, "cpu", torch.float32)
+    return plain, fused, prompt, max_rows
+
+
+@torch.inference_mode()
+def test_fused_model_prefills_and_decodes_like_the_plain_one(plain_and_fused) -> None:
+    plain, fused, prompt, max_rows = plain_and_fused
+    rows, slots = prompt.rows[None], torch.tensor([0])
+    positions = torch.arange(rows.shape[1])[None]
+    hidden = [model.backbone(model.embed(rows), positions, slots) for model in (plain, fused)]  # [1, R, D]
+    torch.testing.assert_close(hidden[1], hidden[0], rtol=1e-5, atol=1e-5)
+    frames, last_hidden = [], []
+    for model in (plain, fused):
+        decoder = Decoder(model, max_rows)
+        decoder.prefill(prompt)
+        taken = []
+        for step in range(prompt.sampling.max_new_tokens):
+            decoder.step(decoder.kv_len(len(prompt.rows) - 1 + step))
+            taken.append(decoder.frame[0].clone())
+        frames.append(torch.stack(taken))  # [steps, 11]
+        last_hidden.append(decoder.hidden.clone())
+    assert torch.equal(frames[1], frames[0])
+    assert len(frames[0][:, 0].unique()) > 1  # a real take, not one repeated frame
+    torch.testing.assert_close(last_hidden[1], last_hidden[0], rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_a_fused_step_runs_one_gemm_per_packed_group(plain_and_fused) -> None:
+    plain, fused, prompt, max_rows = plain_and_fused
+    counts = []
+    for model in (plain, fused):
+        decoder = Decoder(model, max_rows)
+        decoder.prefill(prompt)
+        counts.append(step_op_counts(decoder, decoder.kv_len(len(prompt.rows) - 1)))
+    plain_counts, fused_counts = counts
+    layers = {"deltanet": [layer for layer in plain.backbone.layers if not layer.full_attention],
+              "attention": [layer for layer in plain.backbone.layers if layer.full_attention],
+              "tower": [*plain.tower.shared_layers, *plain.tower.residual_layers]}
+    # One GEMM saved per packed linear beyond the first of its group.
+    saved = {part: sum(len(m.projections) - 1 for layer in group for m in layer.modules() if hasattr(m, "projections"))
+             for part, group in layers.items()}
+    assert saved == {"deltanet": 3 * (3 + 1 + 1), "attention": 2 + 1 + 1, "tower": 13}  # qkvzba|qkv, router, shared
+    for part, fewer in saved.items():
+        for key in ("gemms", "linears", "ops"):  # a split launches nothing: every saved GEMM is a saved op
+            assert plain_counts[f"{part}_{key}"] - fused_counts[f"{part}_{key}"] == fewer, (part, key)
+    assert plain_counts["other_ops"] == fused_counts["other_ops"]
+    assert plain_counts["ops"] - fused_counts["ops"] == sum(saved.values())
