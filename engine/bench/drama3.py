@@ -237,9 +237,11 @@ def step_op_counts(decoder, kv_len: int) -> dict[str, int]:
 
 
 def bench_decode(model, config, device: torch.device, steps: int, compile_layers: bool,
-                 compile_prefill: bool = False) -> tuple[dict, list[str]]:
-    """Eager steps of the plain model, then the fast path installed: compiled steps and graph replays."""
-    from engine.drama3.fast import GraphedDecoder, install_fast_path
+                 compile_prefill: bool = False) -> tuple[list[dict], list[str]]:
+    """Eager steps of the plain model and its op counts, the same with projections fused,
+    then the fast path installed: compiled steps and graph replays. Rows: the decode row,
+    then one `step_ops` row (ops and GEMMs per part of the step) per model, plain and fused."""
+    from engine.drama3.fast import GraphedDecoder, fuse_projections, install_fast_path
     from engine.drama3.generate import Decoder
 
     max_rows = 300 + steps + 64
@@ -254,7 +256,23 @@ def bench_decode(model, config, device: torch.device, steps: int, compile_layers
     eager_ms = timed_ms(lambda: eager.step(bucket), device, steps)
     row = {"bench": "decode", "kv_rows": bucket, "steps": steps,
            "eager_ms": round(statistics.median(eager_ms), 3)}
+    plain_ops = step_op_counts(eager, bucket)
+    fuse_projections(model)  # the fast path's first step, measured on its own (install finds it done)
+    fused_ops = step_op_counts(eager, bucket)
+    row.update(ops_per_step=plain_ops["ops"], gemms_per_step=plain_ops["gemms"],
+               fused_ops_per_step=fused_ops["ops"], fused_gemms_per_step=fused_ops["gemms"])
+    text = config.text
+    layers = {"deltanet": len(text.linear_attention_layers), "attention": len(text.full_attention_layers),
+              "tower": config.tower.n_layer + config.tower.residual_layers, "other": None}
+    op_rows = [{"bench": "step_ops", "fused": fused, **{f"{part}_layers": n for part, n in layers.items() if n},
+                **{f"{part}_{key}": counts.get(f"{part}_{key}", 0) for part in layers for key in ("ops", "gemms")}}
+               for fused, counts in ((False, plain_ops), (True, fused_ops))]
+    eager.prefill(prompt)  # the steps above used up rows: start the take again
+    for _ in range(3):
+        eager.step(bucket)
+    row["fused_eager_ms"] = round(statistics.median(timed_ms(lambda: eager.step(bucket), device, steps)), 3)
     installed = install_fast_path(model, compile_layers=compile_layers, compile_prefill=compile_prefill)
+    installed = ["fused_projections"] + [name for name in installed if name != "fused_projections"]  # also on CPU
     if compile_layers and device.type == "cuda":
         started = time.perf_counter()
         eager.prefill(prompt)
@@ -280,7 +298,7 @@ def bench_decode(model, config, device: torch.device, steps: int, compile_layers
     row["floor_ms"] = round(step_bytes / bandwidth * 1000, 3)
     row["ratio_to_floor"] = round(row["graph_ms"] / row["floor_ms"], 2)
     row["frames_per_s"] = round(1000 / row["graph_ms"], 1)
-    return row, installed
+    return [row, *op_rows], installed
 
 
 def bench_prefill(model, config, device: torch.device) -> list[dict]:
@@ -372,9 +390,9 @@ def run(args: argparse.Namespace) -> int:
         built_s = time.perf_counter() - started
         rows: list[dict] = []
         if args.bench in ("decode", "takes"):
-            row, installed = bench_decode(model, config, device, args.steps, not args.no_compile,
-                                          args.compile_prefill)
-            rows.append(row)
+            decode_rows, installed = bench_decode(model, config, device, args.steps, not args.no_compile,
+                                                  args.compile_prefill)
+            rows += decode_rows
         else:
             from engine.drama3.fast import install_fast_path
 
