@@ -1,6 +1,7 @@
 """Fused projections (fast.py `fuse_projections`) against the plain model on the tiny
 checkpoint: same prefill hidden states and decode frames, every weight stored once under
-its checkpoint name and dtype, and one GEMM per packed group in the decode step."""
+its checkpoint name and dtype, and one GEMM per packed group in the decode step. The
+comparisons run on the CPU and, marked gpu, on CUDA (float32 both)."""
 
 from __future__ import annotations
 
@@ -48,24 +49,27 @@ def test_fusing_stores_each_weight_once_under_its_checkpoint_name(tiny_checkpoin
             assert weight.untyped_storage().data_ptr() == module.packed.weight.untyped_storage().data_ptr()
 
 
-@pytest.fixture(scope="module")
-def plain_and_fused(tiny_checkpoint):
-    plain, config, tokenizer = load_model(tiny_checkpoint, device="cpu", dtype=torch.float32)
-    fused, _, _ = load_model(tiny_checkpoint, device="cpu", dtype=torch.float32)
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def plain_and_fused(request, tiny_checkpoint):
+    """Two float32 models of the tiny checkpoint on the device, the second fused."""
+    device = request.param
+    plain, config, tokenizer = load_model(tiny_checkpoint, device=device, dtype=torch.float32)
+    fused, _, _ = load_model(tiny_checkpoint, device=device, dtype=torch.float32)
     fuse_projections(fused)
     prompt = build_prompt("Fused or not, the same take.", None, [], Sampling(max_new_tokens=24, seed=3),
                           tokenizer, config)
     max_rows = len(prompt.rows) + 32
     for model in (plain, fused):
-        model.setup_caches(1, max_rows, "cpu", torch.float32)
+        model.setup_caches(1, max_rows, device, torch.float32)
     return plain, fused, prompt, max_rows
 
 
 @torch.inference_mode()
 def test_fused_model_prefills_and_decodes_like_the_plain_one(plain_and_fused) -> None:
     plain, fused, prompt, max_rows = plain_and_fused
-    rows, slots = prompt.rows[None], torch.tensor([0])
-    positions = torch.arange(rows.shape[1])[None]
+    device = plain.candidate_head.device
+    rows, slots = prompt.rows[None].to(device), torch.tensor([0], device=device)
+    positions = torch.arange(rows.shape[1], device=device)[None]
     hidden = [model.backbone(model.embed(rows), positions, slots) for model in (plain, fused)]  # [1, R, D]
     torch.testing.assert_close(hidden[1], hidden[0], rtol=1e-5, atol=1e-5)
     frames, last_hidden = [], []
@@ -76,8 +80,8 @@ def test_fused_model_prefills_and_decodes_like_the_plain_one(plain_and_fused) ->
         for step in range(prompt.sampling.max_new_tokens):
             decoder.step(decoder.kv_len(len(prompt.rows) - 1 + step))
             taken.append(decoder.frame[0].clone())
-        frames.append(torch.stack(taken))  # [steps, 11]
-        last_hidden.append(decoder.hidden.clone())
+        frames.append(torch.stack(taken).cpu())  # [steps, 11]
+        last_hidden.append(decoder.hidden.cpu())
     assert torch.equal(frames[1], frames[0])
     assert len(frames[0][:, 0].unique()) > 1  # a real take, not one repeated frame
     torch.testing.assert_close(last_hidden[1], last_hidden[0], rtol=1e-5, atol=1e-5)
