@@ -343,7 +343,7 @@ class TakeDone:
 class History:
     take_ids: list[int]  # oldest first
     dropped: list[int]  # kept takes left out because the prompt would pass max_prompt_rows
-    take_id: int | None = None  # the take this history conditions; null = the next take
+    take_id: int | None = None  # the take this history conditions; null = every kept take of the script
     type: Literal["history"] = "history"
 
 
