@@ -23,6 +23,7 @@ Design choices:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import sqlite3
@@ -99,6 +100,21 @@ MIGRATIONS: tuple[str, ...] = (
     "ALTER TABLE lines ADD COLUMN deleted_ms INTEGER;",
 )
 STOPPED_DURING_TAKE = "the server stopped during this take"
+
+
+class NewerSchema(RuntimeError):
+    """The database file was written by a newer Retake; this one cannot use it."""
+
+
+def check_schema(path: Path) -> None:
+    """Raise NewerSchema if the file at `path` (if any) is from a newer Retake; changes nothing."""
+    if not path.is_file():
+        return
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version > len(MIGRATIONS):
+        raise NewerSchema(f"{path} was written by a newer Retake (schema {version}, this one knows "
+                          f"{len(MIGRATIONS)}); upgrade Retake or use another --data-dir")
 
 
 def now_ms() -> int:
@@ -193,6 +209,7 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        check_schema(path)
         self.path = path
         # isolation_level=None: autocommit, with explicit transactions around multi-statement writes.
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -212,9 +229,6 @@ class Store:
 
     def _migrate(self) -> None:
         version = int(self.db.execute("PRAGMA user_version").fetchone()[0])
-        if version > len(MIGRATIONS):
-            raise RuntimeError(f"{self.path} was written by a newer Retake (schema {version}, this one knows "
-                               f"{len(MIGRATIONS)}); upgrade Retake or use another --data-dir")
         for number in range(version + 1, len(MIGRATIONS) + 1):
             # executescript commits first; BEGIN ... COMMIT makes each migration all or nothing.
             self.db.executescript(f"BEGIN; {MIGRATIONS[number - 1]} PRAGMA user_version={number}; COMMIT;")

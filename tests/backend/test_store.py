@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from backend.protocol import CharacterSpec, SamplingInfo
-from backend.store import MIGRATIONS, STOPPED_DURING_TAKE, Store, StoredReference
+from backend.cli import main
+from backend.store import MIGRATIONS, STOPPED_DURING_TAKE, NewerSchema, Store, StoredReference
 
 V0_DATABASE = Path(__file__).parents[1] / "fixtures" / "store" / "retake-v0.sqlite3"
 SAMPLING: SamplingInfo = {"temperature": 1.0, "top_p": 0.9, "top_k": 30, "max_new_tokens": 20, "seed": 5}
@@ -164,13 +165,17 @@ def test_a_database_from_before_the_script_opens_with_its_data(tmp_path: Path) -
         assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
 
 
-def test_a_database_from_a_newer_retake_is_refused(tmp_path: Path) -> None:
+def test_a_database_from_a_newer_retake_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "retake.sqlite3"
     Store(path).close()
     with sqlite3.connect(path) as db:
         db.execute(f"PRAGMA user_version={len(MIGRATIONS) + 1}")
-    with pytest.raises(RuntimeError, match="written by a newer Retake"):
+    with pytest.raises(NewerSchema, match="written by a newer Retake"):
         Store(path)
+    assert main(["serve", "--data-dir", str(tmp_path)]) == 2  # before any engine loads
+    assert capsys.readouterr().err == (f"retake serve: {path} was written by a newer Retake (schema "
+                                       f"{len(MIGRATIONS) + 1}, this one knows {len(MIGRATIONS)}); upgrade Retake "
+                                       "or use another --data-dir\n")
 
 
 def test_sessions_do_not_see_each_others_takes(tmp_path: Path) -> None:
