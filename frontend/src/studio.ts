@@ -125,8 +125,6 @@ export class Studio {
     return this.player;
   }
 
-  // ─── directing actions ─────────────────────────────────────────────────────
-
   // ─── the script ────────────────────────────────────────────────────────────
 
   /** After an edit of the script: show it, store the draft, and send it (text after a pause). */
@@ -146,6 +144,8 @@ export class Studio {
       this.nextRef(edit.kind === "order" ? "session" : `line:${edit.lineId}`));
     for (const message of messages) this.socket.send(message);
   }
+
+  // ─── directing actions ─────────────────────────────────────────────────────
 
   /** Start a take of a line (a retake if it has takes): it plays as it streams. */
   takeLine(lineId: string): void {
