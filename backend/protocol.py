@@ -13,6 +13,9 @@ samples that the TypeScript side, frontend/src/protocol.ts, is tested against to
   guesses between "missing" and "null".
 - Audio travels as binary frames: a 16-byte little-endian header, then PCM16 samples.
   Control never travels in binary frames, and the client never sends binary frames.
+- The script (lines and their order) is the server's: `line.set`, `line.delete` and
+  `line.order` change it, and each is answered with the whole script (`script`), so a client
+  converges on what was stored whatever it guessed locally.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ ErrorCode = Literal[
     "session_taken_over",  # another socket resumed this session; this one is closed
     "too_many_sessions",  # limits.max_sessions sockets are open; the socket is closed
     "unknown_take",  # a take_id that is not a take of this session
+    "unknown_line",  # a line_id (or `after`) that is not a line of this session's script
+    "too_many_lines",  # the script holds limits.max_lines_per_session lines
     "take_not_finished",  # keep (or use as history) a take that is still queued or running
     "take_not_usable",  # keep (or use as history) a take without audio (error, or 0 frames)
     "too_many_takes",  # the session holds limits.max_takes_per_session takes
@@ -145,13 +150,41 @@ class TakeDrop:
 
 
 @dataclass(frozen=True)
+class LineSet:
+    """Create a line or change its text; with `place`, also move it after `after` (None: to the top)."""
+
+    line_id: str
+    text: str  # may be empty: a line being written
+    after: str | None = None
+    place: bool = False  # whether the message gave `after`; without it a new line goes last, a known one stays
+    ref: str | None = None
+    type: Literal["line.set"] = "line.set"
+
+
+@dataclass(frozen=True)
+class LineDelete:
+    line_id: str
+    ref: str | None = None
+    type: Literal["line.delete"] = "line.delete"
+
+
+@dataclass(frozen=True)
+class LineOrder:
+    line_ids: tuple[str, ...]  # every line of the script, once, top first
+    ref: str | None = None
+    type: Literal["line.order"] = "line.order"
+
+
+@dataclass(frozen=True)
 class Ping:
     t: float | None = None  # echoed in pong
     ref: str | None = None
     type: Literal["ping"] = "ping"
 
 
-ClientMessage: TypeAlias = SessionOpen | VoiceSet | TakeStart | TakeCancel | TakeKeep | TakeDrop | Ping
+ClientMessage: TypeAlias = (
+    SessionOpen | VoiceSet | LineSet | LineDelete | LineOrder | TakeStart | TakeCancel | TakeKeep | TakeDrop | Ping
+)
 
 
 @dataclass(frozen=True)
@@ -165,6 +198,7 @@ class Limits:
     max_text_chars: int = 2000
     max_id_chars: int = 128
     max_takes_per_session: int = 1000
+    max_lines_per_session: int = 1000
     max_sessions: int = 64
     max_queue: int = 16
     default_deadline_ms: int = 120_000
@@ -199,8 +233,8 @@ class VoiceInfo(TypedDict):
 
 class LineInfo(TypedDict):
     line_id: str
-    text: str  # the text of the line's latest take
-    position: int  # 0, 1, ... in order of first use in the session
+    text: str  # set by line.set, or by the line's latest take.start
+    position: int  # 0, 1, ... in script order
 
 
 class SamplingInfo(TypedDict):
@@ -240,9 +274,9 @@ class SessionReady:
     demo_weights: bool
     limits: dict[str, int | float]
     voice: VoiceInfo | None
-    lines: list[LineInfo]
-    takes: list[TakeInfo]
-    history: list[int]  # the take ids that will condition the next take with history "kept"
+    lines: list[LineInfo]  # the script, in order (lines without takes too; deleted lines not)
+    takes: list[TakeInfo]  # every take, those of deleted lines too
+    history: list[int]  # every kept take of the script, in script order
     protocol: int = PROTOCOL_VERSION
     ref: str | None = None
     type: Literal["session.ready"] = "session.ready"
@@ -256,11 +290,22 @@ class VoiceReady:
 
 
 @dataclass(frozen=True)
+class Script:
+    """The script after a line.set / line.delete / line.order (the reply to each)."""
+
+    lines: list[LineInfo]  # in script order
+    history: list[int]  # every kept take of the script, in script order
+    ref: str | None = None
+    type: Literal["script"] = "script"
+
+
+@dataclass(frozen=True)
 class TakeQueued:
     take_id: int
     line_id: str
     position: int  # jobs ahead of this take in the engine queue
     deadline_ms: int
+    audio_url: str  # the take's WAV export once it is done
     ref: str | None = None
     type: Literal["take.queued"] = "take.queued"
 
@@ -289,6 +334,7 @@ class TakeDone:
     frames: int
     samples: int
     attempts: int
+    audio_url: str
     error: str | None = None
     type: Literal["take.done"] = "take.done"
 
@@ -297,7 +343,7 @@ class TakeDone:
 class History:
     take_ids: list[int]  # oldest first
     dropped: list[int]  # kept takes left out because the prompt would pass max_prompt_rows
-    take_id: int | None = None  # the take this history conditions; null = the next take
+    take_id: int | None = None  # the take this history conditions; null = every kept take of the script
     type: Literal["history"] = "history"
 
 
@@ -323,7 +369,7 @@ class Pong:
 
 
 ServerMessage: TypeAlias = (
-    SessionReady | VoiceReady | TakeQueued | TakeStarted | TakeRetry | TakeDone | History | Error | Pong
+    SessionReady | VoiceReady | Script | TakeQueued | TakeStarted | TakeRetry | TakeDone | History | Error | Pong
 )
 
 
@@ -394,6 +440,37 @@ def _take_id(obj: JsonObject) -> int:
     take_id = _integer(obj, "take_id", 1, 2**32 - 1)
     assert take_id is not None
     return take_id
+
+
+def _line_ids(value: object, limits: Limits) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise _bad("line_ids", "a list of line ids")
+    if len(value) > limits.max_lines_per_session:
+        raise _bad("line_ids", f"at most {limits.max_lines_per_session} line ids")
+    ids: list[str] = []
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip() or len(item) > limits.max_id_chars:
+            raise _bad(f"line_ids.{index}", f"a line id (a non-empty string of at most {limits.max_id_chars} characters)")
+        ids.append(item)
+    if len(set(ids)) != len(ids):
+        twice = next(i for i in ids if ids.count(i) > 1)
+        raise _bad("line_ids", f"a list of distinct line ids ({twice[:64]!r} is there twice)")
+    return tuple(ids)
+
+
+def _line_set(obj: JsonObject, limits: Limits, ref: str | None) -> LineSet:
+    line_id = _string(obj, "line_id", limits.max_id_chars)
+    assert line_id is not None
+    text = obj.get("text")
+    if not isinstance(text, str):
+        raise _bad("text", "a string (empty for a line not written yet)")
+    if len(text) > limits.max_text_chars:
+        raise _bad("text", f"at most {limits.max_text_chars} characters (got {len(text)})")
+    place = "after" in obj
+    after = _string(obj, "after", limits.max_id_chars, required=False) if place else None
+    if after == line_id:
+        raise _bad("after", "another line's id (a line cannot follow itself)")
+    return LineSet(line_id, text, after, place, ref)
 
 
 def _sampling(obj: JsonObject | None, limits: Limits) -> SamplingSpec:
@@ -489,6 +566,14 @@ def _parse(obj: JsonObject, limits: Limits, ref: str | None) -> ClientMessage:
         return SessionOpen(_string(obj, "session_id", limits.max_id_chars, required=False), ref)
     if kind == "voice.set":
         return _voice(obj, limits, ref)
+    if kind == "line.set":
+        return _line_set(obj, limits, ref)
+    if kind == "line.delete":
+        line_id = _string(obj, "line_id", limits.max_id_chars)
+        assert line_id is not None
+        return LineDelete(line_id, ref)
+    if kind == "line.order":
+        return LineOrder(_line_ids(obj.get("line_ids"), limits), ref)
     if kind == "take.start":
         line_id = _string(obj, "line_id", limits.max_id_chars)
         text = _string(obj, "text", limits.max_text_chars)

@@ -9,6 +9,9 @@ Design choices:
   forwards them. `take.done` goes to whichever socket holds the session when the take ends
   (a resumed session learns how its interrupted take ended); audio only to the socket that
   asked for it.
+- The script is the server's: line.set / line.delete / line.order each answer with the whole
+  script (`script`). A take of a line with history "kept" hears the kept takes of the lines
+  above it, in script order, so reordering the script reorders what the model hears.
 - `Outbox` is the bounded per-socket send queue: control messages always go in; audio goes in
   only while fewer than `send_queue_frames` frames wait, else the take is stopped, so a client
   that does not read cannot make the server hold its audio without bound.
@@ -28,7 +31,7 @@ import torch
 from backend import protocol as p
 from backend.loop import Busy, TakeJob, TakeOutcome
 from backend.state import ServerState
-from backend.store import StoredReference, StoredTake, StoredVoice
+from backend.store import StoredReference, StoredTake, StoredVoice, audio_url
 from engine import AudioWindow, Character, Drama3Engine, HistoryTurn, Prompt, Reference, RequestError, Sampling
 
 
@@ -172,8 +175,8 @@ class LiveTake:
                                      attempts=outcome.attempts, codes=outcome.codes)
         self.state.metrics.take_done(outcome.finish_reason, outcome.timings)
         frames = 0 if outcome.codes is None else int(outcome.codes.shape[1])
-        message = p.TakeDone(self.take_id, outcome.finish_reason, outcome.timings,
-                             frames, outcome.samples, outcome.attempts, outcome.error)
+        message = p.TakeDone(self.take_id, outcome.finish_reason, outcome.timings, frames, outcome.samples,
+                             outcome.attempts, audio_url(self.session_id, self.take_id), outcome.error)
         holder = self.state.sessions.get(self.session_id, self.session)
         holder.outbox.message(message)
         for session in (self.session, holder):
@@ -277,6 +280,50 @@ class Session:
             session_id, [StoredReference(text, c) for (_a, text), c in zip(references, codes)], character)
         self.outbox.message(p.VoiceReady(None if stored is None else stored.info(), message.ref))
 
+    # The script -----------------------------------------------------------------
+
+    def script(self, session_id: str, ref: str | None) -> p.Script:
+        store = self.state.store
+        return p.Script(store.lines(session_id), store.kept_history(session_id), ref)
+
+    def check_new_line(self, line_id: str, script: list[str]) -> None:
+        limit = self.limits.max_lines_per_session
+        if line_id not in script and len(script) >= limit:
+            raise p.ProtocolError("too_many_lines", f"the script holds {limit} lines, the most it may; delete "
+                                                    "a line first")
+
+    def set_line(self, message: p.LineSet) -> None:
+        session_id = self.require_open()
+        store = self.state.store
+        script = store.line_ids(session_id)
+        self.check_new_line(message.line_id, script)
+        if message.after is not None and message.after not in script:
+            raise p.ProtocolError("unknown_line", f"after: {message.after[:64]!r} is not a line of the script")
+        store.set_line(session_id, message.line_id, message.text, after=message.after, place=message.place)
+        self.outbox.message(self.script(session_id, message.ref))
+
+    def delete_line(self, message: p.LineDelete) -> None:
+        session_id = self.require_open()
+        if message.line_id not in self.state.store.line_ids(session_id):
+            raise p.ProtocolError("unknown_line", f"{message.line_id[:64]!r} is not a line of the script")
+        self.state.store.delete_line(session_id, message.line_id)
+        self.outbox.message(self.script(session_id, message.ref))
+
+    def order_lines(self, message: p.LineOrder) -> None:
+        session_id = self.require_open()
+        script = self.state.store.line_ids(session_id)
+        unknown = [line_id for line_id in message.line_ids if line_id not in script]
+        if unknown:
+            raise p.ProtocolError("unknown_line", f"line_ids: {unknown[0][:64]!r} is not a line of the script")
+        missing = [line_id for line_id in script if line_id not in message.line_ids]
+        if missing:
+            named = ", ".join(repr(line_id[:64]) for line_id in missing[:3]) + (" ..." if len(missing) > 3 else "")
+            raise p.ProtocolError("bad_field", f"line_ids must list every line of the script once; missing {named}")
+        self.state.store.set_order(session_id, list(message.line_ids))
+        self.outbox.message(self.script(session_id, message.ref))
+
+    # Takes ----------------------------------------------------------------------
+
     def usable_take(self, session_id: str, take_id: int) -> StoredTake:
         take = self.state.store.take(session_id, take_id)
         if take is None:
@@ -294,12 +341,13 @@ class Session:
         state, store, limits = self.state, self.state.store, self.limits
         self.supersede()
         if message.history == "kept":
-            history_ids = store.kept_history(session_id)
+            history_ids = store.kept_history(session_id, message.line_id)  # the lines above this one
         else:
             history_ids = [self.usable_take(session_id, take_id).take_id for take_id in message.history]
         if store.count_takes(session_id) >= limits.max_takes_per_session:
             raise p.ProtocolError("too_many_takes", f"this session holds {limits.max_takes_per_session} takes, "
                                                     "the most it may; open a new session")
+        self.check_new_line(message.line_id, store.line_ids(session_id))
         if state.engine_loop.depth >= limits.max_queue:
             retry_ms = round(1000 * max(0.5, state.engine_loop.last_take_s))
             raise p.ProtocolError("busy", f"the engine queue is full ({state.engine_loop.depth} waiting); retry in "
@@ -338,7 +386,8 @@ class Session:
             return
         self.active = live
         live.timer = loop.call_at(loop.time() + deadline_ms / 1000, live.expire)
-        self.outbox.message(p.TakeQueued(take.take_id, take.line_id, position, deadline_ms, message.ref))
+        self.outbox.message(p.TakeQueued(take.take_id, take.line_id, position, deadline_ms,
+                                         audio_url(session_id, take.take_id), message.ref))
 
     def keep(self, message: p.TakeKeep) -> None:
         session_id = self.require_open()
@@ -359,6 +408,12 @@ class Session:
         match message:
             case p.VoiceSet():
                 await self.set_voice(message)
+            case p.LineSet():
+                self.set_line(message)
+            case p.LineDelete():
+                self.delete_line(message)
+            case p.LineOrder():
+                self.order_lines(message)
             case p.TakeStart():
                 self.start_take(message)
             case p.TakeKeep():

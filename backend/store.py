@@ -12,10 +12,18 @@ Design choices:
 - Take ids come from one AUTOINCREMENT sequence over all sessions, so an id names one take
   on the whole server (the audio frame header carries it as u32).
 - Takes that were queued or running when the server stopped are finished as `error` on open.
+- The schema evolves by numbered migrations (`PRAGMA user_version`): `SCHEMA` is the first
+  version and stays as it was, a new file runs it and then every migration, so a file written
+  by an older server and a new one end up with the same tables.
+- The script: `lines.position` is a line's place (0, 1, ... over the lines not deleted),
+  rewritten whenever the order changes (a script is at most a thousand short rows). A deleted
+  line without takes is gone; one with takes stays, marked with `deleted_ms`, so its takes keep
+  their line, and setting that line again brings it back with its takes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import sqlite3
@@ -86,11 +94,35 @@ CREATE TABLE IF NOT EXISTS takes (
 );
 CREATE INDEX IF NOT EXISTS takes_by_session ON takes (session_id, take_id);
 """
+# Migration n brings a file from user_version n - 1 to n; never edit one that has shipped.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the script is stored: lines without takes, their order, deleted lines that have takes.
+    "ALTER TABLE lines ADD COLUMN deleted_ms INTEGER;",
+)
 STOPPED_DURING_TAKE = "the server stopped during this take"
+
+
+class NewerSchema(RuntimeError):
+    """The database file was written by a newer Retake; this one cannot use it."""
+
+
+def check_schema(path: Path) -> None:
+    """Raise NewerSchema if the file at `path` (if any) is from a newer Retake; changes nothing."""
+    if not path.is_file():
+        return
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version > len(MIGRATIONS):
+        raise NewerSchema(f"{path} was written by a newer Retake (schema {version}, this one knows "
+                          f"{len(MIGRATIONS)}); upgrade Retake or use another --data-dir")
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def audio_url(session_id: str, take_id: int) -> str:
+    return f"/sessions/{session_id}/takes/{take_id}.wav"
 
 
 def codes_to_blob(codes: np.ndarray) -> tuple[int, bytes]:
@@ -154,7 +186,7 @@ class StoredTake:
             "sampling": self.sampling, "history": self.history, "kept": self.kept, "state": self.state,
             "finish_reason": self.finish_reason, "error": self.error, "timings": self.timings,
             "frames": self.frames, "samples": self.samples, "attempts": self.attempts,
-            "audio_url": f"/sessions/{self.session_id}/takes/{self.take_id}.wav", "created_ms": self.created_ms,
+            "audio_url": audio_url(self.session_id, self.take_id), "created_ms": self.created_ms,
         }
 
 
@@ -177,6 +209,7 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        check_schema(path)
         self.path = path
         # isolation_level=None: autocommit, with explicit transactions around multi-statement writes.
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -185,6 +218,7 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
+        self._migrate()
         self.interrupted = self._finish_interrupted_takes()
 
     def close(self) -> None:
@@ -192,6 +226,12 @@ class Store:
 
     def _write(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
         return self.db.execute(sql, params)
+
+    def _migrate(self) -> None:
+        version = int(self.db.execute("PRAGMA user_version").fetchone()[0])
+        for number in range(version + 1, len(MIGRATIONS) + 1):
+            # executescript commits first; BEGIN ... COMMIT makes each migration all or nothing.
+            self.db.executescript(f"BEGIN; {MIGRATIONS[number - 1]} PRAGMA user_version={number}; COMMIT;")
 
     def _finish_interrupted_takes(self) -> int:
         cursor = self._write(
@@ -209,10 +249,62 @@ class Store:
     def has_session(self, session_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM sessions WHERE session_id=?", (session_id,)).fetchone() is not None
 
+    # The script ---------------------------------------------------------------
+
     def lines(self, session_id: str) -> list[LineInfo]:
-        rows = self.db.execute("SELECT line_id, text, position FROM lines WHERE session_id=? ORDER BY position",
-                               (session_id,)).fetchall()
-        return [{"line_id": r["line_id"], "text": r["text"], "position": r["position"]} for r in rows]
+        """The script in order (deleted lines left out)."""
+        rows = self.db.execute("SELECT line_id, text FROM lines WHERE session_id=? AND deleted_ms IS NULL "
+                               "ORDER BY position, rowid", (session_id,)).fetchall()
+        return [{"line_id": r["line_id"], "text": r["text"], "position": k} for k, r in enumerate(rows)]
+
+    def line_ids(self, session_id: str) -> list[str]:
+        return [line["line_id"] for line in self.lines(session_id)]
+
+    def _place(self, session_id: str, order: list[str]) -> None:
+        self.db.executemany("UPDATE lines SET position=? WHERE session_id=? AND line_id=?",
+                            [(k, session_id, line_id) for k, line_id in enumerate(order)])
+
+    def set_line(self, session_id: str, line_id: str, text: str, *, after: str | None = None,
+                 place: bool = False) -> None:
+        """Create the line (or bring a deleted one back) and set its text. With `place` the line
+        goes after `after` (None: first); without, a line new to the script goes last and one in
+        it stays. `after` must be another line of the script (the caller checks)."""
+        order = self.line_ids(session_id)
+        moves = place or line_id not in order  # else a text edit: the order stands
+        if moves:
+            rest = [i for i in order if i != line_id]
+            at = len(rest) if not place else 0 if after is None else rest.index(after) + 1
+            order = [*rest[:at], line_id, *rest[at:]]
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute(
+                "INSERT INTO lines (session_id, line_id, text, position) VALUES (?, ?, ?, -1) "
+                "ON CONFLICT (session_id, line_id) DO UPDATE SET text=excluded.text, deleted_ms=NULL",
+                (session_id, line_id, text))
+            if moves:
+                self._place(session_id, order)
+
+    def delete_line(self, session_id: str, line_id: str) -> None:
+        """Take the line out of the script: gone if it has no takes, else kept aside with them."""
+        with self.db:
+            self.db.execute("BEGIN")
+            has_takes = self.db.execute("SELECT 1 FROM takes WHERE session_id=? AND line_id=? LIMIT 1",
+                                        (session_id, line_id)).fetchone() is not None
+            if has_takes:
+                self.db.execute("UPDATE lines SET deleted_ms=?, position=-1 WHERE session_id=? AND line_id=?",
+                                (now_ms(), session_id, line_id))
+            else:
+                self.db.execute("DELETE FROM lines WHERE session_id=? AND line_id=?", (session_id, line_id))
+            rest = [r[0] for r in self.db.execute(
+                "SELECT line_id FROM lines WHERE session_id=? AND deleted_ms IS NULL ORDER BY position, rowid",
+                (session_id,))]
+            self._place(session_id, rest)
+
+    def set_order(self, session_id: str, order: list[str]) -> None:
+        """`order` lists every line of the script once (the caller checks)."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self._place(session_id, order)
 
     def takes(self, session_id: str) -> list[StoredTake]:
         rows = self.db.execute(f"SELECT {TAKE_COLUMNS} FROM takes WHERE session_id=? ORDER BY take_id",
@@ -265,14 +357,16 @@ class Store:
 
     def add_take(self, session_id: str, line_id: str, text: str, voice_id: int | None,
                  sampling: SamplingInfo) -> StoredTake:
-        """A queued take; its line is created on first use and takes the take's text."""
+        """A queued take. Its line takes the take's text; a line not in the script (new, or
+        deleted) goes last."""
         created = now_ms()
         with self.db:
             self.db.execute("BEGIN")
             self.db.execute(
                 "INSERT INTO lines (session_id, line_id, text, position) VALUES (?, ?, ?, "
-                "(SELECT COUNT(*) FROM lines WHERE session_id=?)) "
-                "ON CONFLICT (session_id, line_id) DO UPDATE SET text=excluded.text",
+                "(SELECT COUNT(*) FROM lines WHERE session_id=? AND deleted_ms IS NULL)) "
+                "ON CONFLICT (session_id, line_id) DO UPDATE SET text=excluded.text, deleted_ms=NULL, "
+                "position=CASE WHEN lines.deleted_ms IS NULL THEN lines.position ELSE excluded.position END",
                 (session_id, line_id, text, session_id))
             take_id = self.db.execute(
                 "INSERT INTO takes (session_id, line_id, text, voice_id, sampling, created_ms) "
@@ -315,9 +409,15 @@ class Store:
     def set_kept(self, take_id: int, kept: bool) -> None:
         self._write("UPDATE takes SET kept=? WHERE take_id=?", (int(kept), take_id))
 
-    def kept_history(self, session_id: str) -> list[int]:
-        """The kept takes in scene order: by their line's position, then by take id."""
+    def kept_history(self, session_id: str, line_id: str | None = None) -> list[int]:
+        """The kept takes of the script in script order (by line, then take id): all of them, or,
+        given a line of the script, those of the lines above it (what a take of that line hears).
+        Takes of deleted lines are never in it."""
+        above = None if line_id is None else self.db.execute(
+            "SELECT position FROM lines WHERE session_id=? AND line_id=? AND deleted_ms IS NULL",
+            (session_id, line_id)).fetchone()
         rows = self.db.execute(
             "SELECT t.take_id FROM takes t JOIN lines l ON l.session_id = t.session_id AND l.line_id = t.line_id "
-            "WHERE t.session_id=? AND t.kept=1 ORDER BY l.position, t.take_id", (session_id,)).fetchall()
+            "WHERE t.session_id=? AND t.kept=1 AND l.deleted_ms IS NULL AND l.position < ? "
+            "ORDER BY l.position, t.take_id", (session_id, 2**62 if above is None else above[0])).fetchall()
         return [int(r["take_id"]) for r in rows]

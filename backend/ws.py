@@ -4,7 +4,7 @@
   `ping` and `take.cancel` at once, supersedes the running take on `take.start`, and queues
   the other messages for `commands`. Bad input becomes an `error` message; after
   `limits.max_protocol_errors` of them the socket is closed with 1008.
-- `commands`: runs voice.set / take.start / keep / drop in arrival order (voice.set waits for
+- `commands`: runs voice.set / line.* / take.start / keep / drop in arrival order (voice.set waits for
   the engine to encode its clips; a cancel must not wait behind it, hence two tasks).
 - `send`: drains the socket's Outbox, so no other code awaits the network.
 

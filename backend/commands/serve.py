@@ -84,8 +84,14 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from backend.app import build_app, log_ready, start_engine_loop
+    from backend.cli import UsageError
+    from backend.store import NewerSchema, check_schema
 
     settings = settings_from(args)
+    try:  # before the engine loads: a data directory this version cannot use is a one-line error
+        check_schema(settings.database)
+    except NewerSchema as error:
+        raise UsageError(str(error)) from None
     logging.basicConfig(level=args.log_level.upper(), format="[retake] %(message)s")
     log = logging.getLogger("retake")
     what = str(settings.checkpoint) if settings.checkpoint else "the tiny demo checkpoint (random weights)"

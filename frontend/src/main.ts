@@ -51,8 +51,7 @@ byId("add-line").addEventListener("click", () => addLine());
 
 function addLine(): void {
   const line = studio.scene.addLine("");
-  studio.saveScript();
-  studio.onChange("script");
+  studio.scriptEdited("structure");
   requestAnimationFrame(() => script.focusLine(line.id));
 }
 
@@ -108,7 +107,7 @@ document.addEventListener("keydown", (event) => {
       event.preventDefault();
       studio.scene.selectRelative(event.key === "ArrowUp" ? -1 : 1);
       studio.selectedTakeId = null;
-      studio.saveScript();
+      studio.saveScene();
       studio.onChange("script");
       break;
   }

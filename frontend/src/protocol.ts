@@ -10,6 +10,8 @@
  * - Every client message may carry a `ref`; the server echoes it in replies and errors, which
  *   is how the studio puts an error next to the control that caused it.
  * - Audio arrives as binary frames: a 16-byte little-endian header, then PCM16 mono.
+ * - The script is the server's: line.set / line.delete / line.order are each answered with the
+ *   whole script (`script`), which the page takes as the truth (frontend/src/script.ts).
  */
 
 export const PROTOCOL_VERSION = 1;
@@ -38,6 +40,11 @@ export interface CharacterSpec {
 export type ClientMessage =
   | { type: "session.open"; session_id?: string; ref?: string }
   | { type: "voice.set"; references?: ReferenceClip[]; character?: CharacterSpec; ref?: string }
+  /** Create or edit a line; `after` moves it after that line (null: to the top). */
+  | { type: "line.set"; line_id: string; text: string; after?: string | null; ref?: string }
+  | { type: "line.delete"; line_id: string; ref?: string }
+  /** Every line of the script, once, top first. */
+  | { type: "line.order"; line_ids: string[]; ref?: string }
   | {
       type: "take.start"; line_id: string; text: string; sampling?: SamplingSpec;
       history?: "kept" | number[]; deadline_ms?: number; ref?: string;
@@ -74,7 +81,7 @@ export type TakeState = "queued" | "running" | "done";
 export type ErrorCode =
   | "bad_json" | "unknown_type" | "bad_field" | "binary_not_supported" | "message_too_big"
   | "session_not_open" | "session_already_open" | "unknown_session" | "session_taken_over"
-  | "too_many_sessions" | "unknown_take" | "take_not_finished" | "take_not_usable"
+  | "too_many_sessions" | "unknown_take" | "unknown_line" | "too_many_lines" | "take_not_finished" | "take_not_usable"
   | "too_many_takes" | "busy" | "bad_reference" | "internal";
 
 /** prompt_rows, prompt_ms, prefill_ms, first_audio_ms, frames, decode_frames_per_s, total_ms, queue_ms, ... */
@@ -89,6 +96,7 @@ export interface VoiceInfo {
 export interface LineInfo {
   line_id: string;
   text: string;
+  /** 0, 1, … in script order. */
   position: number;
 }
 
@@ -139,12 +147,17 @@ export interface SessionReady {
 export type ServerMessage =
   | SessionReady
   | { type: "voice.ready"; voice: VoiceInfo | null; ref: string | null }
-  | { type: "take.queued"; take_id: number; line_id: string; position: number; deadline_ms: number; ref: string | null }
+  /** The script after a line message: its lines in order, and every kept take of it in script order. */
+  | { type: "script"; lines: LineInfo[]; history: number[]; ref: string | null }
+  | {
+      type: "take.queued"; take_id: number; line_id: string; position: number; deadline_ms: number; audio_url: string;
+      ref: string | null;
+    }
   | { type: "take.started"; take_id: number; attempt: number }
   | { type: "take.retry"; take_id: number; attempt: number; reason: string; message: string }
   | {
       type: "take.done"; take_id: number; finish_reason: FinishReason; timings: Timings; frames: number;
-      samples: number; attempts: number; error: string | null;
+      samples: number; attempts: number; audio_url: string; error: string | null;
     }
   | { type: "history"; take_ids: number[]; dropped: number[]; take_id: number | null }
   | { type: "error"; code: ErrorCode; message: string; take_id: number | null; ref: string | null; retry_after_ms: number | null }
@@ -204,21 +217,25 @@ const takeInfo = record<TakeInfo>({
   finish_reason: nullable(finishReason), error: nullable(str), timings: numbers, frames: int, samples: int,
   attempts: int, audio_url: str, created_ms: int,
 });
+const lineInfo = record<LineInfo>({ line_id: str, text: str, position: int });
 
 const decoders: { [T in ServerMessage["type"]]: Check<Omit<ServerMessageOf<T>, "type">> } = {
   "session.ready": record({
     session_id: str, resumed: bool, engine: str, sample_rate: int, frame_samples: int, demo_weights: bool,
     limits: numbers as Check<Record<string, number>>, voice: nullable(voiceInfo),
-    lines: list(record<LineInfo>({ line_id: str, text: str, position: int })), takes: list(takeInfo),
+    lines: list(lineInfo), takes: list(takeInfo),
     history: list(int), protocol: int, ref: nullable(str),
   }),
   "voice.ready": record({ voice: nullable(voiceInfo), ref: nullable(str) }),
-  "take.queued": record({ take_id: int, line_id: str, position: int, deadline_ms: int, ref: nullable(str) }),
+  script: record({ lines: list(lineInfo), history: list(int), ref: nullable(str) }),
+  "take.queued": record({
+    take_id: int, line_id: str, position: int, deadline_ms: int, audio_url: str, ref: nullable(str),
+  }),
   "take.started": record({ take_id: int, attempt: int }),
   "take.retry": record({ take_id: int, attempt: int, reason: str, message: str }),
   "take.done": record({
     take_id: int, finish_reason: finishReason, timings: numbers, frames: int, samples: int, attempts: int,
-    error: nullable(str),
+    audio_url: str, error: nullable(str),
   }),
   history: record({ take_ids: list(int), dropped: list(int), take_id: nullable(int) }),
   error: record({

@@ -1,22 +1,23 @@
 /**
- * The scene as the studio sees it: the script (lines in order), every take with its audio,
- * and which takes are kept. Pure state with no DOM and no socket, so it is tested in Node.
+ * The scene as the studio sees it: the script (lines in order, frontend/src/script.ts), every
+ * take with its audio, and which takes are kept. Pure state with no DOM and no socket, so it is
+ * tested in Node.
  *
- * Decisions about directing history (docs/protocol.md leaves them to the client):
- * - A line has at most one kept take: keeping a take replaces that line's kept take.
- * - A take of line L hears the kept takes of the lines above L, in script order. The studio
- *   sends that list explicitly as `history`, so reordering the script reorders what the
- *   model hears, and a retake never hears an earlier take of its own line.
- * - The script lives in the browser too (localStorage, by session id): the server stores
- *   only lines that have been taken, and a line being written must survive a reload.
+ * Directing history:
+ * - A take of line L hears the kept takes of the lines above L, in script order: that is what
+ *   the server does for history "kept" (docs/protocol.md), which the studio sends, and what
+ *   `historyFor` shows. Reordering the script reorders what the model hears, and a retake
+ *   never hears an earlier take of its own line.
+ * - A line has at most one kept take: keeping a take replaces that line's kept take (the
+ *   studio's choice; the server would keep several).
+ * - Takes of a deleted line stay on the server (exportable) but leave the history; the page
+ *   does not show them.
  */
 import type { AudioFrame, FinishReason, SamplingInfo, ServerMessageOf, TakeInfo, Timings } from "./protocol";
+import { Script, type Line, type ScriptEdit } from "./script";
 import { Peaks } from "./waveform";
 
-export interface Line {
-  id: string;
-  text: string;
-}
+export type { Line } from "./script";
 
 export type TakePhase = "queued" | "running" | "done";
 
@@ -51,69 +52,100 @@ export interface Take {
   streamProblem: string | null;
 }
 
-export interface StoredScript {
-  lines: Line[];
+/** What the browser keeps of a session (localStorage, by session id). */
+export interface StoredScene {
+  /** Script edits the server had not confirmed when the page last saved (an offline draft). */
+  draft: ScriptEdit[];
   selectedLineId: string | null;
   /** First-audio latency as heard, by take id: only this page measured it. */
   heard?: Record<string, number>;
-  /** Lines deleted here that the server still lists (it keeps every line that has takes). */
+}
+
+/** What older studios stored: the whole script. Read once, and sent to the server as edits. */
+interface LegacyStoredScript {
+  lines: Line[];
+  selectedLineId: string | null;
+  heard?: Record<string, number>;
   deleted?: string[];
+}
+
+/** A stored scene, from this studio or an older one (which kept the whole script here). */
+export function readStoredScene(value: unknown): StoredScene | null {
+  if (typeof value !== "object" || value === null) return null;
+  const stored = value as Partial<StoredScene> & Partial<LegacyStoredScript>;
+  const selectedLineId = typeof stored.selectedLineId === "string" ? stored.selectedLineId : null;
+  const heard = stored.heard ?? {};
+  if (Array.isArray(stored.draft)) return { draft: stored.draft, selectedLineId, heard };
+  if (!Array.isArray(stored.lines)) return null;
+  // Its lines become edits in its order (those the server has get this page's text), then its deletions.
+  const lines = stored.lines.filter((l) => typeof l?.id === "string" && typeof l.text === "string");
+  const draft: ScriptEdit[] = lines.map((l) => ({ kind: "set", lineId: l.id, text: l.text }));
+  if (lines.length > 0) draft.push({ kind: "order", lineIds: lines.map((l) => l.id) });
+  for (const id of stored.deleted ?? []) draft.push({ kind: "delete", lineId: id });
+  return { draft, selectedLineId, heard };
 }
 
 /** Scene order: the order in which the model hears kept takes. */
 export type History = number[];
 
-let counter = 0;
-export function newLineId(): string {
-  counter++;
-  const random = Math.floor(Math.random() * 0x100000000).toString(36);
-  return `line-${Date.now().toString(36)}-${random}-${counter}`;
-}
-
 export class Scene {
-  lines: Line[] = [];
+  readonly script = new Script();
   readonly takes = new Map<number, Take>();
-  private deleted = new Set<string>();
   selectedLineId: string | null = null;
-  /** The server's list of kept takes (its own order), from session.ready and `history`. */
+  /** Every kept take of the script in script order, as the server last said (session.ready, history, script). */
   serverHistory: number[] = [];
 
   // ─── the script ──────────────────────────────────────────────────────────
 
+  get lines(): readonly Line[] {
+    return this.script.lines;
+  }
+
   line(id: string): Line | undefined {
-    return this.lines.find((l) => l.id === id);
+    return this.script.line(id);
   }
 
   addLine(text = "", after: string | null = this.selectedLineId): Line {
-    const line = { id: newLineId(), text };
-    const at = after === null ? -1 : this.lines.findIndex((l) => l.id === after);
-    this.lines.splice(at < 0 ? this.lines.length : at + 1, 0, line);
+    const line = this.script.add(text, after);
     this.selectedLineId = line.id;
     return line;
   }
 
   editLine(id: string, text: string): void {
-    const line = this.line(id);
-    if (line !== undefined) line.text = text;
+    this.script.setText(id, text);
   }
 
   /** Move a line up (-1) or down (+1); false at either end. */
   moveLine(id: string, delta: -1 | 1): boolean {
-    const at = this.lines.findIndex((l) => l.id === id);
-    const to = at + delta;
-    if (at < 0 || to < 0 || to >= this.lines.length) return false;
-    const [line] = this.lines.splice(at, 1);
-    this.lines.splice(to, 0, line!);
-    return true;
+    return this.script.move(id, delta);
   }
 
   /** Remove a line from the script (its takes stay on the server, out of the history). */
   deleteLine(id: string): void {
     const at = this.lines.findIndex((l) => l.id === id);
     if (at < 0) return;
-    this.lines.splice(at, 1);
-    this.deleted.add(id);
+    this.script.delete(id);
     if (this.selectedLineId === id) this.selectedLineId = this.lines[Math.min(at, this.lines.length - 1)]?.id ?? null;
+  }
+
+  /** The server's script, in reply to a line message (or not). */
+  scriptReply(message: ServerMessageOf<"script">): void {
+    this.script.confirm(message.lines, message.ref);
+    this.markKept(message.history);
+    this.keepSelection();
+  }
+
+  /** The server refused the script edit sent with `ref`; returns it (undefined: not a script edit). */
+  scriptRefused(ref: string): ScriptEdit | undefined {
+    const edit = this.script.refused(ref);
+    if (edit !== undefined) this.keepSelection();
+    return edit;
+  }
+
+  private keepSelection(): void {
+    if (this.selectedLineId === null || this.line(this.selectedLineId) === undefined) {
+      this.selectedLineId = this.lines[0]?.id ?? null;
+    }
   }
 
   selectRelative(delta: number): void {
@@ -160,15 +192,12 @@ export class Scene {
 
   // ─── server messages ─────────────────────────────────────────────────────
 
-  /** Rebuild from session.ready, keeping the locally stored script (its order, unsent lines). */
-  applyReady(ready: ServerMessageOf<"session.ready">, stored: StoredScript | null): void {
-    const lines: Line[] = stored?.lines.map((l) => ({ ...l })) ?? [];
-    this.deleted = new Set(stored?.deleted ?? []);
-    const known = new Set([...lines.map((l) => l.id), ...this.deleted]);
-    for (const info of [...ready.lines].sort((a, b) => a.position - b.position)) {
-      if (!known.has(info.line_id)) lines.push({ id: info.line_id, text: info.text });
-    }
-    this.lines = lines;
+  /**
+   * Rebuild from session.ready: the server's script, with this page's unconfirmed edits (and
+   * those of `stored`, the browser's draft from before a reload) on top, to be sent again.
+   */
+  applyReady(ready: ServerMessageOf<"session.ready">, stored: StoredScene | null): void {
+    this.script.resync(ready.lines, stored?.draft ?? []);
     const previous = this.takes;
     const fresh = new Map<number, Take>();
     for (const info of ready.takes) {
@@ -188,13 +217,14 @@ export class Scene {
     this.takes.clear();
     for (const [id, take] of fresh) this.takes.set(id, take);
     this.serverHistory = [...ready.history];
-    const selected = stored?.selectedLineId ?? null;
-    this.selectedLineId = selected !== null && this.line(selected) ? selected : this.lines[0]?.id ?? null;
+    this.selectedLineId ??= stored?.selectedLineId ?? null;
+    this.keepSelection();
   }
 
   takeQueued(message: ServerMessageOf<"take.queued">, text: string, requestedAt: number | null): Take {
     const take = blankTake(message.take_id, message.line_id, text);
     take.queuePosition = message.position;
+    take.audioUrl = message.audio_url;
     take.requestedAt = requestedAt;
     this.takes.set(take.id, take);
     return take;
@@ -239,6 +269,7 @@ export class Scene {
     take.frames = message.frames;
     take.samples = message.samples;
     take.attempts = message.attempts;
+    take.audioUrl = message.audio_url;
     take.error = message.error;
     if (take.received !== message.samples && take.streamProblem === null) {
       take.streamProblem = `received ${take.received} of ${message.samples} samples`;
@@ -255,9 +286,14 @@ export class Scene {
       }
       return;
     }
-    this.serverHistory = [...message.take_ids];
-    const kept = new Set(message.take_ids);
-    for (const take of this.takes.values()) take.kept = kept.has(take.id);
+    this.markKept(message.take_ids);
+  }
+
+  /** The server's kept takes of the script: takes of deleted lines keep their flag (they return with the line). */
+  private markKept(history: readonly number[]): void {
+    this.serverHistory = [...history];
+    const kept = new Set(history);
+    for (const take of this.takes.values()) if (this.line(take.lineId) !== undefined) take.kept = kept.has(take.id);
   }
 
   /** The take's whole audio, when the page holds all of it. */
@@ -296,10 +332,10 @@ export class Scene {
     take.peaks.add(pcm);
   }
 
-  storedScript(): StoredScript {
+  stored(): StoredScene {
     const heard: Record<string, number> = {};
     for (const take of this.takes.values()) if (take.heardLatencyMs !== null) heard[String(take.id)] = take.heardLatencyMs;
-    return { lines: this.lines.map((l) => ({ ...l })), selectedLineId: this.selectedLineId, heard, deleted: [...this.deleted] };
+    return { draft: this.script.draft, selectedLineId: this.selectedLineId, heard };
   }
 }
 

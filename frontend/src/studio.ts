@@ -2,8 +2,13 @@
  * The studio's controller: joins the socket, the scene and the player, and offers the
  * directing actions (take, cancel, keep, drop, play, stop, voice, export) to the UI.
  *
- * - One session per browser profile: its id is kept in localStorage and sent with every
- *   `session.open`, so a reload or a reconnect resumes the scene.
+ * - The session's id is in the page's URL (`?session=`) and in localStorage, and is sent with
+ *   every `session.open`, so a reload, a reconnect, or the same URL in another browser resumes
+ *   the scene. The server holds the whole scene, the script included; the browser keeps only
+ *   script edits not yet confirmed (an offline draft, sent on the next session.ready) and
+ *   what only this page measured.
+ * - Script edits go out at once, except text, which goes a moment after typing stops (and
+ *   before any take of the line, so the take and the script agree).
  * - Every message that can fail gets a `ref`; an `error` with that ref is shown next to the
  *   control that sent it (a line, the voice panel, a take), others in the status bar.
  * - A take asked for from this page plays as it streams; replays come from the PCM the page
@@ -15,7 +20,7 @@ import {
   takeStart, type CharacterSpec, type ClientMessage, type ReferenceClip, type SamplingSpec, type ServerMessage,
   type ServerMessageOf, type VoiceInfo,
 } from "./protocol";
-import { Scene, type StoredScript, type Take } from "./scene";
+import { Scene, readStoredScene, type StoredScene, type Take } from "./scene";
 import { StudioSocket, type ConnectionState } from "./socket";
 import { decodeWav, encodeWav, joinPcm } from "./wav";
 
@@ -24,9 +29,12 @@ export type Change = "script" | "takes" | "connection" | "voice" | "errors" | "m
 export type ErrorTarget = string;
 
 const SESSION_KEY = "retake.session";
+const SESSION_PARAM = "session";
+/** Text edits wait this long after the last keystroke before they are sent. */
+const TEXT_DEBOUNCE_MS = 400;
 /** Take audio the page holds at most (~11 minutes at 44.1 kHz, 60 MB); see Scene.trimAudio. */
 const AUDIO_BUDGET_SAMPLES = 30_000_000;
-const scriptKey = (sessionId: string): string => `retake.script.${sessionId}`;
+const sceneKey = (sessionId: string): string => `retake.script.${sessionId}`;
 
 export class Studio {
   readonly scene = new Scene();
@@ -52,8 +60,13 @@ export class Studio {
   private readonly refs = new Map<string, ErrorTarget>();
   private readonly pendingTakes = new Map<string, { lineId: string; text: string; requestedAt: number }>();
   private readonly fetching = new Map<number, Promise<Int16Array | null>>();
-  /** The script of a session the server no longer knows, carried into the new session. */
-  private orphanScript: StoredScript | null = null;
+  /** The socket has a session open (session.ready came on this connection). */
+  private live = false;
+  /** The session the URL asked for, tried once before the one in localStorage. */
+  private requestedSession = new URLSearchParams(location.search).get(SESSION_PARAM);
+  /** The browser's stored draft is read into the scene once per page, at its first session.ready. */
+  private draftRead = false;
+  private textTimer: number | undefined;
 
   constructor(url: string, private readonly withTap: boolean) {
     this.socket = new StudioSocket(url, {
@@ -66,6 +79,7 @@ export class Studio {
         this.onChange("takes");
       },
       state: (state, detail) => {
+        if (state !== "open") this.live = false;
         this.connection = { state, detail };
         this.onChange("connection");
       },
@@ -73,7 +87,7 @@ export class Studio {
   }
 
   get sessionId(): string | null {
-    return this.ready?.session_id ?? localStorage.getItem(SESSION_KEY);
+    return this.ready?.session_id ?? this.requestedSession ?? localStorage.getItem(SESSION_KEY);
   }
 
   get sampleRate(): number {
@@ -111,6 +125,26 @@ export class Studio {
     return this.player;
   }
 
+  // ─── the script ────────────────────────────────────────────────────────────
+
+  /** After an edit of the script: show it, store the draft, and send it (text after a pause). */
+  scriptEdited(kind: "text" | "structure"): void {
+    this.saveScene();
+    this.onChange("script");
+    window.clearTimeout(this.textTimer);
+    if (kind === "structure") this.flushScript();
+    else this.textTimer = window.setTimeout(() => this.flushScript(), TEXT_DEBOUNCE_MS);
+  }
+
+  /** Send the script edits not sent yet (nothing while no session is open: they wait). */
+  flushScript(): void {
+    window.clearTimeout(this.textTimer);
+    if (!this.live) return;
+    const messages = this.scene.script.send((edit) =>
+      this.nextRef(edit.kind === "order" ? "session" : `line:${edit.lineId}`));
+    for (const message of messages) this.socket.send(message);
+  }
+
   // ─── directing actions ─────────────────────────────────────────────────────
 
   /** Start a take of a line (a retake if it has takes): it plays as it streams. */
@@ -121,12 +155,12 @@ export class Studio {
     const text = line.text.trim();
     if (text === "") return this.setError(`line:${lineId}`, "write the line first");
     void this.ensureAudio();
+    this.flushScript(); // the line is on the server, in its place, before its take
     const ref = this.nextRef(`line:${lineId}`);
-    const sent = this.send(takeStart(lineId, text, {
-      sampling: this.sampling, history: this.scene.historyFor(lineId), ref,
-    }));
+    // History "kept": the server gives the take the kept takes of the lines above it (Scene.historyFor).
+    const sent = this.send(takeStart(lineId, text, { sampling: this.sampling, ref }));
     if (sent) this.pendingTakes.set(ref, { lineId, text, requestedAt: performance.now() });
-    this.saveScript();
+    this.saveScene();
     this.onChange("errors");
   }
 
@@ -221,9 +255,10 @@ export class Studio {
     this.onChange("session");
   }
 
-  saveScript(): void {
-    const id = this.sessionId;
-    if (id !== null) localStorage.setItem(scriptKey(id), JSON.stringify(this.scene.storedScript()));
+  /** Store what the browser keeps of the scene: unconfirmed script edits, selection, heard latencies. */
+  saveScene(): void {
+    const id = this.ready?.session_id;
+    if (id !== undefined) localStorage.setItem(sceneKey(id), JSON.stringify(this.scene.stored()));
   }
 
   clearError(target: ErrorTarget): void {
@@ -233,7 +268,8 @@ export class Studio {
   // ─── protocol ──────────────────────────────────────────────────────────────
 
   private openSession(): void {
-    const id = localStorage.getItem(SESSION_KEY);
+    this.live = false;
+    const id = this.requestedSession ?? localStorage.getItem(SESSION_KEY);
     this.send({ type: "session.open", ...(id !== null ? { session_id: id } : {}), ref: this.nextRef("session") });
   }
 
@@ -245,11 +281,15 @@ export class Studio {
         this.voice = message.voice;
         this.voicePending = false;
         return this.onChange("voice");
+      case "script":
+        this.scene.scriptReply(message);
+        this.saveScene();
+        this.onChange("script");
+        return this.onChange("takes");
       case "take.queued": {
         const pending = message.ref === null ? undefined : this.pendingTakes.get(message.ref);
         if (message.ref !== null) this.pendingTakes.delete(message.ref);
         const take = this.scene.takeQueued(message, pending?.text ?? "", pending?.requestedAt ?? null);
-        take.audioUrl = `/sessions/${this.sessionId}/takes/${take.id}.wav`;
         if (pending !== undefined) {
           // The take asked for here plays as it streams (replacing whatever played).
           this.playingTakeId = take.id;
@@ -286,14 +326,18 @@ export class Studio {
   }
 
   private sessionReady(ready: ServerMessageOf<"session.ready">): void {
-    const stored = this.loadScript(ready.session_id) ?? this.orphanScript;
-    this.orphanScript = null;
+    const stored = this.draftRead ? null : this.loadScene(ready.session_id);
+    this.draftRead = true;
+    this.requestedSession = ready.session_id;
     localStorage.setItem(SESSION_KEY, ready.session_id);
+    this.showSessionInUrl(ready.session_id);
     this.ready = ready;
+    this.live = true;
     this.voice = ready.voice;
     this.scene.applyReady(ready, stored);
     if (this.scene.lines.length === 0) this.scene.addLine("");
-    this.saveScript();
+    this.flushScript(); // what was edited offline, or not confirmed before the socket dropped
+    this.saveScene();
     this.errors.delete("session");
     this.onChange("session");
     this.onChange("script");
@@ -303,9 +347,14 @@ export class Studio {
 
   private serverError(error: ServerMessageOf<"error">): void {
     if (error.code === "unknown_session") {
-      // The server lost the session (a new data directory): start a fresh one, keep the script.
-      const old = localStorage.getItem(SESSION_KEY);
-      this.orphanScript = old === null ? null : this.loadScript(old);
+      // The server does not know the session (a new data directory, a mistyped URL): start a
+      // fresh one and write the script the page shows into it.
+      const old = this.requestedSession ?? localStorage.getItem(SESSION_KEY);
+      const stored = this.draftRead || old === null ? null : this.loadScene(old);
+      this.draftRead = true;
+      if (stored !== null) this.scene.script.resync([], stored.draft);
+      this.scene.script.rebase();
+      this.requestedSession = null;
       localStorage.removeItem(SESSION_KEY);
       this.openSession();
       return;
@@ -315,7 +364,14 @@ export class Studio {
       this.onChange("session");
     }
     const fromRef = error.ref === null ? undefined : this.refs.get(error.ref);
-    const target = fromRef ?? (error.take_id !== null ? `take:${error.take_id}` : "session");
+    let target = fromRef ?? (error.take_id !== null ? `take:${error.take_id}` : "session");
+    const edit = error.ref === null ? undefined : this.scene.scriptRefused(error.ref);
+    if (edit !== undefined) {
+      // The refused edit is undone on screen; its error goes to its line if the line is still there.
+      if (edit.kind === "order" || this.scene.line(edit.lineId) === undefined) target = "session";
+      this.saveScene();
+      this.onChange("script");
+    }
     if (target === "voice") this.voicePending = false;
     const retry = error.retry_after_ms === null ? "" : ` (retry in ${(error.retry_after_ms / 1000).toFixed(1)} s)`;
     this.setError(target, `${error.message}${retry}`);
@@ -328,7 +384,7 @@ export class Studio {
     if (take !== undefined && report.firstHeardAt !== null && take.requestedAt !== null && take.heardLatencyMs === null) {
       take.heardLatencyMs = report.firstHeardAt - take.requestedAt;
       this.lastLatencyMs = take.heardLatencyMs;
-      this.saveScript();
+      this.saveScene();
       this.onChange("takes");
     }
     this.onChange("meter");
@@ -351,14 +407,22 @@ export class Studio {
     this.onChange("errors");
   }
 
-  private loadScript(sessionId: string): StoredScript | null {
-    const text = localStorage.getItem(scriptKey(sessionId));
+  private loadScene(sessionId: string): StoredScene | null {
+    const text = localStorage.getItem(sceneKey(sessionId));
     if (text === null) return null;
     try {
-      return JSON.parse(text) as StoredScript;
+      return readStoredScene(JSON.parse(text));
     } catch {
       return null;
     }
+  }
+
+  /** Put the session in the address bar, so the URL opens this scene in any browser. */
+  private showSessionInUrl(sessionId: string): void {
+    const url = new URL(location.href);
+    if (url.searchParams.get(SESSION_PARAM) === sessionId) return;
+    url.searchParams.set(SESSION_PARAM, sessionId);
+    history.replaceState(history.state, "", url);
   }
 
   /** After a reload: fetch the audio of kept and latest takes, one at a time, for waveforms. */

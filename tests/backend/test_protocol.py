@@ -20,8 +20,6 @@ def load(name: str) -> list[dict[str, typing.Any]]:
     return json.loads((FIXTURES / name).read_text())
 
 
-
-
 def wire_name(cls: type) -> str:
     return typing.get_args(typing.get_type_hints(cls)["type"])[0]
 
@@ -54,6 +52,13 @@ def test_client_fixture_parses_to_its_fields(sample: dict[str, typing.Any]) -> N
         character = raw.get("character")
         assert (dataclasses.asdict(message.character) if message.character else None) == (
             None if character is None else {"scene": None, **character})
+    elif isinstance(message, p.LineSet):
+        assert (message.line_id, message.text) == (raw["line_id"], raw["text"])
+        assert (message.place, message.after) == ("after" in raw, raw.get("after"))
+    elif isinstance(message, p.LineDelete):
+        assert message.line_id == raw["line_id"]
+    elif isinstance(message, p.LineOrder):
+        assert message.line_ids == tuple(raw["line_ids"])
     elif isinstance(message, (p.TakeCancel, p.TakeKeep, p.TakeDrop)):
         assert message.take_id == raw["take_id"]
     elif isinstance(message, p.SessionOpen):

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from backend.protocol import CharacterSpec, SamplingInfo
-from backend.store import STOPPED_DURING_TAKE, Store, StoredReference
+from backend.cli import main
+from backend.store import MIGRATIONS, STOPPED_DURING_TAKE, NewerSchema, Store, StoredReference
 
+V0_DATABASE = Path(__file__).parents[1] / "fixtures" / "store" / "retake-v0.sqlite3"
 SAMPLING: SamplingInfo = {"temperature": 1.0, "top_p": 0.9, "top_k": 30, "max_new_tokens": 20, "seed": 5}
 
 
@@ -34,7 +39,7 @@ def test_takes_lines_and_codes_survive_reopening(tmp_path: Path) -> None:
 
     store = Store(path)
     assert store.has_session(session) and not store.has_session("f" * 32)
-    # Line text follows the latest take; positions follow first use.
+    # Line text follows the latest take; a take of a new line puts it last.
     assert store.lines(session) == [
         {"line_id": "line-a", "text": "Hello there!", "position": 0},
         {"line_id": "line-b", "text": "Who is it?", "position": 1},
@@ -55,17 +60,122 @@ def test_takes_lines_and_codes_survive_reopening(tmp_path: Path) -> None:
     store.close()
 
 
-def test_kept_history_is_in_scene_order(tmp_path: Path) -> None:
+def test_kept_history_is_in_script_order(tmp_path: Path) -> None:
     store = Store(tmp_path / "retake.sqlite3")
     session = store.create_session()
     a1 = store.add_take(session, "a", "One.", None, SAMPLING).take_id
     b1 = store.add_take(session, "b", "Two.", None, SAMPLING).take_id
     a2 = store.add_take(session, "a", "One again.", None, SAMPLING).take_id
-    for take_id in (b1, a2, a1):
+    c1 = store.add_take(session, "c", "Three.", None, SAMPLING).take_id
+    for take_id in (b1, a2, a1, c1):
         store.set_kept(take_id, True)
-    assert store.kept_history(session) == [a1, a2, b1]  # line a before line b, then by take id
+    assert store.kept_history(session) == [a1, a2, b1, c1]  # line a before line b, then by take id
+    # What a take of a line hears: the kept takes of the lines above it.
+    assert [store.kept_history(session, line) for line in ("a", "b", "c", "new")] == [
+        [], [a1, a2], [a1, a2, b1], [a1, a2, b1, c1]]
+    store.set_order(session, ["c", "b", "a"])
+    assert store.kept_history(session) == [c1, b1, a1, a2]
+    assert store.kept_history(session, "a") == [c1, b1]
     store.set_kept(a1, False)
-    assert store.kept_history(session) == [a2, b1]
+    assert store.kept_history(session) == [c1, b1, a2]
+    store.delete_line(session, "b")  # its kept take leaves the history, and comes back with the line
+    assert store.kept_history(session) == [c1, a2] and store.kept_history(session, "a") == [c1]
+    store.set_line(session, "b", "Two.", after=None, place=True)
+    assert store.kept_history(session) == [b1, c1, a2]
+
+
+def test_the_script_survives_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "retake.sqlite3"
+    store = Store(path)
+    session = store.create_session()
+    store.set_line(session, "b", "Second.")
+    store.set_line(session, "d", "")  # a line not written yet
+    store.set_line(session, "a", "First.", after=None, place=True)
+    store.set_line(session, "c", "Third.", after="b", place=True)
+    store.set_line(session, "b", "Second, edited.")  # a text edit leaves it where it is
+    taken = store.add_take(session, "e", "Fifth.", None, SAMPLING)  # a take of a new line puts it last
+    store.close()
+
+    store = Store(path)
+    assert store.lines(session) == [
+        {"line_id": "a", "text": "First.", "position": 0},
+        {"line_id": "b", "text": "Second, edited.", "position": 1},
+        {"line_id": "c", "text": "Third.", "position": 2},
+        {"line_id": "d", "text": "", "position": 3},
+        {"line_id": "e", "text": "Fifth.", "position": 4},
+    ]
+    store.set_order(session, ["e", "d", "c", "b", "a"])
+    store.set_line(session, "a", "First.", after="e", place=True)
+    store.delete_line(session, "c")  # no takes: gone
+    store.delete_line(session, "e")  # has a take: set aside with it
+    store.close()
+
+    store = Store(path)
+    assert store.line_ids(session) == ["a", "d", "b"]
+    assert [line["position"] for line in store.lines(session)] == [0, 1, 2]
+    assert [t.line_id for t in store.takes(session)] == ["e"]  # the deleted line's take is still there
+    assert store.take(session, taken.take_id) is not None
+    store.add_take(session, "e", "Fifth, again.", None, SAMPLING)  # a take brings the deleted line back, last
+    store.set_line(session, "c", "Third, anew.", after="a", place=True)
+    assert [(line["line_id"], line["text"]) for line in store.lines(session)] == [
+        ("a", "First."), ("c", "Third, anew."), ("d", ""), ("b", "Second, edited."), ("e", "Fifth, again.")]
+    store.close()
+
+
+def test_a_database_from_before_the_script_opens_with_its_data(tmp_path: Path) -> None:
+    """tests/fixtures/store/retake-v0.sqlite3 was written by the store of commit bd3d2a2 (schema 0)."""
+    path = tmp_path / "retake.sqlite3"
+    shutil.copy(V0_DATABASE, path)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 0
+        [scene], [other] = db.execute("SELECT session_id FROM takes WHERE take_id IN (1, 5) ORDER BY take_id")
+    store = Store(path)
+    assert store.interrupted == 2  # l3's and the other session's take were left queued
+    # The lines keep their order (first use) and text (latest take's); takes, codes, keeps and voices stay.
+    assert store.lines(scene) == [
+        {"line_id": "l1", "text": "The lamp is out!", "position": 0},
+        {"line_id": "l2", "text": "Then light it.", "position": 1},
+        {"line_id": "l3", "text": "Who is there?", "position": 2},
+    ]
+    takes = store.takes(scene)
+    assert [(t.take_id, t.line_id, t.kept, t.finish_reason, t.frames) for t in takes] == [
+        (1, "l1", False, "stop", 7), (2, "l2", True, "stop", 5), (3, "l1", True, "stop", 9), (4, "l3", False, "error", 0)]
+    for take in takes[:3]:
+        np.testing.assert_array_equal(store.take_codes(take.take_id), codes(take.frames, take.take_id))
+    assert store.kept_history(scene) == [3, 2] and store.kept_history(scene, "l2") == [3]
+    voice = store.session_voice(scene)
+    assert voice is not None and voice.character == CharacterSpec("Mara", "a tired keeper", None)
+    [clip] = store.voice(takes[0].voice_id or 0).references
+    assert clip.text == "A low hum."
+    np.testing.assert_array_equal(clip.codes, codes(12, 1))
+    assert store.line_ids(other) == ["x"]
+    # The migrated file takes the script: a line without takes, a new order, a deletion.
+    store.set_line(scene, "l0", "Before the lamp.", after=None, place=True)
+    store.set_order(scene, ["l0", "l2", "l1", "l3"])
+    store.delete_line(scene, "l3")
+    new = store.add_take(scene, "l4", "Later.", None, SAMPLING)
+    assert new.take_id == 6  # the take id sequence carries on
+    store.close()
+
+    store = Store(path)  # opening again migrates nothing
+    assert store.line_ids(scene) == ["l0", "l2", "l1", "l4"]
+    assert store.kept_history(scene) == [2, 3]
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+
+
+def test_a_database_from_a_newer_retake_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "retake.sqlite3"
+    Store(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version={len(MIGRATIONS) + 1}")
+    with pytest.raises(NewerSchema, match="written by a newer Retake"):
+        Store(path)
+    assert main(["serve", "--data-dir", str(tmp_path)]) == 2  # before any engine loads
+    assert capsys.readouterr().err == (f"retake serve: {path} was written by a newer Retake (schema "
+                                       f"{len(MIGRATIONS) + 1}, this one knows {len(MIGRATIONS)}); upgrade Retake "
+                                       "or use another --data-dir\n")
 
 
 def test_sessions_do_not_see_each_others_takes(tmp_path: Path) -> None:

@@ -5,8 +5,10 @@
 // recorder worklet behind it, the page's `?tap` mode) equal the PCM the server sent on the
 // socket (read from the wire by Playwright, not from the page's own bookkeeping): sample-exact,
 // no gap, with only the documented ramp-in on the first FADE samples. Then it keeps the take,
-// takes the next line, checks the history, reloads and finds the scene, exports the scene WAV
-// and saves a screenshot. It writes DIR/result.json, the export and the wire PCM of each take
+// takes the next line, checks the history, reloads and finds the scene, exports the scene WAV,
+// types a line it never takes and reorders the script (the history panel follows), opens the
+// session's URL in a second browser with a fresh profile (nothing in its localStorage) and
+// finds the same script there, and saves a screenshot. It writes DIR/result.json, the export and the wire PCM of each take
 // for the Python side to check the WAV independently. Exit status 0 = all checks passed.
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -65,18 +67,25 @@ function wirePcm(takeId) {
   return pcm;
 }
 
-const profile = mkdtempSync(join(tmpdir(), "retake-chromium-"));
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath: args.chromium,
-  headless: true,
-  acceptDownloads: true,
-  viewport: { width: 1440, height: 900 },
-  args: [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--autoplay-policy=no-user-gesture-required",
-  ],
-});
+const profiles = [];
+/** Chromium with a profile of its own (a new, empty directory: no localStorage, no cache). */
+async function browser() {
+  const profile = mkdtempSync(join(tmpdir(), "retake-chromium-"));
+  profiles.push(profile);
+  return chromium.launchPersistentContext(profile, {
+    executablePath: args.chromium,
+    headless: true,
+    acceptDownloads: true,
+    viewport: { width: 1440, height: 900 },
+    args: [
+      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+      "--autoplay-policy=no-user-gesture-required",
+    ],
+  });
+}
+const context = await browser();
+let other = null; // the second browser of step 6
 const page = context.pages()[0] ?? (await context.newPage());
 page.setDefaultTimeout(timeout);
 page.on("websocket", (socket) => socket.on("framereceived", ({ payload }) => onFrame(payload)));
@@ -86,7 +95,11 @@ page.on("console", (message) => {
 page.on("pageerror", (error) => console.log(`page error: ${error.message}`));
 
 const studio = (fn, arg) => page.evaluate(fn, arg);
-const waitReady = () => page.waitForFunction(() => window.retake?.ready !== null && window.retake?.connection.state === "open");
+const waitReady = (on = page) => on.waitForFunction(() => window.retake?.ready !== null && window.retake?.connection.state === "open");
+/** The take ids the history panel lists ("Line N will hear"), in order. */
+const historyPanel = (on = page) => on.locator("#history li").evaluateAll((items) => items.map((li) => Number(li.dataset.take)));
+/** Wait until the server confirmed every script edit of the page. */
+const scriptSaved = (on = page) => on.waitForFunction(() => window.retake.scene.script.draft.length === 0);
 const takeIds = () => studio(() => [...window.retake.scene.takes.keys()].sort((a, b) => a - b));
 const waitTakeDone = (id) => page.waitForFunction((takeId) => window.retake.scene.takes.get(takeId)?.phase === "done", id);
 
@@ -305,7 +318,62 @@ try {
   writeFileSync(join(args.out, `take-${second.takeId}.pcm`), Buffer.from(wirePcm(second.takeId).buffer));
   result.export = { path: exportPath, takes: [first.takeId, second.takeId], gapMs, sampleRate: ready.rate };
 
-  // 6. A described character becomes the voice.
+  // 6. A line typed and never taken, and a new order, are the server's: the history panel
+  //    follows the order, and a second browser with a fresh profile finds the same script.
+  const untaken = "A line not taken yet.";
+  await page.locator(".line-text").nth(1).click();
+  await page.locator("#add-line").click();
+  await page.waitForFunction(() => document.querySelectorAll(".line-text").length === 3);
+  await page.locator(".line-text").nth(2).fill(untaken);
+  await scriptSaved();
+  const served = await studio(() => window.retake.scene.script.lines.map((l) => l.text));
+  check("the typed line is stored on the server", served.at(-1) === untaken, JSON.stringify(served));
+  check("the page's URL names the session", new URL(page.url()).searchParams.get("session") === sessionId, page.url());
+  await page.locator(".line").nth(2).click({ position: { x: 5, y: 5 } });
+  await page.waitForFunction(() => document.getElementById("history-title").textContent === "Line 3 will hear");
+  let panel = await historyPanel();
+  check("line 3 hears both kept takes, in script order", JSON.stringify(panel) === JSON.stringify([first.takeId, second.takeId]),
+    JSON.stringify(panel));
+  await page.locator(".line").nth(1).locator('button[aria-label="move up"]').click(); // this selects line 2 (now 1)
+  await page.waitForFunction(() => document.getElementById("history-title").textContent === "Line 1 will hear");
+  await page.locator(".line").nth(2).click({ position: { x: 5, y: 5 } });
+  await page.waitForFunction((ids) => {
+    const shown = [...document.querySelectorAll("#history li")].map((li) => Number(li.dataset.take));
+    return JSON.stringify(shown) === JSON.stringify(ids);
+  }, [second.takeId, first.takeId]);
+  await scriptSaved();
+  const reordered = await studio(() => ({ lines: window.retake.scene.lines.map((l) => l.text), kept: window.retake.scene.serverHistory }));
+  check("after moving line 2 up, the server's kept history follows the new order",
+    JSON.stringify(reordered.kept) === JSON.stringify([second.takeId, first.takeId]), JSON.stringify(reordered));
+  const script = [text, "Places, everyone.", untaken];
+  check("the script is in its new order", JSON.stringify(reordered.lines) === JSON.stringify(script), JSON.stringify(reordered.lines));
+
+  other = await browser();
+  const fresh = other.pages()[0] ?? (await other.newPage());
+  fresh.setDefaultTimeout(timeout);
+  await fresh.goto(`${args.url}/?session=${sessionId}`);
+  await waitReady(fresh);
+  const elsewhere = await fresh.evaluate(() => ({
+    stored: Object.keys(localStorage).filter((key) => key.startsWith("retake.script.")).map((key) => JSON.parse(localStorage.getItem(key)).draft.length),
+    session: window.retake.ready.session_id, resumed: window.retake.ready.resumed,
+  }));
+  check("a fresh profile opens the session from its URL", elsewhere.session === sessionId && elsewhere.resumed, JSON.stringify(elsewhere));
+  check("with no script edits of its own in the browser", elsewhere.stored.every((n) => n === 0), JSON.stringify(elsewhere.stored));
+  await fresh.waitForFunction((n) => document.querySelectorAll(".line-text").length === n, script.length);
+  const freshLines = await fresh.locator(".line-text").evaluateAll((els) => els.map((el) => el.value));
+  check("the fresh profile shows the script, untaken line and order included", JSON.stringify(freshLines) === JSON.stringify(script),
+    JSON.stringify(freshLines));
+  await fresh.locator(".line").nth(2).click({ position: { x: 5, y: 5 } });
+  await fresh.waitForFunction(() => document.getElementById("history-title").textContent === "Line 3 will hear");
+  panel = await historyPanel(fresh);
+  check("and the same history for line 3", JSON.stringify(panel) === JSON.stringify([second.takeId, first.takeId]), JSON.stringify(panel));
+  await other.close();
+  other = null;
+
+  // 7. A described character becomes the voice (the first page took the session back).
+  await studio(() => (window.oldReady = window.retake.ready));
+  await page.locator("#reclaim").click();
+  await page.waitForFunction(() => window.retake.ready !== window.oldReady && window.retake.connection.state === "open");
   await page.locator('#voice .tabs button[data-tab="character"]').click();
   await page.locator("#character-name").fill("Mara");
   await page.locator("#character-description").fill("a tired lighthouse keeper, low and slow");
@@ -326,7 +394,8 @@ try {
   await page.screenshot({ path: join(args.out, "failure.png"), fullPage: true }).catch(() => {});
 } finally {
   writeFileSync(join(args.out, "result.json"), JSON.stringify(result, null, 1));
+  await other?.close();
   await context.close();
-  rmSync(profile, { recursive: true, force: true });
+  for (const profile of profiles) rmSync(profile, { recursive: true, force: true });
 }
 process.exit(result.ok ? 0 : 1);

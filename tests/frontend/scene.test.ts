@@ -1,21 +1,25 @@
 import { describe, expect, it } from "vitest";
 import type { ServerMessageOf } from "../../frontend/src/protocol";
-import { Scene } from "../../frontend/src/scene";
+import { Scene, readStoredScene } from "../../frontend/src/scene";
 
 const serverMessages = import.meta.glob("../fixtures/protocol/server_messages.json", { eager: true, import: "default" });
 const fixtures = Object.values(serverMessages)[0] as { name: string; message: Record<string, unknown> }[];
 const resumed = fixtures.find((f) => f.name === "session ready (resumed)")!.message as unknown as ServerMessageOf<"session.ready">;
 
 function queued(scene: Scene, takeId: number, lineId: string): void {
-  scene.takeQueued({ type: "take.queued", take_id: takeId, line_id: lineId, position: 0, deadline_ms: 1000, ref: null }, "x", 0);
+  scene.takeQueued({
+    type: "take.queued", take_id: takeId, line_id: lineId, position: 0, deadline_ms: 1000, audio_url: url(takeId), ref: null,
+  }, "x", 0);
 }
+
+const url = (takeId: number): string => `/sessions/s/takes/${takeId}.wav`;
 
 function finished(scene: Scene, takeId: number, pcm: number[]): void {
   scene.takeStarted({ type: "take.started", take_id: takeId, attempt: 1 });
   scene.audio({ kind: 1, flags: 1, reserved: 0, take_id: takeId, seq: 0, start_sample: 0, last: true, pcm: Int16Array.from(pcm) });
   scene.takeDone({
     type: "take.done", take_id: takeId, finish_reason: "stop", timings: {}, frames: 1, samples: pcm.length,
-    attempts: 1, error: null,
+    attempts: 1, audio_url: url(takeId), error: null,
   });
 }
 
@@ -78,7 +82,10 @@ describe("Scene", () => {
     finished(scene, 6, [1, 2, 3]);
     expect(Array.from(scene.pcmOf(scene.takes.get(6)!)!)).toEqual([1, 2, 3]);
     queued(scene, 7, line.id);
-    scene.takeDone({ type: "take.done", take_id: 7, finish_reason: "stop", timings: {}, frames: 1, samples: 2048, attempts: 1, error: null });
+    scene.takeDone({
+      type: "take.done", take_id: 7, finish_reason: "stop", timings: {}, frames: 1, samples: 2048, attempts: 1, audio_url: url(7),
+      error: null,
+    });
     expect(scene.pcmOf(scene.takes.get(7)!)).toBeNull();
     expect(scene.takes.get(7)!.streamProblem).toBe("received 0 of 2048 samples");
   });
@@ -108,29 +115,66 @@ describe("Scene", () => {
     expect([take.received, take.windows.length, take.peaks.length, take.attempts]).toEqual([0, 0, 0, 2]);
   });
 
-  it("resumes from session.ready, keeping the local script's order and unsent lines", () => {
+  it("resumes from session.ready: the server's script, with the browser's unconfirmed edits on top", () => {
     const scene = new Scene();
     scene.applyReady(resumed, {
-      lines: [{ id: "draft", text: "not taken yet" }, { id: "line-1", text: "Places, everyone!" }],
+      draft: [{ kind: "set", lineId: "line-1", text: "Places, everyone!" }, { kind: "set", lineId: "draft", text: "not sent yet", after: null }],
       selectedLineId: "line-1",
       heard: { "17": 250.5 },
     });
-    expect(scene.lines).toEqual([{ id: "draft", text: "not taken yet" }, { id: "line-1", text: "Places, everyone!" }]);
+    expect(scene.lines).toEqual([
+      { id: "draft", text: "not sent yet" }, { id: "line-2", text: "Not taken yet." }, { id: "line-1", text: "Places, everyone!" },
+    ]);
     expect(scene.selectedLineId).toBe("line-1");
     expect(scene.takesOf("line-1").map((t) => [t.id, t.kept, t.phase])).toEqual([[17, true, "done"], [18, false, "running"]]);
     expect(scene.takes.get(17)!.audioUrl).toBe(resumed.takes[0]!.audio_url);
     expect(scene.takes.get(17)!.heardLatencyMs).toBe(250.5); // measured by this page before the reload
-    expect(scene.storedScript().heard).toEqual({ "17": 250.5 });
+    expect(scene.stored().heard).toEqual({ "17": 250.5 });
+    expect(scene.stored().draft).toHaveLength(2); // not confirmed yet: kept for the next reload
 
-    // A line deleted here stays deleted, though the server still lists it (it has takes).
-    scene.deleteLine("line-1");
-    const again = new Scene();
-    again.applyReady(resumed, scene.storedScript());
-    expect(again.lines.map((l) => l.id)).toEqual(["draft"]);
-
-    const fresh = new Scene(); // another browser: no local script, the server's lines
+    const fresh = new Scene(); // another browser: nothing stored, the server's script as it is
     fresh.applyReady(resumed, null);
-    expect(fresh.lines).toEqual([{ id: "line-1", text: "Places, everyone." }]);
-    expect(fresh.selectedLineId).toBe("line-1");
+    expect(fresh.lines).toEqual([{ id: "line-2", text: "Not taken yet." }, { id: "line-1", text: "Places, everyone." }]);
+    expect(fresh.selectedLineId).toBe("line-2");
+    expect(fresh.historyFor("line-2")).toEqual([]);
+  });
+
+  it("follows the server's script replies: order, deletions, and the kept takes of the script", () => {
+    const scene = new Scene();
+    scene.applyReady(resumed, null);
+    scene.selectedLineId = "line-1";
+    const script = (lines: string[], history: number[]) => scene.scriptReply({
+      type: "script", lines: lines.map((id, position) => ({ line_id: id, text: id, position })), history, ref: null,
+    });
+    script(["line-1", "line-2"], [17]);
+    expect(scene.lines.map((l) => l.id)).toEqual(["line-1", "line-2"]);
+    expect(scene.historyFor("line-2")).toEqual([17]);
+    script(["line-2"], []); // line-1 deleted (elsewhere): its kept take leaves the history, keeps its flag
+    expect(scene.selectedLineId).toBe("line-2");
+    expect(scene.takes.get(17)!.kept).toBe(true);
+    expect(scene.keptInScriptOrder()).toEqual([]);
+    script(["line-2", "line-1"], [17]); // and comes back with the line
+    expect(scene.historyFor("line-1")).toEqual([]);
+    expect(scene.keptInScriptOrder().map((t) => t.id)).toEqual([17]);
+    expect(scene.serverHistory).toEqual([17]);
+  });
+
+  it("reads what an older studio stored (the whole script) as edits to send", () => {
+    const stored = readStoredScene({
+      lines: [{ id: "draft", text: "typed here only" }, { id: "line-1", text: "Places, everyone!" }],
+      selectedLineId: "draft", heard: { "17": 99 }, deleted: ["old"],
+    });
+    expect(stored).toEqual({
+      draft: [
+        { kind: "set", lineId: "draft", text: "typed here only" }, { kind: "set", lineId: "line-1", text: "Places, everyone!" },
+        { kind: "order", lineIds: ["draft", "line-1"] }, { kind: "delete", lineId: "old" },
+      ],
+      selectedLineId: "draft", heard: { "17": 99 },
+    });
+    const scene = new Scene();
+    scene.applyReady(resumed, stored);
+    expect(scene.lines.map((l) => `${l.id}:${l.text}`)).toEqual(["draft:typed here only", "line-1:Places, everyone!", "line-2:Not taken yet."]);
+    expect(readStoredScene("nonsense")).toBeNull();
+    expect(readStoredScene({ draft: [], selectedLineId: 3 })).toEqual({ draft: [], selectedLineId: null, heard: {} });
   });
 });

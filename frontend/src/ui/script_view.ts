@@ -129,21 +129,21 @@ class LineView {
     this.input.value = scene.line(lineId)?.text ?? "";
     this.input.addEventListener("input", () => {
       scene.editLine(lineId, this.input.value);
-      studio.saveScript();
+      studio.scriptEdited("text");
       studio.clearError(`line:${lineId}`);
     });
     this.input.addEventListener("focus", () => this.select());
+    this.input.addEventListener("blur", () => studio.flushScript());
     const up = h("button.icon", { title: "Move up", "aria-label": "move up" }, "↑");
     const down = h("button.icon", { title: "Move down", "aria-label": "move down" }, "↓");
-    const remove = h("button.icon.danger", { title: "Delete the line (its kept take leaves the history)", "aria-label": "delete" }, "✕");
+    const remove = h("button.icon.danger", {
+      title: "Delete the line (its takes stay on the server; its kept take leaves the history)", "aria-label": "delete",
+    }, "✕");
     up.addEventListener("click", () => this.move(-1));
     down.addEventListener("click", () => this.move(1));
     remove.addEventListener("click", () => {
-      const kept = scene.keptTake(lineId);
-      if (kept !== undefined) studio.drop(kept.id);
       scene.deleteLine(lineId);
-      studio.saveScript();
-      studio.onChange("script");
+      studio.scriptEdited("structure");
     });
     this.takeButton.addEventListener("click", () => (this.select(), studio.takeLine(lineId)));
     this.el = h("li.line", { "data-line": lineId },
@@ -156,15 +156,12 @@ class LineView {
     if (this.studio.scene.selectedLineId === this.lineId) return;
     this.studio.scene.selectedLineId = this.lineId;
     this.studio.selectedTakeId = null;
-    this.studio.saveScript();
+    this.studio.saveScene();
     this.studio.onChange("script");
   }
 
   private move(delta: -1 | 1): void {
-    if (this.studio.scene.moveLine(this.lineId, delta)) {
-      this.studio.saveScript();
-      this.studio.onChange("script");
-    }
+    if (this.studio.scene.moveLine(this.lineId, delta)) this.studio.scriptEdited("structure");
   }
 
   update(index: number): void {
@@ -176,6 +173,8 @@ class LineView {
     this.el.classList.toggle("selected", selected);
     setText(this.number, String(index + 1));
     if (document.activeElement !== this.input && this.input.value !== line.text) this.input.value = line.text;
+    const maxChars = studio.ready?.limits["max_text_chars"];
+    if (maxChars !== undefined && this.input.maxLength !== maxChars) this.input.maxLength = maxChars;
     const takes = scene.takesOf(this.lineId);
     setText(this.takeButton, takes.length === 0 ? "Take" : "Retake");
     this.takeButton.disabled = studio.ready === null;
