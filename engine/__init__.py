@@ -8,7 +8,7 @@ a prompt. Every error a user can cause is a `RequestError`.
 """
 
 from engine.drama3.engine import Drama3Engine, EngineSpec, load_engine
-from engine.drama3.generate import AudioWindow, Done
+from engine.drama3.take import AudioWindow, Done
 from engine.drama3.prompt import Character, HistoryTurn, Prompt, Reference
 from engine.drama3.request import Clip, SpeechRequest, parse_speech_request
 from engine.drama3.sampling import Sampling
