@@ -175,6 +175,10 @@ class Drama3Engine:
         (its slot is free again). With no take decoding it waits for the last windows."""
         return self.batch.step()
 
+    def drop(self, take: Take) -> None:
+        """Forget a take whose events nobody will read (its slot is freed; no Done follows)."""
+        self.batch.drop(take)
+
     def generate(self, prompt: Prompt, deadline: float | None = None,
                  cancelled: Callable[[], bool] | None = None) -> Iterator[AudioWindow | Done]:
         """One take alone: AudioWindow events as its frames exist, then one Done. (Several
