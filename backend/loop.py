@@ -60,6 +60,7 @@ class EngineLoop:
         self._queue: collections.deque[Job] = collections.deque()  # waiting, bounded by max_queue
         self._retries: list[TakeJob] = []  # between attempts, waiting for a slot
         self._running: dict[Take, TakeJob] = {}  # the engine's takes in flight and their jobs
+        self._starting: TakeJob | None = None  # out of the queue, being started (prompt, prefill)
         self._condition = threading.Condition()
         self._stopping = False
         self._ready = threading.Event()
@@ -104,7 +105,8 @@ class EngineLoop:
             if len(self._queue) >= self.max_queue:
                 retry_ms = round(1000 * max(0.5, self.last_take_s) * max(1, len(self._queue)) / (2 * self.slots))
                 raise Busy(len(self._queue), retry_ms)
-            ahead = len(self._queue) + len(self._retries) + max(0, len(self._running) + 1 - self.slots)
+            in_slots = len(self._running) + (self._starting is not None)
+            ahead = len(self._queue) + len(self._retries) + max(0, in_slots + 1 - self.slots)
             self._queue.append(job)
             self._condition.notify()
             return ahead
@@ -139,7 +141,7 @@ class EngineLoop:
                 if self._stopping and not self._running:
                     return
                 call = self._next_call()
-                take = None if self._stopping or engine.free_slots == 0 else self._next_take()
+                take = self._starting = None if self._stopping or engine.free_slots == 0 else self._next_take()
             if call is not None:
                 self._run_call(call, engine)
             if take is not None:
@@ -175,14 +177,16 @@ class EngineLoop:
 
     def _begin(self, job: TakeJob, engine: Drama3Engine) -> None:
         try:
-            started = job.begin(engine)
+            job.begin(engine)
         except Exception as error:  # noqa: BLE001 - one take's failure never stops the loop
             log.error("take start failed:\n%s", traceback.format_exc())
+            job.take = None
             job.finish("error", f"{type(error).__name__}: {error}")
-            return
-        if started and job.take is not None:
+        finally:
             with self._condition:
-                self._running[job.take] = job
+                self._starting = None
+                if job.take is not None:  # begin started an engine take
+                    self._running[job.take] = job
 
     def _step(self, engine: Drama3Engine) -> None:
         try:

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-window-frames", type=int, help="frames in a take's first audio window (smaller: "
                                                                 "earlier first audio)")
     parser.add_argument("--slots", type=int, help="takes that decode together in one batched step (default: 4 on a "
-                                                  "GPU, 1 on a CPU; at most 64 / experts per token, 8 for the "
+                                                  "GPU, 2 on a CPU; at most 64 / experts per token, 8 for the "
                                                   "released model)")
     parser.add_argument("--max-sessions", type=int, default=64, help="open directing sockets at once (default 64)")
     parser.add_argument("--max-queue", type=int, default=16, help="engine jobs that may wait (default 16)")

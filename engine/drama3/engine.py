@@ -15,11 +15,9 @@ Design choices:
   cache memory. Inside, one worker thread vocodes windows while the loop decodes the
   next frames; callers never see it.
 - Takes in different slots decode together, one frame each per step (batch.py). The
-  default slot count is per device (`default_slots`): on a GPU a step of 4 rows costs
-  little more than one (it is bound by reading the weights, not by the rows); on this
-  2-core CPU a step of the tiny model costs about its row count, so one slot (see
-  docs/perf.md). Slots times experts per token stay within the graph-safe expert path
-  (64 pairs: 8 slots for the released model).
+  default slot count is per device (`default_slots`, see docs/perf.md). Slots times
+  experts per token stay within the graph-safe expert path (64 pairs: 8 slots for the
+  released model).
 - `prompt` does everything that can refuse a request (text, codes, character, sampling,
   the row limit) before the accelerator is touched; `generate` only fails on the model.
 - A checkpoint written from the tiny preset is flagged `demo_weights`: its weights are
@@ -67,9 +65,10 @@ class EngineSpec:
 
 
 def default_slots(device: torch.device) -> int:
-    """4 on a GPU (not measured yet: a guess that keeps first audio close to one take's),
-    1 on a CPU (measured: two slots do not raise the tiny model's throughput there)."""
-    return 4 if device.type == "cuda" else 1
+    """4 on a GPU (not measured: a step is bound by reading the weights, so a few more rows
+    should cost little); 2 on a CPU (measured with the tiny model on 2 cores: 1.5-2.4x the
+    audio per second of one slot, and each take still decodes well above real time)."""
+    return 4 if device.type == "cuda" else 2
 
 
 def check_slots(slots: int, config: Drama3Config) -> int:
