@@ -211,6 +211,7 @@ class TakeJob(Job):
                 self._post(self.sink.retry, self.attempt + 1, message)
                 return "retry"
             codes = event.codes.numpy() if event.codes is not None else None
+            error_text: str | None
             if self.error is not None:
                 reason, error_text = cast(FinishReason, "error"), self.error
             else:

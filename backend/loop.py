@@ -200,9 +200,10 @@ class EngineLoop:
                 job.finish("error", f"{type(error).__name__}: {error}")
             return
         for take, events in results:
-            job = self._running.get(take)
-            if job is None:
+            found = self._running.get(take)
+            if found is None:
                 continue
+            job = found
             try:
                 progress = job.handle(engine, events)
             except Exception as error:  # noqa: BLE001 - one take's failure never stops the loop

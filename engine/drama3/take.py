@@ -70,11 +70,11 @@ class Windows:
 
     def submit(self, codes: np.ndarray, window: Window) -> None:
         # A copy: the frames are final, later steps write after them.
-        codes = torch.from_numpy(codes[:, :window.end].copy()).to(self.codec.device)  # [num_codebooks, end]
+        frames = torch.from_numpy(codes[:, :window.end].copy()).to(self.codec.device)  # [num_codebooks, end]
         if self.executor is None:
-            self.pending.append((window, decode_window(self.codec, codes, window)))
+            self.pending.append((window, decode_window(self.codec, frames, window)))
         else:
-            self.pending.append((window, self.executor.submit(decode_window, self.codec, codes, window)))
+            self.pending.append((window, self.executor.submit(decode_window, self.codec, frames, window)))
 
     def ready(self, wait: bool = False) -> Iterator[AudioWindow]:
         """The decoded windows at the head of the queue (all of them if `wait`)."""
