@@ -163,9 +163,9 @@ class TakeJob(Job):
         if self.attempt == 0:
             self.began = time.monotonic()
             self.queue_ms = round((self.began - self.submitted) * 1000)
-            if self.cancelled.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline):
-                self.finish("cancelled" if self.cancelled.is_set() else "deadline", self.error)
-                return False
+        if self.cancelled.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline):
+            self.finish("cancelled" if self.cancelled.is_set() else "deadline", self.error)
+            return False
         self.attempt += 1
         try:
             prompt = self.build_prompt(engine, self.sampling)

@@ -140,7 +140,7 @@ class EngineLoop:
                     self._condition.wait()
                 if self._stopping and not self._running:
                     return
-                call = self._next_call()
+                call = None if self._stopping else self._next_call()
                 take = self._starting = None if self._stopping or engine.free_slots == 0 else self._next_take()
             if call is not None:
                 self._run_call(call, engine)
