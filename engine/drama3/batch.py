@@ -51,9 +51,13 @@ class Batch:
         return self.slots.count(None)
 
     @property
+    def in_flight(self) -> int:
+        """Takes decoding or closing: started, Done not handed out yet."""
+        return len(self.slots) - self.free_slots + len(self.closing)
+
+    @property
     def idle(self) -> bool:
-        """No take in flight (decoding or closing)."""
-        return not self.closing and self.free_slots == len(self.slots)
+        return self.in_flight == 0
 
     def decoding(self) -> list[Take]:
         return [take for take in self.slots if take is not None]

@@ -153,7 +153,7 @@ class Drama3Engine:
     @property
     def in_flight(self) -> int:
         """Takes started whose Done has not been handed out yet."""
-        return len(self.batch.decoding()) + len(self.batch.closing)
+        return self.batch.in_flight
 
     def start(self, prompt: Prompt, deadline: float | None = None,
               cancelled: Callable[[], bool] | None = None) -> Take:

@@ -1,10 +1,12 @@
 """Takes decoding together (engine.start / engine.step) against the same takes alone, in
 float32 on the CPU: a seeded take's frames and PCM are the same alone and batched, a slot
 freed by a finished or cancelled take serves the next take as if fresh, and cancelling
-one take leaves the others intact."""
+one take, or one take failing, leaves the others intact."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -120,6 +122,31 @@ def test_cancelling_one_take_leaves_the_others_intact(batched, prompts, solo):
     for name in ("b", "c"):
         assert same(takes[name], solo[name]), name
     assert same(takes["again"], solo["a"])
+
+
+def test_one_take_failing_leaves_the_others_intact(batched, prompts, solo, monkeypatch):
+    # "huge" cannot fit the cache: its prefill fails and frees slot 1 at once. a then takes
+    # slot 1, and from the 8th step on its row's logits are NaN: a ends as an error, b goes on.
+    original, steps = batched.model.candidate_logits, []
+
+    def poisoned(hidden: torch.Tensor) -> torch.Tensor:
+        logits = original(hidden)  # [slots, 4097]
+        steps.append(len(steps))
+        if len(steps) >= 8:
+            logits[1] = math.nan
+        return logits
+
+    monkeypatch.setattr(batched.model, "candidate_logits", poisoned)
+    huge = dataclasses.replace(prompts["short"], sampling=dataclasses.replace(prompts["short"].sampling,
+                                                                              max_new_tokens=10**6))
+    takes, slots = together(batched, {0: [("b", prompts["b"]), ("huge", huge)], 2: [("a", prompts["a"])]})
+    assert slots == {"b": 0, "huge": 1, "a": 1}
+    failed, poisoned_take = takes["huge"][1], takes["a"][1]
+    assert failed.finish_reason == "error" and "does not fit" in failed.error and failed.codes.shape[1] == 0
+    assert poisoned_take.finish_reason == "error" and "non-finite" in poisoned_take.error
+    frames = poisoned_take.codes.shape[1]
+    assert 0 < frames < 8 and torch.equal(poisoned_take.codes, solo["a"][1].codes[:, :frames])
+    assert same(takes["b"], solo["b"])
 
 
 @torch.inference_mode()
