@@ -48,7 +48,7 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
         from engine import EngineSpec, load_engine
 
         return load_engine(EngineSpec(checkpoint=settings.checkpoint, device=settings.device,
-                                      first_window_frames=settings.first_window_frames))
+                                      first_window_frames=settings.first_window_frames, slots=settings.slots))
 
     return load
 
@@ -110,9 +110,9 @@ def log_ready(engine_loop: EngineLoop) -> None:
     engine, warm = engine_loop.engine, engine_loop.warm_up
     assert engine is not None
     step, peak = warm.get("decode_step_ms"), warm.get("peak_memory_gib")
-    log.info("engine %s ready on %s after a %ss warm-up take: one decode step %s ms, peak memory %s", engine.name,
-             engine.device, warm.get("warm_up_s", "?"), "?" if step is None else step,
-             "n/a (CPU)" if peak is None else f"{peak} GiB")
+    log.info("engine %s ready on %s after a %ss warm-up take: one decode step %s ms, %d slot%s, peak memory %s",
+             engine.name, engine.device, warm.get("warm_up_s", "?"), "?" if step is None else step, engine.slots,
+             "" if engine.slots == 1 else "s", "n/a (CPU)" if peak is None else f"{peak} GiB")
     if engine.demo_weights:
         log.warning("DEMO WEIGHTS: the tiny random-weight checkpoint; its audio is noise")
 

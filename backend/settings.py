@@ -23,6 +23,7 @@ class Settings:
     checkpoint: Path | str | None = None  # a directory or a Hub repo id; None: the tiny demo checkpoint
     device: str = "auto"
     first_window_frames: int | None = None
+    slots: int | None = None  # takes decoding together; None: the engine's default for the device
     allow_origins: tuple[str, ...] = ()  # besides the server's own origin; "*" allows any
     token: str | None = None
     limits: Limits = field(default_factory=Limits)

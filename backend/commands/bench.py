@@ -10,10 +10,11 @@ import argparse
 import importlib
 
 NAME = "bench"
-HELP = "measure speed: codec, rtf (CPU take real-time factor), decode, prefill, takes, personaplex"
+HELP = "measure speed: codec, rtf (CPU take real-time factor), slots, decode, prefill, takes, personaplex"
 BENCHES = {
     "codec": "engine.bench.codec",
     "rtf": "engine.bench.rtf",
+    "slots": "engine.bench.slots",
     "decode": "engine.bench.drama3",
     "prefill": "engine.bench.drama3",
     "takes": "engine.bench.drama3",

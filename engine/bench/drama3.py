@@ -318,9 +318,10 @@ def bench_prefill(model, config, device: torch.device) -> list[dict]:
 
 
 def bench_takes(model, codec, config, device: torch.device) -> list[dict]:
+    from engine.drama3.batch import Batch
     from engine.drama3.fast import GraphedDecoder
-    from engine.drama3.generate import Done, take
     from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, decode_window
+    from engine.drama3.take import Done
 
     out = []
     max_rows = 300 + 200 + 64
@@ -329,11 +330,10 @@ def bench_takes(model, codec, config, device: torch.device) -> list[dict]:
     decoder.capture()
     for first_window in (None, 4):
         firsts = []
+        batch = Batch(decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window)
         for seed in range(4):
             prompt = synthetic_prompt(config, 300, 48, seed)
-            events = take(decoder, codec, prompt, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window,
-                          step=decoder.replay)
-            done = [e for e in events if isinstance(e, Done)][0]
+            done = [e for e in batch.run(batch.start(prompt)) if isinstance(e, Done)][0]
             firsts.append(done.timings["first_audio_ms"])
         out.append({"bench": "first_audio", "prompt_rows": 300, "first_window_frames": first_window or 10,
                     "first_audio_ms": round(statistics.median(firsts[1:]), 1)})

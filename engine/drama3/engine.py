@@ -2,15 +2,22 @@
 
     engine = load_engine(EngineSpec())      # the tiny demo checkpoint, or a real one
     prompt = engine.prompt(text, voice, history, Sampling())
-    for event in engine.generate(prompt, deadline=..., cancelled=...):
+    for event in engine.generate(prompt, deadline=..., cancelled=...):   # one take alone
         AudioWindow(...) ... Done(...)
+
+    take = engine.start(prompt, deadline, cancelled)   # several takes: each into a free slot
+    for take, events in engine.step(): ...             # one batched step; windows, Done per take
 
 Design choices:
 - One engine per process, owned by one thread (the engine loop): it holds the model,
-  the codec, the tokenizer and one decode slot whose caches are allocated once, sized
-  for the longest prompt plus the longest take, so a take never allocates cache memory.
-  Inside, one worker thread vocodes a take's windows while the loop decodes its next
-  frames; callers never see it.
+  the codec, the tokenizer and `slots` decode slots whose caches are allocated once,
+  each sized for the longest prompt plus the longest take, so a take never allocates
+  cache memory. Inside, one worker thread vocodes windows while the loop decodes the
+  next frames; callers never see it.
+- Takes in different slots decode together, one frame each per step (batch.py). The
+  default slot count is per device (`default_slots`, see docs/perf.md). Slots times
+  experts per token stay within the graph-safe expert path (64 pairs: 8 slots for the
+  released model).
 - `prompt` does everything that can refuse a request (text, codes, character, sampling,
   the row limit) before the accelerator is touched; `generate` only fails on the model.
 - A checkpoint written from the tiny preset is flagged `demo_weights`: its weights are
@@ -32,16 +39,18 @@ import torch
 from tokenizers import Tokenizer
 
 from engine.drama3.audio import MAX_REFERENCE_SECONDS
+from engine.drama3.batch import Batch
 from engine.drama3.checkpoint import CheckpointError, load_model, resolve_checkpoint
 from engine.drama3.codec import Codec, load_codec
 from engine.drama3.config import Drama3Config
 from engine.drama3.fast import GraphedDecoder, install_fast_path
-from engine.drama3.generate import AudioWindow, Done, take
+from engine.drama3.moe import GATHER_MAX_PAIRS
 from engine.drama3.prompt import MAX_PROMPT_ROWS, HistoryTurn, Prompt, Reference, build_prompt
 from engine.drama3.request import SpeechRequest
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, render_take
 from engine.drama3.model import Drama3Model
+from engine.drama3.take import AudioWindow, Done, Take
 from engine.drama3.tiny import tiny_config
 from engine.errors import RequestError
 
@@ -52,6 +61,23 @@ class EngineSpec:
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     stream_overlap_frames: int = STREAM_OVERLAP_FRAMES  # left context per streamed window
     first_window_frames: int | None = None  # a smaller first window cuts first-audio latency
+    slots: int | None = None  # takes that decode together; None: default_slots(device)
+
+
+def default_slots(device: torch.device) -> int:
+    """4 on a GPU (not measured: a step is bound by reading the weights, so a few more rows
+    should cost little); 2 on a CPU (measured with the tiny model on 2 cores: 1.5-2.4x the
+    audio per second of one slot, and each take still decodes well above real time)."""
+    return 4 if device.type == "cuda" else 2
+
+
+def check_slots(slots: int, config: Drama3Config) -> int:
+    most = max(1, GATHER_MAX_PAIRS // config.text.num_experts_per_tok)
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= most:
+        raise RequestError(f"slots must be a whole number from 1 to {most} for this checkpoint (a decode step "
+                           f"keeps slots x {config.text.num_experts_per_tok} experts per token within "
+                           f"{GATHER_MAX_PAIRS}); got {slots!r}")
+    return slots
 
 
 def pick_device(device: str) -> torch.device:
@@ -82,13 +108,16 @@ class Drama3Engine:
         self.limits = {"max_prompt_rows": MAX_PROMPT_ROWS, "max_new_tokens": MAX_NEW_TOKENS,
                        "max_reference_seconds": MAX_REFERENCE_SECONDS, "num_codebooks": config.num_codebooks,
                        "codebook_size": config.codebook_size}
+        self.slots = check_slots(default_slots(self.device) if spec.slots is None else spec.slots, config)
         max_rows = MAX_PROMPT_ROWS + MAX_NEW_TOKENS
-        model.setup_caches(1, max_rows, self.device, model.candidate_head.dtype)
+        model.setup_caches(self.slots, max_rows, self.device, model.candidate_head.dtype)
         # On CUDA: fla prefill, compiled decode layers, and the step replayed from CUDA graphs.
         self.fast_path = install_fast_path(model) if self.device.type == "cuda" else []
-        self.decoder = GraphedDecoder(model, max_rows)
+        self.decoder = GraphedDecoder(model, max_rows, self.slots)
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
+        self.batch = Batch(self.decoder, codec, overlap=spec.stream_overlap_frames,
+                           first_window=spec.first_window_frames, executor=self.vocoder)
 
     # Inputs -------------------------------------------------------------------
 
@@ -116,15 +145,46 @@ class Drama3Engine:
 
     # Takes ----------------------------------------------------------------------
 
+    @property
+    def free_slots(self) -> int:
+        """Slots a take can start in now."""
+        return self.batch.free_slots
+
+    @property
+    def in_flight(self) -> int:
+        """Takes started whose Done has not been handed out yet."""
+        return self.batch.in_flight
+
+    def start(self, prompt: Prompt, deadline: float | None = None,
+              cancelled: Callable[[], bool] | None = None) -> Take:
+        """Prefill a take into a free slot (RuntimeError if none is free). `deadline` is a
+        time.monotonic() value; `cancelled` is polled before the prefill and every step.
+        Its events come from `step`."""
+        if not isinstance(prompt, Prompt):
+            raise TypeError(f"start takes a Prompt from engine.prompt; got {type(prompt).__name__}")
+        if not self.decoder.captured:
+            if not self.batch.idle:
+                raise RuntimeError("the decode graphs must be captured (warm_up) before takes run together")
+            with torch.inference_mode():
+                self.decoder.capture()  # normally done by warm_up; safe here, with no take in flight
+        return self.batch.start(prompt, deadline, cancelled)
+
+    def step(self) -> list[tuple[Take, list[AudioWindow | Done]]]:
+        """One batched decode step: each take's new windows, and Done for each that ended
+        (its slot is free again). With no take decoding it waits for the last windows."""
+        return self.batch.step()
+
+    def drop(self, take: Take) -> None:
+        """Forget a take whose events nobody will read (its slot is freed; no Done follows)."""
+        self.batch.drop(take)
+
     def generate(self, prompt: Prompt, deadline: float | None = None,
                  cancelled: Callable[[], bool] | None = None) -> Iterator[AudioWindow | Done]:
-        """AudioWindow events as the take's frames exist, then one Done."""
-        graphs = self.decoder.graphs
-        if graphs.enabled and len(graphs.graphs) < len(graphs.buckets):
-            self.decoder.capture()  # normally done by warm_up; safe here, before the take's prefill
-        return take(self.decoder, self.codec, prompt, overlap=self.spec.stream_overlap_frames,
-                    first_window=self.spec.first_window_frames, deadline=deadline, cancelled=cancelled,
-                    executor=self.vocoder, step=self.decoder.replay if graphs.enabled else None)
+        """One take alone: AudioWindow events as its frames exist, then one Done. (Several
+        takes at once go through start and step.)"""
+        if not self.batch.idle:
+            raise RuntimeError("generate runs one take alone, but takes are in flight; use start and step")
+        yield from self.batch.run(self.start(prompt, deadline, cancelled))
 
     def vocode_take(self, codes: torch.Tensor) -> np.ndarray:
         """int16 PCM: exactly the samples the stream of a take with these codes carried."""
@@ -145,7 +205,7 @@ class Drama3Engine:
             raise RuntimeError(f"the warm-up take failed: {done.error}")
         rate = done.timings["decode_frames_per_s"]
         return {"warm_up_s": round(time.perf_counter() - started, 2), "fast_path": self.fast_path,
-                "graphs": len(self.decoder.graphs.graphs),
+                "slots": self.slots, "graphs": len(self.decoder.graphs.graphs),
                 "decode_step_ms": round(1000 / rate, 2) if rate else None,
                 "peak_memory_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
                 if self.device.type == "cuda" else None}

@@ -11,6 +11,9 @@ Design choices:
 - Draws are `argmax(p / Exponential(1))`, equivalent to drawing from p, with no host
   sync; the sampling parameters are tensors. Together with a per-take
   `torch.Generator` the step stays capturable as a CUDA graph.
+- Rows of a batch may each have their own generator (one per take in a batched decode
+  step): row i's noise is drawn from generator i alone, the same values a batch of that
+  one row would draw, so a seeded take samples the same frames alone and batched.
 - Repetition-aware sampling (RAS) of the main token: both draws are always made (so
   the random stream does not depend on the window); a semantic first draw that
   repeats a main token of the last 16 frame rows (prompt rows included) takes the
@@ -22,6 +25,7 @@ Design choices:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -80,15 +84,29 @@ class SamplingTensors:
                    torch.tensor([sampling.top_k], dtype=torch.long, device=device),
                    torch.tensor([sampling.top_p], dtype=torch.float32, device=device))
 
-    def fill(self, sampling: Sampling) -> None:
-        """Copy new settings into the same tensors (the addresses a graph captured)."""
-        self.temperature.fill_(sampling.temperature)
-        self.top_k.fill_(sampling.top_k)
-        self.top_p.fill_(sampling.top_p)
+    def fill(self, sampling: Sampling, row: int | slice = slice(None)) -> None:
+        """Copy new settings into the same tensors (the addresses a graph captured): every
+        row, or one row (a batch slot)."""
+        self.temperature[row] = sampling.temperature
+        self.top_k[row] = sampling.top_k
+        self.top_p[row] = sampling.top_p
+
+
+Generators = torch.Generator | Sequence[torch.Generator] | None  # one for the batch, or one per row
+
+
+def exponential_noise(like: torch.Tensor, generator: Generators) -> torch.Tensor:
+    """Exponential(1) noise shaped like `like` [B, V]: from one generator, or row i from generator i."""
+    noise = torch.empty_like(like)
+    if generator is None or isinstance(generator, torch.Generator):
+        return noise.exponential_(1.0, generator=generator)
+    for row, row_generator in zip(noise, generator, strict=True):  # a take's draws come from its own stream
+        row.exponential_(1.0, generator=row_generator)
+    return noise
 
 
 def sample_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                       top_p: torch.Tensor, generator: torch.Generator | None = None, *,
+                       top_p: torch.Tensor, generator: Generators = None, *,
                        keep_crossing: bool = False, max_k: int | None = None) -> torch.Tensor:
     """One id per row of logits [B, V]; temperature, top_p float [B], top_k int [B].
 
@@ -111,7 +129,7 @@ def sample_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
     dropped[:, 0] = False
     probs = sorted_logits.masked_fill(dropped, -math.inf).softmax(dim=-1)  # [B, k or V]
     # An exponential draw of exactly 0 would turn p / 0 into inf or nan (argmax's pick).
-    noise = torch.empty_like(probs).exponential_(1.0, generator=generator).clamp_(min=torch.finfo(probs.dtype).tiny)
+    noise = exponential_noise(probs, generator).clamp_(min=torch.finfo(probs.dtype).tiny)
     choice = (probs / noise).argmax(dim=-1, keepdim=True)  # [B, 1]
     choice = torch.where(temperature[:, None] == 0, torch.zeros_like(choice), choice)
     return sorted_ids.gather(-1, choice).squeeze(-1)  # [B]
@@ -119,7 +137,7 @@ def sample_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
 
 def sample_main(candidate_logits: torch.Tensor, candidate_ids: torch.Tensor, ras_window: torch.Tensor,
                 settings: SamplingTensors, semantic_start: int, codebook_size: int,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+                generator: Generators = None) -> torch.Tensor:
     """The main token ids [B] (end of speech or a semantic token) with RAS.
 
     candidate_logits [B, C] are the logits of candidate_ids [C]; ras_window [B, 16]
@@ -135,8 +153,7 @@ def sample_main(candidate_logits: torch.Tensor, candidate_ids: torch.Tensor, ras
     return torch.where(repeated & semantic, retry, first)
 
 
-def sample_code(logits: torch.Tensor, settings: SamplingTensors,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_code(logits: torch.Tensor, settings: SamplingTensors, generator: Generators = None) -> torch.Tensor:
     """A codebook head's code [B] from its logits [B, V]: the request's settings, top-k capped."""
     return sample_top_k_top_p(logits, settings.temperature, settings.top_k.clamp(max=CODEBOOK_TOP_K),
                               settings.top_p, generator, max_k=CODEBOOK_TOP_K)

@@ -19,7 +19,9 @@ from backend.settings import Settings
 
 @pytest.fixture(scope="session")
 def engine_loop(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineLoop]:
-    settings = Settings(data_dir=tmp_path_factory.mktemp("unused"), checkpoint=tiny_checkpoint, device="cpu")
+    # Two slots (the CPU default, pinned here): takes of different sessions decode together.
+    settings = Settings(data_dir=tmp_path_factory.mktemp("unused"), checkpoint=tiny_checkpoint, device="cpu",
+                        slots=2)
     loop = start_engine_loop(settings)
     yield loop
     loop.stop()

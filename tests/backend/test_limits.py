@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from backend.client import Director
-from backend.loop import SilenceGuard
+from backend.loop import EngineLoop, SilenceGuard
 
 LONG = {"sampling": {"seed": 11}}
 
@@ -96,24 +96,28 @@ def test_too_many_sessions(make_server: Any) -> None:
     run(main())
 
 
-def test_a_full_queue_answers_busy(make_server: Any) -> None:
+def test_a_full_queue_answers_busy(make_server: Any, engine_loop: EngineLoop) -> None:
     server = make_server(limits={"max_queue": 1})
+    slots = engine_loop.slots
 
     async def main() -> None:
-        directors = [await Director.connect(server.ws) for _ in range(3)]
+        directors = [await Director.connect(server.ws) for _ in range(slots + 2)]
         for director in directors:
             await director.open()
-        running = await directors[0].start("a", "A long speech that goes on.", **LONG)
-        await directors[0].expect("take.started")
-        waiting = await directors[1].start("a", "Waiting.", sampling={"max_new_tokens": 2})
+        running = []
+        for director in directors[:slots]:  # every slot decodes a long take
+            running.append(await director.start("a", "A long speech that goes on.", **LONG))
+            await director.expect("take.started")
+        waiting = await directors[slots].start("a", "Waiting.", sampling={"max_new_tokens": 2})
         assert waiting.messages[0]["position"] == 1
-        turned_away = await directors[2].start("a", "No room.", sampling={"max_new_tokens": 2}, ref="r")
+        turned_away = await directors[slots + 1].start("a", "No room.", sampling={"max_new_tokens": 2}, ref="r")
         error = turned_away.messages[0]
         assert (error["type"], error["code"], error["ref"]) == ("error", "busy", "r")
         assert int(error["retry_after_ms"]) > 0  # type: ignore[call-overload]
-        await directors[0].send({"type": "take.cancel", "take_id": running.take_id})
-        await directors[0].finish(running)
-        await directors[1].finish(waiting)
+        for director, take in zip(directors, running):
+            await director.send({"type": "take.cancel", "take_id": take.take_id})
+            await director.finish(take)
+        await directors[slots].finish(waiting)
         assert waiting.done["finish_reason"] in ("stop", "length")
         for director in directors:
             await director.close()

@@ -36,11 +36,11 @@ def test_fla_chunked_equals_torch_reference(T: int) -> None:
 
 
 def frames_of(decoder: Decoder, prompt, steps: int, run) -> torch.Tensor:
-    decoder.prefill(prompt)
+    decoder.prefill(prompt, 0)
     position, out = len(prompt.rows) - 1, []
     for step in range(steps):
         run(position + step)
-        out.append(torch.cat((decoder.frame[0], decoder.status)).clone())
+        out.append(decoder.status[0].clone())  # finite, then the new frame
     return torch.stack(out).cpu()
 
 
@@ -97,3 +97,36 @@ def test_compiled_prefill_matches_eager(tiny_checkpoint) -> None:
         for prompt, expected in zip(prompts, reference):
             decoder.prefill(prompt)
             assert (decoder.hidden - expected).norm() / expected.norm() < 1e-4
+
+
+def test_batched_graph_replays_match_eager_steps(tiny_checkpoint) -> None:
+    """Three slots, two takes at different positions (slot 1 free): GraphedDecoder's
+    replays give the eager step's frames for both takes, fast path installed."""
+    from engine.drama3.checkpoint import load_model
+    from engine.drama3.prompt import build_prompt
+    from engine.drama3.sampling import Sampling
+
+    model, config, tokenizer = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
+    prompts = {0: build_prompt("The first take.", None, [], Sampling(max_new_tokens=32, seed=4), tokenizer, config),
+               2: build_prompt("A second take, with a longer line than the first.", None, [],
+                               Sampling(temperature=0.7, top_k=10, max_new_tokens=32, seed=5), tokenizer, config)}
+    steps = 20
+    max_rows = max(len(p.rows) for p in prompts.values()) + 64
+    model.setup_caches(3, max_rows, "cuda", torch.float32)
+    with torch.inference_mode():
+        install_fast_path(model)
+        graphed = GraphedDecoder(model, max_rows, slots=3)
+        graphed.capture()
+
+        def frames(run) -> torch.Tensor:
+            for slot, prompt in prompts.items():
+                graphed.prefill(prompt, slot)
+            furthest, out = max(len(p.rows) for p in prompts.values()) - 1, []
+            for step in range(steps):
+                run(furthest + step)
+                out.append(graphed.status[[0, 2]].clone())
+            return torch.stack(out).cpu()
+
+        stepped = frames(lambda position: graphed.step(graphed.graphs.bucket_for(position + 2)))
+        replayed = frames(graphed.run)
+    assert torch.equal(replayed, stepped)

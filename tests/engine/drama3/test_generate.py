@@ -143,23 +143,24 @@ def test_decoding_equals_a_teacher_forced_prefill_of_the_same_frames(tiny):
     must agree, and with the same random state the next frame must be the same."""
     decoder = tiny.decoder
     prompt = tiny.prompt("Teacher forcing.", None, [], Sampling(max_new_tokens=20, seed=3))
-    decoder.prefill(prompt)
+    decoder.prefill(prompt, 0)
     frames = []
     for k in range(6):
         decoder.step(decoder.kv_len(len(prompt.rows) - 1 + k))
-        frames.append(decoder.frame.clone())
-    hidden, state = decoder.hidden.clone(), decoder.generator.get_state()
+        frames.append(decoder.frame[:1].clone())
+    hidden, state = decoder.hidden[0].clone(), decoder.generators[0].get_state()
     decoder.step(decoder.kv_len(len(prompt.rows) + 5))
-    next_frame = decoder.frame.clone()
+    next_frame = decoder.frame[0].clone()
 
     rows = torch.cat((prompt.rows, *frames))
     forced = type(prompt)(rows=rows, history_used=0, sampling=prompt.sampling)
-    decoder.prefill(forced)
-    torch.testing.assert_close(decoder.hidden, hidden, rtol=1e-4, atol=1e-4)
-    assert torch.equal(decoder.ras_window, ras_window_of(rows))
-    decoder.generator.set_state(state)
+    decoder.prefill(forced, 0)
+    torch.testing.assert_close(decoder.hidden[0], hidden, rtol=1e-4, atol=1e-4)
+    assert torch.equal(decoder.ras_window[:1], ras_window_of(rows))
+    decoder.generators[0].set_state(state)
     decoder.step(decoder.kv_len(len(rows) - 1))
-    assert torch.equal(decoder.frame, next_frame)
+    assert torch.equal(decoder.frame[0], next_frame)
+    decoder.release(0)
 
 
 def wav_bytes(seconds: float, seed: int) -> bytes:

@@ -1,6 +1,6 @@
-"""On a GPU: takes run in bfloat16 and reproduce from a seed, and the whole decode step
-(sampling with the take's own generator included) replays as a CUDA graph with the same
-frames as eager."""
+"""On a GPU: takes run in bfloat16 and reproduce from a seed, and the whole batched decode
+step (sampling with each take's own generator included) replays as a CUDA graph with the
+same frames as eager."""
 
 from __future__ import annotations
 
@@ -32,24 +32,31 @@ def test_take_on_gpu_reproduces_from_a_seed(gpu):
 
 
 def test_decode_step_replays_as_a_cuda_graph(gpu):
+    """The batched step over every slot, two of them active: a graph replay gives eager's frames."""
     if not hasattr(torch.cuda.CUDAGraph, "register_generator_state"):
         pytest.skip("this torch cannot capture a graph that draws from its own generator")
     decoder = gpu.decoder
-    prompt = gpu.prompt("Captured.", None, [], Sampling(max_new_tokens=16, seed=9))
-    kv_len = decoder.kv_len(len(prompt.rows) + 16)
-    steps = 12
+    assert decoder.num_slots >= 3
+    prompts = [gpu.prompt("Captured.", None, [], Sampling(max_new_tokens=16, seed=9)),
+               gpu.prompt("Captured beside it, at another length.", None, [], Sampling(max_new_tokens=16, seed=3))]
+    kv_len = decoder.kv_len(max(len(p.rows) for p in prompts) + 16)
+    steps, active = 12, [0, 2]
+
+    def prefill() -> None:
+        for slot, prompt in zip(active, prompts):
+            decoder.prefill(prompt, slot)
 
     def frames(run) -> torch.Tensor:
-        decoder.prefill(prompt)
+        prefill()
         out = []
         for _ in range(steps):
             run()
-            out.append(torch.cat((decoder.frame[0], decoder.status)).clone())
+            out.append(decoder.status[active].clone())  # inactive rows draw from unseeded generators
         return torch.stack(out).cpu()
 
     with torch.inference_mode():
         eager = frames(lambda: decoder.step(kv_len))
-        decoder.prefill(prompt)
+        prefill()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside the capture (lazy init, autotuning)
@@ -57,8 +64,11 @@ def test_decode_step_replays_as_a_cuda_graph(gpu):
                 decoder.step(kv_len)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(decoder.generator)
+        for generator in decoder.generators:
+            graph.register_generator_state(generator)
         with torch.cuda.graph(graph):
             decoder.step(kv_len)
         replayed = frames(graph.replay)
+        for slot in active:
+            decoder.release(slot)
     assert torch.equal(replayed, eager)

@@ -118,3 +118,15 @@ def test_ranking_only_max_k_candidates_keeps_the_same_set_and_distribution():
     greedy = settings(ROWS, temperature=0.0, top_k=30, top_p=0.7)
     assert torch.equal(sample_top_k_top_p(logits, greedy.temperature, greedy.top_k, greedy.top_p, max_k=30),
                        logits.argmax(-1))
+
+
+def test_each_row_draws_from_its_own_generator():
+    """A batch with one generator per row samples each row as that row alone with its generator."""
+    logits = torch.randn(3, 4097, generator=torch.Generator().manual_seed(5))
+    t, k, p = torch.tensor([1.0, 0.7, 1.3]), torch.tensor([4097, 30, 200]), torch.tensor([0.9, 0.8, 1.0])
+    batched = sample_top_k_top_p(logits, t, k, p, [take_generator(s) for s in (1, 2, 3)])
+    alone = [sample_top_k_top_p(logits[i:i + 1], t[i:i + 1], k[i:i + 1], p[i:i + 1], take_generator(s))
+             for i, s in enumerate((1, 2, 3))]
+    assert batched.tolist() == [int(a) for a in alone]
+    shared = sample_top_k_top_p(logits, t, k, p, take_generator(1))  # one stream for all rows: not the same
+    assert shared.tolist() != batched.tolist()

@@ -1,0 +1,198 @@
+"""One take's host side: its stop rules, its committed frames, its windows, its Done.
+
+    take = Take(prompt, slot, codec, schedule, executor, deadline, cancelled)
+    reason = take.stopped()              # before each step: cancelled / deadline
+    reason = take.advance(status_row)    # after each step: the slot's status row
+    take.close(reason)                   # the slot is free; the rest of the frames go out
+    events = take.ready(wait)            # AudioWindow ... then Done once everything is out
+
+batch.py drives takes through a Decoder's slots; a take never touches the device state.
+
+Design choices:
+- Stop rules: end of speech (`stop`), `max_new_tokens` (`length`), the deadline
+  (`deadline`), the cancel callback (`cancelled`), non-finite logits (`error`). Deadline
+  and cancel are checked before each step, so a take ends within one step of either.
+- The model often ends a turn with `<|semantic:0|>` right before end of speech, and that
+  frame decodes to a click: such a frame is held back one step and dropped if end of
+  speech follows (mlx-audio does the same). Every other frame is committed at once.
+- Frames arrive on the host with the step's status (one read per batched step), so a
+  take's codes live on the host; a window's codes go to the codec's device.
+- Windows (stream.py's schedule) are vocoded as soon as their frames are committed, on a
+  worker thread when the engine gives one, so the codec runs while the next frames
+  decode; they are handed out in order. The final window (marked last, possibly empty)
+  flushes the rest whatever the finish reason, so the stream always carries exactly the
+  take's committed codes. A closed take no longer holds its slot while its last windows
+  vocode; Done follows them.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.drama3.codec import Codec
+from engine.drama3.prompt import Prompt
+from engine.drama3.stream import StreamSchedule, Window, decode_window
+
+
+@dataclass(frozen=True)
+class AudioWindow:
+    pcm: np.ndarray  # int16 [N]: the window's new samples
+    start_sample: int  # where pcm starts in the take
+    frames: int  # new frames in this window
+    last: bool  # the take's final window (possibly empty)
+
+
+@dataclass(frozen=True)
+class Done:
+    finish_reason: str  # "stop" | "length" | "deadline" | "cancelled" | "error"
+    timings: dict
+    codes: torch.Tensor  # int64 [num_codebooks, frames], CPU: exactly what the stream carried
+    error: str | None = None
+
+
+class Windows:
+    """A take's windows, vocoded beside the decode loop and handed out in order.
+
+    With an executor (one worker thread) a window's codec decode overlaps the next decode
+    steps, as the seed overlaps them on a side CUDA stream; without one it runs inline."""
+
+    def __init__(self, codec: Codec, executor: Executor | None) -> None:
+        self.codec, self.executor = codec, executor
+        self.pending: collections.deque[tuple[Window, Future | np.ndarray]] = collections.deque()
+        self.sample = 0  # the take's samples handed out so far
+
+    def submit(self, codes: np.ndarray, window: Window) -> None:
+        # A copy: the frames are final, later steps write after them.
+        frames = torch.from_numpy(codes[:, :window.end].copy()).to(self.codec.device)  # [num_codebooks, end]
+        if self.executor is None:
+            self.pending.append((window, decode_window(self.codec, frames, window)))
+        else:
+            self.pending.append((window, self.executor.submit(decode_window, self.codec, frames, window)))
+
+    def ready(self, wait: bool = False) -> Iterator[AudioWindow]:
+        """The decoded windows at the head of the queue (all of them if `wait`)."""
+        while self.pending and (wait or not isinstance(self.pending[0][1], Future) or self.pending[0][1].done()):
+            window, result = self.pending.popleft()
+            pcm = result.result() if isinstance(result, Future) else result
+            yield AudioWindow(pcm=pcm, start_sample=self.sample, frames=window.frames, last=window.last)
+            self.sample += len(pcm)
+
+
+class Take:
+    """A take in flight: decoding in a slot, then closed (slot freed) until its Done is out."""
+
+    def __init__(self, prompt: Prompt, slot: int, codec: Codec, schedule: StreamSchedule,
+                 executor: Executor | None, deadline: float | None, cancelled: Callable[[], bool] | None,
+                 eos: int, semantic_start: int) -> None:
+        self.started = time.perf_counter()
+        self.prompt, self.slot = prompt, slot
+        self.deadline, self.cancelled = deadline, cancelled
+        self.eos, self.semantic_start = eos, semantic_start
+        self.schedule, self.windows = schedule, Windows(codec, executor)
+        self.position = len(prompt.rows) - 1  # of the next step's input frame
+        self.codes = np.zeros((codec.num_codebooks, prompt.sampling.max_new_tokens), dtype=np.int64)
+        self.committed, self.held, self.steps, self.step_s = 0, False, 0, 0.0  # held: a <|semantic:0|> frame
+        self.finish: str | None = None  # set when the take closes
+        self.error: str | None = None
+        self.done = False  # Done was handed out
+        self.vocoder_broken = False
+        self.timings: dict = {"prompt_rows": len(prompt.rows), "prompt_ms": round(prompt.prompt_ms, 1)}
+
+    @property
+    def decoding(self) -> bool:
+        return self.finish is None
+
+    def since_start_ms(self) -> float:
+        return round(self.prompt.prompt_ms + (time.perf_counter() - self.started) * 1000, 1)
+
+    def prefilled(self) -> None:
+        self.timings["prefill_ms"] = round((time.perf_counter() - self.started) * 1000, 1)
+
+    def stopped(self) -> str | None:
+        """The reason to stop before the next step, if any."""
+        if self.vocoder_broken:
+            return "error"
+        if self.cancelled is not None and self.cancelled():
+            return "cancelled"
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return "deadline"
+        return None
+
+    def advance(self, status: list[int], step_s: float) -> str | None:
+        """Take one step's status row (finite, main token, codes 0..9); returns a finish reason
+        when the take ends with it."""
+        finite, main, *codes = status
+        self.steps += 1
+        self.step_s += step_s
+        self.position += 1
+        if not finite:
+            self.error = "the model produced non-finite logits; the take was stopped"
+            return "error"
+        if main == self.eos:
+            self.held = False  # a <|semantic:0|> frame right before end of speech is a click: drop it
+            return "stop"
+        self.codes[:, self.committed + self.held] = codes
+        self.committed += self.held
+        self.held = main == self.semantic_start
+        self.committed += not self.held
+        while (window := self.schedule.due(self.committed)) is not None:
+            self.windows.submit(self.codes, window)
+        if self.steps >= self.prompt.sampling.max_new_tokens:
+            return "length"
+        return None
+
+    def close(self, reason: str, error: str | None = None) -> None:
+        """End the decoding (any reason): commit a held frame, send the final window."""
+        self.finish, self.error = reason, self.error or error
+        self.committed += self.held
+        self.held = False
+        self.timings.setdefault("prefill_ms", round((time.perf_counter() - self.started) * 1000, 1))
+        if self.vocoder_broken:
+            self.end_stream()
+            return
+        try:
+            self.windows.submit(self.codes, self.schedule.final(self.committed))
+        except Exception as exc:  # noqa: BLE001 - the vocoder failed: report it, the codes stand
+            self.vocoder_failed(exc)
+
+    def vocoder_failed(self, exc: Exception) -> None:
+        """A window could not be vocoded: the take ends as an error (at the next step if it is
+        decoding), its stream closes with an empty last window; the codes stand."""
+        self.vocoder_broken = True
+        self.error = self.error or f"{type(exc).__name__}: {exc}"
+        self.windows.pending.clear()
+        if not self.decoding:
+            self.finish = "error"
+            self.end_stream()
+
+    def end_stream(self) -> None:
+        self.windows.pending.append((Window(0, 0, 0, last=True), np.zeros(0, dtype=np.int16)))
+
+    def ready(self, wait: bool = False) -> list[AudioWindow | Done]:
+        """Windows decoded so far, in order (all of them if `wait` and the take is closed), then
+        Done once the take is closed and its last window is out."""
+        events: list[AudioWindow | Done] = []
+        try:
+            for window in self.windows.ready(wait and not self.decoding):
+                if len(window.pcm) and "first_audio_ms" not in self.timings:
+                    self.timings["first_audio_ms"] = self.since_start_ms()
+                events.append(window)
+        except Exception as exc:  # noqa: BLE001 - the vocoder failed: report it, the codes stand
+            self.vocoder_failed(exc)
+            events.extend(self.windows.ready())  # the empty last window of a closed take
+        if self.decoding or self.windows.pending or self.done:
+            return events
+        self.done = True
+        self.timings.setdefault("first_audio_ms", None)
+        self.timings.update(frames=self.committed, total_ms=self.since_start_ms(),
+                            decode_frames_per_s=round(self.steps / self.step_s, 1) if self.step_s else None)
+        events.append(Done(finish_reason=self.finish or "error", timings=self.timings,
+                           codes=torch.from_numpy(self.codes[:, :self.committed].copy()), error=self.error))
+        return events

@@ -1,0 +1,180 @@
+"""Takes decoding together (engine.start / engine.step) against the same takes alone, in
+float32 on the CPU: a seeded take's frames and PCM are the same alone and batched, a slot
+freed by a finished or cancelled take serves the next take as if fresh, and cancelling
+one take, or one take failing, leaves the others intact."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from engine import AudioWindow, Done, EngineSpec, HistoryTurn, RequestError, Sampling, load_engine
+
+
+@pytest.fixture(scope="module")
+def single(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=1))
+
+
+@pytest.fixture(scope="module")
+def batched(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=3))
+
+
+def checked(engine, events: list) -> tuple[np.ndarray, Done]:
+    """A take's PCM and Done, after checking its stream: contiguous windows, one last window,
+    every committed frame carried."""
+    windows, done = events[:-1], events[-1]
+    assert all(isinstance(w, AudioWindow) for w in windows) and isinstance(done, Done)
+    assert [w.last for w in windows] == [False] * (len(windows) - 1) + [True]
+    assert [w.start_sample for w in windows] == list(np.cumsum([0] + [len(w.pcm) for w in windows[:-1]]))
+    assert sum(w.frames for w in windows) == done.timings["frames"] == done.codes.shape[1]
+    pcm = np.concatenate([w.pcm for w in windows])
+    assert len(pcm) == done.codes.shape[1] * engine.frame_samples
+    return pcm, done
+
+
+def alone(engine, prompt) -> tuple[np.ndarray, Done]:
+    return checked(engine, list(engine.generate(prompt)))
+
+
+def together(engine, plan: dict[int, list[tuple[str, object]]],
+             cancel_at: dict[str, int] | None = None) -> tuple[dict[str, tuple[np.ndarray, Done]], dict[str, int]]:
+    """Run takes in one engine: plan[k] lists (name, prompt) started before step k; a name in
+    cancel_at is cancelled from that step on. Returns each take's (PCM, Done) and slot."""
+    cancel_at = cancel_at or {}
+    names, events, slots, step = {}, {}, {}, 0
+
+    def cancelled(name: str) -> Callable[[], bool]:
+        return lambda: step >= cancel_at.get(name, 1 << 30)
+
+    while step <= max(plan) or engine.in_flight:
+        for name, prompt in plan.get(step, []):
+            take = engine.start(prompt, cancelled=cancelled(name))
+            names[take], events[name], slots[name] = name, [], take.slot
+        for take, new in engine.step():
+            events[names[take]] += new
+        step += 1
+    return {name: checked(engine, got) for name, got in events.items()}, slots
+
+
+def same(a: tuple[np.ndarray, Done], b: tuple[np.ndarray, Done]) -> bool:
+    return torch.equal(a[1].codes, b[1].codes) and np.array_equal(a[0], b[0]) \
+        and a[1].finish_reason == b[1].finish_reason
+
+
+@pytest.fixture(scope="module")
+def prompts(single):
+    history = torch.randint(0, 1024, (10, 30), generator=torch.Generator().manual_seed(1))
+    return {
+        "a": single.prompt("Once more, with feeling.", None, [], Sampling(max_new_tokens=26, seed=5)),
+        "b": single.prompt("Who left the lamp burning?", None, [HistoryTurn("Not me.", history)],
+                           Sampling(max_new_tokens=36, seed=7)),
+        "c": single.prompt("Then light it again.", None, [],
+                           Sampling(temperature=0.7, top_k=12, top_p=0.8, max_new_tokens=22, seed=9)),
+        "short": single.prompt("Cut.", None, [], Sampling(max_new_tokens=4, seed=2)),
+    }
+
+
+@pytest.fixture(scope="module")
+def solo(single, prompts):
+    """Every prompt's take alone, in a one-slot engine."""
+    return {name: alone(single, prompt) for name, prompt in prompts.items()}
+
+
+def test_a_seeded_take_is_the_same_alone_and_batched(batched, prompts, solo):
+    # b starts first (slot 0); a joins four steps later, c five after that with other
+    # sampling settings: three rows at three positions, each from its own generator.
+    takes, slots = together(batched, {0: [("b", prompts["b"])], 4: [("a", prompts["a"])],
+                                      9: [("c", prompts["c"])]})
+    assert slots == {"b": 0, "a": 1, "c": 2}
+    for name in ("a", "b", "c"):
+        assert same(takes[name], solo[name]), name
+        assert takes[name][1].codes.shape[1] > 10  # several windows each
+    assert alone(batched, prompts["a"])[1].codes.equal(solo["a"][1].codes)  # alone in a batched engine too
+
+
+def test_a_slot_freed_by_a_finished_take_is_reused(batched, prompts, solo):
+    # "short" ends after 4 frames in slot 1 while b decodes in slot 0; a then takes the
+    # lowest free slot, the one "short" left (its caches and DeltaNet state hold that take).
+    takes, slots = together(batched, {0: [("b", prompts["b"]), ("short", prompts["short"])],
+                                      8: [("a", prompts["a"])]})
+    assert slots == {"b": 0, "short": 1, "a": 1}
+    for name in ("b", "short", "a"):
+        assert same(takes[name], solo[name]), name
+    assert takes["short"][1].finish_reason == "length" and takes["short"][1].codes.shape[1] == 4
+
+
+def test_cancelling_one_take_leaves_the_others_intact(batched, prompts, solo):
+    # a (slot 1) is cancelled before step 6 while b and c decode; then a new take fills
+    # the slot a freed and matches its solo run.
+    takes, slots = together(batched, {0: [("b", prompts["b"]), ("a", prompts["a"]), ("c", prompts["c"])],
+                                      10: [("again", prompts["a"])]}, cancel_at={"a": 6})
+    assert slots == {"b": 0, "a": 1, "c": 2, "again": 1}
+    cut = takes["a"][1]
+    assert cut.finish_reason == "cancelled" and cut.codes.shape[1] <= 6
+    assert torch.equal(cut.codes, solo["a"][1].codes[:, :cut.codes.shape[1]])  # what it had was the solo take's
+    for name in ("b", "c"):
+        assert same(takes[name], solo[name]), name
+    assert same(takes["again"], solo["a"])
+
+
+def test_one_take_failing_leaves_the_others_intact(batched, prompts, solo, monkeypatch):
+    # "huge" cannot fit the cache: its prefill fails and frees slot 1 at once. a then takes
+    # slot 1, and from the 8th step on its row's logits are NaN: a ends as an error, b goes on.
+    original, steps = batched.model.candidate_logits, []
+
+    def poisoned(hidden: torch.Tensor) -> torch.Tensor:
+        logits = original(hidden)  # [slots, 4097]
+        steps.append(len(steps))
+        if len(steps) >= 8:
+            logits[1] = math.nan
+        return logits
+
+    monkeypatch.setattr(batched.model, "candidate_logits", poisoned)
+    huge = dataclasses.replace(prompts["short"], sampling=dataclasses.replace(prompts["short"].sampling,
+                                                                              max_new_tokens=10**6))
+    takes, slots = together(batched, {0: [("b", prompts["b"]), ("huge", huge)], 2: [("a", prompts["a"])]})
+    assert slots == {"b": 0, "huge": 1, "a": 1}
+    failed, poisoned_take = takes["huge"][1], takes["a"][1]
+    assert failed.finish_reason == "error" and "does not fit" in failed.error and failed.codes.shape[1] == 0
+    assert poisoned_take.finish_reason == "error" and "non-finite" in poisoned_take.error
+    frames = poisoned_take.codes.shape[1]
+    assert 0 < frames < 8 and torch.equal(poisoned_take.codes, solo["a"][1].codes[:, :frames])
+    assert same(takes["b"], solo["b"])
+
+
+@torch.inference_mode()
+def test_an_inactive_row_is_held(batched, prompts):
+    """A free slot's row computes in every step but keeps its inputs: its position never
+    moves towards the end of the cache."""
+    decoder = batched.decoder
+    decoder.prefill(prompts["a"], 1)
+    held = decoder.hidden[[0, 2]].clone(), decoder.frame[[0, 2]].clone(), decoder.ras_window[[0, 2]].clone()
+    start = len(prompts["a"].rows) - 1
+    for k in range(3):
+        decoder.run(start + k)
+    assert decoder.position.tolist() == [0, start + 3, 0]
+    for before, after in zip(held, (decoder.hidden[[0, 2]], decoder.frame[[0, 2]], decoder.ras_window[[0, 2]])):
+        assert torch.equal(before, after)
+    decoder.release(1)
+    assert decoder.position.tolist() == [0, 0, 0] and not decoder.active.any()
+
+
+def test_slots_are_checked(batched, prompts, tiny_checkpoint):
+    takes = [batched.start(prompts["a"]) for _ in range(3)]
+    with pytest.raises(RuntimeError, match="slots are decoding"):
+        batched.start(prompts["a"])
+    with pytest.raises(RuntimeError, match="one take alone"):
+        next(batched.generate(prompts["a"]))
+    for take in takes:
+        batched.drop(take)
+    assert batched.free_slots == 3 and batched.in_flight == 0
+    for slots in (0, 33, True):
+        with pytest.raises(RequestError, match="slots must be a whole number from 1 to 32"):
+            load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=slots))
