@@ -47,4 +47,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main, so `python -m backend.cli` and the `retake` script
+    # catch the same UsageError class (commands import it from backend.cli, not __main__).
+    from backend.cli import main as cli_main
+
+    sys.exit(cli_main())

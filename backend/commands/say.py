@@ -65,7 +65,6 @@ def read_history_codes(path: Path):
 
 
 def run(args: argparse.Namespace) -> int:
-    # RequestError (not cli.UsageError): the one error type both `retake` and `python -m backend.cli` catch.
     from engine.errors import RequestError
 
     if len(args.reference) != len(args.reference_text):
