@@ -104,7 +104,7 @@ class Batch:
         if stepping:
             timer = time.perf_counter()
             try:
-                self.decoder.run(max(take.position for take in stepping))
+                self.decoder.run(max(take.position for take in stepping), [take.slot for take in stepping])
                 status = self.decoder.status.tolist()  # [N][finite, main, code0..9]: the host reads once
             except Exception as exc:  # noqa: BLE001 - the shared step failed: its takes end, the batch goes on
                 for take in stepping:

@@ -168,12 +168,13 @@ class GraphedDecoder(Decoder):
         self.active.zero_()
         self.graphs.capture([b for b in self.graphs.buckets if b <= self.graphs.bucket_for(limit)])
 
-    def run(self, position: int) -> None:
-        """One step whose furthest active row is at `position`: a graph replay on CUDA, an eager step on CPU."""
+    def run(self, position: int, rows: list[int] | None = None) -> None:
+        """One step whose furthest active row is at `position`: a graph replay of every slot
+        on CUDA, an eager step of `rows` on CPU."""
         if self.graphs.enabled:
             self.replay(position)
         else:
-            super().run(position)
+            super().run(position, rows)
 
     def replay(self, position: int) -> None:
         """One step at `position` (the input frame's): replay its bucket's graph."""

@@ -101,39 +101,57 @@ class Decoder:
         self.active[slot] = False
         self.position[slot] = 0
 
-    def step(self, kv_len: int | None = None) -> None:
+    def step(self, kv_len: int | None = None, rows: list[int] | None = None) -> None:
         """One frame for every slot from the static state; writes status and the next inputs in
         place (inactive rows keep theirs). kv_len bounds the attended cache rows (>= every
-        active position + 2)."""
-        model, tower, state = self.model, self.model.tower, self
-        logits = model.candidate_logits(state.hidden)  # [N, 4097] float32
-        finite = torch.isfinite(logits).all(-1)  # [N]
-        main = sample_main(logits, model.candidate_ids, state.ras_window, state.settings, self.semantic_start,
-                           self.codebook_size, self.generators)  # [N]
+        active position + 2). `rows` limits the step to those slots (eager callers pass the
+        active ones, so an idle slot costs nothing); None steps every slot, the fixed shapes
+        a CUDA graph captures. A slot computes the same frame either way."""
+        model, tower = self.model, self.model.tower
+        index = None if rows is None or len(rows) == self.num_slots else torch.tensor(rows, device=self.device)
+
+        def of(tensor: torch.Tensor) -> torch.Tensor:  # the stepped rows of a per-slot tensor
+            return tensor if index is None else tensor[index]
+
+        hidden_in, position, frame_in, ras_window = of(self.hidden), of(self.position), of(self.frame), of(self.ras_window)
+        slots, active = of(self.slots), of(self.active)
+        settings = SamplingTensors(of(self.settings.temperature), of(self.settings.top_k), of(self.settings.top_p))
+        generators = self.generators if index is None else [self.generators[i] for i in rows]
+        logits = model.candidate_logits(hidden_in)  # [B, 4097] float32
+        finite = torch.isfinite(logits).all(-1)  # [B]
+        main = sample_main(logits, model.candidate_ids, ras_window, settings, self.semantic_start,
+                           self.codebook_size, generators)  # [B]
         code0 = (main - self.semantic_start).clamp(0, self.codebook_size - 1)
         semantic = tower.is_semantic(main)
-        hidden = tower.run_shared(state.hidden, code0, semantic, state.frame, state.position, state.slots, kv_len)
+        hidden = tower.run_shared(hidden_in, code0, semantic, frame_in, position, slots, kv_len)
         codes = [code0]
         for layer, head in zip(tower.residual_layers, tower.heads):
-            hidden = layer(hidden, codes[-1], semantic, state.position, state.slots, kv_len)  # [N, D]
-            head_logits = head(hidden).float()  # [N, 4096]
+            hidden = layer(hidden, codes[-1], semantic, position, slots, kv_len)  # [B, D]
+            head_logits = head(hidden).float()  # [B, 4096]
             finite &= torch.isfinite(head_logits).all(-1)
-            codes.append(sample_code(head_logits, state.settings, self.generators))
-        frame = torch.stack((main, *codes), dim=-1)  # [N, 11]
-        next_hidden = model.backbone(model.embed(frame[:, None]), (state.position + 1)[:, None], state.slots,
-                                     kv_len)[:, 0]  # [N, D]
-        active = state.active[:, None]  # [N, 1]
-        state.status.copy_(torch.cat((finite.long()[:, None], frame), dim=-1))
-        state.hidden.copy_(torch.where(active, next_hidden, state.hidden))
-        state.frame.copy_(torch.where(active, frame, state.frame))
-        state.ras_window.copy_(torch.where(active, torch.cat((state.ras_window[:, 1:], main[:, None]), dim=-1),
-                                           state.ras_window))
-        state.position.add_(state.active.long())
+            codes.append(sample_code(head_logits, settings, generators))
+        frame = torch.stack((main, *codes), dim=-1)  # [B, 11]
+        next_hidden = model.backbone(model.embed(frame[:, None]), (position + 1)[:, None], slots,
+                                     kv_len)[:, 0]  # [B, D]
+        keep = active[:, None]  # [B, 1]: inactive rows hold their inputs
+        updates = (
+            (self.status, torch.cat((finite.long()[:, None], frame), dim=-1)),
+            (self.hidden, torch.where(keep, next_hidden, hidden_in)),
+            (self.frame, torch.where(keep, frame, frame_in)),
+            (self.ras_window, torch.where(keep, torch.cat((ras_window[:, 1:], main[:, None]), dim=-1), ras_window)),
+            (self.position, position + active.long()),
+        )
+        for target, value in updates:
+            if index is None:
+                target.copy_(value)
+            else:
+                target.index_copy_(0, index, value)
 
     def kv_len(self, position: int) -> int:
         """The attended cache rows for a step whose furthest row is at `position`: a bucket covering position + 1."""
         return min(self.max_rows, math.ceil((position + 2) / KV_BUCKET_ROWS) * KV_BUCKET_ROWS)
 
-    def run(self, position: int) -> None:
-        """One step whose furthest active row is at `position` (GraphedDecoder replays a graph instead)."""
-        self.step(self.kv_len(position))
+    def run(self, position: int, rows: list[int] | None = None) -> None:
+        """One step of `rows` (default all) whose furthest is at `position` (GraphedDecoder
+        replays a graph of every slot instead)."""
+        self.step(self.kv_len(position), rows)
