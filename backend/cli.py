@@ -3,8 +3,8 @@
 Each command module exposes `NAME`, `HELP`, `add_arguments(parser)` and
 `run(args) -> int`; modules are imported lazily so `retake --help` stays fast and a
 command's heavy imports (torch, uvicorn) load only when it runs. A `RequestError` or
-`UsageError` raised by a command becomes a one-line message and exit code 2, never a
-traceback.
+`UsageError` raised by a command, or an OSError on a path the user gave, becomes a
+one-line message and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(modules[args.command].run(args) or 0)
     except (RequestError, UsageError) as error:
         print(f"retake {args.command}: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a path the user gave cannot be read or written
+        where = f" {error.filename}" if error.filename else ""
+        print(f"retake {args.command}: cannot use{where}: {error.strerror or error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,17 @@
+"""The `retake` command line: a path that cannot be used is one line and exit 2, not a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_an_unusable_path_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    run = subprocess.run([sys.executable, "-m", "backend.cli", "make-checkpoint", "tiny", str(blocker / "ckpt")],
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("retake make-checkpoint: cannot use ") and "Traceback" not in run.stderr
