@@ -95,9 +95,14 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     try:  # before the engine loads: a data directory this version cannot use is a one-line error
+        settings.database.parent.mkdir(parents=True, exist_ok=True)
         check_schema(settings.database)
     except NewerSchema as error:
         raise UsageError(str(error)) from None
+    except OSError as error:
+        raise UsageError(f"--data-dir {settings.database.parent} cannot be used: {error.strerror or error}") from None
+    if not os.access(settings.database.parent, os.W_OK):
+        raise UsageError(f"--data-dir {settings.database.parent} is not writable")
     logging.basicConfig(level=args.log_level.upper(), format="[retake] %(message)s")
     log = logging.getLogger("retake")
     what = str(settings.checkpoint) if settings.checkpoint else "the tiny demo checkpoint (random weights)"
@@ -113,7 +118,10 @@ def run(args: argparse.Namespace) -> int:
             build_app(settings, engine_loop), host=args.host, port=args.port, log_level=args.log_level,
             ws="websockets-sansio", ws_per_message_deflate=False,
             ws_max_size=settings.limits.max_message_bytes + 2**20, lifespan="on")
-        uvicorn.Server(config).run()
+        server = uvicorn.Server(config)
+        server.run()
     finally:
         engine_loop.stop()
+    if not server.started:  # uvicorn logged why (the port is taken, say) and gave up
+        raise UsageError(f"could not serve on {args.host}:{args.port}; see the message above")
     return 0
