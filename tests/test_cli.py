@@ -21,6 +21,6 @@ def test_serve_refuses_an_unusable_data_dir_before_loading(tmp_path: Path) -> No
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     run = subprocess.run([sys.executable, "-m", "backend.cli", "serve", "--data-dir", str(blocker / "data"),
-                          "--port", "0"], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
+                          "--port", "8999"], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [f"retake serve: --data-dir {blocker / 'data'} cannot be used: Not a directory"]
