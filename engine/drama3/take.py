@@ -16,7 +16,8 @@ Design choices:
   frame decodes to a click: such a frame is held back one step and dropped if end of
   speech follows (mlx-audio does the same). Every other frame is committed at once.
 - Frames arrive on the host with the step's status (one read per batched step), so a
-  take's codes live on the host; a window's codes go to the codec's device.
+  take's codes live on the host; a window's codes go to the codec's device (on CUDA on a
+  side stream, beside the decode steps).
 - Windows (stream.py's schedule) are vocoded as soon as their frames are committed, on a
   worker thread when the engine gives one, so the codec runs while the next frames
   decode; they are handed out in order. The final window (marked last, possibly empty)
@@ -57,6 +58,20 @@ class Done:
     error: str | None = None
 
 
+_side_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def vocode(codec: Codec, frames: np.ndarray, window: Window) -> np.ndarray:
+    """A window's PCM16 from its frames on the host. On CUDA the copy and the codec run on
+    a side stream of their own, so they overlap the decode steps on the default stream
+    (the seed's vocoder stream) instead of queueing behind them."""
+    if codec.device.type != "cuda":
+        return decode_window(codec, torch.from_numpy(frames), window)
+    stream = _side_streams.setdefault(codec.device, torch.cuda.Stream(device=codec.device))
+    with torch.cuda.stream(stream):
+        return decode_window(codec, torch.from_numpy(frames).to(codec.device), window)  # .cpu() syncs this stream
+
+
 class Windows:
     """A take's windows, vocoded beside the decode loop and handed out in order.
 
@@ -69,12 +84,11 @@ class Windows:
         self.sample = 0  # the take's samples handed out so far
 
     def submit(self, codes: np.ndarray, window: Window) -> None:
-        # A copy: the frames are final, later steps write after them.
-        frames = torch.from_numpy(codes[:, :window.end].copy()).to(self.codec.device)  # [num_codebooks, end]
+        frames = codes[:, :window.end].copy()  # [num_codebooks, end]; a copy: later steps write after them
         if self.executor is None:
-            self.pending.append((window, decode_window(self.codec, frames, window)))
+            self.pending.append((window, vocode(self.codec, frames, window)))
         else:
-            self.pending.append((window, self.executor.submit(decode_window, self.codec, frames, window)))
+            self.pending.append((window, self.executor.submit(vocode, self.codec, frames, window)))
 
     def ready(self, wait: bool = False) -> Iterator[AudioWindow]:
         """The decoded windows at the head of the queue (all of them if `wait`)."""
