@@ -19,8 +19,11 @@ Design choices:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -269,13 +272,30 @@ def load_tokenizer(root: Path, cfg: PersonaPlexConfig):  # -> sentencepiece.Sent
 
 
 def voices_dir(root: Path) -> Path | None:
-    """`voices/`, extracted from `voices.tgz` on first use (only plain `.pt` members are taken)."""
+    """`voices/` of the checkpoint, or `voices.tgz` extracted on first use (only plain `.pt`
+    members under `voices/` are taken). The archive is extracted into Retake's cache, keyed
+    by the archive's path, size and time, never into the checkpoint: a Hugging Face
+    snapshot stays as downloaded, and a read-only checkpoint works."""
     folder = root / "voices"
     archive = root / "voices.tgz"
-    if not folder.is_dir() and archive.exists():
+    if folder.is_dir() or not archive.exists():
+        return folder if folder.is_dir() else None
+    stat = archive.resolve().stat()
+    key = hashlib.sha1(f"{archive.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    target = Path(cache) / "retake" / "personaplex-voices" / key
+    if not (target / "voices").is_dir():
+        staging = target.parent / f".{key}.{os.getpid()}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
         with tarfile.open(archive, "r:gz") as tar:
             members = [m for m in tar.getmembers()
                        if m.isfile() and m.name.endswith(".pt") and Path(m.name).parts[:1] == ("voices",)
                        and ".." not in Path(m.name).parts]
-            tar.extractall(root, members=members, filter="data")
-    return folder if folder.is_dir() else None
+            tar.extractall(staging, members=members, filter="data")
+        (staging / "voices").mkdir(exist_ok=True)
+        try:
+            staging.rename(target)  # atomic: a concurrent reader sees all the voices or none
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target / "voices"

@@ -67,10 +67,12 @@ def test_bundle_round_trip_and_lookup(personaplex_checkpoint: Path, tmp_path: Pa
     assert torch.equal(again.embeddings, voice.embeddings) and torch.equal(again.cache, voice.cache)
 
 
-def test_voices_tgz_is_extracted_safely(personaplex_checkpoint: Path, tmp_path: Path):
+def test_voices_tgz_is_extracted_safely(personaplex_checkpoint: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch):
     import io
     import tarfile
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root = tmp_path / "ckpt"
     root.mkdir()
     with tarfile.open(root / "voices.tgz", "w:gz") as tar:
@@ -78,8 +80,11 @@ def test_voices_tgz_is_extracted_safely(personaplex_checkpoint: Path, tmp_path: 
         evil = tarfile.TarInfo("voices/../../evil.pt")
         evil.size = 3
         tar.addfile(evil, io.BytesIO(b"bad"))
-    assert list_voices(voices_dir(root)) == ["NATF2"]
-    assert not (tmp_path / "evil.pt").exists()
+    folder = voices_dir(root)
+    assert list_voices(folder) == ["NATF2"]
+    assert not (tmp_path / "evil.pt").exists() and not (folder.parent.parent / "evil.pt").exists()
+    assert not (root / "voices").exists(), "the checkpoint is left as it was"
+    assert voices_dir(root) == folder  # extracted once
 
 
 def test_system_tags_and_persona_tokens(personaplex_checkpoint: Path):
