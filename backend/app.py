@@ -48,7 +48,8 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
         from engine import EngineSpec, load_engine
 
         return load_engine(EngineSpec(checkpoint=settings.checkpoint, device=settings.device,
-                                      first_window_frames=settings.first_window_frames, slots=settings.slots))
+                                      first_window_frames=settings.first_window_frames, slots=settings.slots,
+                                      threads=settings.threads))
 
     return load
 

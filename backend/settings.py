@@ -24,6 +24,7 @@ class Settings:
     device: str = "auto"
     first_window_frames: int | None = None
     slots: int | None = None  # takes decoding together; None: the engine's default for the device
+    threads: int | None = None  # CPU threads for torch; None: the engine's default (half the cores)
     allow_origins: tuple[str, ...] = ()  # besides the server's own origin; "*" allows any
     token: str | None = None
     limits: Limits = field(default_factory=Limits)

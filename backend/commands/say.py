@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a Drama 3 checkpoint directory (default: the tiny random-weight demo)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for torch (1 is fastest for the tiny demo model)")
+                        help="CPU threads for torch (default: half the cores, see EngineSpec.threads)")
     voice = parser.add_argument_group("voice (references or a character, not both)")
     voice.add_argument("--reference", type=Path, action="append", default=[], metavar="CLIP",
                        help="a WAV/FLAC clip of the voice; repeatable, each with --reference-text")
@@ -102,11 +102,7 @@ def run(args: argparse.Namespace) -> int:
             clips.append(clip.read_bytes())
         except OSError as error:
             raise RequestError(f"cannot read reference clip {clip}: {error.strerror}") from error
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    engine = load_engine(EngineSpec(checkpoint=args.checkpoint, device=args.device))
+    engine = load_engine(EngineSpec(checkpoint=args.checkpoint, device=args.device, threads=args.threads or None))
     if engine.demo_weights:
         print("retake say: the tiny demo checkpoint has random weights; its audio is noise", file=sys.stderr)
     if character is not None:

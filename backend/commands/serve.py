@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slots", type=int, help="takes that decode together in one batched step (default: 4 on a "
                                                   "GPU, 2 on a CPU; at most 64 / experts per token, 8 for the "
                                                   "released model)")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: half the cores on a CPU, so the "
+                                                    "decode loop and the vocoder each have their own)")
     parser.add_argument("--max-sessions", type=int, default=64, help="open directing sockets at once (default 64)")
     parser.add_argument("--max-queue", type=int, default=16, help="engine jobs that may wait (default 16)")
     parser.add_argument("--deadline-ms", type=int, default=120_000, help="a take's deadline when the client gives "
@@ -71,6 +73,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if args.slots is not None and args.slots < 1:
         raise UsageError("--slots must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be at least 1")
     if args.deadline_ms > args.max_deadline_ms:
         raise UsageError("--deadline-ms must not be above --max-deadline-ms")
     if args.silence_seconds <= 0 or args.silence_retries < 0 or not 0 <= args.silence_level <= 32767:
@@ -80,7 +84,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                                  default_deadline_ms=args.deadline_ms, max_deadline_ms=args.max_deadline_ms)
     device = "cpu" if args.checkpoint is None and args.device == "auto" else args.device
     return Settings(data_dir=args.data_dir, checkpoint=args.checkpoint, device=device,
-                    first_window_frames=args.first_window_frames, slots=args.slots,
+                    first_window_frames=args.first_window_frames, slots=args.slots, threads=args.threads,
                     allow_origins=tuple(args.allow_origin),
                     token=args.token or None, limits=limits,
                     silence=SilenceGuard(args.silence_seconds, args.silence_level, args.silence_retries))

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--takes", type=int, default=3, help="takes to time after a warm-up (default 3)")
     parser.add_argument("--text", default=TEXT)
     parser.add_argument("--threads", type=int, default=0,
-                        help="CPU threads for torch (default 0: torch's default; on a busy shared CPU 1 can be "
+                        help="CPU threads for torch (default 0: the engine's, half the cores; on a busy shared CPU 1 can be "
                              "several times faster)")
     parser.add_argument("--json", type=Path, help="also write the results here")
 
@@ -36,9 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     from engine import Done, EngineSpec, Sampling, load_engine
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    engine = load_engine(EngineSpec(checkpoint=args.checkpoint, device=args.device))
+    engine = load_engine(EngineSpec(checkpoint=args.checkpoint, device=args.device, threads=args.threads or None))
     warm = engine.warm_up()
     rows = []
     for take in range(args.takes):

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4], help="slot counts (default 1 2 4)")
     parser.add_argument("--takes", type=int, default=4, help="takes per slot count (default 4)")
     parser.add_argument("--frames", type=int, default=100, help="frames per take at most (default 100)")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default 0: torch's)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default 0: the engine's, half the cores)")
     parser.add_argument("--json", type=Path, help="also write the results here")
 
 
@@ -77,11 +77,10 @@ def run(args: argparse.Namespace) -> int:
 
     from engine import EngineSpec, load_engine
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     rows = []
     for slots in args.slots:
-        engine = load_engine(EngineSpec(checkpoint=args.checkpoint, device=args.device, slots=slots))
+        engine = load_engine(EngineSpec(checkpoint=args.checkpoint, device=args.device, slots=slots,
+                                        threads=args.threads or None))
         engine.warm_up()
         rows.append(run_takes(engine, args.takes, args.frames))
         engine.vocoder.shutdown()
