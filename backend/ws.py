@@ -1,6 +1,6 @@
 """The `/ws` endpoint: admission, then three tasks per socket under one TaskGroup.
 
-- `receive`: reads frames, parses them (backend/protocol.py), answers `session.open`,
+- `receive`: reads frames, parses them (backend/parse.py), answers `session.open`,
   `ping` and `take.cancel` at once, supersedes the running take on `take.start`, and queues
   the other messages for `commands`. Bad input becomes an `error` message; after
   `limits.max_protocol_errors` of them the socket is closed with 1008.
@@ -23,6 +23,7 @@ from starlette import status
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from backend import protocol as p
+from backend.parse import parse_client_message
 from backend.session import Close, Session
 from backend.settings import Settings
 from backend.state import ServerState
@@ -113,7 +114,7 @@ async def receive(websocket: WebSocket, session: Session, commands: asyncio.Queu
                 size = len(data or b"")
                 raise p.ProtocolError("binary_not_supported", f"the server takes JSON text frames only (got "
                                                               f"{size} bytes of binary)")
-            message = p.parse_client_message(text, limits)
+            message = parse_client_message(text, limits)
         except p.ProtocolError as error:
             report(session, error)
             continue

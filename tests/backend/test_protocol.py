@@ -1,4 +1,4 @@
-"""backend/protocol.py against the shared fixtures that frontend/src/protocol.ts is tested on too."""
+"""backend/protocol.py and backend/parse.py against the shared fixtures that frontend/src/protocol.ts is tested on too."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from backend import protocol as p
+from backend.parse import parse_client_message
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "protocol"
 LIMITS = p.Limits()
@@ -34,7 +35,7 @@ def test_every_message_type_has_a_fixture() -> None:
 @pytest.mark.parametrize("sample", load("client_messages.json"), ids=lambda s: s["name"])
 def test_client_fixture_parses_to_its_fields(sample: dict[str, typing.Any]) -> None:
     raw = sample["message"]
-    message = p.parse_client_message(json.dumps(raw), LIMITS)
+    message = parse_client_message(json.dumps(raw), LIMITS)
     assert message.type == raw["type"]
     assert message.ref == raw.get("ref")
     if isinstance(message, p.TakeStart):
@@ -82,14 +83,14 @@ def test_server_fixture_is_what_dump_writes(sample: dict[str, typing.Any]) -> No
 @pytest.mark.parametrize("sample", load("invalid_client_messages.json"), ids=lambda s: s["name"])
 def test_invalid_client_messages_get_their_code(sample: dict[str, typing.Any]) -> None:
     with pytest.raises(p.ProtocolError) as caught:
-        p.parse_client_message(sample["text"], LIMITS)
+        parse_client_message(sample["text"], LIMITS)
     assert caught.value.code == sample["code"]
     assert caught.value.message == sample["message"]
 
 
 def test_ref_is_echoed_on_errors() -> None:
     with pytest.raises(p.ProtocolError) as caught:
-        p.parse_client_message('{"type": "take.keep", "take_id": "x", "ref": "r9"}', LIMITS)
+        parse_client_message('{"type": "take.keep", "take_id": "x", "ref": "r9"}', LIMITS)
     assert (caught.value.code, caught.value.ref) == ("bad_field", "r9")
 
 
@@ -98,7 +99,7 @@ def test_message_size_counts_utf8_bytes() -> None:
     text = json.dumps({"type": "ping", "ref": "é" * 20}, ensure_ascii=False)  # 40 characters of 2 bytes
     assert len(text) <= 64 < len(text.encode())
     with pytest.raises(p.ProtocolError) as caught:
-        p.parse_client_message(text, limits)
+        parse_client_message(text, limits)
     assert caught.value.code == "message_too_big"
 
 
@@ -106,7 +107,7 @@ def test_reference_size_limit() -> None:
     limits = dataclasses.replace(LIMITS, max_reference_bytes=10)
     audio = base64.b64encode(b"x" * 11).decode()
     with pytest.raises(p.ProtocolError) as caught:
-        p.parse_client_message(json.dumps({"type": "voice.set", "references": [{"audio": audio, "text": "a"}]}), limits)
+        parse_client_message(json.dumps({"type": "voice.set", "references": [{"audio": audio, "text": "a"}]}), limits)
     assert caught.value.code == "bad_field" and "references.0.audio" in caught.value.message
 
 
