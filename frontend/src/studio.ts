@@ -22,7 +22,7 @@ import {
 } from "./protocol";
 import { Scene, readStoredScene, type StoredScene, type Take } from "./scene";
 import { StudioSocket, type ConnectionState } from "./socket";
-import { decodeWav, encodeWav, joinPcm } from "./wav";
+import { TakeAudio, type WavFile } from "./take_audio";
 
 export type Change = "script" | "takes" | "connection" | "voice" | "errors" | "meter" | "session";
 /** Where an error is shown: `line:<id>`, `take:<id>`, `voice`, or `session`. */
@@ -38,6 +38,8 @@ const sceneKey = (sessionId: string): string => `retake.script.${sessionId}`;
 
 export class Studio {
   readonly scene = new Scene();
+  private readonly audio = new TakeAudio(this.scene, () => this.sampleRate, () => this.onChange("takes"),
+                                         (take, message) => this.setError(`take:${take.id}`, message));
   readonly socket: StudioSocket;
   ready: ServerMessageOf<"session.ready"> | null = null;
   connection: { state: ConnectionState; detail: string } = { state: "connecting", detail: "" };
@@ -59,7 +61,6 @@ export class Studio {
   private refCount = 0;
   private readonly refs = new Map<string, ErrorTarget>();
   private readonly pendingTakes = new Map<string, { lineId: string; text: string; requestedAt: number }>();
-  private readonly fetching = new Map<number, Promise<Int16Array | null>>();
   /** The socket has a session open (session.ready came on this connection). */
   private live = false;
   /** The session the URL asked for, tried once before the one in localStorage. */
@@ -185,7 +186,7 @@ export class Studio {
     this.playingTakeId = takeId;
     this.onChange("takes");
     if (take.phase === "done" && this.scene.pcmOf(take) === null) {
-      const pcm = await this.fetchAudio(take);
+      const pcm = await this.audio.fetch(take);
       if (pcm === null || this.playingTakeId !== takeId) return;
     }
     const player = await loading;
@@ -218,34 +219,19 @@ export class Studio {
     this.onChange("voice");
   }
 
-  /** The take's whole PCM: from memory, or the server's WAV export of it. */
-  async audioOf(take: Take): Promise<Int16Array | null> {
-    return this.scene.pcmOf(take) ?? this.fetchAudio(take);
-  }
-
-  async exportTake(takeId: number): Promise<{ name: string; wav: ArrayBuffer } | null> {
+  async exportTake(takeId: number): Promise<WavFile | null> {
     const take = this.scene.takes.get(takeId);
-    const pcm = take === undefined ? null : await this.audioOf(take);
-    if (pcm === null) return null;
-    return { name: `take-${takeId}.wav`, wav: encodeWav(pcm, this.sampleRate) };
+    return take === undefined ? null : this.audio.exportTake(take);
   }
 
   /** The kept take of every line, in script order, with `gapMs` of silence between. */
-  async exportScene(gapMs: number): Promise<{ name: string; wav: ArrayBuffer } | null> {
+  async exportScene(gapMs: number): Promise<WavFile | null> {
     const takes = this.scene.keptInScriptOrder();
     if (takes.length === 0) {
       this.setError("session", "keep a take first: the scene export holds the kept take of each line");
       return null;
     }
-    const parts: Int16Array[] = [];
-    for (const take of takes) {
-      const pcm = await this.audioOf(take);
-      if (pcm === null) return null;
-      parts.push(pcm);
-    }
-    const gap = Math.round((gapMs / 1000) * this.sampleRate);
-    const name = `scene-${(this.sessionId ?? "retake").slice(0, 8)}.wav`;
-    return { name, wav: encodeWav(joinPcm(parts, gap), this.sampleRate) };
+    return this.audio.exportScene(takes, gapMs, this.sessionId);
   }
 
   /** Reconnect after another tab took the session over. */
@@ -342,7 +328,7 @@ export class Studio {
     this.onChange("session");
     this.onChange("script");
     this.onChange("voice");
-    void this.loadWaveforms();
+    void this.audio.loadWaveforms();
   }
 
   private serverError(error: ServerMessageOf<"error">): void {
@@ -423,41 +409,5 @@ export class Studio {
     if (url.searchParams.get(SESSION_PARAM) === sessionId) return;
     url.searchParams.set(SESSION_PARAM, sessionId);
     history.replaceState(history.state, "", url);
-  }
-
-  /** After a reload: fetch the audio of kept and latest takes, one at a time, for waveforms. */
-  private async loadWaveforms(): Promise<void> {
-    const wanted = new Set<Take>();
-    for (const line of this.scene.lines) {
-      const kept = this.scene.keptTake(line.id);
-      const latest = this.scene.latestTake(line.id);
-      if (kept !== undefined) wanted.add(kept);
-      if (latest !== undefined) wanted.add(latest);
-    }
-    for (const take of wanted) {
-      if (take.phase === "done" && take.samples > 0 && this.scene.pcmOf(take) === null) await this.fetchAudio(take);
-    }
-  }
-
-  private fetchAudio(take: Take): Promise<Int16Array | null> {
-    const running = this.fetching.get(take.id);
-    if (running !== undefined) return running;
-    const url = take.audioUrl;
-    if (url === null || take.phase !== "done" || take.samples === 0) return Promise.resolve(null);
-    const job = fetch(url)
-      .then(async (response) => {
-        if (!response.ok) throw new Error(`HTTP ${response.status} ${await response.text()}`);
-        const wav = decodeWav(await response.arrayBuffer());
-        this.scene.setAudio(take, wav.samples);
-        this.onChange("takes");
-        return wav.samples;
-      })
-      .catch((error: unknown) => {
-        this.setError(`take:${take.id}`, `could not load the take's audio: ${String(error)}`);
-        return null;
-      })
-      .finally(() => this.fetching.delete(take.id));
-    this.fetching.set(take.id, job);
-    return job;
   }
 }
