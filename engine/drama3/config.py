@@ -13,12 +13,11 @@ Design choices:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import RequestError
+from engine.config_fields import ConfigError, config_int, config_number, config_require
 
 SPEECH_TEMPLATE_VERSION = "reference-bracket-v1"
 FISH_SCHEMA_VERSION = 1
@@ -26,33 +25,6 @@ TEXT_MODEL_TYPES = ("fish_omni_text", "qwen3_5_moe_text")
 TOWER_MODEL_TYPE = "fish_qwen3_audio_decoder"
 QUANT_METHOD = "bsgemm-moe"
 FP8_BLOCK = (128, 128)
-
-
-class ConfigError(RequestError):
-    """A config.json value we cannot run; the message names the field."""
-
-
-def _int(raw: Mapping[str, Any], name: str, where: str, minimum: int = 1) -> int:
-    value = raw.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where}.{name} must be an integer >= {minimum}; got {value!r}")
-    return value
-
-
-def _number(raw: Mapping[str, Any], name: str, where: str, upper: float = math.inf,
-            default: float | None = None) -> float:
-    value = raw.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where}.{name} must be a number; got {value!r}")
-    if not (math.isfinite(value) and 0.0 < value <= upper):
-        raise ConfigError(f"{where}.{name} must be finite and in (0, {upper}]; got {value!r}")
-    return float(value)
-
-
-def _require(raw: Mapping[str, Any], name: str, where: str, expected: Any, default: Any = None) -> None:
-    value = raw.get(name, default)
-    if value != expected:
-        raise ConfigError(f"{where}.{name} must be {expected!r} (the only value implemented); got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -110,7 +82,7 @@ class TextConfig:
             raise ConfigError(f"{w} must be an object; got {raw!r}")
         if raw.get("model_type") not in TEXT_MODEL_TYPES:
             raise ConfigError(f"{w}.model_type must be one of {TEXT_MODEL_TYPES}; got {raw.get('model_type')!r}")
-        layers = _int(raw, "num_hidden_layers", w)
+        layers = config_int(raw, "num_hidden_layers", w)
         layer_types = raw.get("layer_types")
         if (not isinstance(layer_types, list) or len(layer_types) != layers
                 or not set(layer_types) <= {"linear_attention", "full_attention"}
@@ -125,13 +97,13 @@ class TextConfig:
                               f"disagrees with layer_types (every {interval}th layer)")
         if raw.get("mlp_layer_types", ["moe"] * layers) != ["moe"] * layers:
             raise ConfigError(f"{w}.mlp_layer_types must be 'moe' for every layer")
-        _require(raw, "hidden_act", w, "silu", "silu")
-        _require(raw, "attn_output_gate", w, True, True)
-        _require(raw, "use_qk_norm", w, True, True)
-        _require(raw, "rotary_interleaved", w, False, False)
-        _require(raw, "layernorm_zero_centered_gamma", w, True, True)
-        _require(raw, "shared_expert_gate", w, True, True)
-        _require(raw, "tie_word_embeddings", w, False, False)
+        config_require(raw, "hidden_act", w, "silu", "silu")
+        config_require(raw, "attn_output_gate", w, True, True)
+        config_require(raw, "use_qk_norm", w, True, True)
+        config_require(raw, "rotary_interleaved", w, False, False)
+        config_require(raw, "layernorm_zero_centered_gamma", w, True, True)
+        config_require(raw, "shared_expert_gate", w, True, True)
+        config_require(raw, "tie_word_embeddings", w, False, False)
         rope = raw.get("rope_parameters")
         if rope is None:  # older exports keep rope fields at the top level
             rope = {"rope_type": "default", "rope_theta": raw.get("rope_theta"),
@@ -144,26 +116,26 @@ class TextConfig:
         if "mrope_section" in rope:
             raise ConfigError(f"{w}.rope_parameters.mrope_section is not supported")
         config = cls(
-            hidden_size=_int(raw, "hidden_size", w),
+            hidden_size=config_int(raw, "hidden_size", w),
             num_hidden_layers=layers,
             layer_types=tuple(layer_types),
-            vocab_size=_int(raw, "vocab_size", w),
-            rms_norm_eps=_number(raw, "rms_norm_eps", w, default=1e-6),
-            max_position_embeddings=_int(raw, "max_position_embeddings", w),
-            num_attention_heads=_int(raw, "num_attention_heads", w),
-            num_key_value_heads=_int(raw, "num_key_value_heads", w),
-            head_dim=_int(raw, "head_dim", w),
-            rope_theta=_number(rope, "rope_theta", f"{w}.rope_parameters"),
-            partial_rotary_factor=_number(rope, "partial_rotary_factor", f"{w}.rope_parameters", 1.0, 1.0),
-            linear_num_key_heads=_int(raw, "linear_num_key_heads", w),
-            linear_num_value_heads=_int(raw, "linear_num_value_heads", w),
-            linear_key_head_dim=_int(raw, "linear_key_head_dim", w),
-            linear_value_head_dim=_int(raw, "linear_value_head_dim", w),
-            linear_conv_kernel_dim=_int(raw, "linear_conv_kernel_dim", w),
-            num_experts=_int(raw, "num_experts", w),
-            num_experts_per_tok=_int(raw, "num_experts_per_tok", w),
-            moe_intermediate_size=_int(raw, "moe_intermediate_size", w),
-            shared_expert_intermediate_size=_int(raw, "shared_expert_intermediate_size", w),
+            vocab_size=config_int(raw, "vocab_size", w),
+            rms_norm_eps=config_number(raw, "rms_norm_eps", w, default=1e-6),
+            max_position_embeddings=config_int(raw, "max_position_embeddings", w),
+            num_attention_heads=config_int(raw, "num_attention_heads", w),
+            num_key_value_heads=config_int(raw, "num_key_value_heads", w),
+            head_dim=config_int(raw, "head_dim", w),
+            rope_theta=config_number(rope, "rope_theta", f"{w}.rope_parameters"),
+            partial_rotary_factor=config_number(rope, "partial_rotary_factor", f"{w}.rope_parameters", 1.0, 1.0),
+            linear_num_key_heads=config_int(raw, "linear_num_key_heads", w),
+            linear_num_value_heads=config_int(raw, "linear_num_value_heads", w),
+            linear_key_head_dim=config_int(raw, "linear_key_head_dim", w),
+            linear_value_head_dim=config_int(raw, "linear_value_head_dim", w),
+            linear_conv_kernel_dim=config_int(raw, "linear_conv_kernel_dim", w),
+            num_experts=config_int(raw, "num_experts", w),
+            num_experts_per_tok=config_int(raw, "num_experts_per_tok", w),
+            moe_intermediate_size=config_int(raw, "moe_intermediate_size", w),
+            shared_expert_intermediate_size=config_int(raw, "shared_expert_intermediate_size", w),
         )
         if config.num_attention_heads % config.num_key_value_heads:
             raise ConfigError(f"{w}.num_attention_heads must be a multiple of num_key_value_heads")
@@ -207,31 +179,31 @@ class TowerConfig:
         w = "audio_decoder_config"
         if not isinstance(raw, Mapping):
             raise ConfigError(f"{w} must be an object; got {raw!r}")
-        _require(raw, "model_type", w, TOWER_MODEL_TYPE, TOWER_MODEL_TYPE)
-        _require(raw, "decoder_type", w, "codebook_mtp_shared")
-        _require(raw, "vq_feature_scope", w, "all_vq", "all_vq")
-        _require(raw, "attention_output_gate", w, True)
-        _require(raw, "layernorm_zero_centered_gamma", w, True)
+        config_require(raw, "model_type", w, TOWER_MODEL_TYPE, TOWER_MODEL_TYPE)
+        config_require(raw, "decoder_type", w, "codebook_mtp_shared")
+        config_require(raw, "vq_feature_scope", w, "all_vq", "all_vq")
+        config_require(raw, "attention_output_gate", w, True)
+        config_require(raw, "layernorm_zero_centered_gamma", w, True)
         for name in ("use_moe", "mtp_use_swa", "attention_qkv_bias", "attention_o_bias"):
-            _require(raw, name, w, False, False)
+            config_require(raw, name, w, False, False)
         for name in ("window_size", "window_attn_skip_freq", "window_rotary_base"):
-            _require(raw, name, w, None)
+            config_require(raw, name, w, None)
         if raw.get("dropout", 0.0) != 0.0:
             raise ConfigError(f"{w}.dropout must be 0")
         config = cls(
-            dim=_int(raw, "dim", w),
-            n_head=_int(raw, "n_head", w),
-            n_local_heads=_int(raw, "n_local_heads", w),
-            head_dim=_int(raw, "head_dim", w),
-            n_layer=_int(raw, "n_layer", w),
-            intermediate_size=_int(raw, "intermediate_size", w),
-            norm_eps=_number(raw, "norm_eps", w, default=1e-6),
-            num_codebooks=_int(raw, "num_codebooks", w, 2),
-            vocab_size=_int(raw, "vocab_size", w),
-            rope_base=_number(raw, "rope_base", w),
-            rotary_percent=_number(raw, "rotary_percent", w, 1.0),
+            dim=config_int(raw, "dim", w),
+            n_head=config_int(raw, "n_head", w),
+            n_local_heads=config_int(raw, "n_local_heads", w),
+            head_dim=config_int(raw, "head_dim", w),
+            n_layer=config_int(raw, "n_layer", w),
+            intermediate_size=config_int(raw, "intermediate_size", w),
+            norm_eps=config_number(raw, "norm_eps", w, default=1e-6),
+            num_codebooks=config_int(raw, "num_codebooks", w, 2),
+            vocab_size=config_int(raw, "vocab_size", w),
+            rope_base=config_number(raw, "rope_base", w),
+            rotary_percent=config_number(raw, "rotary_percent", w, 1.0),
             vq_feature_placement=str(raw.get("vq_feature_placement")),
-            vq_backbone_codebooks=_int(raw, "vq_backbone_codebooks", w, 0),
+            vq_backbone_codebooks=config_int(raw, "vq_backbone_codebooks", w, 0),
         )
         if config.dim != text_dim or raw.get("text_dim", text_dim) != text_dim:
             raise ConfigError(f"{w}.dim={config.dim} must equal text_config.hidden_size={text_dim}")
@@ -283,18 +255,18 @@ class Drama3Config:
     def from_dict(cls, raw: Mapping[str, Any]) -> Drama3Config:
         if not isinstance(raw, Mapping):
             raise ConfigError("config.json must hold a JSON object")
-        _require(raw, "model_type", "config", "fish_omni", "fish_omni")
-        _require(raw, "speech_template_version", "config", SPEECH_TEMPLATE_VERSION)
-        _require(raw, "fish_schema_version", "config", FISH_SCHEMA_VERSION, FISH_SCHEMA_VERSION)
+        config_require(raw, "model_type", "config", "fish_omni", "fish_omni")
+        config_require(raw, "speech_template_version", "config", SPEECH_TEMPLATE_VERSION)
+        config_require(raw, "fish_schema_version", "config", FISH_SCHEMA_VERSION, FISH_SCHEMA_VERSION)
         if raw.get("audio_encoder_config") is not None:
             raise ConfigError("config.audio_encoder_config must be null (not implemented)")
         if raw.get("extra_samplable_token_ids"):
             raise ConfigError("config.extra_samplable_token_ids must be empty (not implemented)")
         text = TextConfig.from_dict(raw.get("text_config"))
         tower = TowerConfig.from_dict(raw.get("audio_decoder_config"), text.hidden_size)
-        start = _int(raw, "semantic_start_token_id", "config", 0)
-        end = _int(raw, "semantic_end_token_id", "config", 0)
-        eos = _int(raw, "eos_token_id", "config", 0)
+        start = config_int(raw, "semantic_start_token_id", "config", 0)
+        end = config_int(raw, "semantic_end_token_id", "config", 0)
+        eos = config_int(raw, "eos_token_id", "config", 0)
         if end - start + 1 != tower.vocab_size:
             raise ConfigError(f"config.semantic_start_token_id..semantic_end_token_id spans {end - start + 1} "
                               f"ids; audio_decoder_config.vocab_size is {tower.vocab_size}")
@@ -320,8 +292,8 @@ def _quantization(raw: Any) -> bool:
     w = "quantization_config"
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{w} must be an object or absent; got {raw!r}")
-    _require(raw, "quant_method", w, QUANT_METHOD)
-    _require(raw, "activation_scheme", w, "dynamic")
+    config_require(raw, "quant_method", w, QUANT_METHOD)
+    config_require(raw, "activation_scheme", w, "dynamic")
     if list(raw.get("weight_block_size") or []) != list(FP8_BLOCK):
         raise ConfigError(f"{w}.weight_block_size must be {list(FP8_BLOCK)}; got {raw.get('weight_block_size')!r}")
     return True

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import RequestError
+from engine.config_fields import ConfigError, config_int, config_number, config_require
 
 RELEASED_LM: dict[str, Any] = {
     "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3, "n_q": 16, "dep_q": 8,
@@ -67,29 +67,6 @@ SINE_TOKENS = (430, 1268, 381, 1611, 1095, 1495, 56, 472)  # Mimi codes of a 440
 EPAD_TOKEN = 0  # end-of-text padding: never shown
 PAD_TOKEN = 3  # text padding (`existing_text_padding_id`), forced during the system prompt
 SILENCE_SECONDS = 0.5  # spacer before and after the persona tokens
-
-
-class ConfigError(RequestError):
-    """A config value we cannot run; the message names the field."""
-
-
-def _int(raw: Mapping[str, Any], name: str, where: str, minimum: int = 1) -> int:
-    value = raw.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where}.{name} must be an integer >= {minimum}; got {value!r}")
-    return value
-
-
-def _float(raw: Mapping[str, Any], name: str, where: str) -> float:
-    value = raw.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{where}.{name} must be a positive number; got {value!r}")
-    return float(value)
-
-
-def _require(raw: Mapping[str, Any], name: str, where: str, expected: Any) -> None:
-    if raw.get(name) != expected:
-        raise ConfigError(f"{where}.{name} must be {expected!r} (the only value implemented); got {raw.get(name)!r}")
 
 
 def _ints(raw: Mapping[str, Any], name: str, where: str, length: int, minimum: int = 0) -> tuple[int, ...]:
@@ -157,17 +134,17 @@ class LMConfig:
                             ("depformer_multi_linear", True), ("depformer_weights_per_step", True),
                             ("depformer_pos_emb", "none"), ("depformer_gating", "silu"),
                             ("depformer_layer_scale", None)):
-            _require(raw, name, w, value)
-        dim, heads = _int(raw, "dim", w), _int(raw, "num_heads", w)
+            config_require(raw, name, w, value)
+        dim, heads = config_int(raw, "dim", w), config_int(raw, "num_heads", w)
         if dim % heads or (dim // heads) % 2:
             raise ConfigError(f"{w}.dim ({dim}) must split into num_heads ({heads}) heads of even size")
-        dep_dim, dep_heads = _int(raw, "depformer_dim", w), _int(raw, "depformer_num_heads", w)
+        dep_dim, dep_heads = config_int(raw, "depformer_dim", w), config_int(raw, "depformer_num_heads", w)
         if dep_dim % dep_heads:
             raise ConfigError(f"{w}.depformer_dim ({dep_dim}) must divide by depformer_num_heads ({dep_heads})")
-        n_q, dep_q = _int(raw, "n_q", w, 2), _int(raw, "dep_q", w)
+        n_q, dep_q = config_int(raw, "n_q", w, 2), config_int(raw, "dep_q", w)
         if n_q % 2 or dep_q > n_q:
             raise ConfigError(f"{w}.n_q ({n_q}) must be even (agent + user streams) and >= dep_q ({dep_q})")
-        card = _int(raw, "card", w, 2)
+        card = config_int(raw, "card", w, 2)
         delays = _ints(raw, "delays", w, n_q + 1)
         tokens = {}
         for name, default in (("silence_tokens", SILENCE_TOKENS), ("sine_tokens", SINE_TOKENS)):
@@ -175,15 +152,15 @@ class LMConfig:
             if max(tokens[name]) >= card:
                 raise ConfigError(f"{w}.{name} must be codes below card ({card}); got {tokens[name]}")
         dep_ff = raw.get("depformer_dim_feedforward")
-        dep_ff = int(_float(raw, "hidden_scale", w) * dep_dim) if dep_ff is None else _int(
+        dep_ff = int(config_number(raw, "hidden_scale", w) * dep_dim) if dep_ff is None else config_int(
             raw, "depformer_dim_feedforward", w)
         return LMConfig(
-            dim=dim, num_heads=heads, num_layers=_int(raw, "num_layers", w),
-            ffn_hidden=gating_hidden(dim, int(_float(raw, "hidden_scale", w) * dim)),
-            context=_int(raw, "context", w), max_period=_float(raw, "max_period", w),
-            text_card=_int(raw, "text_card", w, 4), card=card, n_q=n_q, dep_q=dep_q, delays=delays,
+            dim=dim, num_heads=heads, num_layers=config_int(raw, "num_layers", w),
+            ffn_hidden=gating_hidden(dim, int(config_number(raw, "hidden_scale", w) * dim)),
+            context=config_int(raw, "context", w), max_period=config_number(raw, "max_period", w),
+            text_card=config_int(raw, "text_card", w, 4), card=card, n_q=n_q, dep_q=dep_q, delays=delays,
             depformer_dim=dep_dim, depformer_num_heads=dep_heads,
-            depformer_num_layers=_int(raw, "depformer_num_layers", w),
+            depformer_num_layers=config_int(raw, "depformer_num_layers", w),
             depformer_ffn_hidden=gating_hidden(dep_dim, dep_ff), **tokens)
 
 
@@ -232,14 +209,14 @@ class MimiConfig:
         seanet, tr, q = (raw.get(k) for k in ("seanet", "transformer", "quantizer"))
         if not all(isinstance(x, Mapping) for x in (seanet, tr, q)):
             raise ConfigError(f"{w} must have seanet, transformer and quantizer objects")
-        _require(raw, "channels", w, 1)
+        config_require(raw, "channels", w, 1)
         for name, value in (("channels", 1), ("causal", True), ("norm", "none"), ("pad_mode", "constant"),
                             ("activation", "ELU"), ("true_skip", True)):
-            _require(seanet, name, f"{w}.seanet", value)
+            config_require(seanet, name, f"{w}.seanet", value)
         for name, value in (("causal", True), ("gating", "none"), ("norm", "layer_norm"),
                             ("positional_embedding", "rope"), ("conv_layout", True)):
-            _require(tr, name, f"{w}.transformer", value)
-        dimension = _int(seanet, "dimension", f"{w}.seanet")
+            config_require(tr, name, f"{w}.transformer", value)
+        dimension = config_int(seanet, "dimension", f"{w}.seanet")
         for where, block, name in ((f"{w}.transformer", tr, "d_model"), (f"{w}.transformer", tr, "input_dimension"),
                                    (f"{w}.quantizer", q, "input_dimension"), (f"{w}.quantizer", q, "output_dimension")):
             if block.get(name, dimension) != dimension:
@@ -250,21 +227,21 @@ class MimiConfig:
         if not ratios or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ratios):
             raise ConfigError(f"{w}.seanet.ratios must be positive integers; got {ratios!r}")
         cfg = MimiConfig(
-            sample_rate=_int(raw, "sample_rate", w), frame_rate=_float(raw, "frame_rate", w), dimension=dimension,
-            n_filters=_int(seanet, "n_filters", f"{w}.seanet"), ratios=ratios,
-            kernel_size=_int(seanet, "kernel_size", f"{w}.seanet"),
-            residual_kernel_size=_int(seanet, "residual_kernel_size", f"{w}.seanet"),
-            last_kernel_size=_int(seanet, "last_kernel_size", f"{w}.seanet"),
-            n_residual_layers=_int(seanet, "n_residual_layers", f"{w}.seanet", 0),
-            dilation_base=_int(seanet, "dilation_base", f"{w}.seanet"),
-            compress=_int(seanet, "compress", f"{w}.seanet"),
-            d_model=_int(tr, "d_model", f"{w}.transformer"), num_heads=_int(tr, "num_heads", f"{w}.transformer"),
-            num_layers=_int(tr, "num_layers", f"{w}.transformer"), context=_int(tr, "context", f"{w}.transformer"),
-            max_period=_float(tr, "max_period", f"{w}.transformer"),
-            dim_feedforward=_int(tr, "dim_feedforward", f"{w}.transformer"),
-            layer_scale=_float(tr, "layer_scale", f"{w}.transformer"),
-            codebook_dim=_int(q, "dimension", f"{w}.quantizer"), total_codebooks=_int(q, "n_q", f"{w}.quantizer", 2),
-            bins=_int(q, "bins", f"{w}.quantizer", 2))
+            sample_rate=config_int(raw, "sample_rate", w), frame_rate=config_number(raw, "frame_rate", w), dimension=dimension,
+            n_filters=config_int(seanet, "n_filters", f"{w}.seanet"), ratios=ratios,
+            kernel_size=config_int(seanet, "kernel_size", f"{w}.seanet"),
+            residual_kernel_size=config_int(seanet, "residual_kernel_size", f"{w}.seanet"),
+            last_kernel_size=config_int(seanet, "last_kernel_size", f"{w}.seanet"),
+            n_residual_layers=config_int(seanet, "n_residual_layers", f"{w}.seanet", 0),
+            dilation_base=config_int(seanet, "dilation_base", f"{w}.seanet"),
+            compress=config_int(seanet, "compress", f"{w}.seanet"),
+            d_model=config_int(tr, "d_model", f"{w}.transformer"), num_heads=config_int(tr, "num_heads", f"{w}.transformer"),
+            num_layers=config_int(tr, "num_layers", f"{w}.transformer"), context=config_int(tr, "context", f"{w}.transformer"),
+            max_period=config_number(tr, "max_period", f"{w}.transformer"),
+            dim_feedforward=config_int(tr, "dim_feedforward", f"{w}.transformer"),
+            layer_scale=config_number(tr, "layer_scale", f"{w}.transformer"),
+            codebook_dim=config_int(q, "dimension", f"{w}.quantizer"), total_codebooks=config_int(q, "n_q", f"{w}.quantizer", 2),
+            bins=config_int(q, "bins", f"{w}.quantizer", 2))
         if cfg.frame_size % cfg.hop or cfg.frame_size != cfg.sample_rate / cfg.frame_rate:
             raise ConfigError(f"{w}: a frame ({cfg.sample_rate}/{cfg.frame_rate} samples) must be a whole number "
                               f"of encoder hops ({cfg.hop})")
