@@ -32,17 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.drama3.config import FP8_BLOCK, TextConfig
+from engine.drama3.fp8 import dequantize_fp8
 
 GATHER_MAX_PAIRS = 64  # (row, expert) pairs up to which a call gathers per-pair weights
-
-
-def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Block FP8 [..., N, K] with float32 scales [..., N/128, K/128] -> dtype [..., N, K]."""
-    rows, cols = weight.shape[-2:]
-    blocks = weight.float().unflatten(-1, (cols // FP8_BLOCK[1], FP8_BLOCK[1]))
-    blocks = blocks.unflatten(-3, (rows // FP8_BLOCK[0], FP8_BLOCK[0]))  # [..., N/128, 128, K/128, 128]
-    blocks = blocks * scale_inv[..., :, None, :, None].float()
-    return blocks.flatten(-4, -3).flatten(-2, -1).to(dtype)
 
 
 class Experts(nn.Module):

@@ -17,18 +17,10 @@ from __future__ import annotations
 import torch
 
 from engine.drama3.checkpoint import checkpoint_key, empty_model
-from engine.drama3.config import FP8_BLOCK, Drama3Config
+from engine.drama3.config import Drama3Config
 from engine.drama3.model import Drama3Model
-from engine.drama3.tiny import EMBEDDING, FP8_MAX, ZERO_CENTRED_NORM
-
-
-def _quantize_stack(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[E, N, K] float -> float8 [E, N, K] and float32 scale_inv [E, N/128, K/128]."""
-    E, N, K = weights.shape
-    blocks = weights.view(E, N // FP8_BLOCK[0], FP8_BLOCK[0], K // FP8_BLOCK[1], FP8_BLOCK[1])
-    scale = blocks.abs().amax(dim=(2, 4)).float().clamp(min=1e-12) / FP8_MAX  # [E, N/128, K/128]
-    quantized = (blocks.float() / scale[:, :, None, :, None]).to(torch.float8_e4m3fn)
-    return quantized.view(E, N, K), scale
+from engine.drama3.fp8 import quantize_fp8
+from engine.drama3.tiny import EMBEDDING, ZERO_CENTRED_NORM
 
 
 def _fill(name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
@@ -62,9 +54,9 @@ def random_model(config: Drama3Config, device: torch.device | str, dtype: torch.
             for expert in range(tensor.shape[0]):  # one expert at a time: no 1 GB float temporaries
                 value = torch.randn(tensor.shape[1:], generator=generator, device=tensor.device)
                 value *= tensor.shape[-1] ** -0.5
-                quantized, scale = _quantize_stack(value[None])
-                tensor.data[expert].copy_(quantized[0])
-                tensors[f"{name}_scale_inv"].data[expert].copy_(scale[0])
+                quantized, scale = quantize_fp8(value)
+                tensor.data[expert].copy_(quantized)
+                tensors[f"{name}_scale_inv"].data[expert].copy_(scale)
         elif leaf.endswith("_scale_inv") or tensor.dtype == torch.long:
             continue  # scales come with their weights; candidate_ids are set by init_buffers
         else:

@@ -34,11 +34,11 @@ from safetensors.torch import save_file
 
 from engine.drama3.checkpoint import INDEX_FILE, LM_HEAD, CheckpointError, checkpoint_layout, default_dtype
 from engine.drama3.codec_tiny import write_tiny_codec
-from engine.drama3.config import FP8_BLOCK, Drama3Config, preset
+from engine.drama3.config import Drama3Config, preset
+from engine.drama3.fp8 import quantize_fp8
 from engine.drama3.model import Drama3Model
 from engine.drama3.tokenizer import tiny_tokenizer, token_ids
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
 ZERO_CENTRED_NORM = re.compile(r"(norm|layernorm)\.weight$")
 EMBEDDING = re.compile(r"(embed_tokens|codebook_embeddings|semantic_embedding|codebook_embedding)\.weight$")
 FLOAT32_KEYS = re.compile(r"(A_log|dt_bias)$")
@@ -46,15 +46,6 @@ FLOAT32_KEYS = re.compile(r"(A_log|dt_bias)$")
 
 def tiny_config() -> dict:
     return preset("tiny", **token_ids(tiny_tokenizer()))
-
-
-def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 [N, K] -> float8_e4m3fn [N, K] and float32 scale_inv [N/128, K/128] (w = fp8 * scale)."""
-    rows, cols = weight.shape
-    blocks = weight.unflatten(1, (cols // FP8_BLOCK[1], FP8_BLOCK[1])).unflatten(0, (rows // FP8_BLOCK[0], FP8_BLOCK[0]))
-    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX  # [N/128, K/128]
-    quantized = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn)
-    return quantized.flatten(2, 3).flatten(0, 1), scale.float()
 
 
 def initial_value(key: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:

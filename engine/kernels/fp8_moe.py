@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.drama3.fp8 import FP8, FP8_MAX, dequantize_fp8
+
 try:
     import triton
     import triton.language as tl
@@ -33,9 +35,7 @@ except ImportError:  # CPU installs have no Triton; only the reference path runs
     triton = None
     tl = None
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
-GROUP = 128
+GROUP = 128  # activation quantisation group = the weight block width
 
 
 # ─── torch reference ─────────────────────────────────────────────────────────
@@ -48,12 +48,6 @@ def quantize_groups_reference(x: torch.Tensor, group: int = GROUP) -> tuple[torc
     scale = groups.abs().amax(-1).clamp(min=1e-10) / FP8_MAX  # [T, G]
     q = (groups / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q.view(T, K), scale
-
-
-def dequantize_blocks(w: torch.Tensor, scale: torch.Tensor, block: int = GROUP) -> torch.Tensor:
-    """w float8 [..., N, K], scale [..., N/block, K/block] -> float32 [..., N, K]."""
-    s = scale.float().repeat_interleave(block, -2).repeat_interleave(block, -1)
-    return w.float() * s[..., : w.shape[-2], : w.shape[-1]]
 
 
 def moe_reference(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor,
@@ -79,9 +73,9 @@ def moe_reference(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: tor
     out = torch.zeros(T, w2.shape[1], dtype=torch.float32, device=x.device)
     for e in topk_ids.unique().tolist():
         token, choice = (topk_ids == e).nonzero(as_tuple=True)
-        h = xq[token] @ dequantize_blocks(w13[e], s13[e]).T  # [n, 2I]
+        h = xq[token] @ dequantize_fp8(w13[e], s13[e]).T  # [n, 2I]
         a = fake_quant(F.silu(h[:, :I]) * h[:, I:])  # [n, I]
-        y = a @ dequantize_blocks(w2[e], s2[e]).T  # [n, D]
+        y = a @ dequantize_fp8(w2[e], s2[e]).T  # [n, D]
         out.index_add_(0, token, y * topk_weights[token, choice, None].float())
     return out.to(x.dtype)
 

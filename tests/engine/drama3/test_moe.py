@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from engine.drama3.config import Drama3Config
-from engine.drama3.moe import Experts, SparseMoE, dequantize_fp8, experts_gathered, experts_grouped
-from engine.drama3.tiny import quantize_fp8, tiny_config
+from engine.drama3.fp8 import dequantize_fp8, quantize_fp8
+from engine.drama3.moe import Experts, SparseMoE, experts_gathered, experts_grouped
+from engine.drama3.tiny import tiny_config
 
 TEXT = Drama3Config.from_dict(tiny_config()).text  # 128 wide, 8 experts, top 2, 128 intermediate
 

@@ -6,20 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.drama3.fp8 import dequantize_fp8, quantize_fp8
 from engine.kernels import fp8_moe as m
 
 
-def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 [E, N, K] -> float8 weights with one scale per 128x128 block, as released."""
-    E, N, K = w.shape
-    scale = w.abs().view(E, N // 128, 128, K // 128, 128).amax((2, 4)) / m.FP8_MAX
-    full = scale.repeat_interleave(128, 1).repeat_interleave(128, 2)
-    return (w / full).to(m.FP8), scale
-
-
 def experts(E: int, D: int, I: int, device: str) -> tuple[torch.Tensor, ...]:
-    w13, s13 = quantize_blocks(torch.randn(E, 2 * I, D, device=device) * 0.05)
-    w2, s2 = quantize_blocks(torch.randn(E, D, I, device=device) * 0.05)
+    w13, s13 = quantize_fp8(torch.randn(E, 2 * I, D, device=device) * 0.05)
+    w2, s2 = quantize_fp8(torch.randn(E, D, I, device=device) * 0.05)
     return w13, s13, w2, s2
 
 
@@ -50,8 +43,8 @@ def test_pairs_one_per_block_is_static() -> None:
 
 def test_dequantize_blocks_scales_each_block() -> None:
     w = torch.randn(256, 384) * 0.1
-    q, s = quantize_blocks(w[None])
-    restored = m.dequantize_blocks(q[0], s[0])
+    q, s = quantize_fp8(w[None])
+    restored = dequantize_fp8(q[0], s[0])
     assert restored.shape == w.shape
     # float8 e4m3 keeps 3 mantissa bits: every element within 1/16 of its value (+ subnormals)
     assert ((restored - w).abs() <= w.abs() / 16 + s[0].max() * 2**-9).all()
@@ -68,9 +61,9 @@ def test_reference_without_activation_quantisation_matches_dense_loop() -> None:
         expected = torch.zeros(D)
         for j in range(k):
             e = ids[t, j]
-            h = m.dequantize_blocks(w13[e], s13[e]) @ x[t]
+            h = dequantize_fp8(w13[e], s13[e]) @ x[t]
             a = torch.nn.functional.silu(h[:I]) * h[I:]
-            expected += weights[t, j] * (m.dequantize_blocks(w2[e], s2[e]) @ a)
+            expected += weights[t, j] * (dequantize_fp8(w2[e], s2[e]) @ a)
         torch.testing.assert_close(out[t], expected, rtol=1e-4, atol=1e-5)
 
 
