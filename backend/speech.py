@@ -7,7 +7,7 @@
   `speech.audio.done` with the finish reason and usage (prompt rows in, frames out).
 
 The take runs on the engine loop like a directing take (same queue, deadline and cancel on
-disconnect). The response starts only when the first audio or the end of the take is there,
+disconnect, also while a complete response is still being made). The response starts only when the first audio or the end of the take is there,
 so a request the engine refuses is an HTTP 400, not a broken stream. The silence guard runs
 for complete responses only: streamed audio cannot be taken back.
 """
@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from backend.loop import Busy, TakeJob, TakeOutcome
+from backend.metrics import Metrics
 from backend.state import ServerState
 from engine import AudioWindow, Drama3Engine, Prompt, RequestError, Sampling, SpeechRequest, parse_speech_request
 
@@ -50,9 +51,11 @@ def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
 
 
 class SpeechSink:
-    """Collects a take's events in an asyncio queue for the response."""
+    """Collects a take's events in an asyncio queue for the response, and counts its outcome (also when
+    the client left and nobody reads it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
         self.events: asyncio.Queue[bytes | TakeOutcome] = asyncio.Queue()
         self.retried = False
 
@@ -70,6 +73,7 @@ class SpeechSink:
         self.events.put_nowait(b"")  # marker: drop what was collected so far
 
     def done(self, outcome: TakeOutcome) -> None:
+        self.metrics.take_done(outcome.finish_reason, outcome.timings)
         self.events.put_nowait(outcome)
 
 
@@ -106,7 +110,7 @@ async def speech(request: Request) -> Response:
         request_for_attempt: SpeechRequest = dataclasses.replace(parsed, sampling=attempt_sampling)
         return engine.speech_prompt(request_for_attempt)
 
-    sink = SpeechSink()
+    sink = SpeechSink(state.metrics)
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + state.settings.limits.default_deadline_ms / 1000
     guard = None if stream or state.settings.silence.retries == 0 else state.settings.silence
@@ -120,22 +124,36 @@ async def speech(request: Request) -> Response:
         job.cancel()
         state.engine_loop.withdraw(job)
 
+    # Uvicorn does not cancel a handler whose client went away, so until the response starts we
+    # watch for the disconnect ourselves; a streamed response then watches for it on its own.
+    gone = asyncio.create_task(_disconnected(request))
+    gone.add_done_callback(lambda task: None if task.cancelled() or task.exception() else stop())
     try:
         first = await sink.events.get()
     except asyncio.CancelledError:
+        gone.cancel()
         stop()
         raise
-    if isinstance(first, TakeOutcome):
-        state.metrics.take_done(first.finish_reason, first.timings)
-        if first.finish_reason == "error":
-            return openai_error(first.error or "the take failed")
+    if isinstance(first, TakeOutcome) and first.finish_reason == "error":
+        gone.cancel()
+        return openai_error(first.error or "the take failed")
     if not stream:
-        return await _complete(state, sink, first, response_format, stop)
+        try:
+            return await _complete(state, sink, first, response_format, stop)
+        finally:
+            gone.cancel()
+    gone.cancel()  # StreamingResponse listens for the disconnect itself; two listeners would split the messages
     headers = {"X-Sample-Rate": str(state.engine.sample_rate), "X-Channels": "1", "X-Bit-Depth": "16"}
-    chunks = _chunks(state, sink, first, stop)
+    chunks = _chunks(sink, first, stop)
     if stream_format == "audio":
         return StreamingResponse(_raw(chunks), media_type="audio/pcm", headers=headers)
     return StreamingResponse(_sse(chunks), media_type="text/event-stream", headers=headers)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone away (the body was read already, so only the disconnect is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _complete(state: ServerState, sink: SpeechSink, first: bytes | TakeOutcome, response_format: str,
@@ -152,8 +170,6 @@ async def _complete(state: ServerState, sink: SpeechSink, first: bytes | TakeOut
     except asyncio.CancelledError:
         stop()
         raise
-    if event is not first:
-        state.metrics.take_done(event.finish_reason, event.timings)
     if event.finish_reason == "error" and not pieces:
         return openai_error(event.error or "the take failed")
     pcm = b"".join(pieces)
@@ -164,7 +180,7 @@ async def _complete(state: ServerState, sink: SpeechSink, first: bytes | TakeOut
                     headers=headers)
 
 
-async def _chunks(state: ServerState, sink: SpeechSink, first: bytes | TakeOutcome,
+async def _chunks(sink: SpeechSink, first: bytes | TakeOutcome,
                   stop: Callable[[], None]) -> AsyncIterator[bytes | TakeOutcome]:
     """PCM chunks then the outcome; stops the take if the client goes away."""
     event = first
@@ -176,8 +192,6 @@ async def _chunks(state: ServerState, sink: SpeechSink, first: bytes | TakeOutco
                 finished = True
                 return
             event = await sink.events.get()
-            if isinstance(event, TakeOutcome):
-                state.metrics.take_done(event.finish_reason, event.timings)
     finally:
         if not finished:
             stop()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -87,3 +89,31 @@ def test_bad_requests_get_400_with_a_json_error(server: LiveServer, body: Any, s
     assert status == 400 and headers["content-type"] == "application/json"
     error = json.loads(reply)["error"]
     assert error["type"] == "invalid_request_error" and says in error["message"]
+
+
+def takes_total(server: LiveServer, finish_reason: str) -> int:
+    with urllib.request.urlopen(f"{server.http}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    prefix = f'retake_takes_total{{finish_reason="{finish_reason}"}} '
+    return sum(int(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_cancels_its_take(server: LiveServer, stream: bool) -> None:
+    """Leaving before the response (complete) or mid-stream stops the take at its next step."""
+    cancelled = takes_total(server, "cancelled")
+    body = json.dumps({"input": "A long speech that goes on.", "max_new_tokens": 3000, "seed": 11,
+                       "stream": stream}).encode()
+    host, port = server.http.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as client:
+        client.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        if stream:
+            assert client.recv(4096).startswith(b"HTTP/1.1 200")  # the first audio is out
+        else:
+            time.sleep(0.5)  # the take is running; nothing has been answered yet
+    for _ in range(400):  # 3,000 frames would take a minute; a cancelled take ends at its next step
+        if takes_total(server, "cancelled") > cancelled:
+            break
+        time.sleep(0.05)
+    assert takes_total(server, "cancelled") == cancelled + 1
