@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from types import ModuleType
 
 COMMANDS = ("serve", "say", "make_checkpoint", "bench", "converse", "loadtest")
 
@@ -20,10 +21,10 @@ class UsageError(Exception):
     """Bad arguments or input the user can fix; printed as one line."""
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     parser = argparse.ArgumentParser(prog="retake", description="Retake: a real-time directing studio for speech models")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    modules: dict[str, object] = {}
+    modules: dict[str, ModuleType] = {}
     for name in COMMANDS:
         module = importlib.import_module(f"backend.commands.{name}")
         command = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import soundfile as sf
 
-    from engine import AudioWindow, Character, EngineSpec, HistoryTurn, Reference, Sampling, load_engine
+    from engine import AudioWindow, Character, Done, EngineSpec, HistoryTurn, Reference, Sampling, load_engine
     from engine.drama3.prompt import checked_character
     from engine.drama3.text import check_text
 
@@ -105,19 +105,18 @@ def run(args: argparse.Namespace) -> int:
     engine = load_engine(EngineSpec(checkpoint=args.checkpoint, device=args.device, threads=args.threads or None))
     if engine.demo_weights:
         print("retake say: the tiny demo checkpoint has random weights; its audio is noise", file=sys.stderr)
-    if character is not None:
-        voice = character
-    else:
-        voice = [Reference(engine.encode_reference(audio), transcript)
-                 for audio, transcript in zip(clips, args.reference_text)]
+    voice: Character | list[Reference] = character if character is not None else [
+        Reference(engine.encode_reference(audio), transcript) for audio, transcript in zip(clips, args.reference_text)]
     prompt = engine.prompt(args.text, voice or None, history, sampling)
 
-    pieces, done = [], None
+    pieces: list[np.ndarray] = []
+    done: Done | None = None
     for event in engine.generate(prompt):
         if isinstance(event, AudioWindow):
             pieces.append(event.pcm)
         else:
             done = event
+    assert done is not None  # generate always ends with Done
     pcm = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int16)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     sf.write(args.output, pcm, engine.sample_rate, subtype="PCM_16")
