@@ -8,7 +8,8 @@
 // takes the next line, checks the history, reloads and finds the scene, exports the scene WAV,
 // types a line it never takes and reorders the script (the history panel follows), opens the
 // session's URL in a second browser with a fresh profile (nothing in its localStorage) and
-// finds the same script there, and saves a screenshot. It writes DIR/result.json, the export and the wire PCM of each take
+// finds the same script there, sets a character and then an uploaded and a recorded reference
+// clip as the voice, and saves a screenshot. It writes DIR/result.json, the export and the wire PCM of each take
 // for the Python side to check the WAV independently. Exit status 0 = all checks passed.
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -67,6 +68,18 @@ function wirePcm(takeId) {
   return pcm;
 }
 
+/** A 16-bit mono 44.1 kHz WAV of a 220 Hz tone, as a file a director would upload. */
+function sineWav(seconds) {
+  const n = Math.round(44100 * seconds);
+  const wav = Buffer.alloc(44 + 2 * n);
+  wav.write("RIFF", 0); wav.writeUInt32LE(36 + 2 * n, 4); wav.write("WAVEfmt ", 8);
+  wav.writeUInt32LE(16, 16); wav.writeUInt16LE(1, 20); wav.writeUInt16LE(1, 22);
+  wav.writeUInt32LE(44100, 24); wav.writeUInt32LE(88200, 28); wav.writeUInt16LE(2, 32); wav.writeUInt16LE(16, 34);
+  wav.write("data", 36); wav.writeUInt32LE(2 * n, 40);
+  for (let k = 0; k < n; k++) wav.writeInt16LE(Math.round(8000 * Math.sin((2 * Math.PI * 220 * k) / 44100)), 44 + 2 * k);
+  return wav;
+}
+
 const profiles = [];
 /** Chromium with a profile of its own (a new, empty directory: no localStorage, no cache). */
 async function browser() {
@@ -81,6 +94,8 @@ async function browser() {
       "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
       "--disable-background-networking", "--disable-component-update", "--disable-sync",
       "--autoplay-policy=no-user-gesture-required",
+      // A fake microphone (a beep) that needs no permission prompt, for the recording step.
+      "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
     ],
   });
 }
@@ -382,6 +397,31 @@ try {
   await page.waitForFunction(() => window.retake.voice?.character?.name === "Mara");
   await page.waitForFunction(() => document.getElementById("voice-current").textContent === "Character: Mara");
   check("the character is the voice", true, "voice.ready came back with it and the panel shows it");
+
+  // 8. Reference clips: a file that is not audio is refused in the panel; an uploaded WAV and a
+  //    recording from the (fake) microphone, each with its transcript, become the voice.
+  await page.locator('#voice .tabs button[data-tab="clips"]').click();
+  await page.locator("#upload-clip").setInputFiles({ name: "notes.txt", mimeType: "audio/wav", buffer: Buffer.from("not audio") });
+  await page.waitForFunction(() => document.getElementById("voice-error").textContent.includes("cannot read this audio"));
+  check("a file that is not audio is refused in the voice panel", true);
+  await page.locator("#upload-clip").setInputFiles({ name: "line.wav", mimeType: "audio/wav", buffer: sineWav(1.5) });
+  await page.locator("#clips .clip").first().waitFor();
+  await page.locator("#use-clips").click();
+  await page.waitForFunction(() => document.getElementById("voice-error").textContent === "clip 1 needs its transcript");
+  check("a clip without its transcript is refused in the voice panel", true);
+  await page.locator("#clips .clip-text").first().fill("Places, everyone.");
+  await page.locator("#record-clip").click();
+  await page.waitForFunction(() => parseFloat(document.getElementById("record-clip").textContent.replace("■ Stop", "")) >= 1.2);
+  await page.locator("#record-clip").click();
+  await page.locator("#clips .clip").nth(1).waitFor();
+  const seconds = await page.locator("#clips .clip .num").allTextContents();
+  check("the recording became a clip of about its length", seconds.length === 2 && parseFloat(seconds[1]) >= 1 && parseFloat(seconds[1]) < 4, JSON.stringify(seconds));
+  await page.locator("#clips .clip-text").nth(1).fill("Then light it.");
+  await page.locator("#use-clips").click();
+  await page.waitForFunction(() => window.retake.voice?.references.length === 2 && !window.retake.voicePending);
+  const frames = await studio(() => window.retake.voice.references.map((r) => [r.frames, r.text]));
+  check("both clips are the voice, encoded by the server", frames.every(([n]) => n > 0) && frames[0][1] === "Places, everyone." && frames[1][1] === "Then light it.", JSON.stringify(frames));
+  await page.waitForFunction(() => document.getElementById("voice-current").textContent.startsWith("2 reference clips"));
 
   await page.locator(`.line`).first().click({ position: { x: 5, y: 5 } });
   await page.waitForTimeout(300); // let the waveforms of the fetched takes draw
