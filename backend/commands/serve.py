@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,6 +91,19 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     silence=SilenceGuard(args.silence_seconds, args.silence_level, args.silence_retries))
 
 
+def check_port(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port, or None. Checked before the engine loads (minutes
+    on a GPU), with the SO_REUSEADDR uvicorn sets, so only a port really in use is refused."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as error:
+        return error.strerror or str(error)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -107,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--data-dir {settings.database.parent} cannot be used: {error.strerror or error}") from None
     if not os.access(settings.database.parent, os.W_OK):
         raise UsageError(f"--data-dir {settings.database.parent} is not writable")
+    if (why := check_port(args.host, args.port)) is not None:
+        raise UsageError(f"cannot listen on {args.host}:{args.port} ({why}); pick another --port or --host")
     logging.basicConfig(level=args.log_level.upper(), format="[retake] %(message)s")
     log = logging.getLogger("retake")
     what = str(settings.checkpoint) if settings.checkpoint else "the tiny demo checkpoint (random weights)"

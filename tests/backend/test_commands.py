@@ -90,3 +90,16 @@ def test_serve_refuses_a_missing_checkpoint(tmp_path: Path) -> None:
     last_line = result.stderr.strip().splitlines()[-1]  # after the "loading ..." log line
     assert last_line == (f"retake serve: {tmp_path / 'nope'} is neither a checkpoint directory nor a "
                          "Hugging Face repo id (owner/name)")
+
+
+def test_serve_refuses_a_port_in_use_before_loading(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([*RETAKE, "serve", "--port", str(port), "--data-dir", str(tmp_path)],
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"retake serve: cannot listen on 127.0.0.1:{port} (Address already in use); "
+                                     "pick another --port or --host")
+    assert "loading" not in result.stdout + result.stderr  # refused before the engine loaded
