@@ -11,7 +11,10 @@ Design choices:
   numpy arrays, not torch tensors.
 - Take ids come from one AUTOINCREMENT sequence over all sessions, so an id names one take
   on the whole server (the audio frame header carries it as u32).
-- Takes that were queued or running when the server stopped are finished as `error` on open.
+- A running take's windows are written (their codes) as they stream, before they are sent;
+  the take's codes replace them when it finishes. Takes that were queued or running when the
+  server stopped are finished as `error` on open, with the codes of the windows they had sent,
+  so the audio a director heard before a crash is kept.
 - The schema evolves by numbered migrations (`PRAGMA user_version`): `SCHEMA` is the first
   version and stays as it was, a new file runs it and then every migration, so a file written
   by an older server and a new one end up with the same tables.
@@ -28,6 +31,7 @@ import json
 import secrets
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -98,6 +102,9 @@ CREATE INDEX IF NOT EXISTS takes_by_session ON takes (session_id, take_id);
 MIGRATIONS: tuple[str, ...] = (
     # 1: the script is stored: lines without takes, their order, deleted lines that have takes.
     "ALTER TABLE lines ADD COLUMN deleted_ms INTEGER;",
+    # 2: the windows of a running take, written as they stream so a crash keeps what was heard.
+    "CREATE TABLE take_windows (take_id INTEGER NOT NULL REFERENCES takes (take_id), seq INTEGER NOT NULL, "
+    "codebooks INTEGER NOT NULL, codes BLOB NOT NULL, samples INTEGER NOT NULL, PRIMARY KEY (take_id, seq));",
 )
 STOPPED_DURING_TAKE = "the server stopped during this take"
 
@@ -227,6 +234,13 @@ class Store:
     def _write(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
         return self.db.execute(sql, params)
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """The writes inside as one transaction (committed at the end, rolled back on an exception)."""
+        with self.db:
+            self.db.execute("BEGIN")
+            yield
+
     def _migrate(self) -> None:
         version = int(self.db.execute("PRAGMA user_version").fetchone()[0])
         for number in range(version + 1, len(MIGRATIONS) + 1):
@@ -234,10 +248,16 @@ class Store:
             self.db.executescript(f"BEGIN; {MIGRATIONS[number - 1]} PRAGMA user_version={number}; COMMIT;")
 
     def _finish_interrupted_takes(self) -> int:
-        cursor = self._write(
-            "UPDATE takes SET state='done', finish_reason='error', error=? WHERE state != 'done'",
-            (STOPPED_DURING_TAKE,))
-        return cursor.rowcount
+        """Finish the takes a stopped server left queued or running, each with the windows it had sent."""
+        interrupted = self.db.execute("SELECT take_id, attempts, timings FROM takes WHERE state != 'done'").fetchall()
+        for take_id, attempts, timings in interrupted:
+            windows = self.db.execute("SELECT codebooks, codes, samples FROM take_windows WHERE take_id=? "
+                                      "ORDER BY seq", (take_id,)).fetchall()
+            codes = np.concatenate([blob_to_codes(w["codebooks"], w["codes"]) for w in windows], axis=1) \
+                if windows else None
+            self.finish_take(take_id, "error", error=STOPPED_DURING_TAKE, timings=json.loads(timings or "{}"),
+                             samples=sum(int(w["samples"]) for w in windows), attempts=attempts, codes=codes)
+        return len(interrupted)
 
     # Sessions -----------------------------------------------------------------
 
@@ -275,8 +295,7 @@ class Store:
             rest = [i for i in order if i != line_id]
             at = len(rest) if not place else 0 if after is None else rest.index(after) + 1
             order = [*rest[:at], line_id, *rest[at:]]
-        with self.db:
-            self.db.execute("BEGIN")
+        with self._transaction():
             self.db.execute(
                 "INSERT INTO lines (session_id, line_id, text, position) VALUES (?, ?, ?, -1) "
                 "ON CONFLICT (session_id, line_id) DO UPDATE SET text=excluded.text, deleted_ms=NULL",
@@ -286,8 +305,7 @@ class Store:
 
     def delete_line(self, session_id: str, line_id: str) -> None:
         """Take the line out of the script: gone if it has no takes, else kept aside with them."""
-        with self.db:
-            self.db.execute("BEGIN")
+        with self._transaction():
             has_takes = self.db.execute("SELECT 1 FROM takes WHERE session_id=? AND line_id=? LIMIT 1",
                                         (session_id, line_id)).fetchone() is not None
             if has_takes:
@@ -302,8 +320,7 @@ class Store:
 
     def set_order(self, session_id: str, order: list[str]) -> None:
         """`order` lists every line of the script once (the caller checks)."""
-        with self.db:
-            self.db.execute("BEGIN")
+        with self._transaction():
             self._place(session_id, order)
 
     def takes(self, session_id: str) -> list[StoredTake]:
@@ -324,8 +341,7 @@ class Store:
             return None
         spec = None if character is None else json.dumps(
             {"name": character.name, "description": character.description, "scene": character.scene})
-        with self.db:
-            self.db.execute("BEGIN")
+        with self._transaction():
             voice_id = self.db.execute(
                 "INSERT INTO voices (session_id, character, created_ms) VALUES (?, ?, ?)",
                 (session_id, spec, now_ms())).lastrowid
@@ -360,8 +376,7 @@ class Store:
         """A queued take. Its line takes the take's text; a line not in the script (new, or
         deleted) goes last."""
         created = now_ms()
-        with self.db:
-            self.db.execute("BEGIN")
+        with self._transaction():
             self.db.execute(
                 "INSERT INTO lines (session_id, line_id, text, position) VALUES (?, ?, ?, "
                 "(SELECT COUNT(*) FROM lines WHERE session_id=? AND deleted_ms IS NULL)) "
@@ -384,8 +399,16 @@ class Store:
         return None if row is None else _take(row)
 
     def start_take(self, take_id: int, attempt: int, sampling: SamplingInfo) -> None:
-        self._write("UPDATE takes SET state='running', attempts=?, sampling=? WHERE take_id=?",
-                    (attempt, json.dumps(sampling), take_id))
+        with self._transaction():
+            self._write("DELETE FROM take_windows WHERE take_id=?", (take_id,))  # an earlier attempt's
+            self._write("UPDATE takes SET state='running', attempts=?, sampling=? WHERE take_id=?",
+                        (attempt, json.dumps(sampling), take_id))
+
+    def add_take_window(self, take_id: int, seq: int, codes: np.ndarray, samples: int) -> None:
+        """A running take's window (its new frames' codes [codebooks, frames]), before it is sent."""
+        codebooks, blob = codes_to_blob(codes)
+        self._write("INSERT OR REPLACE INTO take_windows (take_id, seq, codebooks, codes, samples) "
+                    "VALUES (?, ?, ?, ?, ?)", (take_id, seq, codebooks, blob, samples))
 
     def set_history(self, take_id: int, history: list[int]) -> None:
         self._write("UPDATE takes SET history=? WHERE take_id=?", (json.dumps(history), take_id))
@@ -395,10 +418,12 @@ class Store:
                     codes: np.ndarray | None) -> None:
         codebooks, blob = (None, None) if codes is None else codes_to_blob(codes)
         frames = 0 if codes is None else int(codes.shape[1])
-        self._write(
-            "UPDATE takes SET state='done', finish_reason=?, error=?, timings=?, frames=?, samples=?, attempts=?, "
-            "codebooks=?, codes=? WHERE take_id=?",
-            (finish_reason, error, json.dumps(timings), frames, samples, attempts, codebooks, blob, take_id))
+        with self._transaction():
+            self._write(
+                "UPDATE takes SET state='done', finish_reason=?, error=?, timings=?, frames=?, samples=?, attempts=?, "
+                "codebooks=?, codes=? WHERE take_id=?",
+                (finish_reason, error, json.dumps(timings), frames, samples, attempts, codebooks, blob, take_id))
+            self._write("DELETE FROM take_windows WHERE take_id=?", (take_id,))
 
     def take_codes(self, take_id: int) -> np.ndarray | None:
         row = self.db.execute("SELECT codebooks, codes FROM takes WHERE take_id=?", (take_id,)).fetchone()

@@ -48,6 +48,7 @@ class AudioWindow:
     start_sample: int  # where pcm starts in the take
     frames: int  # new frames in this window
     last: bool  # the take's final window (possibly empty)
+    codes: np.ndarray  # int64 [num_codebooks, frames]: the new frames' codes (a server stores them as they stream)
 
 
 @dataclass(frozen=True)
@@ -80,22 +81,23 @@ class Windows:
 
     def __init__(self, codec: Codec, executor: Executor | None) -> None:
         self.codec, self.executor = codec, executor
-        self.pending: collections.deque[tuple[Window, Future | np.ndarray]] = collections.deque()
+        self.pending: collections.deque[tuple[Window, np.ndarray, Future | np.ndarray]] = collections.deque()
         self.sample = 0  # the take's samples handed out so far
 
     def submit(self, codes: np.ndarray, window: Window) -> None:
         frames = codes[:, :window.end].copy()  # [num_codebooks, end]; a copy: later steps write after them
+        new = frames[:, window.emit:]  # [num_codebooks, window.frames]
         if self.executor is None:
-            self.pending.append((window, vocode(self.codec, frames, window)))
+            self.pending.append((window, new, vocode(self.codec, frames, window)))
         else:
-            self.pending.append((window, self.executor.submit(vocode, self.codec, frames, window)))
+            self.pending.append((window, new, self.executor.submit(vocode, self.codec, frames, window)))
 
     def ready(self, wait: bool = False) -> Iterator[AudioWindow]:
         """The decoded windows at the head of the queue (all of them if `wait`)."""
-        while self.pending and (wait or not isinstance(self.pending[0][1], Future) or self.pending[0][1].done()):
-            window, result = self.pending.popleft()
+        while self.pending and (wait or not isinstance(self.pending[0][2], Future) or self.pending[0][2].done()):
+            window, codes, result = self.pending.popleft()
             pcm = result.result() if isinstance(result, Future) else result
-            yield AudioWindow(pcm=pcm, start_sample=self.sample, frames=window.frames, last=window.last)
+            yield AudioWindow(pcm=pcm, start_sample=self.sample, frames=window.frames, last=window.last, codes=codes)
             self.sample += len(pcm)
 
 
@@ -187,7 +189,8 @@ class Take:
             self.end_stream()
 
     def end_stream(self) -> None:
-        self.windows.pending.append((Window(0, 0, 0, last=True), np.zeros(0, dtype=np.int16)))
+        empty = np.zeros((self.codes.shape[0], 0), dtype=np.int64)
+        self.windows.pending.append((Window(0, 0, 0, last=True), empty, np.zeros(0, dtype=np.int16)))
 
     def ready(self, wait: bool = False) -> list[AudioWindow | Done]:
         """Windows decoded so far, in order (all of them if `wait` and the take is closed), then

@@ -60,6 +60,33 @@ def test_takes_lines_and_codes_survive_reopening(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_running_take_keeps_the_windows_it_sent(tmp_path: Path) -> None:
+    path = tmp_path / "retake.sqlite3"
+    store = Store(path)
+    session = store.create_session()
+    running, finished = (store.add_take(session, "a", "Hello.", None, SAMPLING).take_id for _ in range(2))
+    store.start_take(running, 1, SAMPLING)
+    store.add_take_window(running, 0, codes(4, 1), 4 * 2048)  # a silent first attempt's window...
+    store.start_take(running, 2, SAMPLING)  # ...is gone when the next attempt starts
+    sent = codes(10, 2)
+    store.add_take_window(running, 0, sent[:, :4], 4 * 2048)
+    store.add_take_window(running, 1, sent[:, 4:], 6 * 2048)
+    store.start_take(finished, 1, SAMPLING)
+    store.add_take_window(finished, 0, codes(4, 3), 4 * 2048)
+    store.finish_take(finished, "stop", error=None, timings={}, samples=5 * 2048, attempts=1, codes=codes(5, 3))
+    assert store.db.execute("SELECT count(*) FROM take_windows WHERE take_id=?", (finished,)).fetchone()[0] == 0
+    store.close()  # the server dies with `running` in flight
+
+    store = Store(path)
+    take = store.take(session, running)
+    assert take is not None and (take.state, take.finish_reason, take.error) == ("done", "error", STOPPED_DURING_TAKE)
+    assert (take.frames, take.samples, take.attempts) == (10, 10 * 2048, 2)
+    np.testing.assert_array_equal(store.take_codes(running), sent)
+    np.testing.assert_array_equal(store.take_codes(finished), codes(5, 3))
+    assert store.db.execute("SELECT count(*) FROM take_windows").fetchone()[0] == 0
+    store.close()
+
+
 def test_kept_history_is_in_script_order(tmp_path: Path) -> None:
     store = Store(tmp_path / "retake.sqlite3")
     session = store.create_session()

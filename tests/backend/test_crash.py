@@ -1,0 +1,84 @@
+"""A server killed mid-take (SIGKILL, no shutdown) keeps the audio the director heard: the take
+comes back after a restart as an error with every window that was sent, and its export starts
+with exactly the samples that arrived."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from live_server import run
+from test_commands import RETAKE, free_port
+
+from backend.client import AudioFrame, Director
+from backend.store import STOPPED_DURING_TAKE
+
+
+def serve(checkpoint: Path, data_dir: Path, port: int) -> subprocess.Popen[str]:
+    process = subprocess.Popen([*RETAKE, "serve", "--checkpoint", str(checkpoint), "--device", "cpu", "--port",
+                                str(port), "--data-dir", str(data_dir), "--silence-retries", "0"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                return process
+        except OSError:
+            assert process.poll() is None and time.monotonic() < deadline, "retake serve did not come up"
+            time.sleep(0.25)
+
+
+@pytest.mark.slow
+def test_a_killed_server_keeps_the_audio_that_was_heard(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    port = free_port()
+    server = serve(tiny_checkpoint, tmp_path, port)
+    try:
+        async def until_killed() -> tuple[str, int, np.ndarray]:
+            director = await Director.connect(f"ws://127.0.0.1:{port}/ws")
+            ready = await director.open()
+            take = await director.start("l1", "A long speech that goes on.",
+                                        sampling={"seed": 11, "max_new_tokens": 1000})
+            assert take.take_id, take.messages
+            heard: list[np.ndarray] = []
+            while sum(len(pcm) for pcm in heard) < 3 * 10 * 2048:  # three windows
+                message = await director.receive()
+                if isinstance(message, AudioFrame):
+                    heard.append(message.pcm)
+            server.send_signal(signal.SIGKILL)
+            server.wait(timeout=30)
+            return str(ready["session_id"]), take.take_id, np.concatenate(heard)
+
+        session_id, take_id, heard = run(until_killed())
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+    server = serve(tiny_checkpoint, tmp_path, port)
+    try:
+        async def resumed() -> dict:
+            director = await Director.connect(f"ws://127.0.0.1:{port}/ws")
+            ready = await director.open(session_id)
+            await director.close()
+            return ready["takes"][0]  # type: ignore[index, return-value]
+
+        take = run(resumed())
+        assert (take["take_id"], take["state"], take["finish_reason"], take["error"]) == (
+            take_id, "done", "error", STOPPED_DURING_TAKE)
+        assert take["frames"] * 2048 == take["samples"] >= len(heard)  # what was written before it was sent
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/sessions/{session_id}/takes/{take_id}.wav") as reply:
+            exported, _ = sf.read(io.BytesIO(reply.read()), dtype="int16")
+        assert len(exported) == take["samples"]
+        np.testing.assert_array_equal(exported[:len(heard)], heard)
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=60)
