@@ -90,7 +90,7 @@ class TakeView {
     setText(this.play, this.studio.isSounding(t.id) ? "■" : "▶");
     this.play.disabled = t.phase === "done" && t.samples === 0;
     setText(this.keep, t.kept ? "Kept ✓" : "Keep");
-    this.keep.disabled = t.phase !== "done" || t.samples === 0;
+    this.keep.disabled = t.phase !== "done" || t.samples === 0 || t.finishReason === "error"; // the server's `usable`
     this.cancel.hidden = t.phase === "done";
     this.save.disabled = t.phase !== "done" || t.samples === 0;
     const problem = this.studio.errors.get(`take:${t.id}`) ?? t.streamProblem;
