@@ -54,7 +54,9 @@ def read_reference_audio(data: bytes | str | os.PathLike, sample_rate: int = SAM
     try:
         samples, rate = sf.read(io.BytesIO(content), dtype="float32", always_2d=True)  # [S, channels]
     except Exception as error:  # noqa: BLE001 - soundfile raises several types for bad input
-        raise RequestError(f"reference audio is not a readable WAV or FLAC file ({error}); "
+        # libsndfile's reason, without soundfile's "Error opening <_io.BytesIO object at 0x...>: "
+        why = str(error).rpartition(">: ")[2] or type(error).__name__
+        raise RequestError(f"reference audio is not a readable WAV or FLAC file ({why}); "
                            "send a WAV or FLAC clip") from error
     if samples.size == 0:
         raise RequestError("reference audio holds no samples; send a clip of speech")

@@ -197,7 +197,7 @@ def test_reference_audio_is_mono_at_44100(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    (b"this is not audio at all", "not a readable WAV or FLAC"),
+    (b"this is not audio at all", r"not a readable WAV or FLAC file \(Format not recognised.\)"),
     (b"", "empty"),
     ("@@not base64@@", "not valid base64"),
     (wav_bytes(np.zeros(0, np.float32)), "no samples|not a readable"),
