@@ -26,6 +26,8 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from backend import ws
+from backend.conversation import ConversationLoop
+from backend.converse_ws import converse_socket
 from backend.loop import Busy, EngineLoop
 from backend.metrics import Metrics
 from backend.settings import Settings
@@ -33,6 +35,7 @@ from backend.speech import speech, wav_bytes
 from backend.state import EngineInfo, ServerState
 from backend.store import Store
 from engine import Drama3Engine
+from engine.personaplex.engine import PersonaPlex
 
 log = logging.getLogger("retake")
 
@@ -54,6 +57,22 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
     return load
 
 
+def start_conversation_loop(settings: Settings) -> ConversationLoop:
+    """Load the PersonaPlex engine for `/converse` on its own thread (raises what loading raised)."""
+    def load() -> PersonaPlex:
+        checkpoint = None if settings.converse == "demo" else settings.converse
+        device = "cpu" if checkpoint is None and settings.device == "auto" else settings.device
+        return PersonaPlex.load(checkpoint, device=device, slots=settings.converse_slots)
+
+    conversations = ConversationLoop(load)
+    try:
+        conversations.start()
+    except BaseException:
+        conversations.stop()
+        raise
+    return conversations
+
+
 def authorized(request: Request) -> bool:
     return ws.token_ok(request.headers, request.query_params, request.app.state.retake.settings)
 
@@ -66,7 +85,8 @@ def unauthorized() -> JSONResponse:
 async def health(request: Request) -> Response:
     state: ServerState = request.app.state.retake
     return JSONResponse({"status": "ok", "engine": state.engine.name, "demo_weights": state.engine.demo_weights,
-                         "sessions": state.sockets, "queue": state.engine_loop.depth})
+                         "sessions": state.sockets, "queue": state.engine_loop.depth,
+                         "converse": state.conversations is not None})
 
 
 async def metrics(request: Request) -> Response:
@@ -133,7 +153,8 @@ def start_engine_loop(settings: Settings, load: Callable[[], Drama3Engine] | Non
     return engine_loop
 
 
-def build_app(settings: Settings, engine_loop: EngineLoop | None = None) -> Starlette:
+def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
+              conversations: ConversationLoop | None = None) -> Starlette:
     """The app. With `engine_loop` (already started) the caller owns it, and it outlives the app
     (`retake serve` starts it first to report loading errors in one line; tests restart the
     server around one engine); without it the lifespan starts and stops one."""
@@ -154,7 +175,20 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None) -> Star
         assert engine is not None
         info = EngineInfo(engine.name, engine.sample_rate, engine.frame_samples, bool(engine.demo_weights))
         served = settings.with_engine_limits(dict(engine.limits))
-        state = ServerState(served, store, running, info, Metrics(lambda: running.depth, lambda: 0))
+        talking = conversations
+        if talking is None and settings.converse is not None:
+            try:
+                talking = await asyncio.to_thread(start_conversation_loop, settings)
+            except BaseException:
+                if owned:
+                    running.stop()
+                store.close()
+                raise
+            assert talking.engine is not None
+            log.info("conversations on /converse: PersonaPlex on %s, %d slots%s", talking.engine.device,
+                     talking.engine.slots, "; DEMO WEIGHTS, its audio is noise" if talking.engine.demo_weights else "")
+        state = ServerState(served, store, running, info, Metrics(lambda: running.depth, lambda: 0),
+                            conversations=talking)
         state.metrics.sessions = lambda: state.sockets
         app.state.retake = state
         if owned:
@@ -165,10 +199,13 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None) -> Star
             state.closing = True
             if owned:
                 running.stop()
+            if talking is not None and conversations is None:
+                talking.stop()
             store.close()
 
     routes: list[Route | WebSocketRoute | Mount] = [
         WebSocketRoute("/ws", ws.directing_socket),
+        WebSocketRoute("/converse", converse_socket),
         Route("/health", health),
         Route("/metrics", metrics),
         Route("/v1/audio/speech", speech_route, methods=["POST"]),

@@ -31,6 +31,8 @@ class Settings:
     silence: SilenceGuard = field(default_factory=SilenceGuard)
     send_queue_frames: int = 256  # audio frames waiting for a slow client before its take is stopped
     static_dir: Path = FRONTEND_DIST
+    converse: Path | str | None = None  # a PersonaPlex checkpoint for /converse; "demo": the tiny one; None: off
+    converse_slots: int = 2  # conversations at once
 
     @property
     def database(self) -> Path:

@@ -18,6 +18,7 @@ from backend.store import Store
 from engine import Drama3Engine
 
 if TYPE_CHECKING:
+    from backend.conversation import ConversationLoop
     from backend.session import Session
 
 T = TypeVar("T")
@@ -41,6 +42,7 @@ class ServerState:
     sockets: int = 0  # open directing sockets (limits.max_sessions)
     closing: bool = False  # the server is stopping: late engine events are dropped, the store is closing
     sessions: dict[str, Session] = field(default_factory=dict)  # session id -> the socket that holds it
+    conversations: ConversationLoop | None = None  # the PersonaPlex engine (`retake serve --converse`)
 
     async def call(self, fn: Callable[[Drama3Engine], T]) -> T:
         """Run `fn(engine)` on the engine thread (raises loop.Busy when the queue is full)."""

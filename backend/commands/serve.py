@@ -60,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="silence guard: int16 peak at or below which audio is silent (default 64)")
     parser.add_argument("--silence-retries", type=int, default=2, help="silence guard: retries per take "
                                                                        "(default 2; 0 turns it off)")
+    parser.add_argument("--converse", nargs="?", const="demo", default=None, metavar="DIR",
+                        help="also serve live conversations on /converse with PersonaPlex from DIR (a checkpoint "
+                             "directory or repo id; without DIR: the tiny demo checkpoint with random weights)")
+    parser.add_argument("--converse-slots", type=int, default=2,
+                        help="conversations at once, ticked together in one batch (default 2)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
 
 
@@ -74,6 +79,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if args.slots is not None and args.slots < 1:
         raise UsageError("--slots must be at least 1")
+    if args.converse_slots < 1:
+        raise UsageError("--converse-slots must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be at least 1")
     if args.deadline_ms > args.max_deadline_ms:
@@ -88,7 +95,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     first_window_frames=args.first_window_frames, slots=args.slots, threads=args.threads,
                     allow_origins=tuple(args.allow_origin),
                     token=args.token or None, limits=limits,
-                    silence=SilenceGuard(args.silence_seconds, args.silence_level, args.silence_retries))
+                    silence=SilenceGuard(args.silence_seconds, args.silence_level, args.silence_retries),
+                    converse=args.converse, converse_slots=args.converse_slots)
 
 
 def check_port(host: str, port: int) -> str | None:
@@ -107,7 +115,7 @@ def check_port(host: str, port: int) -> str | None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from backend.app import build_app, log_ready, start_engine_loop
+    from backend.app import build_app, log_ready, start_conversation_loop, start_engine_loop
     from backend.cli import UsageError
     from backend.store import NewerSchema, check_schema
 
@@ -128,20 +136,30 @@ def run(args: argparse.Namespace) -> int:
     what = str(settings.checkpoint) if settings.checkpoint else "the tiny demo checkpoint (random weights)"
     log.info("loading %s on %s", what, settings.device)
     engine_loop = start_engine_loop(settings)
+    conversations = None
     try:
         log_ready(engine_loop)
+        if settings.converse is not None:
+            conversations = start_conversation_loop(settings)
+            talker = conversations.engine
+            assert talker is not None
+            log.info("conversations on /converse: PersonaPlex on %s, %d slots%s", talker.device, talker.slots,
+                     "; DEMO WEIGHTS, its audio is noise" if talker.demo_weights else "")
         log.info("sessions are stored in %s", settings.database)
         if not (settings.static_dir / "index.html").is_file():
             log.warning("the studio is not built (%s is missing): run npm run build", settings.static_dir)
         log.info("serving on http://%s:%d", args.host, args.port)
         config = uvicorn.Config(
-            build_app(settings, engine_loop), host=args.host, port=args.port, log_level=args.log_level,
+            build_app(settings, engine_loop, conversations), host=args.host, port=args.port,
+            log_level=args.log_level,
             ws="websockets-sansio", ws_per_message_deflate=False,
             ws_max_size=settings.limits.max_message_bytes + 2**20, lifespan="on")
         server = uvicorn.Server(config)
         server.run()
     finally:
         engine_loop.stop()
+        if conversations is not None:
+            conversations.stop()
     if not server.started:  # uvicorn logged why (the port is taken, say) and gave up
         raise UsageError(f"could not serve on {args.host}:{args.port}; see the message above")
     return 0

@@ -1,0 +1,268 @@
+"""Live conversations with the PersonaPlex engine: one thread owns it and ticks every slot together.
+
+    loop = ConversationLoop(lambda: PersonaPlex.load(...))
+    loop.start()                                   # loads the engine; raises what loading raised
+    talk = await loop.join(persona, voice, seed, sink, asyncio_loop)  # a slot; its system prompt runs
+    loop.feed(talk, pcm16_bytes)                   # the user's audio, any length
+    loop.leave(talk)                               # the slot is free again
+
+Design choices:
+- Ticks are paced by the users' audio, not by a clock: a tick runs when every listening
+  conversation has a frame queued, or when one has waited TICK_GRACE_S (then the late ones get
+  silence for that tick: a late client must not hold up the others). A conversation still in
+  its system prompt needs no audio; it advances with the others' ticks, or every
+  TICK_GRACE_S when nobody is listening yet. So one user is answered as fast as their audio
+  arrives, and a recorded file is answered faster than real time.
+- Everything that touches the engine (starting a slot, ticks) runs on this thread; the event
+  loop only queues audio and requests under the condition's lock, and the thread reaches the
+  event loop through `call_soon_threadsafe` (the sink's callbacks), as backend/loop.py does.
+- Audio a user sends before `listening` is dropped: the agent is not listening yet, and
+  keeping it would put the user's words late for the whole conversation.
+- Idle slots are fed silence and their output is ignored; a new conversation recycles its
+  slot (engine.start), which forgets the slot's history.
+- `seed` re-seeds the engine's one random stream when a conversation starts (the streams of
+  slots are not separate), so a conversation alone on the server is reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from engine.errors import RequestError
+from engine.personaplex.engine import DEFAULT_PERSONA, PersonaPlex
+
+log = logging.getLogger("retake.conversation")
+TICK_GRACE_S = 0.08  # one tick of audio (80 ms): how long a queued frame waits for the other conversations
+MAX_QUEUED_SECONDS = 60.0  # user audio waiting to be heard; past it the client sends faster than we tick
+
+
+class Busy(Exception):
+    """Every slot holds a conversation."""
+
+
+class TooFast(Exception):
+    """A client sent more audio than the conversation can hear soon."""
+
+
+class ConversationSink(Protocol):
+    """Called on the event loop thread."""
+
+    def listening(self) -> None: ...
+
+    def frame(self, tick: int, pcm: np.ndarray, text: str | None) -> None: ...
+
+    def failed(self, message: str) -> None: ...
+
+
+@dataclass(eq=False)
+class Conversation:
+    slot: int
+    sink: ConversationSink
+    loop: asyncio.AbstractEventLoop
+    frame_samples: int
+    voice: str | None = None  # the voice's name, once the conversation started
+    listening: bool = False
+    ticks: int = 0  # agent frames sent since listening
+    frames: deque[np.ndarray] = field(default_factory=deque)  # float32 [frame_samples] each, the user's
+    partial: bytes = b""  # the bytes of an unfinished frame
+    waiting_since: float | None = None  # when the oldest queued frame arrived
+    closed: bool = False
+
+    def post(self, fn: Callable[..., None], *args: object) -> None:
+        if not self.closed:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+
+@dataclass
+class _Join:
+    persona: str
+    voice: str | None
+    seed: int | None
+    conversation: Conversation
+    done: Future[None] = field(default_factory=Future)
+
+
+class ConversationLoop:
+    def __init__(self, load: Callable[[], PersonaPlex]) -> None:
+        self._load = load
+        self.engine: PersonaPlex | None = None
+        self.voices: list[str] = []  # the engine's voice names (set when it is loaded)
+        self._condition = threading.Condition()
+        self._joins: deque[_Join] = deque()
+        self._talks: dict[int, Conversation] = {}  # slot -> conversation
+        self._stopping = False
+        self._loaded: Future[None] = Future()
+        self._thread = threading.Thread(target=self._main, name="conversation-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._loaded.result()
+
+    def stop(self) -> None:
+        with self._condition:
+            self._stopping = True
+            self._condition.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    @property
+    def sample_rate(self) -> int:
+        assert self.engine is not None
+        return self.engine.sample_rate
+
+    @property
+    def frame_samples(self) -> int:
+        assert self.engine is not None
+        return self.engine.frame_size
+
+    # The event loop's side ------------------------------------------------------------
+
+    async def join(self, persona: str | None, voice: str | None, seed: int | None, sink: ConversationSink,
+                   ) -> Conversation:
+        """A slot for a new conversation, once its system prompt is queued (RequestError: a bad
+        persona or voice; Busy: no slot is free)."""
+        with self._condition:
+            used = set(self._talks) | {j.conversation.slot for j in self._joins}
+            free = [slot for slot in range(self.slots) if slot not in used]
+            if not free:
+                raise Busy(f"all {self.slots} conversation slots are in use; try again later")
+            talk = Conversation(free[0], sink, asyncio.get_running_loop(), self.frame_samples)
+            join = _Join(DEFAULT_PERSONA if persona is None else persona, voice, seed, talk)
+            self._joins.append(join)
+            self._condition.notify_all()
+        await asyncio.wrap_future(join.done)
+        return talk
+
+    @property
+    def slots(self) -> int:
+        assert self.engine is not None
+        return self.engine.slots
+
+    def feed(self, talk: Conversation, pcm16: bytes) -> None:
+        """The user's audio (PCM16 LE); dropped until the conversation listens."""
+        if len(pcm16) % 2:
+            raise RequestError("audio frames must hold whole 16-bit samples (an even number of bytes)")
+        with self._condition:
+            if not talk.listening or talk.closed:
+                return
+            data = talk.partial + pcm16
+            size = 2 * talk.frame_samples
+            whole = len(data) - len(data) % size
+            for start in range(0, whole, size):
+                samples = np.frombuffer(data, dtype="<i2", count=talk.frame_samples, offset=start)
+                talk.frames.append(samples.astype(np.float32) / 32768.0)
+            talk.partial = data[whole:]
+            if len(talk.frames) * talk.frame_samples > MAX_QUEUED_SECONDS * self.sample_rate:
+                raise TooFast(f"more than {MAX_QUEUED_SECONDS:.0f} s of audio is waiting to be heard; "
+                              "send it no faster than it plays")
+            if whole and talk.waiting_since is None:
+                talk.waiting_since = time.monotonic()
+            self._condition.notify_all()
+
+    def leave(self, talk: Conversation) -> None:
+        with self._condition:
+            talk.closed = True
+            if self._talks.get(talk.slot) is talk:
+                del self._talks[talk.slot]
+            self._condition.notify_all()
+
+    # The engine thread ----------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self.engine = self._load()
+        except BaseException as error:  # noqa: BLE001 - handed to start()
+            self._loaded.set_exception(error)
+            return
+        self.voices = self.engine.voice_names()
+        self._loaded.set_result(None)
+        engine = self.engine
+        silence = np.zeros((engine.slots, engine.frame_size), dtype=np.float32)
+        last_tick = time.monotonic()
+        while True:
+            with self._condition:
+                while not self._stopping and not self._joins and (wait := self._wait_s(last_tick)) != 0:
+                    self._condition.wait(wait)
+                if self._stopping:
+                    return
+                joins = list(self._joins)
+                self._joins.clear()
+                if joins:  # start them first: a slot's system prompt begins at the next tick
+                    user = None
+                else:
+                    user, heard = silence.copy(), []
+                    for talk in self._talks.values():
+                        if talk.listening and talk.frames:
+                            user[talk.slot] = talk.frames.popleft()
+                            heard.append(talk)
+                        talk.waiting_since = time.monotonic() if talk.frames else None
+                    talks = dict(self._talks)
+            for join in joins:
+                self._start(engine, join)
+            if user is None:
+                continue
+            last_tick = time.monotonic()
+            try:
+                frames = engine.step(user)
+            except Exception as error:  # noqa: BLE001 - one broken tick ends the conversations, not the server
+                log.exception("a conversation tick failed")
+                for talk in talks.values():
+                    talk.post(talk.sink.failed, f"the conversation engine failed: {type(error).__name__}: {error}")
+                    self.leave(talk)
+                continue
+            for slot, talk in talks.items():
+                if talk.listening:
+                    out = frames[slot]
+                    pcm = out.pcm if out is not None else silence[slot]
+                    talk.post(talk.sink.frame, talk.ticks, pcm, None if out is None else out.text)
+                    talk.ticks += 1
+                elif not engine.prefilling(slot):
+                    with self._condition:
+                        talk.listening = True
+                    talk.post(talk.sink.listening)
+
+    def _wait_s(self, last_tick: float) -> float | None:
+        """0 when a tick is due; else how long to wait for one (None: until something arrives)."""
+        assert self.engine is not None
+        listening = [t for t in self._talks.values() if t.listening]
+        prompting = len(listening) < len(self._talks)
+        now = time.monotonic()
+        if listening and all(t.frames for t in listening):
+            return 0
+        waiting = [t.waiting_since for t in listening if t.waiting_since is not None]
+        due = [w + TICK_GRACE_S for w in waiting]
+        if prompting:
+            due.append(last_tick + (TICK_GRACE_S if listening else 0))
+        if not due:
+            return None
+        return max(0.0, min(due) - now)
+
+    def _start(self, engine: PersonaPlex, join: _Join) -> None:
+        talk = join.conversation
+        try:
+            names = engine.voice_names()
+            if join.voice is not None and join.voice not in names:  # a name, never a path on the server
+                raise RequestError(f"unknown voice {join.voice!r}; the voices are {', '.join(names) or 'none'}")
+            if join.seed is not None:
+                engine.set_sampling(dataclasses.replace(engine.sampling, seed=join.seed))
+            voice = engine.voice() if join.voice is None else engine.voice(join.voice)
+            engine.start(talk.slot, join.persona, voice)
+            talk.voice = None if voice is None else voice.name
+        except Exception as error:  # noqa: BLE001 - RequestError for the client; anything else too, as a message
+            join.done.set_exception(error if isinstance(error, RequestError) else RequestError(str(error)))
+            return
+        with self._condition:
+            if not talk.closed:
+                self._talks[talk.slot] = talk
+        join.done.set_result(None)
