@@ -167,22 +167,22 @@ export type ServerMessageOf<T extends ServerMessage["type"]> = Extract<ServerMes
 
 export class ProtocolDecodeError extends Error {}
 
-type Json = Record<string, unknown>;
-type Check<T> = (value: unknown, path: string) => T;
+export type Json = Record<string, unknown>;
+export type Check<T> = (value: unknown, path: string) => T;
 
 const fail = (path: string, what: string): never => {
   throw new ProtocolDecodeError(`${path} must be ${what}`);
 };
-const str: Check<string> = (v, p) => (typeof v === "string" ? v : fail(p, "a string"));
-const num: Check<number> = (v, p) => (typeof v === "number" && Number.isFinite(v) ? v : fail(p, "a number"));
-const int: Check<number> = (v, p) => (Number.isInteger(v) ? (v as number) : fail(p, "an integer"));
-const bool: Check<boolean> = (v, p) => (typeof v === "boolean" ? v : fail(p, "a boolean"));
-const nullable = <T>(check: Check<T>): Check<T | null> => (v, p) => (v === null ? null : check(v, p));
-const list = <T>(check: Check<T>): Check<T[]> => (v, p) =>
+export const str: Check<string> = (v, p) => (typeof v === "string" ? v : fail(p, "a string"));
+export const num: Check<number> = (v, p) => (typeof v === "number" && Number.isFinite(v) ? v : fail(p, "a number"));
+export const int: Check<number> = (v, p) => (Number.isInteger(v) ? (v as number) : fail(p, "an integer"));
+export const bool: Check<boolean> = (v, p) => (typeof v === "boolean" ? v : fail(p, "a boolean"));
+export const nullable = <T>(check: Check<T>): Check<T | null> => (v, p) => (v === null ? null : check(v, p));
+export const list = <T>(check: Check<T>): Check<T[]> => (v, p) =>
   Array.isArray(v) ? v.map((item, k) => check(item, `${p}.${k}`)) : fail(p, "a list");
-const oneOf = <T extends string>(...values: T[]): Check<T> => (v, p) =>
+export const oneOf = <T extends string>(...values: T[]): Check<T> => (v, p) =>
   values.includes(v as T) ? (v as T) : fail(p, `one of ${values.join(", ")}`);
-const object: Check<Json> = (v, p) =>
+export const object: Check<Json> = (v, p) =>
   typeof v === "object" && v !== null && !Array.isArray(v) ? (v as Json) : fail(p, "an object");
 const numbers: Check<Record<string, number | null>> = (v, p) => {
   const o = object(v, p);
@@ -192,7 +192,7 @@ const numbers: Check<Record<string, number | null>> = (v, p) => {
 };
 
 /** Picks the fields named in `shape` from `value`, each through its check (other fields go). */
-function record<T>(shape: { [K in keyof T]: Check<T[K]> }): Check<T> {
+export function record<T>(shape: { [K in keyof T]: Check<T[K]> }): Check<T> {
   return (value, path) => {
     const o = object(value, path);
     const out = {} as T;

@@ -1,0 +1,110 @@
+/**
+ * The conversation protocol on `/converse` (docs/protocol.md §9), the client's side: message
+ * types, their checks, and the two audio formats.
+ *
+ * - Server messages are checked field by field like the studio's (protocol.ts, whose checks
+ *   this reuses); unknown fields are ignored, a malformed message raises ProtocolDecodeError.
+ * - The microphone goes up as bare PCM16 LE mono frames, no header (`encodePcm16`). Floats are
+ *   scaled by 32768 and clamped, the exact inverse of the player's `/ 32768`.
+ * - The agent comes down in the studio's framed format (§5): `decodeAudioFrame` reads it, and
+ *   `agentFrameProblem` checks what §9 adds (take 0, one tick per frame, contiguous).
+ */
+import {
+  ProtocolDecodeError, bool, int, list, num, object, record, str, type AudioFrame, type Check,
+} from "./protocol";
+
+// ─── Client → server ─────────────────────────────────────────────────────────
+
+export type ConverseClientMessage =
+  | { type: "converse.open"; persona?: string; voice?: string }
+  | { type: "ping"; t?: number };
+
+/** The opening message; a blank persona or voice is left out (the server's default). */
+export function converseOpen(persona: string, voice: string): ConverseClientMessage {
+  return {
+    type: "converse.open",
+    ...(persona.trim() !== "" ? { persona } : {}),
+    ...(voice !== "" ? { voice } : {}),
+  };
+}
+
+export const encodeConverse = (message: ConverseClientMessage): string => JSON.stringify(message);
+
+// ─── Server → client ─────────────────────────────────────────────────────────
+
+export interface ConverseReady {
+  type: "converse.ready";
+  sample_rate: number;
+  frame_samples: number;
+  voice: string;
+  voices: string[];
+  persona: string;
+  demo_weights: boolean;
+}
+
+/** bad_json, unknown_type, bad_field, busy, too_fast, converse_off (§9), or another the server adds. */
+export type ConverseError = { type: "error"; code: string; message: string };
+
+export type ConverseServerMessage =
+  | ConverseReady
+  | { type: "converse.listening" }
+  /** A piece of the agent's text, said at `tick` (pieces carry their own spaces). */
+  | { type: "converse.text"; tick: number; text: string }
+  | ConverseError
+  | { type: "pong"; t: number | null };
+
+type Body<T extends ConverseServerMessage["type"]> = Omit<Extract<ConverseServerMessage, { type: T }>, "type">;
+
+/** A field that may be missing or null. */
+const maybe = <T>(check: Check<T>): Check<T | null> => (v, p) => (v === undefined || v === null ? null : check(v, p));
+
+const decoders: { [T in ConverseServerMessage["type"]]: Check<Body<T>> } = {
+  "converse.ready": record<Body<"converse.ready">>({
+    sample_rate: int, frame_samples: int, voice: str, voices: list(str), persona: str, demo_weights: bool,
+  }),
+  "converse.listening": () => ({}),
+  "converse.text": record<Body<"converse.text">>({ tick: int, text: str }),
+  error: record<Body<"error">>({ code: str, message: str }),
+  pong: (v, p) => ({ t: maybe(num)(object(v, p)["t"], `${p}.t`) }),
+};
+
+/** A server text frame of `/converse` as a checked message. */
+export function decodeConverse(text: string): ConverseServerMessage {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    throw new ProtocolDecodeError("a server message must be JSON");
+  }
+  const o = object(value, "message");
+  const type = o["type"];
+  if (typeof type !== "string" || !Object.hasOwn(decoders, type)) {
+    throw new ProtocolDecodeError(`unknown conversation message type ${JSON.stringify(type)}`);
+  }
+  const body = decoders[type as ConverseServerMessage["type"]](o, type);
+  return { type, ...body } as ConverseServerMessage;
+}
+
+// ─── Audio ───────────────────────────────────────────────────────────────────
+
+/** Float samples in [-1, 1] as PCM16 little-endian bytes (out of range is clamped, NaN is 0). */
+export function encodePcm16(samples: Float32Array): ArrayBuffer {
+  const bytes = new ArrayBuffer(samples.length * 2);
+  const view = new DataView(bytes);
+  for (let k = 0; k < samples.length; k++) {
+    const v = Math.round(samples[k]! * 32768);
+    view.setInt16(2 * k, v > 32767 ? 32767 : v < -32768 ? -32768 : v || 0, true);
+  }
+  return bytes;
+}
+
+/** What is wrong with the agent's frame number `tick` (0, 1, …), or null when it is as §9 says. */
+export function agentFrameProblem(frame: AudioFrame, tick: number, frameSamples: number): string | null {
+  if (frame.take_id !== 0) return `frame ${tick}: take_id ${frame.take_id}, expected 0`;
+  if (frame.seq !== tick) return `frame ${tick}: seq ${frame.seq}, expected ${tick}`;
+  if (frame.start_sample !== tick * frameSamples) {
+    return `frame ${tick}: start_sample ${frame.start_sample}, expected ${tick * frameSamples}`;
+  }
+  if (frame.pcm.length !== frameSamples) return `frame ${tick}: ${frame.pcm.length} samples, expected ${frameSamples}`;
+  return null;
+}
