@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny Drama 3 checkpoint, written once per test session."""
+"""Shared fixtures: the tiny Drama 3 and PersonaPlex checkpoints, written once per test session."""
 
 from __future__ import annotations
 
@@ -50,3 +50,13 @@ def tiny_model(tiny_checkpoint: Path):
     from engine.drama3.checkpoint import load_model
 
     return load_model(tiny_checkpoint, device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def personaplex_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny PersonaPlex checkpoint in the released layout (seed 0)."""
+    from engine.personaplex.tiny import write_tiny_checkpoint
+
+    path = tmp_path_factory.mktemp("personaplex-tiny")
+    write_tiny_checkpoint(path, seed=0)
+    return path

@@ -34,9 +34,10 @@ def make_server(engine_loop: EngineLoop, tmp_path_factory: pytest.TempPathFactor
 
     def start(data_dir: Path | None = None, **changes: Any) -> LiveServer:
         limits, send_buffer = changes.pop("limits", {}), changes.pop("send_buffer", None)
+        conversations = changes.pop("conversations", None)
         settings = Settings(data_dir=data_dir or tmp_path_factory.mktemp("data"), device="cpu")
         settings = dataclasses.replace(settings, limits=dataclasses.replace(settings.limits, **limits), **changes)
-        server = LiveServer(settings, engine_loop, send_buffer)
+        server = LiveServer(settings, engine_loop, send_buffer, conversations)
         servers.append(server)
         return server
 

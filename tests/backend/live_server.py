@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import uvicorn
 
 from backend.app import build_app
+from backend.conversation import ConversationLoop
 from backend.loop import EngineLoop
 from backend.settings import Settings
 
@@ -26,9 +27,10 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 class LiveServer:
     """uvicorn serving build_app(settings) on a free loopback port, in a thread."""
 
-    def __init__(self, settings: Settings, engine_loop: EngineLoop, send_buffer: int | None = None) -> None:
+    def __init__(self, settings: Settings, engine_loop: EngineLoop, send_buffer: int | None = None,
+                 conversations: ConversationLoop | None = None) -> None:
         self.settings = settings
-        config = uvicorn.Config(build_app(settings, engine_loop), log_level="warning",
+        config = uvicorn.Config(build_app(settings, engine_loop, conversations), log_level="warning",
                                 ws="websockets-sansio", ws_per_message_deflate=False,
                                 ws_max_size=settings.limits.max_message_bytes + 2**20, lifespan="on")
         listener = socket.socket()
@@ -47,6 +49,7 @@ class LiveServer:
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.http = f"http://127.0.0.1:{port}"
         self.ws = f"ws://127.0.0.1:{port}/ws"
+        self.converse = f"ws://127.0.0.1:{port}/converse"
 
     def stop(self) -> None:
         self.server.should_exit = True

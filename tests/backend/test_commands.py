@@ -72,7 +72,8 @@ def test_serve_warms_up_logs_and_serves(tiny_checkpoint: Path, tmp_path: Path) -
             except OSError:
                 assert process.poll() is None and time.monotonic() < deadline, "retake serve did not come up"
                 time.sleep(0.25)
-        assert health == {"status": "ok", "engine": "drama3", "demo_weights": True, "sessions": 0, "queue": 0}
+        assert health == {"status": "ok", "engine": "drama3", "demo_weights": True, "sessions": 0, "queue": 0,
+                          "converse": False}
     finally:
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=60)

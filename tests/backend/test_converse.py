@@ -1,0 +1,200 @@
+"""Live conversations on /converse, on a real server with the tiny PersonaPlex checkpoint: the agent
+answers tick by tick exactly as the engine does offline, slots are taken and freed, and bad input
+gets an error that says what to change."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import websockets
+from live_server import LiveServer, run
+
+from backend import protocol as p
+from backend.app import start_conversation_loop
+from backend.conversation import ConversationLoop
+from backend.settings import Settings
+from engine.personaplex.engine import DEFAULT_PERSONA, PersonaPlex
+
+SLOTS = 2
+
+
+@pytest.fixture(scope="module")
+def conversations(personaplex_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory,
+                  ) -> Iterator[ConversationLoop]:
+    settings = Settings(data_dir=tmp_path_factory.mktemp("unused"), device="cpu", converse=personaplex_checkpoint,
+                        converse_slots=SLOTS)
+    loop = start_conversation_loop(settings)
+    yield loop
+    loop.stop()
+
+
+@pytest.fixture(scope="module")
+def talk_server(make_server: Any, conversations: ConversationLoop) -> LiveServer:
+    return make_server(conversations=conversations)
+
+
+def user_audio(seconds: float, seed: int = 0) -> np.ndarray:
+    """int16 [seconds * 24000]: a wobbling tone with noise, like someone talking."""
+    t = np.arange(int(24000 * seconds)) / 24000
+    noise = np.random.default_rng(seed).normal(0, 0.05, t.shape)
+    return np.round((0.3 * np.sin(2 * np.pi * (180 + 40 * np.sin(3 * t)) * t) + noise) * 32767).astype(np.int16)
+
+
+async def open_talk(url: str, **fields: object) -> tuple[Any, dict[str, Any]]:
+    socket = await websockets.connect(url, max_size=None)
+    await socket.send(json.dumps({"type": "converse.open", **fields}))
+    return socket, json.loads(await socket.recv())
+
+
+async def listen(socket: Any, user: np.ndarray, frame_samples: int = 1920) -> tuple[list[bytes], list[dict]]:
+    """Wait for listening, send the user's audio at once, collect one agent frame per user frame."""
+    assert json.loads(await socket.recv()) == {"type": "converse.listening"}
+    await socket.send(user.astype("<i2").tobytes())
+    frames: list[bytes] = []
+    texts: list[dict] = []
+    while len(frames) < len(user) // frame_samples:
+        message = await socket.recv()
+        if isinstance(message, bytes):
+            frames.append(message)
+        else:
+            texts.append(json.loads(message))
+    await socket.send(json.dumps({"type": "ping"}))  # the last frame's text comes before the pong
+    while (message := json.loads(await socket.recv())) != {"type": "pong"}:
+        texts.append(message)
+    return frames, texts
+
+
+def test_the_agent_answers_as_the_engine_does_offline(talk_server: LiveServer,
+                                                      personaplex_checkpoint: Path) -> None:
+    user = user_audio(2.0)  # 25 ticks
+
+    async def main() -> tuple[dict[str, Any], list[bytes], list[dict]]:
+        socket, ready = await open_talk(talk_server.converse, seed=7)
+        frames, texts = await listen(socket, user)
+        await socket.close()
+        return ready, frames, texts
+
+    ready, frames, texts = run(main())
+    assert ready == {"type": "converse.ready", "sample_rate": 24000, "frame_samples": 1920, "voice": "NATF2",
+                     "voices": ["NATF2"], "persona": DEFAULT_PERSONA, "demo_weights": True}
+    heard = [p.unpack_audio_frame(frame) for frame in frames]
+    assert [(h.take_id, h.seq, h.start_sample, h.last) for h, _ in heard] == [(0, k, 1920 * k, False)
+                                                                            for k in range(25)]
+    live = np.concatenate([np.frombuffer(pcm, dtype="<i2") for _, pcm in heard])
+
+    # The same conversation offline: a fresh engine of as many slots, the same seed, the other slot idle.
+    engine = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=SLOTS)
+    engine.set_sampling(engine.sampling.__class__(seed=7))
+    engine.start(0, DEFAULT_PERSONA, engine.voice())
+    silence = np.zeros((SLOTS, 1920), dtype=np.float32)
+    while engine.prefilling(0):
+        engine.step(silence)
+    expected, pieces = [], []
+    for k in range(25):
+        batch = silence.copy()
+        batch[0] = user[1920 * k: 1920 * (k + 1)] / 32768.0
+        out = engine.step(batch)[0]
+        assert out is not None
+        expected.append(np.round(np.clip(out.pcm, -1, 1) * 32767).astype(np.int16))
+        if out.text is not None:
+            pieces.append({"type": "converse.text", "tick": k, "text": out.text})
+    np.testing.assert_array_equal(live, np.concatenate(expected))
+    assert texts == pieces and pieces  # the tiny agent says something (random pieces)
+
+
+def test_slots_are_taken_and_freed(talk_server: LiveServer) -> None:
+    async def main() -> None:
+        talks = [await open_talk(talk_server.converse) for _ in range(SLOTS)]
+        assert all(ready["type"] == "converse.ready" for _, ready in talks)
+        socket, refused = await open_talk(talk_server.converse)
+        assert refused["code"] == "busy"
+        await socket.wait_closed()
+        assert socket.close_code == 1013
+        # Conversations that end free their slots for the next ones, which are heard. (While another
+        # conversation listens, a system prompt runs at its pace, one tick per 80 ms: close both.)
+        for socket, _ in talks:
+            await socket.close()
+        for _ in range(50):  # the server frees a slot right after the close handshake; busy means "not yet"
+            again, ready = await open_talk(talk_server.converse, seed=1)
+            if ready["type"] == "converse.ready":
+                break
+            await asyncio.sleep(0.05)
+        assert ready["type"] == "converse.ready"
+        frames, _ = await listen(again, user_audio(0.5, seed=1))
+        assert len(frames) == 6
+        await again.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize(("fields", "says"), [
+    ({"voice": "../../etc/passwd"}, "unknown voice '../../etc/passwd'; the voices are NATF2"),
+    ({"voice": 3}, "voice must be a voice name (a string)"),
+    ({"persona": "x" * 5000}, "persona must be a string of at most 4000 characters"),
+    ({"persona": "talk " * 3000}, "persona must be a string of at most 4000 characters"),
+    ({"seed": -1}, "seed must be a non-negative integer"),
+])
+def test_a_bad_open_says_what_to_change_and_the_socket_stays(talk_server: LiveServer, fields: dict,
+                                                             says: str) -> None:
+    async def main() -> None:
+        socket, reply = await open_talk(talk_server.converse, **fields)
+        assert reply == {"type": "error", "code": "bad_field", "message": says}
+        await socket.send(json.dumps({"type": "converse.open"}))
+        assert json.loads(await socket.recv())["type"] == "converse.ready"
+        await socket.close()
+
+    run(main())
+
+
+def test_a_persona_too_long_for_the_context_is_refused(talk_server: LiveServer) -> None:
+    async def main() -> None:
+        socket, reply = await open_talk(talk_server.converse, persona="word " * 790)
+        assert reply["code"] == "bad_field" and "context" in reply["message"], reply
+        await socket.close()
+
+    run(main())
+
+
+def test_bad_audio_and_messages_get_errors(talk_server: LiveServer) -> None:
+    async def main() -> None:
+        socket, _ = await open_talk(talk_server.converse)
+        assert json.loads(await socket.recv()) == {"type": "converse.listening"}
+        await socket.send(b"\x01\x02\x03")
+        assert json.loads(await socket.recv())["message"] == (
+            "audio frames must hold whole 16-bit samples (an even number of bytes)")
+        await socket.send("{oops")
+        assert json.loads(await socket.recv())["code"] == "bad_json"
+        await socket.send(json.dumps({"type": "take.start"}))
+        assert json.loads(await socket.recv())["code"] == "unknown_type"
+        await socket.send(json.dumps({"type": "ping"}))
+        assert json.loads(await socket.recv()) == {"type": "pong"}
+        # Audio far faster than it can be heard: too_fast, then the socket closes.
+        for _ in range(40):
+            await socket.send(user_audio(4.0).tobytes())
+        codes = []
+        with contextlib.suppress(websockets.ConnectionClosed):
+            while True:
+                message = await socket.recv()
+                if isinstance(message, str) and json.loads(message)["type"] == "error":
+                    codes.append(json.loads(message)["code"])
+        assert codes == ["too_fast"] and socket.close_code == 1008
+
+    run(main())
+
+
+def test_a_server_without_conversations_says_so(server: LiveServer) -> None:
+    async def main() -> None:
+        socket = await websockets.connect(server.converse)
+        reply = json.loads(await socket.recv())  # at once: nothing to open
+        assert reply["code"] == "converse_off" and "retake serve --converse" in reply["message"]
+        await socket.wait_closed()
+        assert socket.close_code == 1008
+
+    run(main())
