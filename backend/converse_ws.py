@@ -102,13 +102,13 @@ async def converse_socket(websocket: WebSocket) -> None:
     sink = SocketSink(conversations.frame_samples)
     try:
         talk = await open_conversation(websocket, conversations, sink)
-    except (WebSocketDisconnect, Closed):
+    except (WebSocketDisconnect, Closed, OSError):  # OSError: uvicorn's ClientDisconnected on a send
         return
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(receive(websocket, conversations, talk))
             tasks.create_task(send(websocket, sink))
-    except* WebSocketDisconnect:
+    except* (WebSocketDisconnect, OSError):  # the client left (OSError: uvicorn's ClientDisconnected on a send)
         pass
     except* Closed as group:
         closed = group.exceptions[0]
@@ -141,11 +141,15 @@ async def open_conversation(websocket: WebSocket, conversations: ConversationLoo
             raise Closed(status.WS_1013_TRY_AGAIN_LATER) from None
         engine = conversations.engine
         assert engine is not None
-        await websocket.send_text(json.dumps({
-            "type": "converse.ready", "sample_rate": engine.sample_rate, "frame_samples": engine.frame_size,
-            "voice": talk.voice, "voices": conversations.voices,
-            "persona": DEFAULT_PERSONA if persona is None else persona,
-            "demo_weights": bool(engine.demo_weights)}))
+        try:
+            await websocket.send_text(json.dumps({
+                "type": "converse.ready", "sample_rate": engine.sample_rate, "frame_samples": engine.frame_size,
+                "voice": talk.voice, "voices": conversations.voices,
+                "persona": DEFAULT_PERSONA if persona is None else persona,
+                "demo_weights": bool(engine.demo_weights)}))
+        except BaseException:  # the client left while its slot started: free it
+            conversations.leave(talk)
+            raise
         return talk
 
 

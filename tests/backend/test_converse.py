@@ -109,9 +109,21 @@ def test_the_agent_answers_as_the_engine_does_offline(talk_server: LiveServer,
     assert texts == pieces and pieces  # the tiny agent says something (random pieces)
 
 
+async def open_when_free(url: str, **fields: object) -> tuple[Any, dict[str, Any]]:
+    """open_talk, again while busy: the server frees a slot just after the close handshake."""
+    for _ in range(50):
+        socket, ready = await open_talk(url, **fields)
+        if ready["type"] == "converse.ready":
+            break
+        await asyncio.sleep(0.05)
+    return socket, ready
+
+
 def test_slots_are_taken_and_freed(talk_server: LiveServer) -> None:
     async def main() -> None:
-        talks = [await open_talk(talk_server.converse) for _ in range(SLOTS)]
+        socket, _ = await open_talk(talk_server.converse)
+        await socket.close()  # gone during its system prompt: the slot is free again
+        talks = [await open_when_free(talk_server.converse) for _ in range(SLOTS)]
         assert all(ready["type"] == "converse.ready" for _, ready in talks)
         socket, refused = await open_talk(talk_server.converse)
         assert refused["code"] == "busy"
@@ -121,11 +133,7 @@ def test_slots_are_taken_and_freed(talk_server: LiveServer) -> None:
         # conversation listens, a system prompt runs at its pace, one tick per 80 ms: close both.)
         for socket, _ in talks:
             await socket.close()
-        for _ in range(50):  # the server frees a slot right after the close handshake; busy means "not yet"
-            again, ready = await open_talk(talk_server.converse, seed=1)
-            if ready["type"] == "converse.ready":
-                break
-            await asyncio.sleep(0.05)
+        again, ready = await open_when_free(talk_server.converse, seed=1)
         assert ready["type"] == "converse.ready"
         frames, _ = await listen(again, user_audio(0.5, seed=1))
         assert len(frames) == 6
