@@ -1,7 +1,8 @@
-/** Vite builds the studio from frontend/ into frontend/dist (served by `retake serve`) and
- * runs the vitest suite in tests/frontend. `npm run dev` proxies the socket and the HTTP API
- * to a `retake serve` on :8000 (or $RETAKE_BACKEND) so the page can be edited live; the
- * proxy presents the server's own origin, which is all `retake serve` accepts by default. */
+/** Vite builds the studio (index.html) and the conversation page (converse.html) from
+ * frontend/ into frontend/dist (served by `retake serve`), and runs the vitest suite in
+ * tests/frontend. `npm run dev` proxies the sockets and the HTTP API to a `retake serve` on
+ * :8000 (or $RETAKE_BACKEND) so the pages can be edited live; the proxy presents the
+ * server's own origin, which is all `retake serve` accepts by default. */
 import { fileURLToPath } from "node:url";
 import { defineConfig } from "vitest/config";
 
@@ -11,9 +12,18 @@ const proxy = { target: backend, changeOrigin: true, headers: { origin: backend 
 
 export default defineConfig({
   root: here,
-  build: { outDir: "dist", emptyOutDir: true, target: "es2022", sourcemap: true },
+  build: {
+    outDir: "dist", emptyOutDir: true, target: "es2022", sourcemap: true,
+    rollupOptions: { input: { studio: `${here}index.html`, converse: `${here}converse.html` } },
+  },
   worker: { format: "es" },
-  server: { proxy: { "/ws": { ...proxy, ws: true }, "/sessions": proxy, "/v1": proxy, "/health": proxy } },
+  server: {
+    proxy: {
+      "/ws": { ...proxy, ws: true },
+      "^/converse(\\?|$)": { ...proxy, ws: true }, // the socket, not converse.html
+      "/sessions": proxy, "/v1": proxy, "/health": proxy,
+    },
+  },
   test: {
     dir: fileURLToPath(new URL("../tests/frontend", import.meta.url)),
     include: ["**/*.test.ts"],

@@ -10,7 +10,7 @@
  *   `agentFrameProblem` checks what §9 adds (take 0, one tick per frame, contiguous).
  */
 import {
-  ProtocolDecodeError, bool, int, list, num, object, record, str, type AudioFrame, type Check,
+  ProtocolDecodeError, bool, int, list, nullable, num, object, record, str, type AudioFrame, type Check,
 } from "./protocol";
 
 // ─── Client → server ─────────────────────────────────────────────────────────
@@ -36,7 +36,8 @@ export interface ConverseReady {
   type: "converse.ready";
   sample_rate: number;
   frame_samples: number;
-  voice: string;
+  /** The voice the agent speaks with; null when the checkpoint has none. */
+  voice: string | null;
   voices: string[];
   persona: string;
   demo_weights: boolean;
@@ -60,7 +61,7 @@ const maybe = <T>(check: Check<T>): Check<T | null> => (v, p) => (v === undefine
 
 const decoders: { [T in ConverseServerMessage["type"]]: Check<Body<T>> } = {
   "converse.ready": record<Body<"converse.ready">>({
-    sample_rate: int, frame_samples: int, voice: str, voices: list(str), persona: str, demo_weights: bool,
+    sample_rate: int, frame_samples: int, voice: nullable(str), voices: list(str), persona: str, demo_weights: bool,
   }),
   "converse.listening": () => ({}),
   "converse.text": record<Body<"converse.text">>({ tick: int, text: str }),

@@ -17,7 +17,10 @@ const params = new URLSearchParams(location.search);
 const socketUrl = new URL("/ws", location.href);
 socketUrl.protocol = location.protocol === "https:" ? "wss:" : "ws:";
 const token = params.get("token");
-if (token !== null) socketUrl.searchParams.set("token", token);
+if (token !== null) {
+  socketUrl.searchParams.set("token", token);
+  byId<HTMLAnchorElement>("to-converse").search = `?token=${encodeURIComponent(token)}`;
+}
 
 const studio = new Studio(socketUrl.href, params.has("tap"));
 const script = new ScriptView(studio, byId("lines"));

@@ -1,6 +1,7 @@
-/** Messages between the page and the player worklet (types only; both sides import them).
- * The port carries them; the page transfers each window's buffer, so nothing is copied. */
+/** Messages between the pages and their worklets (types only; both sides import them).
+ * The port carries them; audio buffers are transferred, so nothing is copied. */
 import type { PlaybackStats } from "./jitter_buffer";
+import type { LiveStats } from "./live_buffer";
 
 export type ToPlayer =
   | { type: "play"; takeId: number }
@@ -18,3 +19,19 @@ export type FromTap = { type: "tape"; startFrame: number; skipped: number; sampl
 
 export const PLAYER_PROCESSOR = "retake-player";
 export const TAP_PROCESSOR = "retake-tap";
+
+// ─── The conversation page (converse.html) ───────────────────────────────────
+
+/** To the conversation's player: the agent's samples of one tick (buffer transferred), or a poll. */
+export type ToLive = { type: "push"; pcm: Int16Array } | { type: "poll" };
+export type FromLive = { type: "stats"; stats: LiveStats };
+
+/** The microphone worklet posts fixed-size blocks (transferred); the page gives each back. */
+export type FromMic = { type: "block"; samples: Float32Array<ArrayBuffer> };
+export type ToMic = { type: "recycle"; samples: Float32Array<ArrayBuffer> };
+export interface MicOptions {
+  blockSamples: number;
+}
+
+export const LIVE_PROCESSOR = "retake-live";
+export const MIC_PROCESSOR = "retake-mic";

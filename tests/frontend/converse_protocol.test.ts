@@ -39,6 +39,8 @@ describe("conversation messages from the server", () => {
       .toEqual({ type: "converse.text", tick: 3, text: "a" });
     expect(decodeConverse(JSON.stringify({ type: "converse.listening", ref: null }))).toEqual({ type: "converse.listening" });
     expect(decodeConverse('{"type": "pong"}')).toEqual({ type: "pong", t: null });
+    const noVoice = { ...serverMessages[0], voice: null, voices: [] };
+    expect(decodeConverse(JSON.stringify(noVoice))).toEqual(noVoice);
     expect(decodeConverse(JSON.stringify({ type: "error", code: "busy", message: "m", take_id: null, ref: null })))
       .toEqual({ type: "error", code: "busy", message: "m" });
   });

@@ -1,0 +1,178 @@
+/**
+ * One conversation with the agent at a time: the `/converse` socket, the audio, and what the
+ * page shows (status, error, the agent's text, counters). It knows nothing of the DOM.
+ *
+ * - Start opens the audio first (the context must come from the click, and the mic may ask
+ *   for permission), then the socket, so a refused mic never takes a server slot.
+ * - The mic streams from the start, but its blocks are sent only once the server says
+ *   `converse.listening`: audio before it would be dropped by the server anyway (§9).
+ * - No reconnect: a conversation is its socket, and closing it (either side) ends it.
+ *   Stop, or any close, releases the mic and closes the context.
+ * - Frames are checked against §9 (take 0, consecutive ticks, contiguous, one tick long) and
+ *   played even when a check fails: the first problem is kept for the page to show.
+ */
+import { ConverseAudio } from "./converse_audio";
+import {
+  agentFrameProblem, converseOpen, decodeConverse, encodeConverse, encodePcm16, type ConverseReady,
+  type ConverseServerMessage,
+} from "./converse_protocol";
+import { ProtocolDecodeError, decodeAudioFrame } from "./protocol";
+
+export const SAMPLE_RATE = 24000; // PersonaPlex's (Mimi's) rate
+export const BLOCK_SAMPLES = 1920; // one 80 ms tick
+
+export type ConverseStatus = "idle" | "starting" | "connecting" | "system prompt" | "listening" | "closed";
+
+export class Conversation {
+  status: ConverseStatus = "idle";
+  /** How the last conversation closed, in words ("closed 1000"), or null. */
+  closed: string | null = null;
+  /** An error in words, shown as it is; null when there is none. */
+  error: string | null = null;
+  ready: ConverseReady | null = null;
+  /** Agent frames received (one per tick), and the agent's text so far. */
+  ticks = 0;
+  text = "";
+  /** Mic samples sent, and mic samples dropped because the server was not listening yet. */
+  sentSamples = 0;
+  heldBackSamples = 0;
+  /** The first agent frame that broke §9, in words. */
+  frameProblem: string | null = null;
+  onChange: () => void = () => {};
+
+  private audio: ConverseAudio | null = null;
+  private socket: WebSocket | null = null;
+  private attempt = 0; // bumped by every start and stop: a slow start that was stopped gives up
+
+  constructor(private readonly url: string) {}
+
+  get active(): boolean {
+    return this.status !== "idle" && this.status !== "closed";
+  }
+
+  /** The player's counters (null without audio). */
+  get player(): ConverseAudio["stats"] {
+    return this.audio?.stats ?? null;
+  }
+
+  get audioState(): AudioContextState | "none" {
+    return this.audio?.context.state ?? "none";
+  }
+
+  get micLive(): boolean {
+    return this.audio?.micLive ?? false;
+  }
+
+  get socketState(): "none" | "connecting" | "open" | "closing" | "closed" {
+    const states = ["connecting", "open", "closing", "closed"] as const;
+    return this.socket === null ? "none" : states[this.socket.readyState] ?? "closed";
+  }
+
+  /** Call from the click: the AudioContext is made before the first await. */
+  async start(persona: string, voice: string): Promise<void> {
+    if (this.active) return;
+    const attempt = ++this.attempt;
+    Object.assign(this, {
+      status: "starting", closed: null, error: null, ready: null, ticks: 0, text: "", sentSamples: 0,
+      heldBackSamples: 0, frameProblem: null,
+    });
+    this.onChange();
+    let audio: ConverseAudio;
+    try {
+      audio = await ConverseAudio.create(SAMPLE_RATE, BLOCK_SAMPLES);
+    } catch (error) {
+      if (attempt === this.attempt) this.end(`microphone or audio: ${error instanceof Error ? error.message : String(error)}`);
+      return;
+    }
+    if (attempt !== this.attempt) return audio.close(); // stopped while the mic was opening
+    this.audio = audio;
+    audio.onMic = (samples) => this.sendMic(samples);
+
+    this.status = "connecting";
+    const socket = new WebSocket(this.url);
+    socket.binaryType = "arraybuffer";
+    socket.onopen = () => socket.send(encodeConverse(converseOpen(persona, voice)));
+    socket.onmessage = (event: MessageEvent<ArrayBuffer | string>) => {
+      try {
+        if (typeof event.data === "string") this.receive(decodeConverse(event.data));
+        else this.agentAudio(event.data);
+      } catch (error) {
+        if (!(error instanceof ProtocolDecodeError)) throw error;
+        console.error(`converse: ignored a server message: ${error.message}`);
+      }
+    };
+    socket.onclose = (event) => {
+      if (this.socket !== socket) return;
+      const why = `closed ${event.code}${event.reason ? `: ${event.reason}` : ""}`;
+      const clean = event.code === 1000 || event.code === 1005;
+      this.end(this.error ?? (clean ? null : `the server ended the conversation (${why})`), why);
+    };
+    this.socket = socket;
+    this.onChange();
+  }
+
+  /** End the conversation: close the socket, release the mic, close the context. */
+  stop(): void {
+    if (!this.active) return;
+    this.end(this.error, "closed by you");
+  }
+
+  private end(error: string | null, why = "closed"): void {
+    this.attempt++;
+    const socket = this.socket;
+    this.socket = null;
+    if (socket !== null && socket.readyState < WebSocket.CLOSING) socket.close(1000);
+    this.audio?.close();
+    this.audio = null;
+    this.status = "closed";
+    this.closed = why;
+    this.error = error;
+    this.onChange();
+  }
+
+  private receive(message: ConverseServerMessage): void {
+    switch (message.type) {
+      case "converse.ready":
+        this.ready = message;
+        if (message.sample_rate !== SAMPLE_RATE) {
+          return this.end(`the server talks at ${message.sample_rate} Hz; this page only at ${SAMPLE_RATE} Hz`);
+        }
+        this.status = "system prompt";
+        break;
+      case "converse.listening":
+        this.status = "listening";
+        break;
+      case "converse.text":
+        this.text += message.text;
+        break;
+      case "error":
+        this.error = `${message.message} (${message.code})`;
+        break;
+      case "pong":
+        return;
+    }
+    this.onChange();
+  }
+
+  private agentAudio(data: ArrayBuffer): void {
+    const frame = decodeAudioFrame(data);
+    const problem = agentFrameProblem(frame, this.ticks, this.ready?.frame_samples ?? BLOCK_SAMPLES);
+    if (problem !== null && this.frameProblem === null) {
+      this.frameProblem = problem;
+      console.warn(`converse: ${problem}`);
+    }
+    this.ticks++;
+    this.audio?.play(frame.pcm);
+    this.onChange();
+  }
+
+  private sendMic(samples: Float32Array): void {
+    const socket = this.socket;
+    if (this.status !== "listening" || socket === null || socket.readyState !== WebSocket.OPEN) {
+      this.heldBackSamples += samples.length;
+      return;
+    }
+    socket.send(encodePcm16(samples));
+    this.sentSamples += samples.length;
+  }
+}
