@@ -1,0 +1,223 @@
+// End to end: drives the built conversation page (converse.html) in Debian's Chromium against a
+// running `retake serve --converse`. Run by tests/e2e/test_converse_page.py (which starts the real
+// server on the tiny checkpoints):
+//   node tests/e2e/converse.mjs --url http://127.0.0.1:PORT --out DIR
+// Chromium's fake microphone (a beep, no permission prompt) is the user. The script types a
+// persona, clicks Start and waits for "listening"; then it checks from the WIRE (Playwright's
+// view of the socket, not the page's bookkeeping) that converse.open carried the persona, that
+// no mic audio went up before converse.listening and all of it as whole PCM16 ticks, and that
+// at least 2 s of agent audio came down as docs/protocol.md §9 says: take 0, seq 0, 1, 2, …,
+// start_sample = seq × 1920, 1920 samples each. The page must agree: its tick counter (object
+// and meter) equals the frames on the wire, its text equals the converse.text pieces, the voice
+// list is the server's with its voice selected, and its player rendered agent audio. Stop must
+// close the socket, end the mic track and close the AudioContext. Writes DIR/result.json and a
+// screenshot; exit status 0 = every check passed.
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { chromium } from "playwright-core";
+
+const HEADER_BYTES = 16; // docs/protocol.md §5
+const FRAME_SAMPLES = 1920; // 80 ms at 24 kHz
+const MIN_FRAMES = 25; // 2 s of agent audio
+const PERSONA = "You are a patient film director's assistant. Keep your answers short.";
+
+const { values: args } = parseArgs({
+  options: {
+    url: { type: "string" },
+    out: { type: "string" },
+    chromium: { type: "string", default: "/usr/bin/chromium" },
+    timeout: { type: "string", default: "60000" },
+  },
+});
+if (!args.url || !args.out) {
+  console.error("usage: node tests/e2e/converse.mjs --url http://127.0.0.1:PORT --out DIR");
+  process.exit(2);
+}
+const timeout = Number(args.timeout);
+const began = performance.now();
+const result = { checks: [] };
+const check = (name, ok, detail = "") => {
+  result.checks.push({ name, ok, detail });
+  console.log(`${ok ? "ok  " : "FAIL"} ${name}${detail ? `: ${detail}` : ""}`);
+  if (!ok) throw new Error(`${name}${detail ? `: ${detail}` : ""}`);
+};
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+async function until(what, condition, ms = timeout) {
+  const deadline = performance.now() + ms;
+  while (!condition()) {
+    if (performance.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await sleep(20);
+  }
+}
+
+// ─── the /converse socket, from the wire ──────────────────────────────────────
+let order = 0; // one count over every frame, both ways, in the order Playwright saw them
+const wire = {
+  sockets: 0, closed: false, open: null, ready: null, listeningAt: -1, texts: [], errors: [],
+  frames: [], // the agent's: {kind, takeId, seq, start, samples}
+  sent: [], // the mic's binary frames: {at, bytes}
+};
+function received(payload) {
+  const at = order++;
+  if (typeof payload === "string") {
+    const message = JSON.parse(payload);
+    if (message.type === "converse.ready") wire.ready = message;
+    else if (message.type === "converse.listening") wire.listeningAt = at;
+    else if (message.type === "converse.text") wire.texts.push(message.text);
+    else if (message.type === "error") wire.errors.push(message);
+    return;
+  }
+  const bytes = Buffer.from(payload);
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  wire.frames.push({
+    kind: view.getUint8(0), takeId: view.getUint32(4, true), seq: view.getUint32(8, true),
+    start: view.getUint32(12, true), samples: (bytes.byteLength - HEADER_BYTES) / 2,
+  });
+}
+function sent(payload) {
+  const at = order++;
+  if (typeof payload === "string") {
+    const message = JSON.parse(payload);
+    if (message.type === "converse.open") wire.open = message;
+  } else {
+    wire.sent.push({ at, bytes: Buffer.from(payload).byteLength });
+  }
+}
+
+const profile = mkdtempSync(join(tmpdir(), "retake-chromium-"));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: args.chromium,
+  headless: true,
+  viewport: { width: 1280, height: 800 },
+  args: [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--autoplay-policy=no-user-gesture-required",
+    "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+  ],
+});
+const page = context.pages()[0] ?? (await context.newPage());
+page.setDefaultTimeout(timeout);
+page.on("websocket", (socket) => {
+  if (new URL(socket.url()).pathname !== "/converse") return;
+  wire.sockets++;
+  socket.on("framereceived", ({ payload }) => received(payload));
+  socket.on("framesent", ({ payload }) => sent(payload));
+  socket.on("close", () => (wire.closed = true));
+});
+page.on("console", (message) => {
+  if (message.type() === "error" || message.type() === "warning") console.log(`page ${message.type()}: ${message.text()}`);
+});
+page.on("pageerror", (error) => console.log(`page error: ${error.message}`));
+const converse = (fn, arg) => page.evaluate(fn, arg);
+
+try {
+  // 1. The page, before any conversation: the server's default is the only voice.
+  await page.goto(`${args.url}/converse.html`);
+  await page.waitForFunction(() => window.converse !== undefined);
+  check("the page starts idle", (await converse(() => window.converse.status)) === "idle");
+  const before = await page.locator("#voice option").evaluateAll((options) => options.map((o) => o.value));
+  check("before the first conversation the voice is the server's default", JSON.stringify(before) === '[""]', JSON.stringify(before));
+  check("the page links back to the studio", (await page.locator("#to-studio").getAttribute("href")) === "./");
+
+  // 2. Start: the mic opens, the socket opens, the system prompt runs, then it listens.
+  await page.fill("#persona", PERSONA);
+  const clicked = performance.now();
+  await page.click("#start");
+  await page.waitForFunction(() => ["listening", "closed"].includes(window.converse.status));
+  const startState = await converse(() => ({ status: window.converse.status, error: window.converse.error }));
+  check("Start reaches listening", startState.status === "listening", JSON.stringify(startState));
+  result.listeningMs = Math.round(performance.now() - clicked);
+  check("one socket, to /converse on the page's host", wire.sockets === 1);
+  check("converse.open carries the persona and leaves the voice to the server",
+    wire.open !== null && wire.open.persona === PERSONA && !("voice" in wire.open), JSON.stringify(wire.open));
+  const ready = wire.ready;
+  check("converse.ready came before listening", ready !== null && wire.listeningAt >= 0);
+  check("converse.ready: 24 kHz, 1920-sample ticks, our persona",
+    ready.sample_rate === 24000 && ready.frame_samples === FRAME_SAMPLES && ready.persona === PERSONA,
+    JSON.stringify({ ...ready, persona: ready.persona.slice(0, 40) }));
+  const voices = await page.locator("#voice option").evaluateAll((options) => options.map((o) => o.value));
+  const chosen = await page.locator("#voice").inputValue();
+  check("the voice list is the server's, its voice selected",
+    JSON.stringify(voices) === JSON.stringify(ready.voices) && (ready.voice === null || chosen === ready.voice),
+    `${JSON.stringify(voices)} / ${chosen}; server: ${JSON.stringify(ready.voices)} / ${ready.voice}`);
+
+  // 3. Two seconds of conversation.
+  await until(`${MIN_FRAMES} agent frames`, () => wire.frames.length >= MIN_FRAMES, 30_000);
+  result.twoSecondsMs = Math.round(performance.now() - clicked);
+  await page.waitForFunction(() => (window.converse.player?.played ?? 0) > 0);
+  const live = await converse(() => ({
+    status: window.converse.status, audio: window.converse.audioState, mic: window.converse.micLive,
+    player: window.converse.player, frameProblem: window.converse.frameProblem,
+  }));
+  check("while it talks: the context runs, the mic is live, the player plays the agent",
+    live.status === "listening" && live.audio === "running" && live.mic && live.player.played > 0, JSON.stringify(live));
+  await page.screenshot({ path: join(args.out, "converse.png") });
+
+  // 4. Quiet: with the context suspended the mic sends nothing, so the server stops ticking
+  // (it ticks on the user's audio) and the page and the wire can be compared exactly.
+  await converse(() => window.converse.audio.context.suspend());
+  let count = -1;
+  let since = 0;
+  await until("500 ms without an agent frame", () => {
+    if (wire.frames.length !== count) (count = wire.frames.length), (since = performance.now());
+    return performance.now() - since >= 500;
+  }, 10_000);
+  const quiet = await converse(() => ({
+    ticks: window.converse.ticks, text: window.converse.text, sent: window.converse.sentSamples,
+    frameProblem: window.converse.frameProblem,
+  }));
+
+  // 5. Stop.
+  await page.click("#start");
+  await until("the socket to close", () => wire.closed, 5000);
+  check("Stop closes the socket", wire.closed);
+  const stopped = await converse(() => ({
+    status: window.converse.status, audio: window.converse.audioState, mic: window.converse.micLive,
+    error: window.converse.error,
+  }));
+  check("Stop: closed, the mic released, the audio context closed, no error",
+    stopped.status === "closed" && stopped.mic === false && ["none", "closed"].includes(stopped.audio) && stopped.error === null,
+    JSON.stringify(stopped));
+
+  // 6. The wire, frame by frame, and the page against it.
+  const frames = wire.frames;
+  const bad = frames.findIndex((f, k) => f.kind !== 1 || f.takeId !== 0 || f.seq !== k || f.start !== k * FRAME_SAMPLES
+    || f.samples !== FRAME_SAMPLES);
+  check(`the agent's ${frames.length} frames: PCM16, take 0, seq 0, 1, …, start_sample = seq × ${FRAME_SAMPLES}, ${FRAME_SAMPLES} samples each`,
+    frames.length >= MIN_FRAMES && bad === -1, bad === -1 ? "" : `frame ${bad}: ${JSON.stringify(frames[bad])}`);
+  check("the page saw no frame off protocol", quiet.frameProblem === null, String(quiet.frameProblem));
+  check("the page's tick counter equals the frames on the wire", quiet.ticks === frames.length,
+    `page ${quiet.ticks}, wire ${frames.length}`);
+  const meter = await page.locator("#m-ticks").textContent();
+  check("the Ticks meter shows it", meter === String(frames.length), `meter ${meter}`);
+  check("the page's text is the converse.text pieces in order", quiet.text === wire.texts.join(""),
+    `${wire.texts.length} pieces; page ${JSON.stringify(quiet.text.slice(0, 60))}`);
+  check("the transcript shows it", (await page.locator("#transcript").textContent()) === quiet.text);
+  check("no error from the server", wire.errors.length === 0, JSON.stringify(wire.errors));
+  const up = wire.sent;
+  check("the mic went up only after converse.listening",
+    up.length > 0 && up[0].at > wire.listeningAt, `first mic frame #${up[0]?.at}, listening #${wire.listeningAt}`);
+  check("every mic frame is one tick of PCM16", up.every((f) => f.bytes === 2 * FRAME_SAMPLES),
+    JSON.stringify([...new Set(up.map((f) => f.bytes))]));
+  check("the page counted what it sent", quiet.sent === up.length * FRAME_SAMPLES, `${quiet.sent} vs ${up.length} frames`);
+
+  result.frames = frames.length;
+  result.textPieces = wire.texts.length;
+  result.micFrames = up.length;
+  result.voices = ready.voices;
+  result.ok = true;
+} catch (error) {
+  result.ok = false;
+  result.error = String(error?.stack ?? error);
+  console.error(result.error);
+  await page.screenshot({ path: join(args.out, "failure.png"), fullPage: true }).catch(() => {});
+} finally {
+  result.seconds = Math.round((performance.now() - began) / 100) / 10;
+  writeFileSync(join(args.out, "result.json"), JSON.stringify(result, null, 1));
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+}
+process.exit(result.ok ? 0 : 1);
