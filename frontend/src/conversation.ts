@@ -7,7 +7,7 @@
  * - The mic streams from the start, but its blocks are sent only once the server says
  *   `converse.listening`: audio before it would be dropped by the server anyway (§9).
  * - No reconnect: a conversation is its socket, and closing it (either side) ends it.
- *   Stop, or any close, releases the mic and closes the context.
+ *   Stop, any close, or an error before `converse.ready` releases the mic and closes the context.
  * - Frames are checked against §9 (take 0, consecutive ticks, contiguous, one tick long) and
  *   played even when a check fails: the first problem is kept for the page to show.
  */
@@ -147,6 +147,9 @@ export class Conversation {
         break;
       case "error":
         this.error = `${message.message} (${message.code})`;
+        // Refused before it began (a bad persona, an unknown voice): the server would wait for
+        // another converse.open; the page ends it instead, so Start is there to try again.
+        if (this.status === "connecting") return this.end(this.error, "refused");
         break;
       case "pong":
         return;

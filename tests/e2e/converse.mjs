@@ -10,7 +10,8 @@
 // start_sample = seq × 1920, 1920 samples each. The page must agree: its tick counter (object
 // and meter) equals the frames on the wire, its text equals the converse.text pieces, the voice
 // list is the server's with its voice selected, and its player rendered agent audio. Stop must
-// close the socket, end the mic track and close the AudioContext. Writes DIR/result.json and a
+// close the socket, end the mic track and close the AudioContext; a refused open (a persona too
+// long) must show the server's error and end the conversation. Writes DIR/result.json and a
 // screenshot; exit status 0 = every check passed.
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -203,6 +204,21 @@ try {
   check("every mic frame is one tick of PCM16", up.every((f) => f.bytes === 2 * FRAME_SAMPLES),
     JSON.stringify([...new Set(up.map((f) => f.bytes))]));
   check("the page counted what it sent", quiet.sent === up.length * FRAME_SAMPLES, `${quiet.sent} vs ${up.length} frames`);
+
+  // 7. A refused start: a persona over the server's 4,000 characters, with the voice now chosen.
+  const sockets = wire.sockets;
+  wire.closed = false;
+  await page.fill("#persona", "x".repeat(4001));
+  await page.click("#start");
+  await page.waitForFunction(() => window.converse.status === "closed");
+  await until("the refused socket to close", () => wire.closed, 5000);
+  const refused = await converse(() => ({ error: window.converse.error, mic: window.converse.micLive }));
+  check("the second open carries the chosen voice", wire.sockets === sockets + 1 && wire.open.voice === ready.voice,
+    JSON.stringify({ ...wire.open, persona: undefined }));
+  check("a refused open shows the server's error plainly and ends the conversation",
+    /persona/.test(refused.error ?? "") && /bad_field/.test(refused.error) && !refused.mic
+      && (await page.locator("#error").textContent()) === refused.error
+      && (await page.locator("#start").textContent()) === "Start", JSON.stringify(refused));
 
   result.frames = frames.length;
   result.textPieces = wire.texts.length;
