@@ -63,19 +63,14 @@ export class Conversation {
     return this.audio?.micLive ?? false;
   }
 
-  get socketState(): "none" | "connecting" | "open" | "closing" | "closed" {
-    const states = ["connecting", "open", "closing", "closed"] as const;
-    return this.socket === null ? "none" : states[this.socket.readyState] ?? "closed";
-  }
-
   /** Call from the click: the AudioContext is made before the first await. */
   async start(persona: string, voice: string): Promise<void> {
     if (this.active) return;
     const attempt = ++this.attempt;
-    Object.assign(this, {
-      status: "starting", closed: null, error: null, ready: null, ticks: 0, text: "", sentSamples: 0,
-      heldBackSamples: 0, frameProblem: null,
-    });
+    this.status = "starting";
+    this.closed = this.error = this.ready = this.frameProblem = null;
+    this.ticks = this.sentSamples = this.heldBackSamples = 0;
+    this.text = "";
     this.onChange();
     let audio: ConverseAudio;
     try {
@@ -91,7 +86,11 @@ export class Conversation {
     this.status = "connecting";
     const socket = new WebSocket(this.url);
     socket.binaryType = "arraybuffer";
-    socket.onopen = () => socket.send(encodeConverse(converseOpen(persona, voice)));
+    let opened = false;
+    socket.onopen = () => {
+      opened = true;
+      socket.send(encodeConverse(converseOpen(persona, voice)));
+    };
     socket.onmessage = (event: MessageEvent<ArrayBuffer | string>) => {
       try {
         if (typeof event.data === "string") this.receive(decodeConverse(event.data));
@@ -105,7 +104,9 @@ export class Conversation {
       if (this.socket !== socket) return;
       const why = `closed ${event.code}${event.reason ? `: ${event.reason}` : ""}`;
       const clean = event.code === 1000 || event.code === 1005;
-      this.end(this.error ?? (clean ? null : `the server ended the conversation (${why})`), why);
+      const problem = !opened ? `could not reach ${this.url.split("?")[0]} (${why}): is the server up, with --converse, and the token right?`
+        : clean ? null : `the server ended the conversation (${why})`;
+      this.end(this.error ?? problem, why);
     };
     this.socket = socket;
     this.onChange();
