@@ -255,7 +255,7 @@ export function decodeServer(text: string): ServerMessage {
   }
   const o = object(value, "message");
   const type = o["type"];
-  if (typeof type !== "string" || !(type in decoders)) {
+  if (typeof type !== "string" || !Object.hasOwn(decoders, type)) {
     throw new ProtocolDecodeError(`unknown server message type ${JSON.stringify(type)}`);
   }
   const body = decoders[type as ServerMessage["type"]](o, type);

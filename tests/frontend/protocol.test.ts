@@ -58,6 +58,7 @@ describe("server messages", () => {
     ["not JSON", "{", "a server message must be JSON"],
     ["not an object", "[1]", "message must be an object"],
     ["unknown type", '{"type":"take.explode"}', 'unknown server message type "take.explode"'],
+    ["a prototype name as type", '{"type":"toString"}', 'unknown server message type "toString"'],
     ["missing field", broken("take.queued", (m) => delete m["position"]), "take.queued.position must be present"],
     ["wrong type", broken("take.done", (m) => (m["frames"] = "64")), "take.done.frames must be an integer"],
     ["bad finish reason", broken("take.done", (m) => (m["finish_reason"] = "bored")), "take.done.finish_reason must be one of"],
