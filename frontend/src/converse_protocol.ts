@@ -10,7 +10,7 @@
  *   `agentFrameProblem` checks what §9 adds (take 0, one tick per frame, contiguous).
  */
 import {
-  ProtocolDecodeError, bool, int, list, nullable, num, object, record, str, type AudioFrame, type Check,
+  ProtocolDecodeError, bool, decodeTyped, int, list, nullable, num, object, record, str, type AudioFrame, type Check,
 } from "./protocol";
 
 // ─── Client → server ─────────────────────────────────────────────────────────
@@ -71,19 +71,7 @@ const decoders: { [T in ConverseServerMessage["type"]]: Check<Body<T>> } = {
 
 /** A server text frame of `/converse` as a checked message. */
 export function decodeConverse(text: string): ConverseServerMessage {
-  let value: unknown;
-  try {
-    value = JSON.parse(text);
-  } catch {
-    throw new ProtocolDecodeError("a server message must be JSON");
-  }
-  const o = object(value, "message");
-  const type = o["type"];
-  if (typeof type !== "string" || !Object.hasOwn(decoders, type)) {
-    throw new ProtocolDecodeError(`unknown conversation message type ${JSON.stringify(type)}`);
-  }
-  const body = decoders[type as ConverseServerMessage["type"]](o, type);
-  return { type, ...body } as ConverseServerMessage;
+  return decodeTyped<ConverseServerMessage>(decoders, text, "conversation");
 }
 
 // ─── Audio ───────────────────────────────────────────────────────────────────

@@ -245,8 +245,11 @@ const decoders: { [T in ServerMessage["type"]]: Check<Omit<ServerMessageOf<T>, "
   pong: record({ t: nullable(num), ref: nullable(str) }),
 };
 
-/** A server text frame as a checked message; ProtocolDecodeError names what is wrong. */
-export function decodeServer(text: string): ServerMessage {
+/** A JSON text frame as the message its `type` names, each field through `decoders`' check;
+ * ProtocolDecodeError names what is wrong (`what` says whose messages they are). */
+export function decodeTyped<M extends { type: string }>(
+  decoders: Record<M["type"], Check<unknown>>, text: string, what: string,
+): M {
   let value: unknown;
   try {
     value = JSON.parse(text);
@@ -256,10 +259,15 @@ export function decodeServer(text: string): ServerMessage {
   const o = object(value, "message");
   const type = o["type"];
   if (typeof type !== "string" || !Object.hasOwn(decoders, type)) {
-    throw new ProtocolDecodeError(`unknown server message type ${JSON.stringify(type)}`);
+    throw new ProtocolDecodeError(`unknown ${what} message type ${JSON.stringify(type)}`);
   }
-  const body = decoders[type as ServerMessage["type"]](o, type);
-  return { type, ...body } as ServerMessage;
+  const body = decoders[type as M["type"]](o, type) as object;
+  return { type, ...body } as M;
+}
+
+/** A server text frame as a checked message; ProtocolDecodeError names what is wrong. */
+export function decodeServer(text: string): ServerMessage {
+  return decodeTyped<ServerMessage>(decoders, text, "server");
 }
 
 // ─── Binary audio frames ─────────────────────────────────────────────────────
