@@ -190,6 +190,8 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
         state = ServerState(served, store, running, info, Metrics(lambda: running.depth, lambda: 0),
                             conversations=talking)
         state.metrics.sessions = lambda: state.sockets
+        if (live := talking) is not None:
+            state.metrics.conversations = lambda: live.active
         app.state.retake = state
         if owned:
             log_ready(running)

@@ -145,6 +145,12 @@ class ConversationLoop:
         return talk
 
     @property
+    def active(self) -> int:
+        """Conversations holding a slot."""
+        with self._condition:
+            return len(self._talks)
+
+    @property
     def slots(self) -> int:
         assert self.engine is not None
         return self.engine.slots

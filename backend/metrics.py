@@ -47,6 +47,7 @@ class Metrics:
     def __init__(self, queue_depth: Callable[[], int], sessions: Callable[[], int]) -> None:
         self.queue_depth = queue_depth
         self.sessions = sessions
+        self.conversations: Callable[[], int] = lambda: 0  # live conversations (`retake serve --converse`)
         self.takes: dict[str, int] = dict.fromkeys(FINISH_REASONS, 0)
         self.retries = 0
         self.first_audio = Histogram(
@@ -73,6 +74,8 @@ class Metrics:
                   "# HELP retake_queue_depth Engine jobs waiting to run.", "# TYPE retake_queue_depth gauge",
                   f"retake_queue_depth {self.queue_depth()}",
                   "# HELP retake_sessions Open directing sockets.", "# TYPE retake_sessions gauge",
-                  f"retake_sessions {self.sessions()}"]
+                  f"retake_sessions {self.sessions()}",
+                  "# HELP retake_conversations Live conversations on /converse.", "# TYPE retake_conversations gauge",
+                  f"retake_conversations {self.conversations()}"]
         lines += self.first_audio.lines() + self.decode_fps.lines()
         return "\n".join(lines) + "\n"

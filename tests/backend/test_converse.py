@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,8 @@ def test_slots_are_taken_and_freed(talk_server: LiveServer) -> None:
         await socket.close()  # gone during its system prompt: the slot is free again
         talks = [await open_when_free(talk_server.converse) for _ in range(SLOTS)]
         assert all(ready["type"] == "converse.ready" for _, ready in talks)
+        with urllib.request.urlopen(f"{talk_server.http}/metrics", timeout=30) as response:
+            assert f"retake_conversations {SLOTS}\n" in response.read().decode()
         socket, refused = await open_talk(talk_server.converse)
         assert refused["code"] == "busy"
         await socket.wait_closed()
