@@ -22,6 +22,17 @@ if (token !== null) {
   byId<HTMLAnchorElement>("to-converse").search = `?token=${encodeURIComponent(token)}`;
 }
 
+// The conversation link only where the server runs the conversation engine (`--converse`).
+const conversation = byId<HTMLAnchorElement>("to-converse");
+conversation.hidden = true;
+void fetch(new URL("/health", location.href))
+  .then((reply) => reply.json() as Promise<{ converse?: boolean }>)
+  .then((health) => {
+    conversation.hidden = health.converse !== true;
+    conversation.dataset["checked"] = "";
+  })
+  .catch(() => {});
+
 const studio = new Studio(socketUrl.href, params.has("tap"));
 const script = new ScriptView(studio, byId("lines"));
 const topBar = new TopBar(studio);

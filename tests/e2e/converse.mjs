@@ -115,6 +115,11 @@ page.on("pageerror", (error) => console.log(`page error: ${error.message}`));
 const converse = (fn, arg) => page.evaluate(fn, arg);
 
 try {
+  // 0. The studio links to the conversation page on a server with --converse.
+  await page.goto(args.url);
+  await page.locator("#to-converse").waitFor({ state: "visible" });
+  check("the studio shows its Conversation link", true);
+
   // 1. The page, before any conversation: the server's default is the only voice.
   await page.goto(`${args.url}/converse.html`);
   await page.waitForFunction(() => window.converse !== undefined);

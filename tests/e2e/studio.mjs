@@ -226,6 +226,8 @@ try {
   await waitReady();
   const ready = await studio(() => ({ demo: window.retake.ready.demo_weights, rate: window.retake.ready.sample_rate }));
   check("the demo-weights banner is shown", ready.demo === (await page.locator("#banner-demo").isVisible()), JSON.stringify(ready));
+  await page.locator("#to-converse[data-checked]").waitFor({ state: "attached" }); // /health answered
+  check("no Conversation link on a server without --converse", await page.locator("#to-converse").isHidden());
   await page.locator("#s-max").fill(String(MAX_FRAMES));
 
   // 0. A server error is shown next to what caused it: here, the line that sent a bad top-p.
