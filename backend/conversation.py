@@ -2,7 +2,7 @@
 
     loop = ConversationLoop(lambda: PersonaPlex.load(...))
     loop.start()                                   # loads the engine; raises what loading raised
-    talk = await loop.join(persona, voice, seed, sink, asyncio_loop)  # a slot; its system prompt runs
+    talk = await loop.join(persona, voice, seed, sink)  # a slot; its system prompt runs next
     loop.feed(talk, pcm16_bytes)                   # the user's audio, any length
     loop.leave(talk)                               # the slot is free again
 
