@@ -10,9 +10,9 @@ Design choices:
 - Ticks are paced by the users' audio, not by a clock: a tick runs when every listening
   conversation has a frame queued, or when one has waited TICK_GRACE_S (then the late ones get
   silence for that tick: a late client must not hold up the others). A conversation still in
-  its system prompt needs no audio; it advances with the others' ticks, or every
-  TICK_GRACE_S when nobody is listening yet. So one user is answered as fast as their audio
-  arrives, and a recorded file is answered faster than real time.
+  its system prompt needs no audio: it advances with the others' ticks (at least one per
+  TICK_GRACE_S), or tick after tick when nobody is listening. So one user is answered as fast
+  as their audio arrives, and a recorded file is answered faster than real time.
 - Everything that touches the engine (starting a slot, ticks) runs on this thread; the event
   loop only queues audio and requests under the condition's lock, and the thread reaches the
   event loop through `call_soon_threadsafe` (the sink's callbacks), as backend/loop.py does.
