@@ -10,6 +10,7 @@ directing history grows as in a real scene). Every take is measured on the clien
 
 It prints p50 / p95 / p99 of both over all takes, the finish reasons, and how many takes had a
 gap above 100 ms (sglang-omni's continuity criterion); `--json` writes the raw numbers too.
+`--converse` runs live conversations on `/converse` instead (backend/converse_load.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-keep", action="store_true", help="do not keep takes (no growing history)")
     parser.add_argument("--token", help="bearer token, if the server wants one")
     parser.add_argument("--json", type=Path, help="also write every take's numbers to this file")
+    parser.add_argument("--converse", action="store_true",
+                        help="run --sessions live conversations on /converse instead (retake serve --converse), "
+                             "each a user talking in real time for --seconds")
+    parser.add_argument("--seconds", type=float, default=10.0, help="with --converse: how long each user talks "
+                                                                    "(default 10)")
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sessions < 1 or args.takes < 1 or args.max_new_tokens < 1:
         raise UsageError("--sessions, --takes and --max-new-tokens must be at least 1")
+    if args.converse:
+        from backend import converse_load
+
+        if not args.seconds > 0:
+            raise UsageError("--seconds must be positive")
+        url = args.url.removesuffix("/ws") + "/converse" if args.url.endswith("/ws") else args.url
+        return converse_load.run(url, args.sessions, args.seconds, args.stagger_ms, args.token)
     results: list[TakeStats] = []
     failures: list[str] = []
 

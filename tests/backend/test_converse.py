@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -209,3 +210,26 @@ def test_a_server_without_conversations_says_so(server: LiveServer) -> None:
         assert socket.close_code == 1008
 
     run(main())
+
+
+def test_loadtest_talks_in_real_time_and_reports(talk_server: LiveServer, capsys: pytest.CaptureFixture[str],
+                                                 ) -> None:
+    """`retake loadtest --converse`: every conversation's ticks come back in order and are reported;
+    a conversation past the slots is a reported failure, not a crash."""
+    from backend.cli import main
+
+    for _ in range(100):  # the earlier tests' conversations free their slots just after they close
+        with urllib.request.urlopen(f"{talk_server.http}/metrics", timeout=30) as response:
+            if "retake_conversations 0\n" in response.read().decode():
+                break
+        time.sleep(0.05)
+    url = talk_server.converse.removesuffix("/converse") + "/ws"
+    assert main(["loadtest", "--converse", "--url", url, "--sessions", str(SLOTS), "--seconds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"{SLOTS} conversations x 1 s of talking against {talk_server.converse}: {SLOTS} done" in out
+    for row in ("system prompt", "tick latency", "longest gap vs playback"):
+        assert row in out
+    assert main(["loadtest", "--converse", "--url", url, "--sessions", str(SLOTS + 1), "--seconds", "1",
+                 "--stagger-ms", "300"]) == 1
+    out = capsys.readouterr().out
+    assert f"FAILED conversation {SLOTS}: RuntimeError: busy: all {SLOTS} conversation slots are in use" in out
