@@ -17,9 +17,11 @@ import {
   type ConverseServerMessage,
 } from "./converse_protocol";
 import { ProtocolDecodeError, decodeAudioFrame } from "./protocol";
+import { encodeWav, interleave, joinPcm } from "./wav";
 
 export const SAMPLE_RATE = 24000; // PersonaPlex's (Mimi's) rate
 export const BLOCK_SAMPLES = 1920; // one 80 ms tick
+const MAX_RECORDED_TICKS = 22_500; // 30 minutes of both sides (173 MB) is kept for Save
 
 export type ConverseStatus = "idle" | "starting" | "connecting" | "system prompt" | "listening" | "closed";
 
@@ -38,6 +40,9 @@ export class Conversation {
   heldBackSamples = 0;
   /** The first agent frame that broke §9, in words. */
   frameProblem: string | null = null;
+  /** Both sides as they went over the socket, one block per tick, for `recording()`. */
+  private userBlocks: Int16Array[] = [];
+  private agentBlocks: Int16Array[] = [];
   onChange: () => void = () => {};
 
   private audio: ConverseAudio | null = null;
@@ -59,6 +64,18 @@ export class Conversation {
     return this.audio?.context.state ?? "none";
   }
 
+  /** Ticks recorded for `recording()` (the longer side). */
+  get recordedTicks(): number {
+    return Math.max(this.userBlocks.length, this.agentBlocks.length);
+  }
+
+  /** The conversation so far as a stereo WAV: you on the left, the agent on the right, tick by
+   * tick as they went over the socket (mic block k is what the agent heard in tick k). */
+  recording(): ArrayBuffer | null {
+    if (this.recordedTicks === 0) return null;
+    return encodeWav(interleave(joinPcm(this.userBlocks), joinPcm(this.agentBlocks)), SAMPLE_RATE, 2);
+  }
+
   get micLive(): boolean {
     return this.audio?.micLive ?? false;
   }
@@ -71,6 +88,8 @@ export class Conversation {
     this.closed = this.error = this.ready = this.frameProblem = null;
     this.ticks = this.sentSamples = this.heldBackSamples = 0;
     this.text = "";
+    this.userBlocks = [];
+    this.agentBlocks = [];
     this.onChange();
     let audio: ConverseAudio;
     try {
@@ -166,6 +185,8 @@ export class Conversation {
       console.warn(`converse: ${problem}`);
     }
     this.ticks++;
+    // A copy: play() transfers the frame's buffer to the worklet.
+    if (this.agentBlocks.length < MAX_RECORDED_TICKS) this.agentBlocks.push(frame.pcm.slice());
     this.audio?.play(frame.pcm);
     this.onChange();
   }
@@ -176,7 +197,10 @@ export class Conversation {
       this.heldBackSamples += samples.length;
       return;
     }
-    socket.send(encodePcm16(samples));
+    const pcm = encodePcm16(samples);
+    socket.send(pcm);
     this.sentSamples += samples.length;
+    if (this.userBlocks.length < MAX_RECORDED_TICKS) this.userBlocks.push(new Int16Array(pcm)); // little-endian hosts
+
   }
 }

@@ -8,13 +8,14 @@
  *   the one it used selected.
  * - The socket goes to the page's own host (ws: or wss: like the page) and carries the page's
  *   `?token=`, as the studio's does; the link back to the studio keeps the token too.
+ * - Save downloads the conversation so far as a stereo WAV (Conversation.recording()).
  * - `window.converse` is the Conversation, for debugging and for tests/e2e/converse.mjs.
  */
 import "./style.css";
 import { Conversation, type ConverseStatus } from "./conversation";
 import type { ConverseReady } from "./converse_protocol";
 import { asMs } from "./jitter_buffer";
-import { byId, h, seconds, setText } from "./ui/dom";
+import { byId, download, h, seconds, setText } from "./ui/dom";
 
 const token = new URLSearchParams(location.search).get("token");
 const socketUrl = new URL("/converse", location.href);
@@ -48,6 +49,12 @@ button.addEventListener("click", () => {
   if (conversation.active) conversation.stop();
   else void conversation.start(persona.value, voice.value);
 });
+const save = byId<HTMLButtonElement>("save");
+save.addEventListener("click", () => {
+  const wav = conversation.recording();
+  const stamp = new Date().toISOString().slice(0, 19).replaceAll(":", "-");
+  if (wav !== null) download(`conversation-${stamp}.wav`, wav);
+});
 
 let frame = 0;
 let shownReady: ConverseReady | null = null;
@@ -70,6 +77,7 @@ function draw(): void {
   setText(button, c.active ? "Stop" : "Start");
   button.className = c.active ? "stop" : "primary";
   voice.disabled = persona.disabled = c.active;
+  save.disabled = c.recordedTicks === 0;
   byId("banner-demo").hidden = c.ready?.demo_weights !== true;
   if (c.ready !== shownReady && c.ready !== null) showVoices(c.ready);
   shownReady = c.ready ?? shownReady;

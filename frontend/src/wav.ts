@@ -1,10 +1,10 @@
-/** WAV export: 16-bit PCM mono RIFF, the plain format every editor reads. Takes are kept as
+/** WAV export: 16-bit PCM RIFF (mono takes, stereo conversations), the plain format every editor reads. Takes are kept as
  * the PCM16 the server sent, so export writes those samples unchanged. */
 
 const HEADER_BYTES = 44;
 
-/** A RIFF/WAVE file holding `pcm` (mono, 16-bit) at `sampleRate`. */
-export function encodeWav(pcm: Int16Array, sampleRate: number): ArrayBuffer {
+/** A RIFF/WAVE file holding `pcm` (16-bit, `channels` interleaved: mono by default) at `sampleRate`. */
+export function encodeWav(pcm: Int16Array, sampleRate: number, channels = 1): ArrayBuffer {
   const dataBytes = pcm.length * 2;
   const buffer = new ArrayBuffer(HEADER_BYTES + dataBytes);
   const view = new DataView(buffer);
@@ -17,15 +17,23 @@ export function encodeWav(pcm: Int16Array, sampleRate: number): ArrayBuffer {
   ascii(12, "fmt ");
   view.setUint32(16, 16, true); // fmt chunk size
   view.setUint16(20, 1, true); // PCM
-  view.setUint16(22, 1, true); // channels
+  view.setUint16(22, channels, true);
   view.setUint32(24, sampleRate, true);
-  view.setUint32(28, sampleRate * 2, true); // byte rate
-  view.setUint16(32, 2, true); // block align
+  view.setUint32(28, sampleRate * 2 * channels, true); // byte rate
+  view.setUint16(32, 2 * channels, true); // block align
   view.setUint16(34, 16, true); // bits per sample
   ascii(36, "data");
   view.setUint32(40, dataBytes, true);
   for (let k = 0; k < pcm.length; k++) view.setInt16(HEADER_BYTES + 2 * k, pcm[k]!, true);
   return buffer;
+}
+
+/** Two tracks as one interleaved stereo track (the shorter one padded with silence). */
+export function interleave(left: Int16Array, right: Int16Array): Int16Array {
+  const out = new Int16Array(2 * Math.max(left.length, right.length));
+  for (let k = 0; k < left.length; k++) out[2 * k] = left[k]!;
+  for (let k = 0; k < right.length; k++) out[2 * k + 1] = right[k]!;
+  return out;
 }
 
 /** One PCM track of `parts` in order, with `gapSamples` of silence between them. */

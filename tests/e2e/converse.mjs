@@ -59,6 +59,7 @@ const wire = {
   sockets: 0, closed: false, open: null, ready: null, listeningAt: -1, texts: [], errors: [],
   frames: [], // the agent's: {kind, takeId, seq, start, samples}
   sent: [], // the mic's binary frames: {at, bytes}
+  agentPcm: [], userPcm: [], // the PCM16 of both sides, as on the wire
 };
 function received(payload) {
   const at = order++;
@@ -76,6 +77,7 @@ function received(payload) {
     kind: view.getUint8(0), takeId: view.getUint32(4, true), seq: view.getUint32(8, true),
     start: view.getUint32(12, true), samples: (bytes.byteLength - HEADER_BYTES) / 2,
   });
+  wire.agentPcm.push(Buffer.from(bytes.subarray(HEADER_BYTES)));
 }
 function sent(payload) {
   const at = order++;
@@ -84,6 +86,7 @@ function sent(payload) {
     if (message.type === "converse.open") wire.open = message;
   } else {
     wire.sent.push({ at, bytes: Buffer.from(payload).byteLength });
+    wire.userPcm.push(Buffer.from(payload));
   }
 }
 
@@ -91,6 +94,7 @@ const profile = mkdtempSync(join(tmpdir(), "retake-chromium-"));
 const context = await chromium.launchPersistentContext(profile, {
   executablePath: args.chromium,
   headless: true,
+  acceptDownloads: true,
   viewport: { width: 1280, height: 800 },
   args: [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -187,6 +191,14 @@ try {
   check("Stop: closed, the mic released, the audio context closed, no error",
     stopped.status === "closed" && stopped.mic === false && ["none", "closed"].includes(stopped.audio) && stopped.error === null,
     JSON.stringify(stopped));
+
+  // Save: the page's stereo WAV of the conversation (checked against the wire by the Python side).
+  check("Save is offered once there is audio", await page.locator("#save").isEnabled());
+  const [saved] = await Promise.all([page.waitForEvent("download"), page.click("#save")]);
+  await saved.saveAs(join(args.out, "conversation.wav"));
+  writeFileSync(join(args.out, "user.pcm"), Buffer.concat(wire.userPcm));
+  writeFileSync(join(args.out, "agent.pcm"), Buffer.concat(wire.agentPcm));
+  result.saved = saved.suggestedFilename();
 
   // 6. The wire, frame by frame, and the page against it.
   const frames = wire.frames;

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import urllib.request
+import wave
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pages import ARTIFACTS, run_page_script, serving
 
@@ -29,5 +31,18 @@ def test_conversation_in_chromium(chromium: Path, pages_built: None, tiny_checkp
         result = run_page_script("converse.mjs", url, tmp_path / "out", chromium, timeout=180,
                                  artifacts=lambda name: name if name == "converse.png" else f"converse-{name}")
     assert result["frames"] >= 25 and result["micFrames"] > 0
+
+    # Save: a stereo 24 kHz WAV, read by Python's wave module: the mic as sent on the left, the
+    # agent as received on the right, tick by tick, the shorter side padded with silence.
+    out = tmp_path / "out"
+    assert result["saved"].startswith("conversation-") and result["saved"].endswith(".wav")
+    with wave.open(str(out / "conversation.wav"), "rb") as saved:
+        assert (saved.getnchannels(), saved.getsampwidth(), saved.getframerate()) == (2, 2, 24000)
+        stereo = np.frombuffer(saved.readframes(saved.getnframes()), dtype="<i2").reshape(-1, 2)
+    user, agent = (np.fromfile(out / f"{side}.pcm", dtype="<i2") for side in ("user", "agent"))
+    assert len(stereo) == max(len(user), len(agent)) and len(agent) == 1920 * result["frames"]
+    np.testing.assert_array_equal(stereo[:len(user), 0], user)
+    np.testing.assert_array_equal(stereo[:len(agent), 1], agent)
+    assert not stereo[len(user):, 0].any() and not stereo[len(agent):, 1].any()
     screenshot = (ARTIFACTS / "converse.png").read_bytes()
     assert screenshot.startswith(b"\x89PNG") and len(screenshot) > 10_000

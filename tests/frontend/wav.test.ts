@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { decodeWav, encodeWav, joinPcm } from "../../frontend/src/wav";
+import { decodeWav, encodeWav, interleave, joinPcm } from "../../frontend/src/wav";
 
 /** A reader written from the RIFF spec, independent of the writer: walks the chunks. */
 function readWav(buffer: ArrayBuffer) {
@@ -41,6 +41,17 @@ describe("WAV writer", () => {
       0x64, 0x61, 0x74, 0x61, 4, 0, 0, 0, // "data" 4 bytes
       0x02, 0x01, 0xfe, 0xff, // little-endian samples
     ]);
+  });
+
+  it("writes a stereo conversation: the two sides interleaved, the shorter one padded with silence", () => {
+    const user = Int16Array.from([1, 2, 3]);
+    const agent = Int16Array.from([-1, -2]);
+    const wav = readWav(encodeWav(interleave(user, agent), 24000, 2));
+    expect(wav).toEqual({
+      format: 1, channels: 2, rate: 24000, byteRate: 96000, blockAlign: 4, bits: 16,
+      samples: Int16Array.from([1, -1, 2, -2, 3, 0]),
+    });
+    expect(decodeWav(encodeWav(interleave(user, agent), 24000, 2)).samples).toEqual(user); // the first channel
   });
 
   it("writes an empty take as a valid file with no samples", () => {
