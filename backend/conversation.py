@@ -41,8 +41,11 @@ import numpy as np
 
 from engine.errors import RequestError
 from engine.personaplex.engine import DEFAULT_PERSONA, PersonaPlex
+from engine.personaplex.prompt import Voice
+from engine.personaplex.voices import read_audio
 
 log = logging.getLogger("retake.conversation")
+MAX_CLIP_SECONDS = 30.0  # a voice clip (the released voices are prompts of a few seconds)
 TICK_GRACE_S = 0.08  # one tick of audio (80 ms): how long a queued frame waits for the other conversations
 MAX_QUEUED_SECONDS = 60.0  # user audio waiting to be heard; past it the client sends faster than we tick
 
@@ -88,9 +91,20 @@ class Conversation:
 class _Join:
     persona: str
     voice: str | None
+    clip: bytes | None  # a WAV/FLAC file: its voice, Mimi-encoded, instead of a named one
     seed: int | None
     conversation: Conversation
     done: Future[None] = field(default_factory=Future)
+
+
+def clip_voice(engine: PersonaPlex, clip: bytes) -> Voice:
+    """The voice of a clip (WAV/FLAC bytes), Mimi-encoded as the reference encodes a voice prompt."""
+    pcm = read_audio(clip, engine.sample_rate)
+    seconds = len(pcm) / engine.sample_rate
+    if not engine.frame_size <= len(pcm) <= MAX_CLIP_SECONDS * engine.sample_rate:
+        raise RequestError(f"a voice clip must be {engine.frame_size / engine.sample_rate * 1000:.0f} ms to "
+                           f"{MAX_CLIP_SECONDS:.0f} s long; this one is {seconds:.2f} s")
+    return Voice(name="your clip", frames=engine.voice_frames(pcm))
 
 
 class ConversationLoop:
@@ -129,7 +143,7 @@ class ConversationLoop:
     # The event loop's side ------------------------------------------------------------
 
     async def join(self, persona: str | None, voice: str | None, seed: int | None, sink: ConversationSink,
-                   ) -> Conversation:
+                   clip: bytes | None = None) -> Conversation:
         """A slot for a new conversation, once its system prompt is queued (RequestError: a bad
         persona or voice; Busy: no slot is free)."""
         with self._condition:
@@ -138,7 +152,7 @@ class ConversationLoop:
             if not free:
                 raise Busy(f"all {self.slots} conversation slots are in use; try again later")
             talk = Conversation(free[0], sink, asyncio.get_running_loop(), self.frame_samples)
-            join = _Join(DEFAULT_PERSONA if persona is None else persona, voice, seed, talk)
+            join = _Join(DEFAULT_PERSONA if persona is None else persona, voice, clip, seed, talk)
             self._joins.append(join)
             self._condition.notify_all()
         await asyncio.wrap_future(join.done)
@@ -262,7 +276,11 @@ class ConversationLoop:
                 raise RequestError(f"unknown voice {join.voice!r}; the voices are {', '.join(names) or 'none'}")
             if join.seed is not None:
                 engine.set_sampling(dataclasses.replace(engine.sampling, seed=join.seed))
-            voice = engine.voice() if join.voice is None else engine.voice(join.voice)
+            voice: Voice | None
+            if join.clip is not None:
+                voice = clip_voice(engine, join.clip)
+            else:
+                voice = engine.voice() if join.voice is None else engine.voice(join.voice)
             engine.start(talk.slot, join.persona, voice)
             talk.voice = None if voice is None else voice.name
         except Exception as error:  # noqa: BLE001 - RequestError for the client; anything else too, as a message

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 from typing import Any
 
@@ -68,8 +70,8 @@ class SocketSink:
         self.put(Closed(status.WS_1011_INTERNAL_ERROR))
 
 
-def parse_open(text: str) -> tuple[str | None, str | None, int | None]:
-    """persona, voice, seed of a `converse.open` (RequestError says what is wrong)."""
+def parse_open(text: str) -> tuple[str | None, str | None, int | None, bytes | None]:
+    """persona, voice, seed and voice clip of a `converse.open` (RequestError says what is wrong)."""
     try:
         message: Any = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -83,7 +85,17 @@ def parse_open(text: str) -> tuple[str | None, str | None, int | None]:
         raise RequestError("voice must be a voice name (a string)")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise RequestError("seed must be a non-negative integer")
-    return persona, voice, seed
+    clip = message.get("voice_clip")
+    if clip is not None:
+        if voice is not None:
+            raise RequestError("give a voice or a voice_clip, not both")
+        try:
+            clip = base64.b64decode(clip, validate=True) if isinstance(clip, str) else None
+        except (binascii.Error, ValueError):
+            clip = None
+        if not clip:
+            raise RequestError("voice_clip must be a WAV or FLAC file, base64-encoded")
+    return persona, voice, seed, clip
 
 
 async def converse_socket(websocket: WebSocket) -> None:
@@ -130,8 +142,8 @@ async def open_conversation(websocket: WebSocket, conversations: ConversationLoo
         try:
             if message.get("text") is None:
                 raise RequestError("send converse.open (a text frame) before any audio")
-            persona, voice, seed = parse_open(message["text"])
-            talk = await conversations.join(persona, voice, seed, sink)
+            persona, voice, seed, clip = parse_open(message["text"])
+            talk = await conversations.join(persona, voice, seed, sink, clip)
         except RequestError as exc:
             await websocket.send_text(error("bad_field", str(exc)))
             continue

@@ -5,7 +5,9 @@ gets an error that says what to change."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import io
 import json
 import time
 import urllib.request
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import soundfile as sf
 import websockets
 from live_server import LiveServer, run
 
@@ -115,8 +118,9 @@ async def open_when_free(url: str, **fields: object) -> tuple[Any, dict[str, Any
     """open_talk, again while busy: the server frees a slot just after the close handshake."""
     for _ in range(50):
         socket, ready = await open_talk(url, **fields)
-        if ready["type"] == "converse.ready":
+        if ready.get("code") != "busy":
             break
+        await socket.close()
         await asyncio.sleep(0.05)
     return socket, ready
 
@@ -233,3 +237,35 @@ def test_loadtest_talks_in_real_time_and_reports(talk_server: LiveServer, capsys
                  "--stagger-ms", "300"]) == 1
     out = capsys.readouterr().out
     assert f"FAILED conversation {SLOTS}: RuntimeError: busy: all {SLOTS} conversation slots are in use" in out
+
+
+def wav_file(pcm: np.ndarray, rate: int) -> str:
+    buffer = io.BytesIO()
+    sf.write(buffer, pcm, rate, format="WAV", subtype="PCM_16")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_a_voice_clip_becomes_the_agents_voice(talk_server: LiveServer) -> None:
+    """A clip (any rate: it is resampled to 24 kHz) is Mimi-encoded as the voice prompt; the
+    conversation then answers like any other. Bad clips say what to change."""
+    clip = wav_file(user_audio(1.5, seed=5).astype(np.float32) / 32768, 16000)
+
+    async def main() -> None:
+        # The tiny model's context is 96 ticks: a short persona leaves room for the clip's frames.
+        socket, ready = await open_when_free(talk_server.converse, voice_clip=clip, persona="Be brief.", seed=2)
+        assert (ready["type"], ready["voice"]) == ("converse.ready", "your clip"), ready
+        frames, _ = await listen(socket, user_audio(0.5))
+        assert len(frames) == 6
+        await socket.close()
+        for fields, says in [
+            ({"voice_clip": "%%%"}, "voice_clip must be a WAV or FLAC file, base64-encoded"),
+            ({"voice_clip": clip, "voice": "NATF2"}, "give a voice or a voice_clip, not both"),
+            ({"voice_clip": base64.b64encode(b"not audio").decode()}, "cannot read audio as audio"),
+            ({"voice_clip": wav_file(np.zeros(24000 * 31, np.float32), 24000)},
+             "a voice clip must be 80 ms to 30 s long; this one is 31.00 s"),
+        ]:
+            socket, reply = await open_when_free(talk_server.converse, **fields)
+            assert reply["code"] == "bad_field" and says in reply["message"], reply
+            await socket.close()
+
+    run(main())
