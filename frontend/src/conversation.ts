@@ -81,7 +81,7 @@ export class Conversation {
   }
 
   /** Call from the click: the AudioContext is made before the first await. */
-  async start(persona: string, voice: string): Promise<void> {
+  async start(persona: string, voice: string, voiceClip: string | null = null): Promise<void> {
     if (this.active) return;
     const attempt = ++this.attempt;
     this.status = "starting";
@@ -108,7 +108,7 @@ export class Conversation {
     let opened = false;
     socket.onopen = () => {
       opened = true;
-      socket.send(encodeConverse(converseOpen(persona, voice)));
+      socket.send(encodeConverse(converseOpen(persona, voice, voiceClip)));
     };
     socket.onmessage = (event: MessageEvent<ArrayBuffer | string>) => {
       try {

@@ -14,6 +14,7 @@
 import "./style.css";
 import { Conversation, type ConverseStatus } from "./conversation";
 import type { ConverseReady } from "./converse_protocol";
+import { base64 } from "./protocol";
 import { asMs } from "./jitter_buffer";
 import { byId, download, h, seconds, setText } from "./ui/dom";
 
@@ -45,9 +46,30 @@ const STATUS_LINE: Record<ConverseStatus, string> = {
   closed: "Closed.",
 };
 
+const clipInput = byId<HTMLInputElement>("voice-clip");
+const clearClip = byId<HTMLButtonElement>("clear-clip");
+// The clip is read when it is chosen, so Start stays synchronous: the AudioContext must be made
+// inside the click.
+let clip: string | null = null;
+clearClip.addEventListener("click", () => {
+  clipInput.value = "";
+  clip = null;
+  draw();
+});
+clipInput.addEventListener("change", () => {
+  const file = clipInput.files?.[0];
+  clip = null;
+  if (file !== undefined) {
+    void file.arrayBuffer().then((bytes) => {
+      clip = base64(bytes);
+      draw();
+    });
+  }
+  draw();
+});
 button.addEventListener("click", () => {
   if (conversation.active) conversation.stop();
-  else void conversation.start(persona.value, voice.value);
+  else void conversation.start(persona.value, voice.value, clip);
 });
 const save = byId<HTMLButtonElement>("save");
 save.addEventListener("click", () => {
@@ -76,7 +98,10 @@ function draw(): void {
   setText(error, c.error ?? "");
   setText(button, c.active ? "Stop" : "Start");
   button.className = c.active ? "stop" : "primary";
-  voice.disabled = persona.disabled = c.active;
+  const hasClip = clip !== null;
+  voice.disabled = persona.disabled = clipInput.disabled = c.active;
+  voice.disabled ||= hasClip;
+  clearClip.hidden = !hasClip || c.active;
   save.disabled = c.recordedTicks === 0;
   byId("banner-demo").hidden = c.ready?.demo_weights !== true;
   if (c.ready !== shownReady && c.ready !== null) showVoices(c.ready);

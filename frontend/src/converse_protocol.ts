@@ -16,15 +16,16 @@ import {
 // ─── Client → server ─────────────────────────────────────────────────────────
 
 export type ConverseClientMessage =
-  | { type: "converse.open"; persona?: string; voice?: string }
+  | { type: "converse.open"; persona?: string; voice?: string; voice_clip?: string }
   | { type: "ping"; t?: number };
 
-/** The opening message; a blank persona or voice is left out (the server's default). */
-export function converseOpen(persona: string, voice: string): ConverseClientMessage {
+/** The opening message; a blank persona or voice is left out (the server's default). A voice
+ * clip (the file's bytes, base64) replaces the named voice. */
+export function converseOpen(persona: string, voice: string, voiceClip: string | null = null): ConverseClientMessage {
   return {
     type: "converse.open",
     ...(persona.trim() !== "" ? { persona } : {}),
-    ...(voice !== "" ? { voice } : {}),
+    ...(voiceClip !== null ? { voice_clip: voiceClip } : voice !== "" ? { voice } : {}),
   };
 }
 

@@ -55,6 +55,14 @@ export type ClientMessage =
   | { type: "ping"; t?: number; ref?: string };
 
 /** The JSON text frame of a client message; optional fields left undefined are not sent. */
+/** A file's bytes as base64 text, for the JSON messages that carry audio files. */
+export function base64(bytes: ArrayBuffer): string {
+  const view = new Uint8Array(bytes);
+  let text = "";
+  for (let k = 0; k < view.length; k += 0x8000) text += String.fromCharCode(...view.subarray(k, k + 0x8000));
+  return btoa(text);
+}
+
 export function encodeClient(message: ClientMessage): string {
   return JSON.stringify(message);
 }

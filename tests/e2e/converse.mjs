@@ -90,6 +90,18 @@ function sent(payload) {
   }
 }
 
+/** A 16-bit mono WAV of a 220 Hz tone at `rate`, as a voice clip a director would upload. */
+function sineWav(seconds, rate) {
+  const n = Math.round(rate * seconds);
+  const wav = Buffer.alloc(44 + 2 * n);
+  wav.write("RIFF", 0); wav.writeUInt32LE(36 + 2 * n, 4); wav.write("WAVEfmt ", 8);
+  wav.writeUInt32LE(16, 16); wav.writeUInt16LE(1, 20); wav.writeUInt16LE(1, 22);
+  wav.writeUInt32LE(rate, 24); wav.writeUInt32LE(2 * rate, 28); wav.writeUInt16LE(2, 32); wav.writeUInt16LE(16, 34);
+  wav.write("data", 36); wav.writeUInt32LE(2 * n, 40);
+  for (let k = 0; k < n; k++) wav.writeInt16LE(Math.round(8000 * Math.sin((2 * Math.PI * 220 * k) / rate)), 44 + 2 * k);
+  return wav;
+}
+
 const profile = mkdtempSync(join(tmpdir(), "retake-chromium-"));
 const context = await chromium.launchPersistentContext(profile, {
   executablePath: args.chromium,
@@ -236,6 +248,21 @@ try {
     /persona/.test(refused.error ?? "") && /bad_field/.test(refused.error) && !refused.mic
       && (await page.locator("#error").textContent()) === refused.error
       && (await page.locator("#start").textContent()) === "Start", JSON.stringify(refused));
+
+  // 8. A voice clip becomes the agent's voice (a short persona: the tiny model's context is small).
+  wire.closed = false;
+  await page.fill("#persona", "Be brief.");
+  await page.locator("#voice-clip").setInputFiles({ name: "voice.wav", mimeType: "audio/wav", buffer: sineWav(1.5, 16000) });
+  await page.locator("#clear-clip").waitFor({ state: "visible" }); // the clip was read
+  check("with a clip the voice list is off", await page.locator("#voice").isDisabled());
+  await page.click("#start");
+  await page.waitForFunction(() => ["listening", "closed"].includes(window.converse.status));
+  check("the clip's voice conversation reaches listening", (await converse(() => window.converse.status)) === "listening",
+    String(await converse(() => window.converse.error)));
+  check("converse.open carries the clip and no voice name", typeof wire.open.voice_clip === "string" && !("voice" in wire.open));
+  check("the server took the clip as the voice", wire.ready.voice === "your clip", String(wire.ready.voice));
+  await page.click("#start");
+  await until("the clip conversation to close", () => wire.closed, 5000);
 
   result.frames = frames.length;
   result.textPieces = wire.texts.length;

@@ -66,6 +66,8 @@ describe("conversation messages to the server", () => {
     expect(converseOpen("A pirate.", "NATM1")).toEqual({ type: "converse.open", persona: "A pirate.", voice: "NATM1" });
     expect(converseOpen("  \n", "")).toEqual({ type: "converse.open" });
     expect(JSON.parse(encodeConverse(converseOpen("", "NATF2")))).toEqual({ type: "converse.open", voice: "NATF2" });
+    // A voice clip replaces the named voice.
+    expect(converseOpen("", "NATF2", "UklGRg==")).toEqual({ type: "converse.open", voice_clip: "UklGRg==" });
   });
 });
 

@@ -6,6 +6,7 @@
  * The server reads WAV and FLAC. Those files go as they are; anything else the browser can
  * decode (MP3, Ogg, the recorder's WebM) is decoded here and sent as a 16-bit mono WAV.
  */
+import { base64 } from "../protocol";
 import type { Studio } from "../studio";
 import { encodeWav } from "../wav";
 import { byId, h, setText } from "./dom";
@@ -23,13 +24,6 @@ const DECODE_RATE = 44100;
 function isWavOrFlac(bytes: ArrayBuffer): boolean {
   const head = String.fromCharCode(...new Uint8Array(bytes, 0, Math.min(12, bytes.byteLength)));
   return head.startsWith("fLaC") || (head.startsWith("RIFF") && head.slice(8, 12) === "WAVE");
-}
-
-function base64(bytes: ArrayBuffer): string {
-  const view = new Uint8Array(bytes);
-  let text = "";
-  for (let k = 0; k < view.length; k += 0x8000) text += String.fromCharCode(...view.subarray(k, k + 0x8000));
-  return btoa(text);
 }
 
 /** Decode any audio the browser reads; returns its length and a mono 16-bit WAV of it. */
