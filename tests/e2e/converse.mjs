@@ -13,37 +13,20 @@
 // close the socket, end the mic track and close the AudioContext; a refused open (a persona too
 // long) must show the server's error and end the conversation. Writes DIR/result.json and a
 // screenshot; exit status 0 = every check passed.
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
-import { chromium } from "playwright-core";
+import { browser, checker, commandLine, removeProfiles, sineWav } from "./lib.mjs";
 
 const HEADER_BYTES = 16; // docs/protocol.md §5
 const FRAME_SAMPLES = 1920; // 80 ms at 24 kHz
 const MIN_FRAMES = 25; // 2 s of agent audio
 const PERSONA = "You are a patient film director's assistant. Keep your answers short.";
 
-const { values: args } = parseArgs({
-  options: {
-    url: { type: "string" },
-    out: { type: "string" },
-    chromium: { type: "string", default: "/usr/bin/chromium" },
-    timeout: { type: "string", default: "60000" },
-  },
-});
-if (!args.url || !args.out) {
-  console.error("usage: node tests/e2e/converse.mjs --url http://127.0.0.1:PORT --out DIR");
-  process.exit(2);
-}
-const timeout = Number(args.timeout);
+const args = commandLine("converse.mjs", 60000);
+const timeout = args.timeout;
 const began = performance.now();
-const result = { checks: [] };
-const check = (name, ok, detail = "") => {
-  result.checks.push({ name, ok, detail });
-  console.log(`${ok ? "ok  " : "FAIL"} ${name}${detail ? `: ${detail}` : ""}`);
-  if (!ok) throw new Error(`${name}${detail ? `: ${detail}` : ""}`);
-};
+const result = {};
+const check = checker(result);
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 async function until(what, condition, ms = timeout) {
   const deadline = performance.now() + ms;
@@ -90,31 +73,7 @@ function sent(payload) {
   }
 }
 
-/** A 16-bit mono WAV of a 220 Hz tone at `rate`, as a voice clip a director would upload. */
-function sineWav(seconds, rate) {
-  const n = Math.round(rate * seconds);
-  const wav = Buffer.alloc(44 + 2 * n);
-  wav.write("RIFF", 0); wav.writeUInt32LE(36 + 2 * n, 4); wav.write("WAVEfmt ", 8);
-  wav.writeUInt32LE(16, 16); wav.writeUInt16LE(1, 20); wav.writeUInt16LE(1, 22);
-  wav.writeUInt32LE(rate, 24); wav.writeUInt32LE(2 * rate, 28); wav.writeUInt16LE(2, 32); wav.writeUInt16LE(16, 34);
-  wav.write("data", 36); wav.writeUInt32LE(2 * n, 40);
-  for (let k = 0; k < n; k++) wav.writeInt16LE(Math.round(8000 * Math.sin((2 * Math.PI * 220 * k) / rate)), 44 + 2 * k);
-  return wav;
-}
-
-const profile = mkdtempSync(join(tmpdir(), "retake-chromium-"));
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath: args.chromium,
-  headless: true,
-  acceptDownloads: true,
-  viewport: { width: 1280, height: 800 },
-  args: [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--autoplay-policy=no-user-gesture-required",
-    "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-  ],
-});
+const context = await browser(args.chromium, { width: 1280, height: 800 });
 const page = context.pages()[0] ?? (await context.newPage());
 page.setDefaultTimeout(timeout);
 page.on("websocket", (socket) => {
@@ -213,7 +172,7 @@ try {
   result.saved = saved.suggestedFilename();
 
   // 6. The wire, frame by frame, and the page against it.
-  const frames = wire.frames;
+  const frames = wire.frames.slice(); // this conversation's: the clip conversation of step 8 adds its own
   const bad = frames.findIndex((f, k) => f.kind !== 1 || f.takeId !== 0 || f.seq !== k || f.start !== k * FRAME_SAMPLES
     || f.samples !== FRAME_SAMPLES);
   check(`the agent's ${frames.length} frames: PCM16, take 0, seq 0, 1, …, start_sample = seq × ${FRAME_SAMPLES}, ${FRAME_SAMPLES} samples each`,
@@ -227,7 +186,7 @@ try {
     `${wire.texts.length} pieces; page ${JSON.stringify(quiet.text.slice(0, 60))}`);
   check("the transcript shows it", (await page.locator("#transcript").textContent()) === quiet.text);
   check("no error from the server", wire.errors.length === 0, JSON.stringify(wire.errors));
-  const up = wire.sent;
+  const up = wire.sent.slice();
   check("the mic went up only after converse.listening",
     up.length > 0 && up[0].at > wire.listeningAt, `first mic frame #${up[0]?.at}, listening #${wire.listeningAt}`);
   check("every mic frame is one tick of PCM16", up.every((f) => f.bytes === 2 * FRAME_SAMPLES),
@@ -278,6 +237,6 @@ try {
   result.seconds = Math.round((performance.now() - began) / 100) / 10;
   writeFileSync(join(args.out, "result.json"), JSON.stringify(result, null, 1));
   await context.close();
-  rmSync(profile, { recursive: true, force: true });
+  removeProfiles();
 }
 process.exit(result.ok ? 0 : 1);

@@ -11,35 +11,18 @@
 // finds the same script there, sets a character and then an uploaded and a recorded reference
 // clip as the voice, and saves a screenshot. It writes DIR/result.json, the export and the wire PCM of each take
 // for the Python side to check the WAV independently. Exit status 0 = all checks passed.
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
-import { chromium } from "playwright-core";
+import { browser, checker, commandLine, removeProfiles, sineWav } from "./lib.mjs";
 
 const FADE_SAMPLES = 128; // frontend/src/jitter_buffer.ts
 const HEADER_BYTES = 16; // docs/protocol.md §5
 const MAX_FRAMES = 24; // windows of 10, 10, 4 frames (1.1 s): random weights rarely stop by themselves
 
-const { values: args } = parseArgs({
-  options: {
-    url: { type: "string" },
-    out: { type: "string" },
-    chromium: { type: "string", default: "/usr/bin/chromium" },
-    timeout: { type: "string", default: "120000" },
-  },
-});
-if (!args.url || !args.out) {
-  console.error("usage: node tests/e2e/studio.mjs --url http://127.0.0.1:PORT --out DIR");
-  process.exit(2);
-}
-const timeout = Number(args.timeout);
-const result = { checks: [] };
-const check = (name, ok, detail = "") => {
-  result.checks.push({ name, ok, detail });
-  console.log(`${ok ? "ok  " : "FAIL"} ${name}${detail ? `: ${detail}` : ""}`);
-  if (!ok) throw new Error(`${name}${detail ? `: ${detail}` : ""}`);
-};
+const args = commandLine("studio.mjs", 120000);
+const timeout = args.timeout;
+const result = {};
+const check = checker(result);
 
 // ─── what the server sent, from the wire ──────────────────────────────────────
 const wire = new Map(); // take id -> [{seq, start, last, pcm: Int16Array}]
@@ -68,38 +51,7 @@ function wirePcm(takeId) {
   return pcm;
 }
 
-/** A 16-bit mono 44.1 kHz WAV of a 220 Hz tone, as a file a director would upload. */
-function sineWav(seconds) {
-  const n = Math.round(44100 * seconds);
-  const wav = Buffer.alloc(44 + 2 * n);
-  wav.write("RIFF", 0); wav.writeUInt32LE(36 + 2 * n, 4); wav.write("WAVEfmt ", 8);
-  wav.writeUInt32LE(16, 16); wav.writeUInt16LE(1, 20); wav.writeUInt16LE(1, 22);
-  wav.writeUInt32LE(44100, 24); wav.writeUInt32LE(88200, 28); wav.writeUInt16LE(2, 32); wav.writeUInt16LE(16, 34);
-  wav.write("data", 36); wav.writeUInt32LE(2 * n, 40);
-  for (let k = 0; k < n; k++) wav.writeInt16LE(Math.round(8000 * Math.sin((2 * Math.PI * 220 * k) / 44100)), 44 + 2 * k);
-  return wav;
-}
-
-const profiles = [];
-/** Chromium with a profile of its own (a new, empty directory: no localStorage, no cache). */
-async function browser() {
-  const profile = mkdtempSync(join(tmpdir(), "retake-chromium-"));
-  profiles.push(profile);
-  return chromium.launchPersistentContext(profile, {
-    executablePath: args.chromium,
-    headless: true,
-    acceptDownloads: true,
-    viewport: { width: 1440, height: 900 },
-    args: [
-      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-      "--autoplay-policy=no-user-gesture-required",
-      // A fake microphone (a beep) that needs no permission prompt, for the recording step.
-      "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-    ],
-  });
-}
-const context = await browser();
+const context = await browser(args.chromium, { width: 1440, height: 900 });
 let other = null; // the second browser of step 6
 const page = context.pages()[0] ?? (await context.newPage());
 page.setDefaultTimeout(timeout);
@@ -365,7 +317,7 @@ try {
   const script = [text, "Places, everyone.", untaken];
   check("the script is in its new order", JSON.stringify(reordered.lines) === JSON.stringify(script), JSON.stringify(reordered.lines));
 
-  other = await browser();
+  other = await browser(args.chromium, { width: 1440, height: 900 });
   const fresh = other.pages()[0] ?? (await other.newPage());
   fresh.setDefaultTimeout(timeout);
   await fresh.goto(`${args.url}/?session=${sessionId}`);
@@ -438,6 +390,6 @@ try {
   writeFileSync(join(args.out, "result.json"), JSON.stringify(result, null, 1));
   await other?.close();
   await context.close();
-  for (const profile of profiles) rmSync(profile, { recursive: true, force: true });
+  removeProfiles();
 }
 process.exit(result.ok ? 0 : 1);
