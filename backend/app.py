@@ -35,7 +35,7 @@ from backend.speech import speech, wav_bytes
 from backend.state import EngineInfo, ServerState
 from backend.store import Store
 from engine import Drama3Engine
-from engine.personaplex.engine import PersonaPlex
+from engine.personaplex import PersonaPlex
 
 log = logging.getLogger("retake")
 

@@ -40,12 +40,9 @@ from typing import Protocol
 import numpy as np
 
 from engine.errors import RequestError
-from engine.personaplex.engine import DEFAULT_PERSONA, PersonaPlex
-from engine.personaplex.prompt import Voice
-from engine.personaplex.voices import read_audio
+from engine.personaplex import DEFAULT_PERSONA, PersonaPlex, Voice
 
 log = logging.getLogger("retake.conversation")
-MAX_CLIP_SECONDS = 30.0  # a voice clip (the released voices are prompts of a few seconds)
 TICK_GRACE_S = 0.08  # one tick of audio (80 ms): how long a queued frame waits for the other conversations
 MAX_QUEUED_SECONDS = 60.0  # user audio waiting to be heard; past it the client sends faster than we tick
 
@@ -95,16 +92,6 @@ class _Join:
     seed: int | None
     conversation: Conversation
     done: Future[None] = field(default_factory=Future)
-
-
-def clip_voice(engine: PersonaPlex, clip: bytes) -> Voice:
-    """The voice of a clip (WAV/FLAC bytes), Mimi-encoded as the reference encodes a voice prompt."""
-    pcm = read_audio(clip, engine.sample_rate)
-    seconds = len(pcm) / engine.sample_rate
-    if not engine.frame_size <= len(pcm) <= MAX_CLIP_SECONDS * engine.sample_rate:
-        raise RequestError(f"a voice clip must be {engine.frame_size / engine.sample_rate * 1000:.0f} ms to "
-                           f"{MAX_CLIP_SECONDS:.0f} s long; this one is {seconds:.2f} s")
-    return Voice(name="your clip", frames=engine.voice_frames(pcm))
 
 
 class ConversationLoop:
@@ -278,7 +265,7 @@ class ConversationLoop:
                 engine.set_sampling(dataclasses.replace(engine.sampling, seed=join.seed))
             voice: Voice | None
             if join.clip is not None:
-                voice = clip_voice(engine, join.clip)
+                voice = engine.clip_voice(join.clip)
             else:
                 voice = engine.voice() if join.voice is None else engine.voice(join.voice)
             engine.start(talk.slot, join.persona, voice)

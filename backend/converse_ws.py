@@ -26,7 +26,7 @@ from backend.conversation import Busy, Conversation, ConversationLoop, TooFast
 from backend.state import ServerState
 from backend.ws import origin_allowed, token_ok
 from engine.errors import RequestError
-from engine.personaplex.engine import DEFAULT_PERSONA
+from engine.personaplex import DEFAULT_PERSONA
 
 MAX_OUTBOX = 1000  # messages waiting for a client that does not read (80 s of agent audio)
 MAX_PERSONA_CHARS = 4000

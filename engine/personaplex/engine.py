@@ -52,6 +52,7 @@ DEFAULT_VOICE = "NATF2"  # vllm-omni's default; the tiny checkpoint ships it
 DEFAULT_PERSONA = ("You are a wise and friendly teacher. Answer questions or provide advice in a clear and "
                    "engaging way.")  # PP-offline's default --text-prompt
 _DEFAULT = object()
+MAX_CLIP_SECONDS = 30.0  # a voice clip given as audio (the released voices are prompts of a few seconds)
 
 
 @dataclass
@@ -210,6 +211,15 @@ class PersonaPlex:
             return Voice(name=path.stem, frames=self.voice_frames(read_audio(path, self.sample_rate)))
         voice = load_bundle(path, self.cfg.lm)
         return Voice(voice.name, voice.embeddings.to(self.device), voice.cache.to(self.device))
+
+    def clip_voice(self, clip: bytes, name: str = "your clip") -> Voice:
+        """The voice of a clip (WAV/FLAC file bytes, any rate), Mimi-encoded as a voice prompt; one
+        frame to MAX_CLIP_SECONDS long (RequestError says what to change)."""
+        pcm = read_audio(clip, self.sample_rate)
+        if not self.frame_size <= len(pcm) <= MAX_CLIP_SECONDS * self.sample_rate:
+            raise RequestError(f"a voice clip must be {self.frame_size / self.sample_rate * 1000:.0f} ms to "
+                               f"{MAX_CLIP_SECONDS:.0f} s long; this one is {len(pcm) / self.sample_rate:.2f} s")
+        return Voice(name=name, frames=self.voice_frames(pcm))
 
     @torch.no_grad()
     def voice_frames(self, pcm: np.ndarray) -> torch.Tensor:

@@ -98,3 +98,31 @@ def test_system_tags_and_persona_tokens(personaplex_checkpoint: Path):
     tokens = persona_tokens(sp, "Your name is Jane.")
     assert sp.decode(tokens) == "<system> Your name is Jane. <system>"
     assert sp.id_to_piece(3) == "<pad>" and sp.id_to_piece(0) == "<unk>"  # PAD = 3 as in the release
+
+
+def test_a_clip_voice_is_the_clip_mimi_encoded(personaplex_checkpoint: Path):
+    """clip_voice reads any rate, resamples to 24 kHz and encodes as voice_frames does; the length
+    limits say what to change."""
+    import io
+
+    import soundfile as sf
+
+    from engine.errors import RequestError
+    from engine.personaplex import PersonaPlex
+
+    engine = PersonaPlex.load(personaplex_checkpoint, device="cpu")
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(24000) / 24000)).astype(np.float32)  # 1 s at 24 kHz
+
+    def wav(samples: np.ndarray, rate: int) -> bytes:
+        buffer = io.BytesIO()
+        sf.write(buffer, samples, rate, format="WAV", subtype="FLOAT")
+        return buffer.getvalue()
+
+    voice = engine.clip_voice(wav(tone, 24000))
+    assert voice.name == "your clip" and voice.embeddings is None
+    torch.testing.assert_close(voice.frames, engine.voice_frames(tone), rtol=0, atol=0)
+    assert voice.frames.shape == (13, engine.cfg.lm.codebooks)  # 1 s: 12.5 frames, the last zero-padded
+    with pytest.raises(RequestError, match="a voice clip must be 80 ms to 30 s long; this one is 0.04 s"):
+        engine.clip_voice(wav(tone[:960], 24000))
+    with pytest.raises(RequestError, match="this one is 31.00 s"):
+        engine.clip_voice(wav(np.zeros(8000 * 31, np.float32), 8000))
