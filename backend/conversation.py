@@ -208,11 +208,10 @@ class ConversationLoop:
                 if joins:  # start them first: a slot's system prompt begins at the next tick
                     user = None
                 else:
-                    user, heard = silence.copy(), []
+                    user = silence.copy()
                     for talk in self._talks.values():
                         if talk.listening and talk.frames:
                             user[talk.slot] = talk.frames.popleft()
-                            heard.append(talk)
                         talk.waiting_since = time.monotonic() if talk.frames else None
                     talks = dict(self._talks)
             for join in joins:
@@ -241,7 +240,6 @@ class ConversationLoop:
 
     def _wait_s(self, last_tick: float) -> float | None:
         """0 when a tick is due; else how long to wait for one (None: until something arrives)."""
-        assert self.engine is not None
         listening = [t for t in self._talks.values() if t.listening]
         prompting = len(listening) < len(self._talks)
         now = time.monotonic()
@@ -257,10 +255,11 @@ class ConversationLoop:
 
     def _start(self, engine: PersonaPlex, join: _Join) -> None:
         talk = join.conversation
+        if not join.done.set_running_or_notify_cancel():  # the socket's handler was cancelled meanwhile
+            return
         try:
-            names = engine.voice_names()
-            if join.voice is not None and join.voice not in names:  # a name, never a path on the server
-                raise RequestError(f"unknown voice {join.voice!r}; the voices are {', '.join(names) or 'none'}")
+            if join.voice is not None and join.voice not in self.voices:  # a name, never a path on the server
+                raise RequestError(f"unknown voice {join.voice!r}; the voices are {', '.join(self.voices) or 'none'}")
             if join.seed is not None:
                 engine.set_sampling(dataclasses.replace(engine.sampling, seed=join.seed))
             voice: Voice | None

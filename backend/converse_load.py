@@ -33,13 +33,17 @@ class TalkStats:
     longest_gap_s: float
 
 
+def user_voice(seconds: float, sample_rate: int, seed: int = 0) -> np.ndarray:
+    """int16 [seconds * sample_rate]: a wobbling tone with noise, like a voice in the microphone."""
+    t = np.arange(int(seconds * sample_rate)) / sample_rate
+    noise = np.random.default_rng(seed).normal(0, 0.05, t.shape)
+    return np.round((0.3 * np.sin(2 * np.pi * (180 + 40 * np.sin(3 * t)) * t) + noise) * 32767).astype(np.int16)
+
+
 def user_frames(seconds: float, frame_samples: int, sample_rate: int, seed: int) -> list[bytes]:
-    """PCM16 frames of a wobbling tone with noise, like a voice in the microphone."""
-    n = int(seconds * sample_rate) // frame_samples * frame_samples
-    t = np.arange(n) / sample_rate
-    noise = np.random.default_rng(seed).normal(0, 0.05, n)
-    pcm = np.round((0.3 * np.sin(2 * np.pi * (180 + 40 * np.sin(3 * t)) * t) + noise) * 32767).astype("<i2")
-    return [pcm[k: k + frame_samples].tobytes() for k in range(0, n, frame_samples)]
+    """user_voice as PCM16 frames of one tick each (a last partial frame is left out)."""
+    pcm = user_voice(seconds, sample_rate, seed).astype("<i2")
+    return [pcm[k: k + frame_samples].tobytes() for k in range(0, len(pcm) - frame_samples + 1, frame_samples)]
 
 
 async def talk(index: int, url: str, seconds: float, stagger_s: float, token: str | None) -> TalkStats:
@@ -107,7 +111,8 @@ def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: 
     wall = asyncio.run(main())
     latencies = [value for r in results for value in r.latencies_s]
     gaps = [r.longest_gap_s for r in results]
-    print(f"{conversations} conversations x {seconds:g} s of talking against {url}: {len(results)} done in {wall:.1f} s")
+    print(f"{conversations} conversations x {seconds:g} s of talking against {url}: {len(results)} done "
+          f"in {wall:.1f} s")
     print(f"{'ms':28} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}")
     print(f"{'system prompt':28} {percentiles([r.prompt_s for r in results])}")
     print(f"{'tick latency':28} {percentiles(latencies)}")

@@ -7,8 +7,9 @@
   `speech.audio.done` with the finish reason and usage (prompt rows in, frames out).
 
 The take runs on the engine loop like a directing take (same queue, deadline and cancel on
-disconnect, also while a complete response is still being made). The response starts only when the first audio or the end of the take is there,
-so a request the engine refuses is an HTTP 400, not a broken stream. The silence guard runs
+disconnect, also while a complete response is still being made). The response starts only
+when the first audio or the end of the take is there, so a request the engine refuses is an
+HTTP 400, not a broken stream. The silence guard runs
 for complete responses only: streamed audio cannot be taken back.
 """
 

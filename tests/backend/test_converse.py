@@ -24,6 +24,7 @@ from live_server import LiveServer, run
 from backend import protocol as p
 from backend.app import start_conversation_loop
 from backend.conversation import ConversationLoop
+from backend.converse_load import user_voice
 from backend.settings import Settings
 from engine.personaplex.engine import DEFAULT_PERSONA, PersonaPlex
 
@@ -46,10 +47,8 @@ def talk_server(make_server: Any, conversations: ConversationLoop) -> LiveServer
 
 
 def user_audio(seconds: float, seed: int = 0) -> np.ndarray:
-    """int16 [seconds * 24000]: a wobbling tone with noise, like someone talking."""
-    t = np.arange(int(24000 * seconds)) / 24000
-    noise = np.random.default_rng(seed).normal(0, 0.05, t.shape)
-    return np.round((0.3 * np.sin(2 * np.pi * (180 + 40 * np.sin(3 * t)) * t) + noise) * 32767).astype(np.int16)
+    """int16 [seconds * 24000]: someone talking (retake loadtest --converse's user)."""
+    return user_voice(seconds, 24000, seed)
 
 
 async def open_talk(url: str, **fields: object) -> tuple[Any, dict[str, Any]]:

@@ -15,7 +15,7 @@
 // screenshot; exit status 0 = every check passed.
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { browser, checker, commandLine, removeProfiles, sineWav } from "./lib.mjs";
+import { browser, checker, commandLine, runSteps, sineWav } from "./lib.mjs";
 
 const HEADER_BYTES = 16; // docs/protocol.md §5
 const FRAME_SAMPLES = 1920; // 80 ms at 24 kHz
@@ -89,7 +89,7 @@ page.on("console", (message) => {
 page.on("pageerror", (error) => console.log(`page error: ${error.message}`));
 const converse = (fn, arg) => page.evaluate(fn, arg);
 
-try {
+await runSteps(result, args.out, page, async () => {
   // 0. The studio links to the conversation page on a server with --converse.
   await page.goto(args.url);
   await page.locator("#to-converse").waitFor({ state: "visible" });
@@ -227,16 +227,7 @@ try {
   result.textPieces = wire.texts.length;
   result.micFrames = up.length;
   result.voices = ready.voices;
-  result.ok = true;
-} catch (error) {
-  result.ok = false;
-  result.error = String(error?.stack ?? error);
-  console.error(result.error);
-  await page.screenshot({ path: join(args.out, "failure.png"), fullPage: true }).catch(() => {});
-} finally {
+}, async () => {
   result.seconds = Math.round((performance.now() - began) / 100) / 10;
-  writeFileSync(join(args.out, "result.json"), JSON.stringify(result, null, 1));
   await context.close();
-  removeProfiles();
-}
-process.exit(result.ok ? 0 : 1);
+});

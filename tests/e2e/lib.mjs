@@ -1,6 +1,6 @@
 // What the page scripts (studio.mjs, converse.mjs) share: their command line, the check
 // log that becomes result.json, Chromium with a fresh profile, and a WAV a director uploads.
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -54,7 +54,7 @@ export async function browser(executablePath, viewport) {
 }
 
 /** Remove every profile `browser()` made (after the browsers closed). */
-export function removeProfiles() {
+function removeProfiles() {
   for (const profile of profiles.splice(0)) rmSync(profile, { recursive: true, force: true });
 }
 
@@ -68,4 +68,23 @@ export function sineWav(seconds, rate = 44100) {
   wav.write("data", 36); wav.writeUInt32LE(2 * n, 40);
   for (let k = 0; k < n; k++) wav.writeInt16LE(Math.round(8000 * Math.sin((2 * Math.PI * 220 * k) / rate)), 44 + 2 * k);
   return wav;
+}
+
+/** Run a script's steps and end the process: result.ok (and result.error with a screenshot of the
+ * page when a step failed), then `cleanup`, DIR/result.json, the profiles gone, exit 0 or 1. */
+export async function runSteps(result, out, page, steps, cleanup) {
+  try {
+    await steps();
+    result.ok = true;
+  } catch (error) {
+    result.ok = false;
+    result.error = String(error?.stack ?? error);
+    console.error(result.error);
+    await page.screenshot({ path: join(out, "failure.png"), fullPage: true }).catch(() => {});
+  } finally {
+    await cleanup();
+    writeFileSync(join(out, "result.json"), JSON.stringify(result, null, 1));
+    removeProfiles();
+  }
+  process.exit(result.ok ? 0 : 1);
 }

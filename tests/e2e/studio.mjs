@@ -13,7 +13,7 @@
 // for the Python side to check the WAV independently. Exit status 0 = all checks passed.
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { browser, checker, commandLine, removeProfiles, sineWav } from "./lib.mjs";
+import { browser, checker, commandLine, runSteps, sineWav } from "./lib.mjs";
 
 const FADE_SAMPLES = 128; // frontend/src/jitter_buffer.ts
 const HEADER_BYTES = 16; // docs/protocol.md §5
@@ -173,7 +173,7 @@ async function finishTake(takeId, text) {
 
 const takeLine = async (index, text) => finishTake(await startTake(index, text), text);
 
-try {
+await runSteps(result, args.out, page, async () => {
   await page.goto(`${args.url}/?tap`);
   await waitReady();
   const ready = await studio(() => ({ demo: window.retake.ready.demo_weights, rate: window.retake.ready.sample_rate }));
@@ -380,16 +380,7 @@ try {
   await page.locator(`.line`).first().click({ position: { x: 5, y: 5 } });
   await page.waitForTimeout(300); // let the waveforms of the fetched takes draw
   await page.screenshot({ path: join(args.out, "studio.png"), fullPage: true });
-  result.ok = true;
-} catch (error) {
-  result.ok = false;
-  result.error = String(error?.stack ?? error);
-  console.error(result.error);
-  await page.screenshot({ path: join(args.out, "failure.png"), fullPage: true }).catch(() => {});
-} finally {
-  writeFileSync(join(args.out, "result.json"), JSON.stringify(result, null, 1));
+}, async () => {
   await other?.close();
   await context.close();
-  removeProfiles();
-}
-process.exit(result.ok ? 0 : 1);
+});
