@@ -126,24 +126,22 @@ async def speech(request: Request) -> Response:
         state.engine_loop.withdraw(job)
 
     # Uvicorn does not cancel a handler whose client went away, so until the response starts we
-    # watch for the disconnect ourselves; a streamed response then watches for it on its own.
+    # watch for the disconnect ourselves; a streamed response then watches for it on its own (two
+    # listeners would split the messages, hence the watcher ends whenever this handler returns).
     gone = asyncio.create_task(_disconnected(request))
     gone.add_done_callback(lambda task: None if task.cancelled() or task.exception() else stop())
     try:
-        first = await sink.events.get()
-    except asyncio.CancelledError:
-        gone.cancel()
-        stop()
-        raise
-    if isinstance(first, TakeOutcome) and first.finish_reason == "error":
-        gone.cancel()
-        return openai_error(first.error or "the take failed")
-    if not stream:
         try:
+            first = await sink.events.get()
+        except asyncio.CancelledError:
+            stop()
+            raise
+        if isinstance(first, TakeOutcome) and first.finish_reason == "error":
+            return openai_error(first.error or "the take failed")
+        if not stream:
             return await _complete(state, sink, first, response_format, stop)
-        finally:
-            gone.cancel()
-    gone.cancel()  # StreamingResponse listens for the disconnect itself; two listeners would split the messages
+    finally:
+        gone.cancel()
     headers = {"X-Sample-Rate": str(state.engine.sample_rate), "X-Channels": "1", "X-Bit-Depth": "16"}
     chunks = _chunks(sink, first, stop)
     if stream_format == "audio":
