@@ -1,8 +1,11 @@
 """The Starlette app: routes, and a lifespan that loads and warms the engine before serving.
 
-Routes: `/ws` (directing sessions, backend/ws.py), `POST /v1/audio/speech`
-(backend/speech.py), `GET /sessions/{session_id}/takes/{take_id}.wav` (a take vocoded from
-its stored codes), `/health`, `/metrics`, and the studio's built files at `/`.
+Routes: `/ws` (directing sessions, backend/directing/ws.py), `POST /v1/audio/speech`
+(backend/directing/speech.py), `GET /sessions/{session_id}/takes/{take_id}.wav` (a take
+vocoded from its stored codes, backend/directing/export.py), `/converse` (live
+conversations, backend/conversation/ws.py), `/health`, `/metrics`, and the studio's built
+files at `/`. The HTTP routes check the token here; the sockets check it on admission
+(backend/transport.py).
 
 The lifespan runs before uvicorn accepts connections: it opens the store (finishing takes a
 previous run left unfinished), starts the engine loop thread, which loads the engine and
@@ -17,23 +20,23 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
-import numpy as np
-import torch
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from backend import ws
-from backend.conversation import ConversationLoop
-from backend.converse_ws import converse_socket
-from backend.loop import Busy, EngineLoop
+from backend.conversation.loop import ConversationLoop
+from backend.conversation.ws import conversation_socket
+from backend.directing.export import export_take
+from backend.directing.loop import EngineLoop
+from backend.directing.speech import speech
+from backend.directing.ws import directing_socket
 from backend.metrics import Metrics
 from backend.settings import Settings
-from backend.speech import speech, wav_bytes
 from backend.state import EngineInfo, ServerState
 from backend.store import Store
+from backend.transport import token_ok
 from engine import Drama3Engine
 from engine.personaplex import PersonaPlex
 
@@ -60,9 +63,9 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
 def start_conversation_loop(settings: Settings) -> ConversationLoop:
     """Load the PersonaPlex engine for `/converse` on its own thread (raises what loading raised)."""
     def load() -> PersonaPlex:
-        checkpoint = None if settings.converse == "demo" else settings.converse
+        checkpoint = None if settings.conversation == "demo" else settings.conversation
         device = "cpu" if checkpoint is None and settings.device == "auto" else settings.device
-        return PersonaPlex.load(checkpoint, device=device, slots=settings.converse_slots)
+        return PersonaPlex.load(checkpoint, device=device, slots=settings.conversation_slots)
 
     conversations = ConversationLoop(load)
     try:
@@ -74,7 +77,7 @@ def start_conversation_loop(settings: Settings) -> ConversationLoop:
 
 
 def authorized(request: Request) -> bool:
-    return ws.token_ok(request.headers, request.query_params, request.app.state.retake.settings)
+    return token_ok(request.headers, request.query_params, request.app.state.retake.settings)
 
 
 def unauthorized() -> JSONResponse:
@@ -96,28 +99,10 @@ async def metrics(request: Request) -> Response:
     return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-async def export_take(request: Request) -> Response:
+async def export_route(request: Request) -> Response:
     if not authorized(request):
         return unauthorized()
-    state: ServerState = request.app.state.retake
-    session_id, raw_id = request.path_params["session_id"], request.path_params["take_id"]
-    take = state.store.take(session_id, int(raw_id)) if raw_id.isdigit() and len(raw_id) < 11 else None
-    if take is None:
-        return JSONResponse({"error": f"no take {raw_id} in session {session_id}"}, status_code=404)
-    if take.state != "done":
-        return JSONResponse({"error": f"take {take.take_id} is still {take.state}"}, status_code=409)
-    codes = state.store.take_codes(take.take_id)
-    pcm = np.zeros(0, dtype=np.int16)
-    if codes is not None:
-        try:
-            tensor = torch.from_numpy(codes)  # [codebooks, frames]
-            pcm = await state.call(lambda engine: engine.vocode_take(tensor))
-        except Busy as error:
-            return JSONResponse({"error": str(error)}, status_code=503,
-                                headers={"Retry-After": str(max(1, round(error.retry_after_ms / 1000)))})
-    filename = f"take-{take.take_id}.wav"
-    return Response(wav_bytes(pcm, state.engine.sample_rate), media_type="audio/wav",
-                    headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+    return await export_take(request)
 
 
 async def speech_route(request: Request) -> Response:
@@ -176,7 +161,7 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
         info = EngineInfo(engine.name, engine.sample_rate, engine.frame_samples, bool(engine.demo_weights))
         served = settings.with_engine_limits(dict(engine.limits))
         talking = conversations
-        if talking is None and settings.converse is not None:
+        if talking is None and settings.conversation is not None:
             try:
                 talking = await asyncio.to_thread(start_conversation_loop, settings)
             except BaseException:
@@ -206,12 +191,12 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
             store.close()
 
     routes: list[Route | WebSocketRoute | Mount] = [
-        WebSocketRoute("/ws", ws.directing_socket),
-        WebSocketRoute("/converse", converse_socket),
+        WebSocketRoute("/ws", directing_socket),
+        WebSocketRoute("/converse", conversation_socket),
         Route("/health", health),
         Route("/metrics", metrics),
         Route("/v1/audio/speech", speech_route, methods=["POST"]),
-        Route("/sessions/{session_id}/takes/{take_id}.wav", export_take),
+        Route("/sessions/{session_id}/takes/{take_id}.wav", export_route),
     ]
     if (settings.static_dir / "index.html").is_file():
         routes.append(Mount("/", StaticFiles(directory=settings.static_dir, html=True)))

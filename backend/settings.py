@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.loop import SilenceGuard
-from backend.protocol import Limits
+from backend.directing.jobs import SilenceGuard
+from backend.directing.protocol import Limits
 
 FRONTEND_DIST = Path(__file__).resolve().parents[1] / "frontend" / "dist"
 
@@ -31,8 +31,8 @@ class Settings:
     silence: SilenceGuard = field(default_factory=SilenceGuard)
     send_queue_frames: int = 256  # audio frames waiting for a slow client before its take is stopped
     static_dir: Path = FRONTEND_DIST
-    converse: Path | str | None = None  # a PersonaPlex checkpoint for /converse; "demo": the tiny one; None: off
-    converse_slots: int = 2  # conversations at once
+    conversation: Path | str | None = None  # a PersonaPlex checkpoint for /converse; "demo": the tiny one; None: off
+    conversation_slots: int = 2  # conversations at once
 
     @property
     def database(self) -> Path:

@@ -1,7 +1,12 @@
-"""What the whole server shares: settings, the store, the engine loop, metrics, open sessions.
+"""What the whole server shares: settings, the store, the engine loops, metrics, open sessions.
 
-It lives on `app.state.retake` and is only touched from the event loop thread (the engine
-thread reaches the event loop through `call_soon_threadsafe`, never through this object).
+Design choices:
+- It lives on `app.state.retake` and is only touched from the event loop thread (the engine
+  threads reach the event loop through `call_soon_threadsafe`, never through this object).
+- The open directing sessions are held as `SessionSocket`s, the little of a directing socket
+  (backend/directing/session.py) that another socket or a take needs: its outbox, letting go
+  of its session, and hearing that its take ended. So this module imports no handlers, and
+  nothing imports in a circle.
 """
 
 from __future__ import annotations
@@ -9,19 +14,31 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
-from backend.loop import CallJob, EngineLoop
+from backend.conversation.loop import ConversationLoop
+from backend.directing.jobs import CallJob
+from backend.directing.loop import EngineLoop
+from backend.directing.protocol import ServerMessage
 from backend.metrics import Metrics
 from backend.settings import Settings
 from backend.store import Store
+from backend.transport import Outbox
 from engine import Drama3Engine
 
-if TYPE_CHECKING:
-    from backend.conversation import ConversationLoop
-    from backend.session import Session
-
 T = TypeVar("T")
+
+
+class SessionSocket(Protocol):
+    """The directing socket that holds a session, as others see it."""
+
+    outbox: Outbox[ServerMessage]
+
+    def detach(self) -> None:
+        """Stop the socket's take and let go of its session (another socket resumed it)."""
+
+    def take_ended(self, take_id: int) -> None:
+        """The take ended (its take.done is in an outbox): it is no longer the socket's active take."""
 
 
 @dataclass(frozen=True)
@@ -41,11 +58,11 @@ class ServerState:
     metrics: Metrics
     sockets: int = 0  # open directing sockets (limits.max_sessions)
     closing: bool = False  # the server is stopping: late engine events are dropped, the store is closing
-    sessions: dict[str, Session] = field(default_factory=dict)  # session id -> the socket that holds it
+    sessions: dict[str, SessionSocket] = field(default_factory=dict)  # session id -> the socket that holds it
     conversations: ConversationLoop | None = None  # the PersonaPlex engine (`retake serve --converse`)
 
     async def call(self, fn: Callable[[Drama3Engine], T]) -> T:
-        """Run `fn(engine)` on the engine thread (raises loop.Busy when the queue is full)."""
+        """Run `fn(engine)` on the engine thread (raises QueueFull when the queue is full)."""
         job: CallJob[T] = CallJob(fn, asyncio.get_running_loop())
         self.engine_loop.submit(job)
         return await job.future

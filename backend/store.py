@@ -38,7 +38,7 @@ from typing import cast
 
 import numpy as np
 
-from backend.protocol import (
+from backend.directing.protocol import (
     CharacterInfo,
     CharacterSpec,
     FinishReason,

@@ -4,19 +4,18 @@ Drama 3 (text to speech, streamed takes): `load_engine(EngineSpec(...))` gives a
 owned by one thread; `engine.prompt(...)` checks a take and lays it out, and
 `engine.generate(prompt)` yields `AudioWindow`s then one `Done`; several takes decode
 together through `engine.start(prompt)` (a `Take` in a free slot) and `engine.step()`.
-`parse_speech_request` reads the seed's `/v1/audio/speech` body;
-`engine.speech_prompt(request)` turns it into a prompt. Every error a user can cause is a
-`RequestError`.
+`check_text` and `checked_character` check a caller's text and character early, naming the
+field. Every error a user can cause is a `RequestError`.
 """
 
 from engine.drama3.engine import Drama3Engine, EngineSpec, load_engine
-from engine.drama3.prompt import Character, HistoryTurn, Prompt, Reference
-from engine.drama3.request import Clip, SpeechRequest, parse_speech_request
+from engine.drama3.prompt import Character, HistoryTurn, Prompt, Reference, checked_character
 from engine.drama3.sampling import Sampling
 from engine.drama3.take import AudioWindow, Done, Take
+from engine.drama3.text import check_text
 from engine.errors import RequestError
 
 __all__ = [
-    "AudioWindow", "Character", "Clip", "Done", "Drama3Engine", "EngineSpec", "HistoryTurn", "Prompt",
-    "Reference", "RequestError", "Sampling", "SpeechRequest", "Take", "load_engine", "parse_speech_request",
+    "AudioWindow", "Character", "Done", "Drama3Engine", "EngineSpec", "HistoryTurn", "Prompt", "Reference",
+    "RequestError", "Sampling", "Take", "check_text", "checked_character", "load_engine",
 ]

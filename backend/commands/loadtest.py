@@ -1,33 +1,18 @@
-"""`retake loadtest --sessions N`: N directing sessions at once against a running server.
+"""`retake loadtest`: directing sessions (`--sessions N`) or live conversations (`--converse`) at once
+against a running server, measured on the client.
 
-Each session opens a socket, and runs `--takes` takes one after another (keeping each, so the
-directing history grows as in a real scene). Every take is measured on the client:
-
-- first audio: from sending take.start to the first audio frame arriving;
-- longest gap: a player that starts at the first frame and plays each window for its
-  duration stalls whenever the next window has not arrived; the longest stall of a take is
-  its longest gap relative to playback time (0 when the stream keeps ahead of playback).
-
-It prints p50 / p95 / p99 of both over all takes, the finish reasons, and how many takes had a
-gap above 100 ms (sglang-omni's continuity criterion); `--json` writes the raw numbers too.
-`--converse` runs live conversations on `/converse` instead (backend/converse_load.py).
+The clients and their measurements live apart from the server, in backend/tools/
+(loadtest.py for directing sessions, conversation_load.py for conversations); this module is
+the command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import time
-from collections import Counter
-from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import numpy as np
 
 NAME = "loadtest"
 HELP = "run N directing sessions at once against a server; report first-audio latency and playback gaps"
-LINES = ("Places, everyone.", "Who left the lamp burning?", "Not me. I was asleep.", "Then light it again.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,103 +31,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                     "(default 10)")
 
 
-@dataclass(frozen=True)
-class TakeStats:
-    session: int
-    take_id: int
-    finish_reason: str
-    first_audio_s: float | None  # client-side, from take.start to the first frame
-    server_first_audio_ms: float | None  # engine-side timings.first_audio_ms + queue_ms
-    longest_gap_s: float  # the longest playback stall
-    audio_s: float
-    wall_s: float
-    prompt_rows: int
-
-
-def longest_stall(arrivals: list[float], durations: list[float]) -> float:
-    """The longest stall of a player that starts at the first arrival and plays windows back to back."""
-    if not arrivals:
-        return 0.0
-    playing_until, stall = arrivals[0], 0.0
-    for arrived, duration in zip(arrivals, durations):
-        stall = max(stall, arrived - playing_until)
-        playing_until = max(playing_until, arrived) + duration
-    return stall
-
-
-async def run_session(index: int, args: argparse.Namespace, results: list[TakeStats], failures: list[str]) -> None:
-    from backend.client import Director
-
-    await asyncio.sleep(index * args.stagger_ms / 1000)
-    try:
-        director = await Director.connect(args.url, token=args.token)
-        ready = await director.open()
-        rate = int(str(ready["sample_rate"]))
-        for number in range(args.takes):
-            text = LINES[(index + number) % len(LINES)]
-            take = await director.take(f"line-{number}", text, sampling={"max_new_tokens": args.max_new_tokens})
-            done = take.done
-            arrivals = [frame.arrived for frame in take.frames]
-            durations = [len(frame.pcm) / rate for frame in take.frames]
-            timings = done["timings"] if isinstance(done["timings"], dict) else {}
-            server_first = timings.get("first_audio_ms")
-            results.append(TakeStats(
-                session=index, take_id=take.take_id, finish_reason=str(done["finish_reason"]),
-                first_audio_s=arrivals[0] - take.sent if arrivals else None,
-                server_first_audio_ms=None if server_first is None else server_first + (timings.get("queue_ms") or 0),
-                longest_gap_s=longest_stall(arrivals, durations), audio_s=sum(durations),
-                wall_s=time.monotonic() - take.sent, prompt_rows=int(timings.get("prompt_rows") or 0)))
-            if not args.no_keep and done["finish_reason"] in ("stop", "length") and take.frames:
-                await director.request({"type": "take.keep", "take_id": take.take_id}, "history")
-        await director.close()
-    except Exception as error:  # noqa: BLE001 - reported, and the other sessions go on
-        failures.append(f"session {index}: {type(error).__name__}: {error}")
-
-
-def percentiles(values: list[float]) -> str:
-    if not values:
-        return "-"
-    p50, p95, p99 = np.percentile(np.array(values), [50, 95, 99])
-    return f"{p50 * 1000:8.0f} {p95 * 1000:8.0f} {p99 * 1000:8.0f} {max(values) * 1000:8.0f}"
-
-
 def run(args: argparse.Namespace) -> int:
     from backend.cli import UsageError
 
     if args.sessions < 1 or args.takes < 1 or args.max_new_tokens < 1:
         raise UsageError("--sessions, --takes and --max-new-tokens must be at least 1")
     if args.converse:
-        from backend import converse_load
+        from backend.tools import conversation_load
 
         if not args.seconds > 0:
             raise UsageError("--seconds must be positive")
         url = args.url.removesuffix("/ws") + "/converse" if args.url.endswith("/ws") else args.url
-        return converse_load.run(url, args.sessions, args.seconds, args.stagger_ms, args.token)
-    results: list[TakeStats] = []
-    failures: list[str] = []
+        return conversation_load.run(url, args.sessions, args.seconds, args.stagger_ms, args.token)
+    from backend.tools import loadtest
 
-    async def main() -> float:
-        started = time.monotonic()
-        await asyncio.gather(*(run_session(i, args, results, failures) for i in range(args.sessions)))
-        return time.monotonic() - started
-
-    wall = asyncio.run(main())
-    first = [r.first_audio_s for r in results if r.first_audio_s is not None]
-    server_first = [r.server_first_audio_ms / 1000 for r in results if r.server_first_audio_ms is not None]
-    gaps = [r.longest_gap_s for r in results if r.first_audio_s is not None]
-    audio = sum(r.audio_s for r in results)
-    print(f"{args.sessions} sessions x {args.takes} takes against {args.url}: {len(results)} takes in {wall:.1f} s, "
-          f"{audio:.1f} s of audio ({audio / wall:.2f} s of audio per second)")
-    print("finish reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(Counter(r.finish_reason for r in results)
-                                                                      .items())))
-    print(f"{'ms':28} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}")
-    print(f"{'first audio (client)':28} {percentiles(first)}")
-    print(f"{'first audio (server)':28} {percentiles(server_first)}")
-    print(f"{'longest gap vs playback':28} {percentiles(gaps)}")
-    print(f"takes with a gap above 100 ms: {sum(g > 0.1 for g in gaps)} of {len(gaps)}")
-    for failure in failures:
-        print(f"FAILED {failure}")
-    if args.json:
-        args.json.write_text(json.dumps({"sessions": args.sessions, "takes_per_session": args.takes, "wall_s": wall,
-                                         "failures": failures, "takes": [asdict(r) for r in results]}, indent=1))
-    return 1 if failures else 0
+    return loadtest.run(loadtest.LoadTest(url=args.url, sessions=args.sessions, takes=args.takes,
+                                          max_new_tokens=args.max_new_tokens, stagger_ms=args.stagger_ms,
+                                          keep=not args.no_keep, token=args.token, json=args.json))

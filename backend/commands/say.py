@@ -12,6 +12,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 NAME = "say"
 HELP = "speak one line with Drama 3 and write the take to a WAV file"
@@ -46,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--seed", type=int, default=None, help="make the take reproducible")
 
 
-def read_history_codes(path: Path):
+def read_history_codes(path: Path) -> torch.Tensor:
     """A take's codes [10, frames] from a `--codes-out` file [frames, 11]."""
     import numpy as np
     import torch

@@ -70,8 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     from backend.cli import UsageError
-    from backend.loop import SilenceGuard
-    from backend.protocol import Limits
+    from backend.directing.jobs import SilenceGuard
+    from backend.directing.protocol import Limits
     from backend.settings import Settings
 
     for name in ("max_sessions", "max_queue", "deadline_ms", "max_deadline_ms", "port"):
@@ -96,7 +96,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     allow_origins=tuple(args.allow_origin),
                     token=args.token or None, limits=limits,
                     silence=SilenceGuard(args.silence_seconds, args.silence_level, args.silence_retries),
-                    converse=args.converse, converse_slots=args.converse_slots)
+                    conversation=args.converse, conversation_slots=args.converse_slots)
 
 
 def check_port(host: str, port: int) -> str | None:
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     conversations = None
     try:
         log_ready(engine_loop)
-        if settings.converse is not None:
+        if settings.conversation is not None:
             conversations = start_conversation_loop(settings)
             talker = conversations.engine
             assert talker is not None

@@ -47,7 +47,6 @@ from engine.drama3.config import Drama3Config
 from engine.drama3.fast import GraphedDecoder, install_fast_path
 from engine.drama3.moe import GATHER_MAX_PAIRS
 from engine.drama3.prompt import MAX_PROMPT_ROWS, HistoryTurn, Prompt, Reference, build_prompt
-from engine.drama3.request import SpeechRequest
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, render_take
 from engine.drama3.model import Drama3Model
@@ -152,15 +151,6 @@ class Drama3Engine:
         started = time.perf_counter()
         prompt = build_prompt(text, voice, list(history), sampling, self.tokenizer, self.config,
                               drop_oldest_history=drop_oldest_history)
-        return replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
-
-    def speech_prompt(self, request: SpeechRequest, drop_oldest_history: bool = False) -> Prompt:
-        """The prompt of a parsed /v1/audio/speech request: its clips encoded (cached), then `prompt`."""
-        started = time.perf_counter()
-        voice = [Reference(self.encode_reference(clip.audio), clip.text) for clip in request.references]
-        history = [HistoryTurn(clip.text, self.encode_reference(clip.audio)) for clip in request.history]
-        prompt = self.prompt(request.text, request.character or voice or None, history, request.sampling,
-                             drop_oldest_history)
         return replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
 
     # Takes ----------------------------------------------------------------------

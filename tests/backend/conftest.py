@@ -13,7 +13,8 @@ import pytest
 from live_server import LiveServer
 
 from backend.app import start_engine_loop
-from backend.loop import EngineLoop, SilenceGuard
+from backend.directing.jobs import SilenceGuard
+from backend.directing.loop import EngineLoop
 from backend.settings import Settings
 
 

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 import uvicorn
 
 from backend.app import build_app
-from backend.conversation import ConversationLoop
-from backend.loop import EngineLoop
+from backend.conversation.loop import ConversationLoop
+from backend.directing.loop import EngineLoop
 from backend.settings import Settings
 
 T = TypeVar("T")

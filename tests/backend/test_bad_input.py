@@ -11,7 +11,7 @@ import pytest
 import websockets
 from live_server import LiveServer, run
 
-from backend.client import Director
+from backend.tools.client import Director
 
 INVALID = json.loads((Path(__file__).parents[1] / "fixtures" / "protocol" / "invalid_client_messages.json").read_text())
 

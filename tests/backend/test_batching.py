@@ -9,8 +9,9 @@ import time
 import numpy as np
 from live_server import LiveServer, run
 
-from backend.client import AudioFrame, Director, TakeResult
-from backend.loop import EngineLoop, TakeJob, TakeOutcome
+from backend.directing.jobs import TakeJob, TakeOutcome
+from backend.directing.loop import EngineLoop
+from backend.tools.client import AudioFrame, Director, TakeResult
 from engine import AudioWindow, Drama3Engine, Prompt, Sampling
 
 LINE = {"sampling": {"max_new_tokens": 30, "seed": 21}}
@@ -108,7 +109,7 @@ class Recorder:
         self.outcome.set_result(outcome)
 
 
-def line(text: str):  # noqa: ANN201 - a PromptBuilder
+def line(text: str):
     def build(engine: Drama3Engine, sampling: Sampling) -> Prompt:
         return engine.prompt(text, None, [], sampling)
 

@@ -17,14 +17,15 @@ import pytest
 from live_server import LiveServer
 
 from backend.commands import loadtest
+from backend.tools.loadtest import longest_stall
 
 
 def test_longest_stall_follows_playback_time() -> None:
     # Windows of 1 s: the second arrives 0.5 s into playback (no stall), the third 0.5 s after the
     # second one finished playing (a 0.5 s stall), and playback then runs late by that much.
-    assert loadtest.longest_stall([0.0, 0.5, 2.5, 3.0], [1.0, 1.0, 1.0, 1.0]) == pytest.approx(0.5)
-    assert loadtest.longest_stall([10.0, 10.1, 10.2], [0.5, 0.5, 0.5]) == 0.0
-    assert loadtest.longest_stall([], []) == 0.0
+    assert longest_stall([0.0, 0.5, 2.5, 3.0], [1.0, 1.0, 1.0, 1.0]) == pytest.approx(0.5)
+    assert longest_stall([10.0, 10.1, 10.2], [0.5, 0.5, 0.5]) == 0.0
+    assert longest_stall([], []) == 0.0
 
 
 def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

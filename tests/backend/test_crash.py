@@ -8,7 +8,6 @@ import io
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -19,8 +18,8 @@ import soundfile as sf
 from live_server import run
 from test_commands import RETAKE, free_port
 
-from backend.client import AudioFrame, Director
 from backend.store import STOPPED_DURING_TAKE
+from backend.tools.client import AudioFrame, Director
 
 
 def serve(checkpoint: Path, data_dir: Path, port: int) -> subprocess.Popen[str]:

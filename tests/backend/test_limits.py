@@ -18,8 +18,9 @@ from live_server import LiveServer, run
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from backend.client import Director
-from backend.loop import EngineLoop, SilenceGuard
+from backend.directing.jobs import SilenceGuard
+from backend.directing.loop import EngineLoop
+from backend.tools.client import Director
 
 LONG = {"sampling": {"seed": 11}}
 

@@ -1,4 +1,4 @@
-"""backend/protocol.py and backend/parse.py against the shared fixtures that frontend/src/protocol.ts is tested on too."""
+"""backend/directing/protocol.py and parse.py (and the audio frame of backend/transport.py) against the shared fixtures that frontend/src/protocol.ts is tested on too."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from backend import protocol as p
-from backend.parse import parse_client_message
+from backend.directing import protocol as p
+from backend.directing.parse import parse_client_message
+from backend.transport import pack_audio_frame, unpack_audio_frame
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "protocol"
 LIMITS = p.Limits()
@@ -114,7 +115,7 @@ def test_reference_size_limit() -> None:
 @pytest.mark.parametrize("sample", load("audio_frames.json"), ids=lambda s: s["name"])
 def test_audio_frame_fixtures(sample: dict[str, typing.Any]) -> None:
     frame = bytes.fromhex(sample["hex"])
-    header, pcm = p.unpack_audio_frame(frame)
+    header, pcm = unpack_audio_frame(frame)
     expected = sample["header"]
     assert len(frame) == 16 + 2 * len(sample["samples"])
     assert (header.kind, header.flags, header.take_id, header.seq, header.start_sample, header.last) == (
@@ -122,12 +123,12 @@ def test_audio_frame_fixtures(sample: dict[str, typing.Any]) -> None:
         expected["last"])
     assert frame[2:4] == b"\x00\x00"  # reserved
     assert list(memoryview(pcm).cast("h")) == sample["samples"]
-    packed = p.pack_audio_frame(header.take_id, header.seq, header.start_sample, pcm, last=header.last)
+    packed = pack_audio_frame(header.take_id, header.seq, header.start_sample, pcm, last=header.last)
     assert packed == frame
 
 
 def test_audio_frame_rejects_a_torn_frame() -> None:
     with pytest.raises(ValueError):
-        p.unpack_audio_frame(b"\x01" * 15)
+        unpack_audio_frame(b"\x01" * 15)
     with pytest.raises(ValueError):
-        p.unpack_audio_frame(p.pack_audio_frame(1, 0, 0, b"\x00\x00", last=False) + b"\x00")
+        unpack_audio_frame(pack_audio_frame(1, 0, 0, b"\x00\x00", last=False) + b"\x00")

@@ -7,7 +7,7 @@ from typing import Any
 
 from live_server import LiveServer, run
 
-from backend.client import Director, TakeResult
+from backend.tools.client import Director, TakeResult
 
 SHORT = {"sampling": {"max_new_tokens": 4, "seed": 3}}
 

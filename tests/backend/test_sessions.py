@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 from live_server import LiveServer, run
 
-from backend.client import Director
+from backend.tools.client import Director
 
 LINE = {"sampling": {"max_new_tokens": 12, "seed": 4}}
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend.protocol import CharacterSpec, SamplingInfo
 from backend.cli import main
+from backend.directing.protocol import CharacterSpec, SamplingInfo
 from backend.store import MIGRATIONS, STOPPED_DURING_TAKE, NewerSchema, Store, StoredReference
 
 V0_DATABASE = Path(__file__).parents[1] / "fixtures" / "store" / "retake-v0.sqlite3"

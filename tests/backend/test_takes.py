@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 from live_server import LiveServer, run
 
-from backend.client import Director, TakeResult
+from backend.tools.client import Director, TakeResult
 
 SHORT = {"max_new_tokens": 24}
 

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import type { ClientMessage, LineInfo } from "../../frontend/src/protocol";
 import { Script, applyEdit, type ScriptEdit } from "../../frontend/src/script";
 
-/** A stand-in server: applies line messages the way backend/session.py does, answers with its script. */
+/** A stand-in server: applies line messages the way backend/directing/session.py does, answers with its script. */
 class Server {
   lines: string[] = [];
   texts = new Map<string, string>();

@@ -4,19 +4,15 @@ decoding against a teacher-forced prefill of the same frames."""
 
 from __future__ import annotations
 
-import base64
-import io
 import math
 import time
 
 import numpy as np
 import pytest
-import soundfile as sf
 import torch
 
 import engine.drama3.generate as generate
-from engine import (AudioWindow, Done, EngineSpec, HistoryTurn, Reference, Sampling, load_engine,
-                    parse_speech_request)
+from engine import AudioWindow, Done, EngineSpec, HistoryTurn, Sampling, load_engine
 from engine.drama3.sampling import ras_window_of
 
 
@@ -162,23 +158,3 @@ def test_decoding_equals_a_teacher_forced_prefill_of_the_same_frames(tiny):
     assert torch.equal(decoder.frame[0], next_frame)
     decoder.release(0)
 
-
-def wav_bytes(seconds: float, seed: int) -> bytes:
-    noise = np.random.default_rng(seed).uniform(-0.3, 0.3, int(44100 * seconds)).astype(np.float32)
-    buffer = io.BytesIO()
-    sf.write(buffer, noise, 44100, format="WAV")
-    return buffer.getvalue()
-
-
-def test_speech_request_to_prompt(tiny):
-    voice, turn = wav_bytes(0.5, 0), wav_bytes(0.3, 1)
-    envelope = '@@drama3-space@@{"text": "Now.", "history": ["Before."], "voice_references": 1}'
-    request = parse_speech_request({"input": envelope, "max_new_tokens": 4, "seed": 0, "references": [
-        {"data": base64.b64encode(voice).decode(), "text": "The voice."},
-        {"data": base64.b64encode(turn).decode(), "text": "unused"}]})
-    prompt = tiny.speech_prompt(request)
-    expected = tiny.prompt("Now.", [Reference(tiny.encode_reference(voice), "The voice.")],
-                           [HistoryTurn("Before.", tiny.encode_reference(turn))], Sampling(max_new_tokens=4, seed=0))
-    assert torch.equal(prompt.rows, expected.rows) and prompt.history_used == 1
-    assert tiny.encode_reference(voice).shape == (10, math.ceil(0.5 * 44100 / 2048))
-    assert run(tiny, prompt)[1].codes.shape == (10, 4)

@@ -15,7 +15,7 @@ Design choices:
   as their audio arrives, and a recorded file is answered faster than real time.
 - Everything that touches the engine (starting a slot, ticks) runs on this thread; the event
   loop only queues audio and requests under the condition's lock, and the thread reaches the
-  event loop through `call_soon_threadsafe` (the sink's callbacks), as backend/loop.py does.
+  event loop through `call_soon_threadsafe` (the sink's callbacks), as backend/directing/loop.py does.
 - Audio a user sends before `listening` is dropped: the agent is not listening yet, and
   keeping it would put the user's words late for the whole conversation.
 - Idle slots are fed silence and their output is ignored; a new conversation recycles its
@@ -47,7 +47,7 @@ TICK_GRACE_S = 0.08  # one tick of audio (80 ms): how long a queued frame waits 
 MAX_QUEUED_SECONDS = 60.0  # user audio waiting to be heard; past it the client sends faster than we tick
 
 
-class Busy(Exception):
+class NoFreeSlot(Exception):
     """Every slot holds a conversation."""
 
 
@@ -132,12 +132,12 @@ class ConversationLoop:
     async def join(self, persona: str | None, voice: str | None, seed: int | None, sink: ConversationSink,
                    clip: bytes | None = None) -> Conversation:
         """A slot for a new conversation, once its system prompt is queued (RequestError: a bad
-        persona or voice; Busy: no slot is free)."""
+        persona or voice; NoFreeSlot: no slot is free)."""
         with self._condition:
             used = set(self._talks) | {j.conversation.slot for j in self._joins}
             free = [slot for slot in range(self.slots) if slot not in used]
             if not free:
-                raise Busy(f"all {self.slots} conversation slots are in use; try again later")
+                raise NoFreeSlot(f"all {self.slots} conversation slots are in use; try again later")
             talk = Conversation(free[0], sink, asyncio.get_running_loop(), self.frame_samples)
             join = _Join(DEFAULT_PERSONA if persona is None else persona, voice, clip, seed, talk)
             self._joins.append(join)
@@ -221,7 +221,7 @@ class ConversationLoop:
             last_tick = time.monotonic()
             try:
                 frames = engine.step(user)
-            except Exception as error:  # noqa: BLE001 - one broken tick ends the conversations, not the server
+            except Exception as error:
                 log.exception("a conversation tick failed")
                 for talk in talks.values():
                     talk.post(talk.sink.failed, f"the conversation engine failed: {type(error).__name__}: {error}")

@@ -1,4 +1,5 @@
-"""`POST /v1/audio/speech`: the seed's request body, answered like sglang-omni.
+"""`POST /v1/audio/speech`: the seed's request body (backend/directing/speech_request.py),
+answered like sglang-omni.
 
 - `stream: false`: a WAV (or raw PCM with `response_format: "pcm"`) once the take is done.
 - `stream: true, stream_format: "audio"`: raw PCM16 chunks, with X-Sample-Rate,
@@ -11,6 +12,10 @@ disconnect, also while a complete response is still being made). The response st
 when the first audio or the end of the take is there, so a request the engine refuses is an
 HTTP 400, not a broken stream. The silence guard runs
 for complete responses only: streamed audio cannot be taken back.
+
+The prompt is built on the engine thread at each attempt: the clips encoded
+(`engine.encode_reference`, cached, so a retry does not encode them again), then
+`engine.prompt`; its `prompt_ms` counts both.
 """
 
 from __future__ import annotations
@@ -18,37 +23,28 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import io
 import json
 import secrets
 import time
-import wave
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from backend.loop import Busy, TakeJob, TakeOutcome
+from backend.directing.export import wav_bytes
+from backend.directing.jobs import TakeJob, TakeOutcome
+from backend.directing.loop import QueueFull
+from backend.directing.speech_request import SpeechRequest, parse_speech_request
 from backend.metrics import Metrics
 from backend.state import ServerState
-from engine import AudioWindow, Drama3Engine, Prompt, RequestError, Sampling, SpeechRequest, parse_speech_request
+from engine import AudioWindow, Drama3Engine, HistoryTurn, Prompt, Reference, RequestError, Sampling
 
 
 def openai_error(message: str, status_code: int = 400, headers: dict[str, str] | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status_code == 400 else "server_error"
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}},
                         status_code=status_code, headers=headers)
-
-
-def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(sample_rate)
-        out.writeframes(np.ascontiguousarray(pcm, dtype="<i2").tobytes())
-    return buffer.getvalue()
 
 
 class SpeechSink:
@@ -90,6 +86,15 @@ def _options(body: dict[str, object]) -> tuple[bool, str, str]:
     return stream, str(stream_format), str(response_format)
 
 
+def speech_prompt(engine: Drama3Engine, request: SpeechRequest, sampling: Sampling) -> Prompt:
+    """The take's prompt: the request's clips encoded (cached by the engine), then laid out."""
+    started = time.perf_counter()
+    voice = [Reference(engine.encode_reference(clip.audio), clip.text) for clip in request.references]
+    history = [HistoryTurn(clip.text, engine.encode_reference(clip.audio)) for clip in request.history]
+    prompt = engine.prompt(request.text, request.character or voice or None, history, sampling)
+    return dataclasses.replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
+
+
 async def speech(request: Request) -> Response:
     state: ServerState = request.app.state.retake
     try:
@@ -108,8 +113,7 @@ async def speech(request: Request) -> Response:
         sampling = dataclasses.replace(sampling, seed=secrets.randbelow(2**31))
 
     def build_prompt(engine: Drama3Engine, attempt_sampling: Sampling) -> Prompt:
-        request_for_attempt: SpeechRequest = dataclasses.replace(parsed, sampling=attempt_sampling)
-        return engine.speech_prompt(request_for_attempt)
+        return speech_prompt(engine, parsed, attempt_sampling)
 
     sink = SpeechSink(state.metrics)
     loop = asyncio.get_running_loop()
@@ -118,8 +122,8 @@ async def speech(request: Request) -> Response:
     job = TakeJob(build_prompt, sampling, sink, loop, deadline, guard)
     try:
         state.engine_loop.submit(job)
-    except Busy as error:
-        return openai_error(str(error), 503, {"Retry-After": str(max(1, round(error.retry_after_ms / 1000)))})
+    except QueueFull as error:
+        return openai_error(str(error), 503, {"Retry-After": str(error.retry_after_s)})
 
     def stop() -> None:
         job.cancel()

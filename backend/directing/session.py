@@ -1,86 +1,35 @@
-"""A directing session on one socket: voice, lines, takes, keep/drop, and each take's stream.
+"""A directing session on one socket: the handlers of voice, lines, takes and keep/drop.
 
 Design choices:
 - `Session` is the state of one socket (which session it holds, its queued or running take,
   its protocol error count); everything that outlives the socket is in the store. Each
-  handler writes to the store first and then puts the announcing message in the outbox.
+  handler writes to the store first and then puts the announcing message in the outbox
+  (backend/transport.py).
 - A session has at most one active (queued or running) take; a newer take.start supersedes
-  it. The active take's events come from the engine thread to `LiveTake`, which stores and
-  forwards them. `take.done` goes to whichever socket holds the session when the take ends
-  (a resumed session learns how its interrupted take ended); audio only to the socket that
-  asked for it.
+  it. The active take's events come from the engine thread to its `LiveTake`
+  (backend/directing/live_take.py), which stores and forwards them.
 - The script is the server's: line.set / line.delete / line.order each answer with the whole
   script (`script`). A take of a line with history "kept" hears the kept takes of the lines
   above it, in script order, so reordering the script reorders what the model hears.
-- `Outbox` is the bounded per-socket send queue: control messages always go in; audio goes in
-  only while fewer than `send_queue_frames` frames wait, else the take is stopped, so a client
-  that does not read cannot make the server hold its audio without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import secrets
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from backend import protocol as p
-from backend.loop import Busy, TakeJob, TakeOutcome
+from backend.directing import protocol as p
+from backend.directing.jobs import TakeJob, TakeOutcome
+from backend.directing.live_take import LiveTake, sampling_info
+from backend.directing.loop import QueueFull
 from backend.state import ServerState
 from backend.store import StoredReference, StoredTake, StoredVoice, audio_url
-from engine import AudioWindow, Character, Drama3Engine, HistoryTurn, Prompt, Reference, RequestError, Sampling
-
-
-@dataclass(frozen=True)
-class Close:
-    code: int
-    reason: str
-
-
-class Outbox:
-    """What the send loop writes to the socket, in order."""
-
-    def __init__(self, max_audio_frames: int) -> None:
-        self.items: collections.deque[str | bytes | Close] = collections.deque()
-        self.audio_frames = 0
-        self.max_audio_frames = max_audio_frames
-        self.ready = asyncio.Event()
-        self.closed = False
-
-    def message(self, message: p.ServerMessage) -> None:
-        if not self.closed:
-            self.items.append(p.dump(message))
-            self.ready.set()
-
-    def audio(self, frame: bytes) -> bool:
-        """Queue an audio frame; False if too many wait (the client is not reading)."""
-        if self.closed:
-            return True  # the socket is gone; the take is being cancelled anyway
-        if self.audio_frames >= self.max_audio_frames:
-            return False
-        self.items.append(frame)
-        self.audio_frames += 1
-        self.ready.set()
-        return True
-
-    def close(self, code: int, reason: str) -> None:
-        if not self.closed:
-            self.items.append(Close(code, reason))
-            self.closed = True
-            self.ready.set()
-
-    async def get(self) -> str | bytes | Close:
-        while not self.items:
-            self.ready.clear()
-            await self.ready.wait()
-        item = self.items.popleft()
-        if isinstance(item, bytes):
-            self.audio_frames -= 1
-        return item
+from backend.transport import Outbox
+from engine import Character, Drama3Engine, HistoryTurn, Prompt, Reference, RequestError, Sampling
 
 
 def to_tensor(codes: np.ndarray) -> torch.Tensor:
@@ -96,103 +45,13 @@ def engine_voice(voice: StoredVoice | None) -> list[Reference] | Character | Non
     return [Reference(codes=to_tensor(r.codes), transcript=r.text) for r in voice.references]
 
 
-def sampling_info(sampling: Sampling) -> p.SamplingInfo:
-    assert sampling.seed is not None
-    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed}
-
-
-class LiveTake:
-    """A queued or running take: the engine thread's sink, on the event loop."""
-
-    def __init__(self, state: ServerState, session: Session, take: StoredTake, history: list[int]) -> None:
-        self.state = state
-        self.session = session  # the socket that started it (its audio goes there only)
-        self.session_id = take.session_id
-        self.take_id = take.take_id
-        self.requested_history = history
-        self.seq = 0
-        self.job: TakeJob | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.finished = False
-
-    def cancel(self) -> None:
-        """Stop the take: now if still queued, at the engine's next step if running."""
-        if self.job is None or self.finished:
-            return
-        self.job.cancel()
-        if self.state.engine_loop.withdraw(self.job):
-            self.done(TakeOutcome("cancelled", {"queue_ms": self.queued_ms()}, None, 0, 0))
-
-    def expire(self) -> None:
-        """The deadline passed; a take still in the queue ends here (a running one in the engine)."""
-        if self.job is not None and self.state.engine_loop.withdraw(self.job):
-            self.done(TakeOutcome("deadline", {"queue_ms": self.queued_ms()}, None, 0, 0))
-
-    def queued_ms(self) -> int:
-        return 0 if self.job is None else round((time.monotonic() - self.job.submitted) * 1000)
-
-    # TakeSink ---------------------------------------------------------------
-
-    def started(self, attempt: int, sampling: Sampling) -> None:
-        if self.state.closing:
-            return
-        self.state.store.start_take(self.take_id, attempt, sampling_info(sampling))
-        self.seq = 0
-        self.session.outbox.message(p.TakeStarted(self.take_id, attempt))
-
-    def history(self, used: int) -> None:
-        if self.state.closing:
-            return
-        ids = self.requested_history
-        kept, dropped = ids[len(ids) - used:] if used else [], ids[: len(ids) - used]
-        self.state.store.set_history(self.take_id, kept)
-        self.session.outbox.message(p.History(kept, dropped, self.take_id))
-
-    def window(self, attempt: int, window: AudioWindow) -> None:
-        if self.state.closing:
-            return
-        if window.frames:  # written before it is sent: a crash keeps what the director heard
-            self.state.store.add_take_window(self.take_id, self.seq, window.codes, len(window.pcm))
-        frame = p.pack_audio_frame(self.take_id, self.seq, window.start_sample,
-                                   np.ascontiguousarray(window.pcm, dtype="<i2").tobytes(), last=window.last)
-        self.seq += 1
-        if not self.session.outbox.audio(frame) and self.job is not None:
-            self.job.fail("the client is not reading audio fast enough; the take was stopped")
-
-    def retry(self, attempt: int, message: str) -> None:
-        if self.state.closing:
-            return
-        self.state.metrics.retries += 1
-        self.session.outbox.message(p.TakeRetry(self.take_id, attempt, "silence", message))
-
-    def done(self, outcome: TakeOutcome) -> None:
-        if self.finished or self.state.closing:  # stopping: the next start finishes the take as an error
-            return
-        self.finished = True
-        if self.timer is not None:
-            self.timer.cancel()
-        self.state.store.finish_take(self.take_id, outcome.finish_reason,
-                                     error=outcome.error, timings=outcome.timings, samples=outcome.samples,
-                                     attempts=outcome.attempts, codes=outcome.codes)
-        self.state.metrics.take_done(outcome.finish_reason, outcome.timings)
-        frames = 0 if outcome.codes is None else int(outcome.codes.shape[1])
-        message = p.TakeDone(self.take_id, outcome.finish_reason, outcome.timings, frames, outcome.samples,
-                             outcome.attempts, audio_url(self.session_id, self.take_id), outcome.error)
-        holder = self.state.sessions.get(self.session_id, self.session)
-        holder.outbox.message(message)
-        for session in (self.session, holder):
-            if session.active is self:
-                session.active = None
-
-
 class Session:
     """One directing socket."""
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.limits = state.settings.limits
-        self.outbox = Outbox(state.settings.send_queue_frames)
+        self.outbox: Outbox[p.ServerMessage] = Outbox(p.dump, state.settings.send_queue_frames)
         self.session_id: str | None = None
         self.active: LiveTake | None = None
         self.protocol_errors = 0
@@ -240,6 +99,10 @@ class Session:
         if self.active is not None:
             self.active.cancel()
 
+    def take_ended(self, take_id: int) -> None:
+        if self.active is not None and self.active.take_id == take_id:
+            self.active = None
+
     def detach(self) -> None:
         """The socket is closing (or its session moved): stop its take, let go of the session."""
         self.supersede()
@@ -274,7 +137,7 @@ class Session:
 
         try:
             codes = await self.state.call(encode)
-        except Busy as error:
+        except QueueFull as error:
             raise p.ProtocolError("busy", str(error), retry_after_ms=error.retry_after_ms) from None
         except RequestError as error:
             raise p.ProtocolError("bad_reference" if references else "bad_field", str(error)) from None
@@ -383,7 +246,7 @@ class Session:
         live.job = TakeJob(build_prompt, sampling, live, loop, received + deadline_ms / 1000, guard)
         try:
             position = state.engine_loop.submit(live.job)
-        except Busy as error:  # only while the server stops
+        except QueueFull as error:  # only while the server stops
             live.done(TakeOutcome("error", {"queue_ms": 0}, None, 0, 0, str(error)))
             return
         self.active = live

@@ -1,4 +1,4 @@
-"""What the engine loop runs: short calls, and takes driven step by step (backend/loop.py).
+"""What the engine loop runs: short calls, and takes driven step by step (backend/directing/loop.py).
 
 Design choices:
 - A `CallJob` is one function of the engine (encode a reference, vocode a take for an
@@ -29,7 +29,7 @@ from typing import Generic, Literal, Protocol, TypeVar, cast
 
 import numpy as np
 
-from backend.protocol import FinishReason
+from backend.directing.protocol import FinishReason
 from engine import AudioWindow, Done, Drama3Engine, Prompt, RequestError, Sampling, Take
 
 log = logging.getLogger("retake.loop")
@@ -153,7 +153,7 @@ class TakeJob(Job):
         except RuntimeError:  # the event loop is closed (the server stopped): nobody listens any more
             self.cancel()
 
-    def finish(self, reason: FinishReason, error: str | None = None, timings: dict | None = None,
+    def finish(self, reason: FinishReason, error: str | None = None, timings: dict[str, float | int | None] | None = None,
                codes: np.ndarray | None = None) -> None:
         self._post(self.sink.done, TakeOutcome(reason, {"queue_ms": self.queue_ms, **(timings or {})}, codes,
                                                self.samples, self.attempt, error))
@@ -211,12 +211,9 @@ class TakeJob(Job):
                 self._post(self.sink.retry, self.attempt + 1, message)
                 return "retry"
             codes = event.codes.numpy() if event.codes is not None else None
-            error_text: str | None
-            if self.error is not None:
-                reason, error_text = cast(FinishReason, "error"), self.error
-            else:
-                reason = cast(FinishReason, event.finish_reason)
-                error_text = event.error if event.finish_reason == "error" else None
+            # The engine's Done says one of the FinishReason words (engine/drama3/take.py).
+            reason = "error" if self.error is not None else cast(FinishReason, event.finish_reason)
+            error_text = self.error if self.error is not None else event.error if reason == "error" else None
             self.finish(reason, error_text, event.timings, codes)
             return "done"
         return "running"

@@ -1,4 +1,4 @@
-"""Client text frames into typed messages (backend/protocol.py), checked field by field.
+"""Client text frames into typed messages (backend/directing/protocol.py), checked field by field.
 
 Design choices:
 - Parsed by hand, no schema library: each check names the field and says what to change,
@@ -16,9 +16,24 @@ import json
 import math
 from typing import Literal, TypeAlias
 
-from backend.protocol import (CharacterSpec, ClientMessage, LineDelete, LineOrder, LineSet, Limits, Ping,
-                              ProtocolError, ReferenceClip, SamplingSpec, SessionOpen, TakeCancel, TakeDrop,
-                              TakeKeep, TakeStart, VoiceSet)
+from backend.directing.protocol import (
+    CharacterSpec,
+    ClientMessage,
+    Limits,
+    LineDelete,
+    LineOrder,
+    LineSet,
+    Ping,
+    ProtocolError,
+    ReferenceClip,
+    SamplingSpec,
+    SessionOpen,
+    TakeCancel,
+    TakeDrop,
+    TakeKeep,
+    TakeStart,
+    VoiceSet,
+)
 
 JsonObject: TypeAlias = dict[str, object]
 

@@ -2,19 +2,22 @@
 deadline first, and runs one batched step per turn, with short calls between steps.
 
     loop = EngineLoop(load, max_queue); loop.start()      # loads and warms the engine
-    loop.submit(TakeJob(...) | CallJob(...))              # from the event loop; Busy when full
+    loop.submit(TakeJob(...) | CallJob(...))              # from the event loop; QueueFull when full
+    loop.check_room()                                     # QueueFull now if a job would not fit
     loop.withdraw(job)                                    # a job still waiting leaves the queue
 
 Design choices:
 - The engine is loaded, warmed up and used by this thread only (CUDA context, graphs and
   caches live here); the event loop never touches it. Sessions and HTTP handlers submit
-  jobs (backend/jobs.py); results go back with `loop.call_soon_threadsafe`.
+  jobs (backend/directing/jobs.py); results go back with `loop.call_soon_threadsafe`.
 - One turn of the loop: run at most one waiting call (encode a reference, vocode an
   export) so calls never wait behind whole takes, nor stall the takes for long; if a
   slot is free, start the most urgent waiting take in it (earliest deadline first, then
   arrival; at most one prefill per turn, so the takes already decoding lose one step at a
   time); then one batched engine step for every take in flight, whose events go to their jobs.
-- Waiting jobs are bounded by `max_queue`; past that `submit` raises `Busy`. A job still
+- Waiting jobs are bounded by `max_queue`; past that `submit` (and `check_room`, which a
+  session asks before it stores a take) raises `QueueFull`, with one retry hint: the last
+  take's duration times the waiting jobs per two slots. A job still
   waiting can be withdrawn (cancel, supersede, deadline, disconnect) by the event loop; a
   take in a slot polls its `cancelled` flag every step and frees its slot at the next one.
 - A take that the silence guard stops goes back to the waiting set (not counted against
@@ -31,21 +34,25 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 
-from backend.jobs import CallJob, Job, SilenceGuard, TakeJob, TakeOutcome, TakeSink
+from backend.directing.jobs import CallJob, Job, TakeJob
 from engine import Drama3Engine, Take
-
-__all__ = ["Busy", "CallJob", "EngineLoop", "Job", "SilenceGuard", "TakeJob", "TakeOutcome", "TakeSink"]
 
 log = logging.getLogger("retake.loop")
 
 
-class Busy(Exception):
-    """The queue is full."""
+class QueueFull(Exception):
+    """The engine queue holds `max_queue` waiting jobs (or the server is stopping)."""
 
     def __init__(self, waiting: int, retry_after_ms: int) -> None:
         super().__init__(f"the engine queue is full ({waiting} waiting); retry in {retry_after_ms / 1000:g} s")
         self.retry_after_ms = retry_after_ms
+
+    @property
+    def retry_after_s(self) -> int:
+        """For an HTTP Retry-After header: whole seconds, at least 1."""
+        return max(1, round(self.retry_after_ms / 1000))
 
 
 class EngineLoop:
@@ -97,14 +104,23 @@ class EngineLoop:
         """Takes in the engine's slots (or finishing their last windows)."""
         return len(self._running)
 
-    def submit(self, job: Job) -> int:
-        """Queue a job; returns how many jobs will start before it. Raises Busy when the queue is full."""
+    def check_room(self) -> None:
+        """Raise QueueFull if a job submitted now would be refused."""
         with self._condition:
-            if self._stopping:
-                raise Busy(len(self._queue), 1000)
-            if len(self._queue) >= self.max_queue:
-                retry_ms = round(1000 * max(0.5, self.last_take_s) * max(1, len(self._queue)) / (2 * self.slots))
-                raise Busy(len(self._queue), retry_ms)
+            self._check_room()
+
+    def _check_room(self) -> None:
+        """(Under the lock.)"""
+        waiting = len(self._queue)
+        if self._stopping:
+            raise QueueFull(waiting, 1000)
+        if waiting >= self.max_queue:
+            raise QueueFull(waiting, round(1000 * max(0.5, self.last_take_s) * max(1, waiting) / (2 * self.slots)))
+
+    def submit(self, job: Job) -> int:
+        """Queue a job; returns how many jobs will start before it. Raises QueueFull when the queue is full."""
+        with self._condition:
+            self._check_room()
             in_slots = len(self._running) + (self._starting is not None)
             ahead = len(self._queue) + len(self._retries) + max(0, in_slots + 1 - self.slots)
             self._queue.append(job)
@@ -149,7 +165,7 @@ class EngineLoop:
             if self._running:
                 self._step(engine)
 
-    def _next_call(self) -> CallJob | None:
+    def _next_call(self) -> CallJob[Any] | None:
         """The oldest waiting call, out of the queue (under the lock)."""
         for job in self._queue:
             if isinstance(job, CallJob):
@@ -169,7 +185,7 @@ class EngineLoop:
             self._queue.remove(job)
         return job
 
-    def _run_call(self, job: CallJob, engine: Drama3Engine) -> None:
+    def _run_call(self, job: CallJob[Any], engine: Drama3Engine) -> None:
         try:
             job.run(engine)
         except BaseException:  # noqa: BLE001 - calls report their own failures; this is a last resort

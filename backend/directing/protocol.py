@@ -1,4 +1,4 @@
-"""The directing protocol on `/ws`: typed messages and the audio frame header.
+"""The directing protocol on `/ws`: typed messages.
 
 Design choices (docs/protocol.md is the full description; tests/fixtures/protocol/ holds
 samples that the TypeScript side, frontend/src/protocol.ts, is tested against too):
@@ -6,12 +6,13 @@ samples that the TypeScript side, frontend/src/protocol.ts, is tested against to
 - Text frames are JSON objects with a `type`. Each message is a frozen dataclass whose
   `type` is a `Literal`, so a message's wire name appears once and a `match` over the
   union is exhaustive under a type checker.
-- Client messages are checked by hand in backend/parse.py (no schema library): each
+- Client messages are checked by hand in backend/directing/parse.py (no schema library): each
   check names the field and says what to change, and raises `ProtocolError(code, message)`.
 - Server messages always carry every field (null when absent), so the client never
   guesses between "missing" and "null".
-- Audio travels as binary frames: a 16-byte little-endian header, then PCM16 samples.
-  Control never travels in binary frames, and the client never sends binary frames.
+- Audio travels as binary frames (backend/transport.py: a 16-byte little-endian header,
+  then PCM16 samples). Control never travels in binary frames, and the client never sends
+  binary frames.
 - The script (lines and their order) is the server's: `line.set`, `line.delete` and
   `line.order` change it, and each is answered with the whole script (`script`), so a client
   converges on what was stored whatever it guessed locally.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import struct
 from dataclasses import dataclass
 from typing import Literal, TypeAlias, TypedDict
 
@@ -374,35 +374,3 @@ def dump(message: ServerMessage) -> str:
     fields = dataclasses.asdict(message)
     return json.dumps({"type": fields.pop("type"), **fields}, separators=(",", ":"), allow_nan=False)
 
-
-# ─── Binary audio frames ──────────────────────────────────────────────────────
-
-AUDIO_HEADER = struct.Struct("<BBHIII")  # kind, flags, reserved, take_id, seq, start_sample
-KIND_PCM16 = 1
-FLAG_LAST = 1
-
-
-@dataclass(frozen=True)
-class AudioHeader:
-    kind: int
-    flags: int
-    take_id: int
-    seq: int  # 0, 1, ... per take attempt
-    start_sample: int  # of the window's first sample, from the start of the take attempt
-
-    @property
-    def last(self) -> bool:
-        return bool(self.flags & FLAG_LAST)
-
-
-def pack_audio_frame(take_id: int, seq: int, start_sample: int, pcm: bytes, *, last: bool) -> bytes:
-    """Header + PCM16 little-endian mono samples."""
-    return AUDIO_HEADER.pack(KIND_PCM16, FLAG_LAST if last else 0, 0, take_id, seq, start_sample) + pcm
-
-
-def unpack_audio_frame(frame: bytes) -> tuple[AudioHeader, bytes]:
-    if len(frame) < AUDIO_HEADER.size or (len(frame) - AUDIO_HEADER.size) % 2:
-        raise ValueError(f"an audio frame is a {AUDIO_HEADER.size}-byte header and whole PCM16 samples; "
-                         f"got {len(frame)} bytes")
-    kind, flags, _reserved, take_id, seq, start_sample = AUDIO_HEADER.unpack_from(frame)
-    return AudioHeader(kind, flags, take_id, seq, start_sample), frame[AUDIO_HEADER.size:]

@@ -14,8 +14,10 @@ Design choices:
 - The rules are the seed's (which are sglang-omni's plus the envelope's); each has a
   `RequestError` whose message says what to change. Where the seed would crash on a
   malformed body (a reference that is not an object, bad base64) this refuses it.
-- Base64 is decoded here, so a `SpeechRequest` holds audio bytes; encoding them into
-  codes is the engine's job (`Drama3Engine.speech_prompt`).
+- It lives in the backend because it is HTTP: the engine knows takes (`engine.prompt`), not
+  request bodies. Base64 is decoded here, so a `SpeechRequest` holds audio bytes; the
+  speech handler (backend/directing/speech.py) has the engine encode them
+  (`engine.encode_reference`, cached) and lay out the prompt (`engine.prompt`).
 - As in the seed, `max_new_tokens` of 0 or null means the cap.
 """
 
@@ -27,11 +29,9 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from engine.drama3.prompt import Character, checked_character
-from engine.drama3.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_NEW_TOKENS, Sampling
-from engine.drama3.text import check_text
-from engine.errors import RequestError
+from engine import Character, RequestError, Sampling, check_text, checked_character
 
 ENVELOPE_MARKER = "@@drama3-space@@"
 
@@ -53,7 +53,7 @@ class SpeechRequest:
     sampling: Sampling
 
 
-def _number(body: Mapping, name: str, default: float) -> float:
+def _number(body: Mapping[str, object], name: str, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
@@ -62,16 +62,17 @@ def _number(body: Mapping, name: str, default: float) -> float:
     return float(value)
 
 
-def _sampling(body: Mapping) -> Sampling:
-    top_k = body.get("top_k")
-    return Sampling(temperature=_number(body, "temperature", DEFAULT_TEMPERATURE),
-                    top_p=_number(body, "top_p", DEFAULT_TOP_P),
-                    top_k=DEFAULT_TOP_K if top_k is None else top_k,
-                    max_new_tokens=body.get("max_new_tokens") or MAX_NEW_TOKENS,
+def _sampling(body: Mapping[str, Any]) -> Sampling:
+    defaults, top_k = Sampling(), body.get("top_k")
+    # The values go into Sampling as the client sent them; `checked` says what is wrong with them.
+    return Sampling(temperature=_number(body, "temperature", defaults.temperature),
+                    top_p=_number(body, "top_p", defaults.top_p),
+                    top_k=defaults.top_k if top_k is None else top_k,
+                    max_new_tokens=body.get("max_new_tokens") or defaults.max_new_tokens,
                     seed=body.get("seed")).checked()
 
 
-def _audio(reference: Mapping, location: str) -> bytes:
+def _audio(reference: Mapping[str, Any], location: str) -> bytes:
     data = reference.get("data") or reference.get("base64")
     if not isinstance(data, str):
         raise RequestError(f"{location} needs its audio as a base64 string in 'data'")
@@ -84,11 +85,11 @@ def _audio(reference: Mapping, location: str) -> bytes:
     return audio
 
 
-def _references(body: Mapping) -> list[Mapping]:
+def _references(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     references = body.get("references") or []
     if not isinstance(references, list) or not all(isinstance(r, Mapping) for r in references):
         raise RequestError("references must be a list of objects {data: base64 audio, text: transcript}")
-    return references
+    return references  # JSON objects: values of any JSON type, each checked where it is read
 
 
 def parse_speech_request(body: object) -> SpeechRequest:
@@ -134,5 +135,7 @@ def parse_speech_request(body: object) -> SpeechRequest:
             raise RequestError("envelope character must be an object {name, description, scene?}")
         if voice_count:
             raise RequestError("a described character cannot also have voice references; send one or the other")
-        character = checked_character(Character(raw.get("name"), raw.get("description"), raw.get("scene")))
+        name: Any = raw.get("name")  # JSON values of any type: checked_character says what is wrong
+        description: Any = raw.get("description")
+        character = checked_character(Character(name, description, raw.get("scene")))
     return SpeechRequest(text=line, references=voice, history=turns, character=character, sampling=sampling)

@@ -1,20 +1,25 @@
-"""The /v1/audio/speech body and the take inputs: one bad request per rule, each with the
-message that tells the user what to change; and what good requests parse into."""
+"""The /v1/audio/speech body (backend/directing/speech_request.py): one bad request per rule, each
+with the message that tells the user what to change; what good requests parse into; and the
+prompt the speech handler builds from one, on the engine thread."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import io
 import json
+import math
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
-from engine.drama3.config import Drama3Config, preset
-from engine.drama3.prompt import Character, HistoryTurn, Reference, build_prompt
-from engine.drama3.request import ENVELOPE_MARKER, Clip, parse_speech_request
-from engine.drama3.sampling import Sampling
-from engine.drama3.tokenizer import tiny_tokenizer, token_ids
-from engine.errors import RequestError
+from backend.directing.jobs import CallJob, TakeJob, TakeOutcome
+from backend.directing.loop import EngineLoop
+from backend.directing.speech import speech_prompt
+from backend.directing.speech_request import ENVELOPE_MARKER, Clip, parse_speech_request
+from engine import Character, Drama3Engine, HistoryTurn, Reference, RequestError, Sampling
 
 AUDIO = base64.b64encode(b"RIFF....WAVE").decode()
 REF = {"data": AUDIO, "text": "A reference."}
@@ -33,7 +38,8 @@ BAD_BODIES = [
     ("speaker tag with a leading zero", {"input": "<|speaker:01|> hi"}, "malformed speaker tag"),
     ("speaker tag out of range", {"input": "<|speaker:16|> hi"}, "malformed speaker tag"),
     ("speaker tag not a number", {"input": "<|speaker:a|> hi"}, "malformed speaker tag"),
-    ("speaker other than 0", {"input": "<|speaker:3|> hi"}, r"input: only speaker 0 is supported; got speaker tags \[3\]"),
+    ("speaker other than 0", {"input": "<|speaker:3|> hi"},
+     r"input: only speaker 0 is supported; got speaker tags \[3\]"),
     ("temperature not a number", {"input": "hi", "temperature": "hot"}, "temperature must be a number"),
     ("temperature negative", {"input": "hi", "temperature": -0.1}, "temperature must be a non-negative number"),
     ("top_p zero", {"input": "hi", "top_p": 0}, r"top_p must be in \(0, 1\]"),
@@ -51,7 +57,8 @@ BAD_BODIES = [
      "references.0.data is not valid base64"),
     ("reference without transcript", {"input": "hi", "references": [{"data": AUDIO}]}, "references.0.text is empty"),
     ("envelope not JSON", {"input": ENVELOPE_MARKER + "{text:"}, "malformed envelope after @@drama3-space@@"),
-    ("envelope not an object", {"input": ENVELOPE_MARKER + "[1]"}, "the envelope after @@drama3-space@@ must be a JSON object"),
+    ("envelope not an object", {"input": ENVELOPE_MARKER + "[1]"},
+     "the envelope after @@drama3-space@@ must be a JSON object"),
     ("envelope text empty", {"input": ENVELOPE_MARKER + json.dumps({"text": ""})}, "text is empty"),
     ("history not strings", {"input": envelope(history=[1]), "references": [REF]},
      "envelope history must be a list of strings"),
@@ -83,44 +90,6 @@ def test_bad_request_says_what_to_change(body, message):
         parse_speech_request(body)
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def config(tokenizer):
-    return Drama3Config.from_dict(preset("tiny", **token_ids(tokenizer)))
-
-
-CODES = torch.zeros((10, 3), dtype=torch.long)
-BAD_TAKES = [
-    ("reference codes wrong shape", dict(voice=[Reference(torch.zeros((9, 3), dtype=torch.long), "r")]),
-     r"references.0 codes must be an integer \[10, frames\] array"),
-    ("reference codes empty", dict(voice=[Reference(torch.zeros((10, 0), dtype=torch.long), "r")]),
-     "with at least one frame"),
-    ("reference codes float", dict(voice=[Reference(torch.zeros((10, 2)), "r")]), "must be an integer"),
-    ("history codes out of range", dict(history=[HistoryTurn("t", torch.full((10, 2), 4096))]),
-     r"history.0 codes must be in \[0, 4096\)"),
-    ("history codes negative", dict(history=[HistoryTurn("t", torch.full((10, 2), -1))]),
-     r"history.0 codes must be in \[0, 4096\)"),
-    ("history text empty", dict(history=[HistoryTurn("", CODES)]), "history.0.text is empty"),
-    ("reference transcript with speaker 2", dict(voice=[Reference(CODES, "<|speaker:2|>hi")]),
-     "only speaker 0 is supported"),
-    ("voice of the wrong kind", dict(voice="Ada"), "voice must be a list of references, a character, or none"),
-    ("character name with a colon", dict(voice=Character("A:B", "d")), "character.name must not contain ':'"),
-    ("prompt too long", dict(text="a" * 8200), "a prompt of 82.. rows exceeds the maximum allowed length of 8192 rows"),
-    ("sampling out of range", dict(sampling=Sampling(top_p=0.0)), r"top_p must be in \(0, 1\]"),
-]
-
-
-@pytest.mark.parametrize("take, message", [(t, m) for _, t, m in BAD_TAKES], ids=[n for n, _, _ in BAD_TAKES])
-def test_bad_take_says_what_to_change(take, message, tokenizer, config):
-    take = {"text": "A line.", "voice": None, "history": [], "sampling": Sampling(), **take}
-    with pytest.raises(RequestError, match=message):
-        build_prompt(take["text"], take["voice"], take["history"], take["sampling"], tokenizer, config)
-
-
 def test_plain_request():
     request = parse_speech_request({"input": "\x1c", "references": [REF], "temperature": 0, "top_k": 7,
                                     "max_new_tokens": 5000, "seed": 3})
@@ -150,3 +119,56 @@ def test_envelope_with_character():
                                                                  "scene": None})})
     assert request.character == Character("Ada", "calm", None)
     assert request.references == []
+
+
+def wav_bytes(seconds: float, seed: int) -> bytes:
+    noise = np.random.default_rng(seed).uniform(-0.3, 0.3, int(44100 * seconds)).astype(np.float32)
+    buffer = io.BytesIO()
+    sf.write(buffer, noise, 44100, format="WAV")
+    return buffer.getvalue()
+
+
+def test_speech_request_to_prompt(engine_loop: EngineLoop) -> None:
+    voice, turn = wav_bytes(0.5, 0), wav_bytes(0.3, 1)
+    envelope = '@@drama3-space@@{"text": "Now.", "history": ["Before."], "voice_references": 1}'
+    request = parse_speech_request({"input": envelope, "max_new_tokens": 4, "seed": 0, "references": [
+        {"data": base64.b64encode(voice).decode(), "text": "The voice."},
+        {"data": base64.b64encode(turn).decode(), "text": "unused"}]})
+
+    def on_engine(engine: Drama3Engine) -> None:  # the engine is the engine thread's
+        prompt = speech_prompt(engine, request, request.sampling)
+        expected = engine.prompt("Now.", [Reference(engine.encode_reference(voice), "The voice.")],
+                                 [HistoryTurn("Before.", engine.encode_reference(turn))],
+                                 Sampling(max_new_tokens=4, seed=0))
+        assert torch.equal(prompt.rows, expected.rows) and prompt.history_used == 1
+        assert engine.encode_reference(voice).shape == (10, math.ceil(0.5 * 44100 / 2048))
+
+    class Outcome:
+        """The take's sink: only its outcome matters here."""
+
+        def __init__(self) -> None:
+            self.outcome: asyncio.Future[TakeOutcome] = asyncio.get_running_loop().create_future()
+
+        def started(self, attempt: int, sampling: Sampling) -> None: ...
+
+        def history(self, used: int) -> None: ...
+
+        def window(self, attempt: int, window: object) -> None: ...
+
+        def retry(self, attempt: int, message: str) -> None: ...
+
+        def done(self, outcome: TakeOutcome) -> None:
+            self.outcome.set_result(outcome)
+
+    async def main() -> TakeOutcome:
+        loop = asyncio.get_running_loop()
+        job: CallJob[None] = CallJob(on_engine, loop)
+        engine_loop.submit(job)
+        await asyncio.wait_for(job.future, 120)
+        sink = Outcome()
+        engine_loop.submit(TakeJob(lambda engine, sampling: speech_prompt(engine, request, sampling),
+                                   request.sampling, sink, loop, None, None))
+        return await asyncio.wait_for(sink.outcome, 120)
+
+    codes = asyncio.run(main()).codes
+    assert codes is not None and codes.shape == (10, 4)

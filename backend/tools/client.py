@@ -16,7 +16,7 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.typing import Origin
 
-from backend.protocol import AudioHeader, unpack_audio_frame
+from backend.transport import AudioHeader, unpack_audio_frame
 
 JsonMessage = dict[str, object]
 

@@ -1,4 +1,5 @@
-"""`retake loadtest --converse`: N live conversations at once, each a user talking in real time.
+"""The conversation load test behind `retake loadtest --converse`: N live conversations at once,
+each a user talking in real time.
 
 Each conversation opens `/converse`, waits for `listening`, then sends one 80 ms frame of
 user audio every 80 ms (on an absolute schedule, as a microphone does) for `--seconds`, and
@@ -7,7 +8,8 @@ measures on the client:
 - latency: from sending user frame k to receiving agent frame k (the server ticks on the
   user's audio, so this is the tick's round trip: queueing, the batched tick, the network);
 - longest gap: a player that starts at the first agent frame and plays each for 80 ms stalls
-  whenever the next has not arrived (loadtest.longest_stall); 0 means the agent kept real time.
+  whenever the next has not arrived (`longest_stall`, as the directing load test measures);
+  0 means the agent kept real time.
 
 It prints the system prompt time and p50 / p95 / p99 / max of both over all conversations,
 and how many conversations kept real time (no stall above 100 ms).
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backend.protocol import unpack_audio_frame
+from backend.tools.loadtest import longest_stall, percentiles
+from backend.transport import unpack_audio_frame
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,6 @@ def user_frames(seconds: float, frame_samples: int, sample_rate: int, seed: int)
 
 async def talk(index: int, url: str, seconds: float, stagger_s: float, token: str | None) -> TalkStats:
     import websockets
-
-    from backend.commands.loadtest import longest_stall
 
     await asyncio.sleep(index * stagger_s)
     headers = {"Authorization": f"Bearer {token}"} if token else None
@@ -92,8 +93,6 @@ async def talk(index: int, url: str, seconds: float, stagger_s: float, token: st
 
 
 def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: str | None) -> int:
-    from backend.commands.loadtest import percentiles
-
     results: list[TalkStats] = []
     failures: list[str] = []
 

@@ -21,11 +21,11 @@ import soundfile as sf
 import websockets
 from live_server import LiveServer, run
 
-from backend import protocol as p
 from backend.app import start_conversation_loop
-from backend.conversation import ConversationLoop
-from backend.converse_load import user_voice
+from backend.conversation.loop import ConversationLoop
 from backend.settings import Settings
+from backend.tools.conversation_load import user_voice
+from backend.transport import unpack_audio_frame
 from engine.personaplex.engine import DEFAULT_PERSONA, PersonaPlex
 
 SLOTS = 2
@@ -34,8 +34,8 @@ SLOTS = 2
 @pytest.fixture(scope="module")
 def conversations(personaplex_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory,
                   ) -> Iterator[ConversationLoop]:
-    settings = Settings(data_dir=tmp_path_factory.mktemp("unused"), device="cpu", converse=personaplex_checkpoint,
-                        converse_slots=SLOTS)
+    settings = Settings(data_dir=tmp_path_factory.mktemp("unused"), device="cpu", conversation=personaplex_checkpoint,
+                        conversation_slots=SLOTS)
     loop = start_conversation_loop(settings)
     yield loop
     loop.stop()
@@ -88,7 +88,7 @@ def test_the_agent_answers_as_the_engine_does_offline(talk_server: LiveServer,
     ready, frames, texts = run(main())
     assert ready == {"type": "converse.ready", "sample_rate": 24000, "frame_samples": 1920, "voice": "NATF2",
                      "voices": ["NATF2"], "persona": DEFAULT_PERSONA, "demo_weights": True}
-    heard = [p.unpack_audio_frame(frame) for frame in frames]
+    heard = [unpack_audio_frame(frame) for frame in frames]
     assert [(h.take_id, h.seq, h.start_sample, h.last) for h, _ in heard] == [(0, k, 1920 * k, False)
                                                                             for k in range(25)]
     live = np.concatenate([np.frombuffer(pcm, dtype="<i2") for _, pcm in heard])

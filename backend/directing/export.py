@@ -1,0 +1,53 @@
+"""A take as a WAV file: `GET /sessions/{session_id}/takes/{take_id}.wav`, vocoded from its stored codes.
+
+Design choices:
+- The export is made from the stored codes, never from audio kept on the side, so it equals
+  the streamed samples and survives restarts; the vocoding runs on the engine thread between
+  two decode steps (a `CallJob`), like any other engine call.
+- A full engine queue is HTTP 503 with `Retry-After`, as on `/v1/audio/speech`.
+"""
+
+from __future__ import annotations
+
+import io
+import wave
+
+import numpy as np
+import torch
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from backend.directing.loop import QueueFull
+from backend.state import ServerState
+
+
+def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
+    """16-bit mono WAV of int16 samples [N]."""
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(np.ascontiguousarray(pcm, dtype="<i2").tobytes())
+    return buffer.getvalue()
+
+
+async def export_take(request: Request) -> Response:
+    state: ServerState = request.app.state.retake
+    session_id, raw_id = request.path_params["session_id"], request.path_params["take_id"]
+    take = state.store.take(session_id, int(raw_id)) if raw_id.isdigit() and len(raw_id) < 11 else None
+    if take is None:
+        return JSONResponse({"error": f"no take {raw_id} in session {session_id}"}, status_code=404)
+    if take.state != "done":
+        return JSONResponse({"error": f"take {take.take_id} is still {take.state}"}, status_code=409)
+    codes = state.store.take_codes(take.take_id)
+    pcm = np.zeros(0, dtype=np.int16)
+    if codes is not None:
+        try:
+            tensor = torch.from_numpy(codes)  # [codebooks, frames]
+            pcm = await state.call(lambda engine: engine.vocode_take(tensor))
+        except QueueFull as error:
+            return JSONResponse({"error": str(error)}, status_code=503, headers={"Retry-After": str(error.retry_after_s)})
+    filename = f"take-{take.take_id}.wav"
+    return Response(wav_bytes(pcm, state.engine.sample_rate), media_type="audio/wav",
+                    headers={"Content-Disposition": f'attachment; filename="{filename}"'})

@@ -1,0 +1,117 @@
+"""`LiveTake`: a queued or running take, between the engine thread and the store and socket.
+
+Design choices:
+- It is the engine loop's `TakeSink` (backend/directing/jobs.py): the engine thread posts a
+  take's events to it on the event loop, and it writes each to the store before it puts the
+  announcing message in the outbox, so what a director heard is stored even after a crash.
+- Audio goes only to the socket that started the take; `take.done` goes to whichever socket
+  holds the session when the take ends (a resumed session learns how its interrupted take
+  ended). It reaches those sockets through `SessionSocket` (backend/state.py), so it needs
+  nothing of the handlers.
+- A full outbox stops the take (the client is not reading its audio).
+- While the server stops (`state.closing`) events are dropped: the next start finishes the
+  take as an error, with the windows it stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from backend.directing import protocol as p
+from backend.directing.jobs import TakeJob, TakeOutcome
+from backend.state import ServerState, SessionSocket
+from backend.store import StoredTake, audio_url
+from backend.transport import pack_audio_frame
+from engine import AudioWindow, Sampling
+
+
+def sampling_info(sampling: Sampling) -> p.SamplingInfo:
+    assert sampling.seed is not None
+    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+            "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed}
+
+
+class LiveTake:
+    """A queued or running take: the engine thread's sink, on the event loop."""
+
+    def __init__(self, state: ServerState, session: SessionSocket, take: StoredTake, history: list[int]) -> None:
+        self.state = state
+        self.session = session  # the socket that started it (its audio goes there only)
+        self.session_id = take.session_id
+        self.take_id = take.take_id
+        self.requested_history = history
+        self.seq = 0
+        self.job: TakeJob | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.finished = False
+
+    def cancel(self) -> None:
+        """Stop the take: now if still queued, at the engine's next step if running."""
+        if self.job is None or self.finished:
+            return
+        self.job.cancel()
+        if self.state.engine_loop.withdraw(self.job):
+            self.done(TakeOutcome("cancelled", {"queue_ms": self.queued_ms()}, None, 0, 0))
+
+    def expire(self) -> None:
+        """The deadline passed; a take still in the queue ends here (a running one in the engine)."""
+        if self.job is not None and self.state.engine_loop.withdraw(self.job):
+            self.done(TakeOutcome("deadline", {"queue_ms": self.queued_ms()}, None, 0, 0))
+
+    def queued_ms(self) -> int:
+        return 0 if self.job is None else round((time.monotonic() - self.job.submitted) * 1000)
+
+    # TakeSink ---------------------------------------------------------------
+
+    def started(self, attempt: int, sampling: Sampling) -> None:
+        if self.state.closing:
+            return
+        self.state.store.start_take(self.take_id, attempt, sampling_info(sampling))
+        self.seq = 0
+        self.session.outbox.message(p.TakeStarted(self.take_id, attempt))
+
+    def history(self, used: int) -> None:
+        if self.state.closing:
+            return
+        ids = self.requested_history
+        kept, dropped = ids[len(ids) - used:] if used else [], ids[: len(ids) - used]
+        self.state.store.set_history(self.take_id, kept)
+        self.session.outbox.message(p.History(kept, dropped, self.take_id))
+
+    def window(self, attempt: int, window: AudioWindow) -> None:
+        if self.state.closing:
+            return
+        if window.frames:  # written before it is sent: a crash keeps what the director heard
+            self.state.store.add_take_window(self.take_id, self.seq, window.codes, len(window.pcm))
+        frame = pack_audio_frame(self.take_id, self.seq, window.start_sample,
+                                   np.ascontiguousarray(window.pcm, dtype="<i2").tobytes(), last=window.last)
+        self.seq += 1
+        if not self.session.outbox.audio(frame) and self.job is not None:
+            self.job.fail("the client is not reading audio fast enough; the take was stopped")
+
+    def retry(self, attempt: int, message: str) -> None:
+        if self.state.closing:
+            return
+        self.state.metrics.retries += 1
+        self.session.outbox.message(p.TakeRetry(self.take_id, attempt, "silence", message))
+
+    def done(self, outcome: TakeOutcome) -> None:
+        if self.finished or self.state.closing:  # stopping: the next start finishes the take as an error
+            return
+        self.finished = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.state.store.finish_take(self.take_id, outcome.finish_reason,
+                                     error=outcome.error, timings=outcome.timings, samples=outcome.samples,
+                                     attempts=outcome.attempts, codes=outcome.codes)
+        self.state.metrics.take_done(outcome.finish_reason, outcome.timings)
+        frames = 0 if outcome.codes is None else int(outcome.codes.shape[1])
+        message = p.TakeDone(self.take_id, outcome.finish_reason, outcome.timings, frames, outcome.samples,
+                             outcome.attempts, audio_url(self.session_id, self.take_id), outcome.error)
+        holder = self.state.sessions.get(self.session_id, self.session)
+        holder.outbox.message(message)
+        for session in (self.session, holder):
+            session.take_ended(self.take_id)

@@ -1,0 +1,175 @@
+"""What both sockets (`/ws` directing, `/converse` conversation) share: admission, the outbox,
+the close signal, the send loop, and the binary audio frame.
+
+    if not await admit(websocket, settings): return          # origin and token; accepted if True
+    outbox = Outbox(dump, max_audio_frames)                   # filled by handlers and engine sinks
+    outbox.message(m); outbox.audio(frame); outbox.close(code, reason)
+    await send_loop(websocket, outbox)                        # raises Stop once the close is sent
+
+Design choices:
+- Only the send loop awaits the network: handlers and the engine thread's sinks (on the event
+  loop) put into the socket's `Outbox` and return at once, so a slow client never stalls a
+  handler, another socket, or the engine.
+- The outbox is bounded by audio frames, not messages: control messages always go in (they are
+  few and small); audio goes in only while fewer than `max_audio_frames` wait, and `audio`
+  says False past that, so the caller stops what makes the audio (a take, a conversation)
+  rather than the server holding audio for a client that does not read.
+- Closing is a message like the others (`Close`), so everything queued before it is sent
+  first; after `close` the outbox takes nothing more. `Stop` ends a socket's tasks: the client
+  left, or the server closed the socket.
+- The outbox is typed by its protocol's server message: each protocol gives its `dump`.
+- Admission happens before the WebSocket is accepted, so a refused origin or token is an HTTP
+  403 to the browser, not an open socket. Clients without an Origin header (not browsers) are
+  allowed; browsers only from the server's own origin and `--allow-origin`.
+- Audio travels in binary frames with a 16-byte little-endian header (docs/protocol.md §5),
+  the same on both sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import secrets
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from starlette import status
+from starlette.websockets import WebSocket
+
+from backend.settings import Settings
+
+M = TypeVar("M")
+
+
+class Stop(Exception):
+    """Ends a socket's tasks: the client left, or the server closed the socket."""
+
+
+@dataclass(frozen=True)
+class Close:
+    code: int
+    reason: str = ""
+
+
+class Outbox(Generic[M]):
+    """What the send loop writes to the socket, in order."""
+
+    def __init__(self, dump: Callable[[M], str], max_audio_frames: int) -> None:
+        self.dump = dump
+        self.items: collections.deque[str | bytes | Close] = collections.deque()
+        self.audio_frames = 0
+        self.max_audio_frames = max_audio_frames
+        self.ready = asyncio.Event()
+        self.closed = False
+
+    def message(self, message: M) -> None:
+        if not self.closed:
+            self.items.append(self.dump(message))
+            self.ready.set()
+
+    def audio(self, frame: bytes) -> bool:
+        """Queue an audio frame; False if too many wait (the client is not reading)."""
+        if self.closed:
+            return True  # the socket is gone; what makes the audio is being stopped anyway
+        if self.audio_frames >= self.max_audio_frames:
+            return False
+        self.items.append(frame)
+        self.audio_frames += 1
+        self.ready.set()
+        return True
+
+    def close(self, code: int, reason: str = "") -> None:
+        if not self.closed:
+            self.items.append(Close(code, reason))
+            self.closed = True
+            self.ready.set()
+
+    async def get(self) -> str | bytes | Close:
+        while not self.items:
+            self.ready.clear()
+            await self.ready.wait()
+        item = self.items.popleft()
+        if isinstance(item, bytes):
+            self.audio_frames -= 1
+        return item
+
+
+async def send_loop(websocket: WebSocket, outbox: Outbox[M]) -> None:
+    """Drain the outbox into the socket; at `Close`, close the socket and raise Stop."""
+    while True:
+        item = await outbox.get()
+        if isinstance(item, Close):
+            await websocket.close(item.code, item.reason)
+            raise Stop
+        if isinstance(item, bytes):
+            await websocket.send_bytes(item)
+        else:
+            await websocket.send_text(item)
+
+
+# ─── Admission ────────────────────────────────────────────────────────────────
+
+
+def origin_allowed(headers: Mapping[str, str], scheme: str, settings: Settings) -> bool:
+    """Same origin by default; clients without an Origin header (not browsers) are allowed."""
+    origin = headers.get("origin")
+    if origin is None or "*" in settings.allow_origins or origin in settings.allow_origins:
+        return True
+    http = {"ws": "http", "wss": "https"}.get(scheme, scheme)
+    return origin == f"{http}://{headers.get('host', '')}"
+
+
+def token_ok(headers: Mapping[str, str], query: Mapping[str, str], settings: Settings) -> bool:
+    """Whether the request carries the server's token (`Authorization: Bearer` or `?token=`), if it has one."""
+    if settings.token is None:
+        return True
+    given = query.get("token") or ""
+    authorization = headers.get("authorization", "")
+    if authorization.lower().startswith("bearer "):
+        given = authorization[7:].strip()
+    return secrets.compare_digest(given.encode(), settings.token.encode())
+
+
+async def admit(websocket: WebSocket, settings: Settings) -> bool:
+    """Accept the socket if its origin and token are allowed; else refuse it (HTTP 403) and say False."""
+    if not origin_allowed(websocket.headers, websocket.url.scheme, settings) or not token_ok(
+            websocket.headers, websocket.query_params, settings):
+        await websocket.close(status.WS_1008_POLICY_VIOLATION)  # before accept: HTTP 403
+        return False
+    await websocket.accept()
+    return True
+
+
+# ─── Binary audio frames ──────────────────────────────────────────────────────
+
+AUDIO_HEADER = struct.Struct("<BBHIII")  # kind, flags, reserved, take_id, seq, start_sample
+KIND_PCM16 = 1
+FLAG_LAST = 1
+
+
+@dataclass(frozen=True)
+class AudioHeader:
+    kind: int
+    flags: int
+    take_id: int  # 0 on /converse
+    seq: int  # 0, 1, ... per take attempt (per tick on /converse)
+    start_sample: int  # of the window's first sample, from the start of the take attempt
+
+    @property
+    def last(self) -> bool:
+        return bool(self.flags & FLAG_LAST)
+
+
+def pack_audio_frame(take_id: int, seq: int, start_sample: int, pcm: bytes, *, last: bool) -> bytes:
+    """Header + PCM16 little-endian mono samples."""
+    return AUDIO_HEADER.pack(KIND_PCM16, FLAG_LAST if last else 0, 0, take_id, seq, start_sample) + pcm
+
+
+def unpack_audio_frame(frame: bytes) -> tuple[AudioHeader, bytes]:
+    if len(frame) < AUDIO_HEADER.size or (len(frame) - AUDIO_HEADER.size) % 2:
+        raise ValueError(f"an audio frame is a {AUDIO_HEADER.size}-byte header and whole PCM16 samples; "
+                         f"got {len(frame)} bytes")
+    kind, flags, _reserved, take_id, seq, start_sample = AUDIO_HEADER.unpack_from(frame)
+    return AudioHeader(kind, flags, take_id, seq, start_sample), frame[AUDIO_HEADER.size:]
