@@ -22,7 +22,8 @@ class UsageError(Exception):
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
-    parser = argparse.ArgumentParser(prog="retake", description="Retake: a real-time directing studio for speech models")
+    parser = argparse.ArgumentParser(prog="retake",
+                                     description="Retake: a real-time directing studio for speech models")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules: dict[str, ModuleType] = {}
     for name in COMMANDS:

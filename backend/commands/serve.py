@@ -41,8 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("RETAKE_TOKEN"),
                         help="require 'Authorization: Bearer TOKEN' (or ?token=) on /ws, the API and exports "
                              "(default $RETAKE_TOKEN; none)")
-    parser.add_argument("--first-window-frames", type=int, help="frames in a take's first audio window (default 4; the seed's is 10; smaller: "
-                                                                "earlier first audio)")
+    parser.add_argument("--first-window-frames", type=int,
+                        help="frames in a take's first audio window (default 4; the seed's is 10; smaller: earlier "
+                             "first audio)")
     parser.add_argument("--slots", type=int, help="takes that decode together in one batched step (default: 4 on a "
                                                   "GPU, 2 on a CPU; at most 64 / experts per token, 8 for the "
                                                   "released model)")

@@ -13,9 +13,10 @@ Design choices:
   its system prompt needs no audio: it advances with the others' ticks (at least one per
   TICK_GRACE_S), or tick after tick when nobody is listening. So one user is answered as fast
   as their audio arrives, and a recorded file is answered faster than real time.
-- Everything that touches the engine (starting a slot, ticks) runs on this thread; the event
-  loop only queues audio and requests under the condition's lock, and the thread reaches the
-  event loop through `call_soon_threadsafe` (the sink's callbacks), as backend/directing/loop.py does.
+- Everything that touches the engine (starting a slot, ticks) runs on this thread
+  (backend/engine_thread.py, as the Drama 3 loop's); the event loop only queues audio and
+  requests under the condition's lock, and the thread reaches the event loop through
+  `call_soon_threadsafe` (the sink's callbacks).
 - Audio a user sends before `listening` is dropped: the agent is not listening yet, and
   keeping it would put the user's words late for the whole conversation.
 - Idle slots are fed silence and their output is ignored; a new conversation recycles its
@@ -29,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +39,7 @@ from typing import Protocol
 
 import numpy as np
 
+from backend.engine_thread import EngineThread, post
 from engine.errors import RequestError
 from engine.personaplex import DEFAULT_PERSONA, PersonaPlex, Voice
 
@@ -81,7 +82,7 @@ class Conversation:
 
     def post(self, fn: Callable[..., None], *args: object) -> None:
         if not self.closed:
-            self.loop.call_soon_threadsafe(fn, *args)
+            post(self.loop, fn, *args)
 
 
 @dataclass
@@ -94,28 +95,12 @@ class _Join:
     done: Future[None] = field(default_factory=Future)
 
 
-class ConversationLoop:
+class ConversationLoop(EngineThread[PersonaPlex]):
     def __init__(self, load: Callable[[], PersonaPlex]) -> None:
-        self._load = load
-        self.engine: PersonaPlex | None = None
+        super().__init__(load, "conversation-engine")
         self.voices: list[str] = []  # the engine's voice names (set when it is loaded)
-        self._condition = threading.Condition()
         self._joins: deque[_Join] = deque()
         self._talks: dict[int, Conversation] = {}  # slot -> conversation
-        self._stopping = False
-        self._loaded: Future[None] = Future()
-        self._thread = threading.Thread(target=self._main, name="conversation-engine", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        self._loaded.result()
-
-    def stop(self) -> None:
-        with self._condition:
-            self._stopping = True
-            self._condition.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
 
     @property
     def sample_rate(self) -> int:
@@ -186,15 +171,10 @@ class ConversationLoop:
 
     # The engine thread ----------------------------------------------------------------
 
-    def _main(self) -> None:
-        try:
-            self.engine = self._load()
-        except BaseException as error:  # noqa: BLE001 - handed to start()
-            self._loaded.set_exception(error)
-            return
-        self.voices = self.engine.voice_names()
-        self._loaded.set_result(None)
-        engine = self.engine
+    def _ready(self, engine: PersonaPlex) -> None:
+        self.voices = engine.voice_names()
+
+    def _serve(self, engine: PersonaPlex) -> None:
         silence = np.zeros((engine.slots, engine.frame_size), dtype=np.float32)
         last_tick = time.monotonic()
         while True:

@@ -47,7 +47,8 @@ async def export_take(request: Request) -> Response:
             tensor = torch.from_numpy(codes)  # [codebooks, frames]
             pcm = await state.call(lambda engine: engine.vocode_take(tensor))
         except QueueFull as error:
-            return JSONResponse({"error": str(error)}, status_code=503, headers={"Retry-After": str(error.retry_after_s)})
+            return JSONResponse({"error": str(error)}, status_code=503,
+                                headers={"Retry-After": str(error.retry_after_s)})
     filename = f"take-{take.take_id}.wav"
     return Response(wav_bytes(pcm, state.engine.sample_rate), media_type="audio/wav",
                     headers={"Content-Disposition": f'attachment; filename="{filename}"'})

@@ -30,6 +30,7 @@ from typing import Generic, Literal, Protocol, TypeVar, cast
 import numpy as np
 
 from backend.directing.protocol import FinishReason
+from backend.engine_thread import post
 from engine import AudioWindow, Done, Drama3Engine, Prompt, RequestError, Sampling, Take
 
 log = logging.getLogger("retake.loop")
@@ -63,9 +64,9 @@ class CallJob(Job, Generic[T]):
         try:
             result = self.fn(engine)
         except BaseException as error:  # noqa: BLE001 - handed to the awaiting coroutine
-            self.loop.call_soon_threadsafe(_set_exception, self.future, error)
+            post(self.loop, _set_exception, self.future, error)
         else:
-            self.loop.call_soon_threadsafe(_set_result, self.future, result)
+            post(self.loop, _set_result, self.future, result)
 
     def withdrawn(self) -> None:
         self.future.cancel()
@@ -148,13 +149,11 @@ class TakeJob(Job):
         self.cancel()
 
     def _post(self, fn: Callable[..., None], *args: object) -> None:
-        try:
-            self.loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the event loop is closed (the server stopped): nobody listens any more
+        if not post(self.loop, fn, *args):  # the server stopped: nobody listens any more
             self.cancel()
 
-    def finish(self, reason: FinishReason, error: str | None = None, timings: dict[str, float | int | None] | None = None,
-               codes: np.ndarray | None = None) -> None:
+    def finish(self, reason: FinishReason, error: str | None = None,
+               timings: dict[str, float | int | None] | None = None, codes: np.ndarray | None = None) -> None:
         self._post(self.sink.done, TakeOutcome(reason, {"queue_ms": self.queue_ms, **(timings or {})}, codes,
                                                self.samples, self.attempt, error))
 

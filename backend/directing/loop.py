@@ -8,8 +8,9 @@ deadline first, and runs one batched step per turn, with short calls between ste
 
 Design choices:
 - The engine is loaded, warmed up and used by this thread only (CUDA context, graphs and
-  caches live here); the event loop never touches it. Sessions and HTTP handlers submit
-  jobs (backend/directing/jobs.py); results go back with `loop.call_soon_threadsafe`.
+  caches live here; backend/engine_thread.py); the event loop never touches it. Sessions
+  and HTTP handlers submit jobs (backend/directing/jobs.py); results go back with
+  `loop.call_soon_threadsafe`.
 - One turn of the loop: run at most one waiting call (encode a reference, vocode an
   export) so calls never wait behind whole takes, nor stall the takes for long; if a
   slot is free, start the most urgent waiting take in it (earliest deadline first, then
@@ -17,9 +18,9 @@ Design choices:
   time); then one batched engine step for every take in flight, whose events go to their jobs.
 - Waiting jobs are bounded by `max_queue`; past that `submit` (and `check_room`, which a
   session asks before it stores a take) raises `QueueFull`, with one retry hint: the last
-  take's duration times the waiting jobs per two slots. A job still
-  waiting can be withdrawn (cancel, supersede, deadline, disconnect) by the event loop; a
-  take in a slot polls its `cancelled` flag every step and frees its slot at the next one.
+  take's duration times the waiting jobs per two slots. A job still waiting can be
+  withdrawn (cancel, supersede, deadline, disconnect) by the event loop; a take in a slot
+  polls its `cancelled` flag every step and frees its slot at the next one.
 - A take that the silence guard stops goes back to the waiting set (not counted against
   the queue bound) and takes the next free slot in deadline order.
 - Nothing a job does can stop the loop or another take: a take's failure ends that take
@@ -30,13 +31,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from backend.directing.jobs import CallJob, Job, TakeJob
+from backend.engine_thread import EngineThread
 from engine import Drama3Engine, Take
 
 log = logging.getLogger("retake.loop")
@@ -55,44 +56,24 @@ class QueueFull(Exception):
         return max(1, round(self.retry_after_ms / 1000))
 
 
-class EngineLoop:
-    """The thread that owns the engine, and the queue in front of it."""
+class EngineLoop(EngineThread[Drama3Engine]):
+    """The thread that owns the Drama 3 engine, and the queue in front of it."""
 
     def __init__(self, load: Callable[[], Drama3Engine], max_queue: int) -> None:
-        self.load = load
+        super().__init__(load, "engine-loop")
         self.max_queue = max_queue
-        self.engine: Drama3Engine | None = None
         self.slots = 1  # the engine's, once loaded
         self.warm_up: dict[str, float | None] = {}
         self._queue: collections.deque[Job] = collections.deque()  # waiting, bounded by max_queue
         self._retries: list[TakeJob] = []  # between attempts, waiting for a slot
         self._running: dict[Take, TakeJob] = {}  # the engine's takes in flight and their jobs
         self._starting: TakeJob | None = None  # out of the queue, being started (prompt, prefill)
-        self._condition = threading.Condition()
-        self._stopping = False
-        self._ready = threading.Event()
-        self._load_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="engine-loop", daemon=True)
         self.last_take_s = 2.0  # duration of the last take; the busy retry hint
 
-    def start(self) -> Drama3Engine:
-        """Start the thread; wait until the engine is loaded and warm. Raises what loading raised."""
-        self._thread.start()
-        self._ready.wait()
-        if self._load_error is not None:
-            raise self._load_error
-        assert self.engine is not None
-        return self.engine
-
-    def stop(self) -> None:
+    def _stopped(self) -> None:
         """Cancel every job; the thread ends once the takes in flight have stopped."""
-        with self._condition:
-            self._stopping = True
-            for job in (*self._queue, *self._retries, *self._running.values()):
-                job.cancel()
-            self._condition.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        for job in (*self._queue, *self._retries, *self._running.values()):
+            job.cancel()
 
     @property
     def depth(self) -> int:
@@ -139,17 +120,11 @@ class EngineLoop:
 
     # The engine thread ----------------------------------------------------------
 
-    def _main(self) -> None:
-        try:
-            self.engine = self.load()
-            self.slots = self.engine.slots
-            self.warm_up = dict(self.engine.warm_up())
-        except BaseException as error:  # noqa: BLE001 - re-raised by start() in the caller's thread
-            self._load_error = error
-            self._ready.set()
-            return
-        self._ready.set()
-        engine = self.engine
+    def _ready(self, engine: Drama3Engine) -> None:
+        self.slots = engine.slots
+        self.warm_up = dict(engine.warm_up())
+
+    def _serve(self, engine: Drama3Engine) -> None:
         while True:
             with self._condition:
                 while not (self._queue or self._retries or self._running or self._stopping):

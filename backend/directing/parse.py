@@ -104,7 +104,8 @@ def _line_ids(value: object, limits: Limits) -> tuple[str, ...]:
     ids: list[str] = []
     for index, item in enumerate(value):
         if not isinstance(item, str) or not item.strip() or len(item) > limits.max_id_chars:
-            raise _bad(f"line_ids.{index}", f"a line id (a non-empty string of at most {limits.max_id_chars} characters)")
+            raise _bad(f"line_ids.{index}",
+                       f"a line id (a non-empty string of at most {limits.max_id_chars} characters)")
         ids.append(item)
     if len(set(ids)) != len(ids):
         twice = next(i for i in ids if ids.count(i) > 1)

@@ -51,8 +51,9 @@ class TakeResult:
 class Director:
     """One directing socket."""
 
-    def __init__(self, socket: ClientConnection) -> None:
+    def __init__(self, socket: ClientConnection, patience_s: float = 60.0) -> None:
         self.socket = socket
+        self.patience_s = patience_s  # how long to wait for each message before giving up (TimeoutError)
         self.pending: list[JsonMessage | AudioFrame] = []  # received but not yet consumed
 
     @classmethod
@@ -68,10 +69,11 @@ class Director:
     async def send(self, message: JsonMessage) -> None:
         await self.socket.send(json.dumps(message))
 
-    async def receive(self, timeout: float = 30.0) -> JsonMessage | AudioFrame:
+    async def receive(self) -> JsonMessage | AudioFrame:
         if self.pending:
             return self.pending.pop(0)
-        data = await asyncio.wait_for(self.socket.recv(), timeout)
+        async with asyncio.timeout(self.patience_s):
+            data = await self.socket.recv()
         if isinstance(data, bytes):
             header, pcm = unpack_audio_frame(data)
             return AudioFrame(header, np.frombuffer(pcm, dtype="<i2").astype(np.int16), time.monotonic())
@@ -79,21 +81,21 @@ class Director:
         assert isinstance(message, dict)
         return message
 
-    async def expect(self, kind: str, timeout: float = 30.0) -> JsonMessage:
+    async def expect(self, kind: str) -> JsonMessage:
         """The next JSON message of this type; what arrives before it is kept for later calls."""
         skipped: list[JsonMessage | AudioFrame] = []
         try:
             while True:
-                item = await self.receive(timeout)
+                item = await self.receive()
                 if isinstance(item, dict) and item["type"] == kind:
                     return item
                 skipped.append(item)
         finally:
             self.pending = skipped + self.pending
 
-    async def request(self, message: JsonMessage, reply: str, timeout: float = 30.0) -> JsonMessage:
+    async def request(self, message: JsonMessage, reply: str) -> JsonMessage:
         await self.send(message)
-        return await self.expect(reply, timeout)
+        return await self.expect(reply)
 
     async def open(self, session_id: str | None = None) -> JsonMessage:
         message: JsonMessage = {"type": "session.open"}
@@ -117,11 +119,11 @@ class Director:
             result.messages.append(item)
             return result
 
-    async def finish(self, result: TakeResult, timeout: float = 60.0) -> TakeResult:
+    async def finish(self, result: TakeResult) -> TakeResult:
         """Collect the take's messages and audio until its take.done."""
         keep: list[JsonMessage | AudioFrame] = []
         while not any(m["type"] == "take.done" for m in result.messages):
-            item = await self.receive(timeout)
+            item = await self.receive()
             if isinstance(item, AudioFrame):
                 if item.header.take_id == result.take_id:
                     result.frames.append(item)

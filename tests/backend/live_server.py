@@ -6,6 +6,7 @@ import asyncio
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -22,6 +23,16 @@ T = TypeVar("T")
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """Tests are plain functions that run one coroutine (no async test plugin needed)."""
     return asyncio.run(coroutine)
+
+
+async def fetch(url: str) -> bytes:
+    """GET a URL's body from a coroutine, on a worker thread (urllib blocks)."""
+    def get() -> bytes:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            body: bytes = response.read()
+            return body
+
+    return await asyncio.to_thread(get)
 
 
 class LiveServer:

@@ -22,7 +22,7 @@ async def follow(director: Director, take: TakeResult) -> dict[str, float]:
     """Collect a take to its take.done, noting when its started, first audio and done arrived."""
     seen: dict[str, float] = {}
     while "take.done" not in seen:
-        item = await director.receive(60)
+        item = await director.receive()
         if isinstance(item, AudioFrame):
             assert item.header.take_id == take.take_id
             take.frames.append(item)
@@ -66,10 +66,10 @@ def test_cancelling_one_take_leaves_the_other_intact(server: LiveServer) -> None
         cut = await two.start("b", "I am cut.", sampling={"max_new_tokens": 200, "seed": 5})
 
         async def cancel_after_first_audio() -> dict[str, float]:
-            item = await two.receive(60)
+            item = await two.receive()
             while not isinstance(item, AudioFrame):
                 cut.messages.append(item)  # type: ignore[arg-type]
-                item = await two.receive(60)
+                item = await two.receive()
             cut.frames.append(item)
             await two.send({"type": "take.cancel", "take_id": cut.take_id})
             return await follow(two, cut)

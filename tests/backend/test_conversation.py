@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import websockets
-from live_server import LiveServer, run
+from live_server import LiveServer, fetch, run
 
 from backend.app import start_conversation_loop
 from backend.conversation.loop import ConversationLoop
@@ -130,8 +130,7 @@ def test_slots_are_taken_and_freed(talk_server: LiveServer) -> None:
         await socket.close()  # gone during its system prompt: the slot is free again
         talks = [await open_when_free(talk_server.converse) for _ in range(SLOTS)]
         assert all(ready["type"] == "converse.ready" for _, ready in talks)
-        with urllib.request.urlopen(f"{talk_server.http}/metrics", timeout=30) as response:
-            assert f"retake_conversations {SLOTS}\n" in response.read().decode()
+        assert f"retake_conversations {SLOTS}\n" in (await fetch(f"{talk_server.http}/metrics")).decode()
         socket, refused = await open_talk(talk_server.converse)
         assert refused["code"] == "busy"
         await socket.wait_closed()

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
-from live_server import LiveServer, run
+from live_server import LiveServer, fetch, run
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
@@ -162,8 +162,7 @@ def test_silence_guard_retries_and_tells_the_client(make_server: Any) -> None:
         assert len(take.all_frames) > len(take.frames)
         assert sum(len(f.pcm) for f in take.frames) == done["samples"]
         url = f"{server.http}/sessions/{ready['session_id']}/takes/{take.take_id}.wav"
-        with urllib.request.urlopen(url, timeout=60) as response:
-            exported, _ = sf.read(io.BytesIO(response.read()), dtype="int16")
+        exported, _ = sf.read(io.BytesIO(await fetch(url)), dtype="int16")
         np.testing.assert_array_equal(exported, take.pcm)
         resumed = await Director.connect(server.ws)
         stored = (await resumed.open(str(ready["session_id"])))["takes"][0]  # type: ignore[index]

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
-from live_server import LiveServer, run
+from live_server import LiveServer, fetch, run
 
 from backend.tools.client import Director
 
@@ -131,8 +131,8 @@ def test_resume_after_a_server_restart_loses_nothing(make_server: Any, tmp_path:
         check_resumed(await director.open(session_id), session_id, scene)
         await director.close()
         take = scene["takes"][0]
-        with urllib.request.urlopen(f"{second_server.http}/sessions/{session_id}/takes/{take.take_id}.wav") as reply:
-            samples, _ = sf.read(io.BytesIO(reply.read()), dtype="int16")
+        wav = await fetch(f"{second_server.http}/sessions/{session_id}/takes/{take.take_id}.wav")
+        samples, _ = sf.read(io.BytesIO(wav), dtype="int16")
         np.testing.assert_array_equal(samples, take.pcm)
 
     run(main())

@@ -166,7 +166,8 @@ def test_a_database_from_before_the_script_opens_with_its_data(tmp_path: Path) -
     ]
     takes = store.takes(scene)
     assert [(t.take_id, t.line_id, t.kept, t.finish_reason, t.frames) for t in takes] == [
-        (1, "l1", False, "stop", 7), (2, "l2", True, "stop", 5), (3, "l1", True, "stop", 9), (4, "l3", False, "error", 0)]
+        (1, "l1", False, "stop", 7), (2, "l2", True, "stop", 5), (3, "l1", True, "stop", 9),
+        (4, "l3", False, "error", 0)]
     for take in takes[:3]:
         np.testing.assert_array_equal(store.take_codes(take.take_id), codes(take.frames, take.take_id))
     assert store.kept_history(scene) == [3, 2] and store.kept_history(scene, "l2") == [3]
