@@ -3,9 +3,10 @@
 Routes: `/ws` (directing sessions, backend/directing/ws.py), `POST /v1/audio/speech`
 (backend/directing/speech.py), `GET /sessions/{session_id}/takes/{take_id}.wav` (a take
 vocoded from its stored codes, backend/directing/export.py), `/converse` (live
-conversations, backend/conversation/ws.py), `/health`, `/metrics`, and the studio's built
-files at `/`. The HTTP routes check the token here; the sockets check it on admission
-(backend/transport.py).
+conversations, backend/conversation/ws.py), `/api/chat` (the same conversations in the Moshi
+protocol of the official PersonaPlex and moshi clients, backend/conversation/moshi.py),
+`/health`, `/metrics`, and the studio's built files at `/`. The HTTP routes check the token
+here; the sockets check it on admission (backend/transport.py).
 
 The lifespan runs before uvicorn accepts connections: it opens the store (finishing takes a
 previous run left unfinished), starts the engine loop thread, which loads the engine and
@@ -27,6 +28,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from backend.conversation.loop import ConversationLoop
+from backend.conversation.moshi import moshi_socket
 from backend.conversation.ws import conversation_socket
 from backend.directing.export import export_take
 from backend.directing.loop import EngineLoop
@@ -193,6 +195,7 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
     routes: list[Route | WebSocketRoute | Mount] = [
         WebSocketRoute("/ws", directing_socket),
         WebSocketRoute("/converse", conversation_socket),
+        WebSocketRoute("/api/chat", moshi_socket),
         Route("/health", health),
         Route("/metrics", metrics),
         Route("/v1/audio/speech", speech_route, methods=["POST"]),

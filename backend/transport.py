@@ -17,7 +17,9 @@ Design choices:
 - Closing is a message like the others (`Close`), so everything queued before it is sent
   first; after `close` the outbox takes nothing more. `Stop` ends a socket's tasks: the client
   left, or the server closed the socket.
-- The outbox is typed by its protocol's server message: each protocol gives its `dump`.
+- The outbox is typed by its protocol's server message: each protocol gives its `dump`, which
+  makes a text frame (JSON on `/ws` and `/converse`) or a binary one (the Moshi protocol on
+  `/api/chat`, where every message is a kind byte and its payload).
 - Admission happens before the WebSocket is accepted, so a refused origin or token is an HTTP
   403 to the browser, not an open socket. Clients without an Origin header (not browsers) are
   allowed; browsers only from the server's own origin and `--allow-origin`.
@@ -53,12 +55,19 @@ class Close:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class _Audio:
+    """An audio frame in the outbox (counted against `max_audio_frames`, unlike messages)."""
+
+    frame: bytes
+
+
 class Outbox(Generic[M]):
     """What the send loop writes to the socket, in order."""
 
-    def __init__(self, dump: Callable[[M], str], max_audio_frames: int) -> None:
+    def __init__(self, dump: Callable[[M], str | bytes], max_audio_frames: int) -> None:
         self.dump = dump
-        self.items: collections.deque[str | bytes | Close] = collections.deque()
+        self.items: collections.deque[str | bytes | _Audio | Close] = collections.deque()
         self.audio_frames = 0
         self.max_audio_frames = max_audio_frames
         self.ready = asyncio.Event()
@@ -75,7 +84,7 @@ class Outbox(Generic[M]):
             return True  # the socket is gone; what makes the audio is being stopped anyway
         if self.audio_frames >= self.max_audio_frames:
             return False
-        self.items.append(frame)
+        self.items.append(_Audio(frame))
         self.audio_frames += 1
         self.ready.set()
         return True
@@ -91,8 +100,9 @@ class Outbox(Generic[M]):
             self.ready.clear()
             await self.ready.wait()
         item = self.items.popleft()
-        if isinstance(item, bytes):
+        if isinstance(item, _Audio):
             self.audio_frames -= 1
+            return item.frame
         return item
 
 

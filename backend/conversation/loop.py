@@ -76,7 +76,7 @@ class Conversation:
     listening: bool = False
     ticks: int = 0  # agent frames sent since listening
     frames: deque[np.ndarray] = field(default_factory=deque)  # float32 [frame_samples] each, the user's
-    partial: bytes = b""  # the bytes of an unfinished frame
+    partial: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # an unfinished frame's samples
     waiting_since: float | None = None  # when the oldest queued frame arrived
     closed: bool = False
 
@@ -145,15 +145,18 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         """The user's audio (PCM16 LE); dropped until the conversation listens."""
         if len(pcm16) % 2:
             raise RequestError("audio frames must hold whole 16-bit samples (an even number of bytes)")
+        self.feed_samples(talk, np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0)
+
+    def feed_samples(self, talk: Conversation, samples: np.ndarray) -> None:
+        """The user's audio, float32 [N] in [-1, 1] (decoded Opus on /api/chat); dropped until the
+        conversation listens."""
         with self._condition:
             if not talk.listening or talk.closed:
                 return
-            data = talk.partial + pcm16
-            size = 2 * talk.frame_samples
-            whole = len(data) - len(data) % size
-            for start in range(0, whole, size):
-                samples = np.frombuffer(data, dtype="<i2", count=talk.frame_samples, offset=start)
-                talk.frames.append(samples.astype(np.float32) / 32768.0)
+            data = np.concatenate([talk.partial, np.asarray(samples, dtype=np.float32)])  # [N]
+            whole = len(data) - len(data) % talk.frame_samples
+            for start in range(0, whole, talk.frame_samples):
+                talk.frames.append(data[start:start + talk.frame_samples])  # [frame_samples]
             talk.partial = data[whole:]
             if len(talk.frames) * talk.frame_samples > MAX_QUEUED_SECONDS * self.sample_rate:
                 raise TooFast(f"more than {MAX_QUEUED_SECONDS:.0f} s of audio is waiting to be heard; "
