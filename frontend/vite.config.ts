@@ -1,6 +1,6 @@
-/** Vite builds the studio (index.html) and the conversation page (converse.html) from
- * frontend/ into frontend/dist (served by `retake serve`), and runs the vitest suite in
- * tests/frontend. `npm run dev` proxies the sockets and the HTTP API to a `retake serve` on
+/** Vite builds the studio (index.html, src/studio/) and the conversation page (converse.html,
+ * src/conversation/) from frontend/ into frontend/dist (served by `retake serve`), and runs the
+ * vitest suite in tests/frontend (which mirrors src/). `npm run dev` proxies the sockets and the HTTP API to a `retake serve` on
  * :8000 (or $RETAKE_BACKEND) so the pages can be edited live; the proxy presents the
  * server's own origin, which is all `retake serve` accepts by default. */
 import { fileURLToPath } from "node:url";
@@ -14,7 +14,7 @@ export default defineConfig({
   root: here,
   build: {
     outDir: "dist", emptyOutDir: true, target: "es2022", sourcemap: true,
-    rollupOptions: { input: { studio: `${here}index.html`, converse: `${here}converse.html` } },
+    rollupOptions: { input: { studio: `${here}index.html`, conversation: `${here}converse.html` } },
   },
   worker: { format: "es" },
   server: {

@@ -1,7 +1,7 @@
 """The directing protocol on `/ws`: typed messages.
 
 Design choices (docs/protocol.md is the full description; tests/fixtures/protocol/ holds
-samples that the TypeScript side, frontend/src/protocol.ts, is tested against too):
+samples that the TypeScript side, frontend/src/studio/protocol.ts, is tested against too):
 
 - Text frames are JSON objects with a `type`. Each message is a frozen dataclass whose
   `type` is a `Literal`, so a message's wire name appears once and a `match` over the

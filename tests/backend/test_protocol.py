@@ -1,5 +1,5 @@
 """backend/directing/protocol.py and parse.py (and the audio frame of backend/transport.py) against the
-shared fixtures that frontend/src/protocol.ts is tested on too."""
+shared fixtures that frontend/src/studio/protocol.ts is tested on too."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// What the page scripts (studio.mjs, converse.mjs) share: their command line, the check
+// What the page scripts (studio.mjs, conversation.mjs) share: their command line, the check
 // log that becomes result.json, Chromium with a fresh profile, and a WAV a director uploads.
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";

@@ -15,7 +15,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { browser, checker, commandLine, runSteps, sineWav } from "./lib.mjs";
 
-const FADE_SAMPLES = 128; // frontend/src/jitter_buffer.ts
+const FADE_SAMPLES = 128; // frontend/src/audio/jitter_buffer.ts
 const HEADER_BYTES = 16; // docs/protocol.md §5
 const MAX_FRAMES = 24; // windows of 10, 10, 4 frames (1.1 s): random weights rarely stop by themselves
 
@@ -178,8 +178,8 @@ await runSteps(result, args.out, page, async () => {
   await waitReady();
   const ready = await studio(() => ({ demo: window.retake.ready.demo_weights, rate: window.retake.ready.sample_rate }));
   check("the demo-weights banner is shown", ready.demo === (await page.locator("#banner-demo").isVisible()), JSON.stringify(ready));
-  await page.locator("#to-converse[data-checked]").waitFor({ state: "attached" }); // /health answered
-  check("no Conversation link on a server without --converse", await page.locator("#to-converse").isHidden());
+  await page.locator("#to-conversation[data-checked]").waitFor({ state: "attached" }); // /health answered
+  check("no Conversation link on a server without --converse", await page.locator("#to-conversation").isHidden());
   await page.locator("#s-max").fill(String(MAX_FRAMES));
 
   // 0. A server error is shown next to what caused it: here, the line that sent a bad top-p.

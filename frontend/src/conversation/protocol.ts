@@ -2,8 +2,8 @@
  * The conversation protocol on `/converse` (docs/protocol.md §9), the client's side: message
  * types, their checks, and the two audio formats.
  *
- * - Server messages are checked field by field like the studio's (protocol.ts, whose checks
- *   this reuses); unknown fields are ignored, a malformed message raises ProtocolDecodeError.
+ * - Server messages are checked field by field like the studio's (shared/wire.ts's
+ *   checks); unknown fields are ignored, a malformed message raises ProtocolDecodeError.
  * - The microphone goes up as bare PCM16 LE mono frames, no header (`encodePcm16`). Floats are
  *   scaled by 32768 and clamped, the exact inverse of the player's `/ 32768`.
  * - The agent comes down in the studio's framed format (§5): `decodeAudioFrame` reads it, and
@@ -11,17 +11,17 @@
  */
 import {
   ProtocolDecodeError, bool, decodeTyped, int, list, nullable, num, object, record, str, type AudioFrame, type Check,
-} from "./protocol";
+} from "../shared/wire";
 
 // ─── Client → server ─────────────────────────────────────────────────────────
 
-export type ConverseClientMessage =
+export type ConversationClientMessage =
   | { type: "converse.open"; persona?: string; voice?: string; voice_clip?: string }
   | { type: "ping"; t?: number };
 
 /** The opening message; a blank persona or voice is left out (the server's default). A voice
  * clip (the file's bytes, base64) replaces the named voice. */
-export function converseOpen(persona: string, voice: string, voiceClip: string | null = null): ConverseClientMessage {
+export function conversationOpen(persona: string, voice: string, voiceClip: string | null = null): ConversationClientMessage {
   return {
     type: "converse.open",
     ...(persona.trim() !== "" ? { persona } : {}),
@@ -29,11 +29,11 @@ export function converseOpen(persona: string, voice: string, voiceClip: string |
   };
 }
 
-export const encodeConverse = (message: ConverseClientMessage): string => JSON.stringify(message);
+export const encodeConversation = (message: ConversationClientMessage): string => JSON.stringify(message);
 
 // ─── Server → client ─────────────────────────────────────────────────────────
 
-export interface ConverseReady {
+export interface ConversationReady {
   type: "converse.ready";
   sample_rate: number;
   frame_samples: number;
@@ -45,22 +45,22 @@ export interface ConverseReady {
 }
 
 /** bad_json, unknown_type, bad_field, busy, too_fast, converse_off (§9), or another the server adds. */
-export type ConverseError = { type: "error"; code: string; message: string };
+export type ConversationError = { type: "error"; code: string; message: string };
 
-export type ConverseServerMessage =
-  | ConverseReady
+export type ConversationServerMessage =
+  | ConversationReady
   | { type: "converse.listening" }
   /** A piece of the agent's text, said at `tick` (pieces carry their own spaces). */
   | { type: "converse.text"; tick: number; text: string }
-  | ConverseError
+  | ConversationError
   | { type: "pong"; t: number | null };
 
-type Body<T extends ConverseServerMessage["type"]> = Omit<Extract<ConverseServerMessage, { type: T }>, "type">;
+type Body<T extends ConversationServerMessage["type"]> = Omit<Extract<ConversationServerMessage, { type: T }>, "type">;
 
 /** A field that may be missing or null. */
 const maybe = <T>(check: Check<T>): Check<T | null> => (v, p) => (v === undefined || v === null ? null : check(v, p));
 
-const decoders: { [T in ConverseServerMessage["type"]]: Check<Body<T>> } = {
+const decoders: { [T in ConversationServerMessage["type"]]: Check<Body<T>> } = {
   "converse.ready": record<Body<"converse.ready">>({
     sample_rate: int, frame_samples: int, voice: nullable(str), voices: list(str), persona: str, demo_weights: bool,
   }),
@@ -71,8 +71,8 @@ const decoders: { [T in ConverseServerMessage["type"]]: Check<Body<T>> } = {
 };
 
 /** A server text frame of `/converse` as a checked message. */
-export function decodeConverse(text: string): ConverseServerMessage {
-  return decodeTyped<ConverseServerMessage>(decoders, text, "conversation");
+export function decodeConversation(text: string): ConversationServerMessage {
+  return decodeTyped<ConversationServerMessage>(decoders, text, "conversation");
 }
 
 // ─── Audio ───────────────────────────────────────────────────────────────────

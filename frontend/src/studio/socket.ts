@@ -10,10 +10,8 @@
  * - Sends `ping` every 10 s and closes a socket that has been silent for 30 s (moshi-server's
  *   numbers): browsers have no keepalive of their own, and a dead TCP path can stay "open".
  */
-import {
-  ProtocolDecodeError, decodeAudioFrame, decodeServer, encodeClient, type AudioFrame, type ClientMessage,
-  type ServerMessage,
-} from "./protocol";
+import { ProtocolDecodeError, decodeAudioFrame, type AudioFrame } from "../shared/wire";
+import { decodeServer, encodeClient, type ClientMessage, type ServerMessage } from "./protocol";
 
 export type ConnectionState = "connecting" | "open" | "reconnecting" | "closed";
 

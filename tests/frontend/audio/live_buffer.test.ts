@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { DECLICK_SAMPLES, FADE_SAMPLES, asSamples } from "../../frontend/src/jitter_buffer";
-import { GROW_MS, LiveBuffer, MAX_START_MS, RING_MS, SLACK_MS, START_MS } from "../../frontend/src/live_buffer";
+import { DECLICK_SAMPLES, FADE_SAMPLES, asSamples } from "../../../frontend/src/audio/jitter_buffer";
+import { GROW_MS, LiveBuffer, MAX_START_MS, RING_MS, SLACK_MS, START_MS } from "../../../frontend/src/audio/live_buffer";
 
 const RATE = 24000;
 const BLOCK = 128;

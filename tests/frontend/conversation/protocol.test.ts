@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
 import {
-  agentFrameProblem, converseOpen, decodeConverse, encodeConverse, encodePcm16,
-} from "../../frontend/src/converse_protocol";
-import { ProtocolDecodeError, decodeAudioFrame } from "../../frontend/src/protocol";
+  agentFrameProblem, conversationOpen, decodeConversation, encodeConversation, encodePcm16,
+} from "../../../frontend/src/conversation/protocol";
+import { ProtocolDecodeError, decodeAudioFrame } from "../../../frontend/src/shared/wire";
 
 // The server's messages as docs/protocol.md §9 gives them.
 const serverMessages = [
@@ -31,17 +31,17 @@ function frame(header: { flags?: number; takeId?: number; seq: number; start: nu
 
 describe("conversation messages from the server", () => {
   it.each(serverMessages.map((m) => [m.type, m] as const))("decodes %s field for field", (_type, message) => {
-    expect(decodeConverse(JSON.stringify(message))).toEqual(message);
+    expect(decodeConversation(JSON.stringify(message))).toEqual(message);
   });
 
   it("ignores fields it does not know, and takes a pong without t", () => {
-    expect(decodeConverse(JSON.stringify({ type: "converse.text", tick: 3, text: "a", extra: [1] })))
+    expect(decodeConversation(JSON.stringify({ type: "converse.text", tick: 3, text: "a", extra: [1] })))
       .toEqual({ type: "converse.text", tick: 3, text: "a" });
-    expect(decodeConverse(JSON.stringify({ type: "converse.listening", ref: null }))).toEqual({ type: "converse.listening" });
-    expect(decodeConverse('{"type": "pong"}')).toEqual({ type: "pong", t: null });
+    expect(decodeConversation(JSON.stringify({ type: "converse.listening", ref: null }))).toEqual({ type: "converse.listening" });
+    expect(decodeConversation('{"type": "pong"}')).toEqual({ type: "pong", t: null });
     const noVoice = { ...serverMessages[0], voice: null, voices: [] };
-    expect(decodeConverse(JSON.stringify(noVoice))).toEqual(noVoice);
-    expect(decodeConverse(JSON.stringify({ type: "error", code: "busy", message: "m", take_id: null, ref: null })))
+    expect(decodeConversation(JSON.stringify(noVoice))).toEqual(noVoice);
+    expect(decodeConversation(JSON.stringify({ type: "error", code: "busy", message: "m", take_id: null, ref: null })))
       .toEqual({ type: "error", code: "busy", message: "m" });
   });
 
@@ -56,18 +56,18 @@ describe("conversation messages from the server", () => {
     ["a fractional tick", '{"type": "converse.text", "tick": 1.5, "text": "a"}', "converse.text.tick must be an integer"],
     ["an error without code", '{"type": "error", "message": "m"}', "error.code must be present"],
   ])("rejects %s", (_name, text, message) => {
-    expect(() => decodeConverse(text)).toThrow(ProtocolDecodeError);
-    expect(() => decodeConverse(text)).toThrow(message);
+    expect(() => decodeConversation(text)).toThrow(ProtocolDecodeError);
+    expect(() => decodeConversation(text)).toThrow(message);
   });
 });
 
 describe("conversation messages to the server", () => {
   it("opens with the persona and voice, leaving blank ones to the server", () => {
-    expect(converseOpen("A pirate.", "NATM1")).toEqual({ type: "converse.open", persona: "A pirate.", voice: "NATM1" });
-    expect(converseOpen("  \n", "")).toEqual({ type: "converse.open" });
-    expect(JSON.parse(encodeConverse(converseOpen("", "NATF2")))).toEqual({ type: "converse.open", voice: "NATF2" });
+    expect(conversationOpen("A pirate.", "NATM1")).toEqual({ type: "converse.open", persona: "A pirate.", voice: "NATM1" });
+    expect(conversationOpen("  \n", "")).toEqual({ type: "converse.open" });
+    expect(JSON.parse(encodeConversation(conversationOpen("", "NATF2")))).toEqual({ type: "converse.open", voice: "NATF2" });
     // A voice clip replaces the named voice.
-    expect(converseOpen("", "NATF2", "UklGRg==")).toEqual({ type: "converse.open", voice_clip: "UklGRg==" });
+    expect(conversationOpen("", "NATF2", "UklGRg==")).toEqual({ type: "converse.open", voice_clip: "UklGRg==" });
   });
 });
 

@@ -2,12 +2,12 @@
 `retake serve --converse` (a subprocess, exactly as a user starts it: the tiny Drama 3
 checkpoint for the studio, PersonaPlex's tiny demo checkpoint for the conversation).
 
-tests/e2e/converse.mjs drives the page with playwright-core; Chromium's fake microphone is the
+tests/e2e/conversation.mjs drives the page with playwright-core; Chromium's fake microphone is the
 user. It checks the agent's audio frames on the wire against docs/protocol.md §9 (take 0,
 consecutive seq, start_sample = seq × 1920, 1920 samples each, at least 2 s), the page's tick
 counter and text against the wire, that no mic audio goes up before `converse.listening`, and
 that Stop closes the socket and releases the mic. The screenshot is left in
-build/e2e/converse.png.
+build/e2e/conversation.png.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def test_conversation_in_chromium(chromium: Path, pages_built: None, tiny_checkp
     with serving(tmp_path, "--converse", "--checkpoint", str(tiny_checkpoint)) as url:
         with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
             assert json.load(response)["converse"] is True
-        result = run_page_script("converse.mjs", url, tmp_path / "out", chromium, timeout=180,
-                                 artifacts=lambda name: name if name == "converse.png" else f"converse-{name}")
+        result = run_page_script("conversation.mjs", url, tmp_path / "out", chromium, timeout=180,
+                                 artifacts=lambda name: name if name == "conversation.png" else f"conversation-{name}")
     assert result["frames"] >= 25 and result["micFrames"] > 0
 
     # Save: a stereo 24 kHz WAV, read by Python's wave module: the mic as sent on the left, the
@@ -44,5 +44,5 @@ def test_conversation_in_chromium(chromium: Path, pages_built: None, tiny_checkp
     np.testing.assert_array_equal(stereo[:len(user), 0], user)
     np.testing.assert_array_equal(stereo[:len(agent), 1], agent)
     assert not stereo[len(user):, 0].any() and not stereo[len(agent):, 1].any()
-    screenshot = (ARTIFACTS / "converse.png").read_bytes()
+    screenshot = (ARTIFACTS / "conversation.png").read_bytes()
     assert screenshot.startswith(b"\x89PNG") and len(screenshot) > 10_000

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import {
   DECLICK_SAMPLES, FADE_SAMPLES, JitterBuffer, PlayState, REBUFFER_MS, asSamples,
-} from "../../frontend/src/jitter_buffer";
+} from "../../../frontend/src/audio/jitter_buffer";
 
 const RATE = 44100;
 const BLOCK = 128;

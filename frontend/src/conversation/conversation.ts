@@ -11,27 +11,27 @@
  * - Frames are checked against §9 (take 0, consecutive ticks, contiguous, one tick long) and
  *   played even when a check fails: the first problem is kept for the page to show.
  */
-import { ConverseAudio } from "./converse_audio";
+import { ConversationAudio } from "./audio";
 import {
-  agentFrameProblem, converseOpen, decodeConverse, encodeConverse, encodePcm16, type ConverseReady,
-  type ConverseServerMessage,
-} from "./converse_protocol";
-import { ProtocolDecodeError, decodeAudioFrame } from "./protocol";
-import { encodeWav, interleave, joinPcm } from "./wav";
+  agentFrameProblem, conversationOpen, decodeConversation, encodeConversation, encodePcm16, type ConversationReady,
+  type ConversationServerMessage,
+} from "./protocol";
+import { ProtocolDecodeError, decodeAudioFrame } from "../shared/wire";
+import { encodeWav, interleave, joinPcm } from "../audio/wav";
 
 export const SAMPLE_RATE = 24000; // PersonaPlex's (Mimi's) rate
 export const BLOCK_SAMPLES = 1920; // one 80 ms tick
 const MAX_RECORDED_TICKS = 22_500; // 30 minutes of both sides (173 MB) is kept for Save
 
-export type ConverseStatus = "idle" | "starting" | "connecting" | "system prompt" | "listening" | "closed";
+export type ConversationStatus = "idle" | "starting" | "connecting" | "system prompt" | "listening" | "closed";
 
 export class Conversation {
-  status: ConverseStatus = "idle";
+  status: ConversationStatus = "idle";
   /** How the last conversation closed, in words ("closed 1000"), or null. */
   closed: string | null = null;
   /** An error in words, shown as it is; null when there is none. */
   error: string | null = null;
-  ready: ConverseReady | null = null;
+  ready: ConversationReady | null = null;
   /** Agent frames received (one per tick), and the agent's text so far. */
   ticks = 0;
   text = "";
@@ -45,7 +45,7 @@ export class Conversation {
   private agentBlocks: Int16Array[] = [];
   onChange: () => void = () => {};
 
-  private audio: ConverseAudio | null = null;
+  private audio: ConversationAudio | null = null;
   private socket: WebSocket | null = null;
   private attempt = 0; // bumped by every start and stop: a slow start that was stopped gives up
 
@@ -56,7 +56,7 @@ export class Conversation {
   }
 
   /** The player's counters (null without audio). */
-  get player(): ConverseAudio["stats"] {
+  get player(): ConversationAudio["stats"] {
     return this.audio?.stats ?? null;
   }
 
@@ -91,9 +91,9 @@ export class Conversation {
     this.userBlocks = [];
     this.agentBlocks = [];
     this.onChange();
-    let audio: ConverseAudio;
+    let audio: ConversationAudio;
     try {
-      audio = await ConverseAudio.create(SAMPLE_RATE, BLOCK_SAMPLES);
+      audio = await ConversationAudio.create(SAMPLE_RATE, BLOCK_SAMPLES);
     } catch (error) {
       if (attempt === this.attempt) this.end(`microphone or audio: ${error instanceof Error ? error.message : String(error)}`);
       return;
@@ -108,15 +108,15 @@ export class Conversation {
     let opened = false;
     socket.onopen = () => {
       opened = true;
-      socket.send(encodeConverse(converseOpen(persona, voice, voiceClip)));
+      socket.send(encodeConversation(conversationOpen(persona, voice, voiceClip)));
     };
     socket.onmessage = (event: MessageEvent<ArrayBuffer | string>) => {
       try {
-        if (typeof event.data === "string") this.receive(decodeConverse(event.data));
+        if (typeof event.data === "string") this.receive(decodeConversation(event.data));
         else this.agentAudio(event.data);
       } catch (error) {
         if (!(error instanceof ProtocolDecodeError)) throw error;
-        console.error(`converse: ignored a server message: ${error.message}`);
+        console.error(`conversation: ignored a server message: ${error.message}`);
       }
     };
     socket.onclose = (event) => {
@@ -150,7 +150,7 @@ export class Conversation {
     this.onChange();
   }
 
-  private receive(message: ConverseServerMessage): void {
+  private receive(message: ConversationServerMessage): void {
     switch (message.type) {
       case "converse.ready":
         this.ready = message;
@@ -182,7 +182,7 @@ export class Conversation {
     const problem = agentFrameProblem(frame, this.ticks, this.ready?.frame_samples ?? BLOCK_SAMPLES);
     if (problem !== null && this.frameProblem === null) {
       this.frameProblem = problem;
-      console.warn(`converse: ${problem}`);
+      console.warn(`conversation: ${problem}`);
     }
     this.ticks++;
     // A copy: play() transfers the frame's buffer to the worklet.

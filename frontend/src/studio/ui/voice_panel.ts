@@ -6,10 +6,10 @@
  * The server reads WAV and FLAC. Those files go as they are; anything else the browser can
  * decode (MP3, Ogg, the recorder's WebM) is decoded here and sent as a 16-bit mono WAV.
  */
-import { base64 } from "../protocol";
+import { base64 } from "../../shared/wire";
 import type { Studio } from "../studio";
-import { encodeWav } from "../wav";
-import { byId, h, setText } from "./dom";
+import { encodeWav } from "../../audio/wav";
+import { byId, h, setText } from "../../shared/dom";
 
 interface Clip {
   name: string;

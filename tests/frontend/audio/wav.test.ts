@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { decodeWav, encodeWav, interleave, joinPcm } from "../../frontend/src/wav";
+import { decodeWav, encodeWav, interleave, joinPcm } from "../../../frontend/src/audio/wav";
 
 /** A reader written from the RIFF spec, independent of the writer: walks the chunks. */
 function readWav(buffer: ArrayBuffer) {

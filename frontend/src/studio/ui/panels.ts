@@ -4,7 +4,7 @@
  */
 import type { SamplingSpec } from "../protocol";
 import type { Studio } from "../studio";
-import { byId, download, h, ms, placeChildren, seconds, setText } from "./dom";
+import { byId, download, h, ms, placeChildren, seconds, setText } from "../../shared/dom";
 
 const SAMPLING_KEY = "retake.sampling";
 const CONNECTION_LABELS = { connecting: "connecting", open: "connected", reconnecting: "reconnecting", closed: "disconnected" };

@@ -7,7 +7,7 @@
 import type { Take } from "../scene";
 import type { Studio } from "../studio";
 import { drawWave, type WaveStyle } from "../waveform";
-import { download, h, ms, placeChildren, seconds, setText } from "./dom";
+import { download, h, ms, placeChildren, seconds, setText } from "../../shared/dom";
 
 const STREAM_SPAN_SECONDS = 6; // the width of a streaming take's waveform until it grows past it
 

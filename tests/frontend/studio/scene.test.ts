@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
-import type { ServerMessageOf } from "../../frontend/src/protocol";
-import { Scene, readStoredScene } from "../../frontend/src/scene";
+import type { ServerMessageOf } from "../../../frontend/src/studio/protocol";
+import { Scene, readStoredScene } from "../../../frontend/src/studio/scene";
 
-const serverMessages = import.meta.glob("../fixtures/protocol/server_messages.json", { eager: true, import: "default" });
+const serverMessages = import.meta.glob("../../fixtures/protocol/server_messages.json", { eager: true, import: "default" });
 const fixtures = Object.values(serverMessages)[0] as { name: string; message: Record<string, unknown> }[];
 const resumed = fixtures.find((f) => f.name === "session ready (resumed)")!.message as unknown as ServerMessageOf<"session.ready">;
 

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import type { ClientMessage, LineInfo } from "../../frontend/src/protocol";
-import { Script, applyEdit, type ScriptEdit } from "../../frontend/src/script";
+import type { ClientMessage, LineInfo } from "../../../frontend/src/studio/protocol";
+import { Script, applyEdit, type ScriptEdit } from "../../../frontend/src/studio/script";
 
 /** A stand-in server: applies line messages the way backend/directing/session.py does, answers with its script. */
 class Server {

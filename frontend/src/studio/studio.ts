@@ -15,7 +15,7 @@
  *   kept (or, after a reload, from the server's WAV export of the take).
  * - The UI reads state from here and is told what changed through `onChange`.
  */
-import { Player, type PlayerReport } from "./player";
+import { Player, type PlayerReport } from "../audio/player";
 import {
   takeStart, type CharacterSpec, type ClientMessage, type ReferenceClip, type SamplingSpec, type ServerMessage,
   type ServerMessageOf, type VoiceInfo,

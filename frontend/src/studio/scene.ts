@@ -1,5 +1,5 @@
 /**
- * The scene as the studio sees it: the script (lines in order, frontend/src/script.ts), every
+ * The scene as the studio sees it: the script (lines in order, script.ts), every
  * take with its audio, and which takes are kept. Pure state with no DOM and no socket, so it is
  * tested in Node.
  *
@@ -13,7 +13,8 @@
  * - Takes of a deleted line stay on the server (exportable) but leave the history; the page
  *   does not show them.
  */
-import type { AudioFrame, FinishReason, SamplingInfo, ServerMessageOf, TakeInfo, Timings } from "./protocol";
+import type { AudioFrame } from "../shared/wire";
+import type { FinishReason, SamplingInfo, ServerMessageOf, TakeInfo, Timings } from "./protocol";
 import { Script, type Line, type ScriptEdit } from "./script";
 import { Peaks } from "./waveform";
 

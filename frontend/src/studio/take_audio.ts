@@ -8,7 +8,7 @@
  *   silence between them.
  */
 import type { Scene, Take } from "./scene";
-import { decodeWav, encodeWav, joinPcm } from "./wav";
+import { decodeWav, encodeWav, joinPcm } from "../audio/wav";
 
 export interface WavFile {
   name: string;

@@ -9,14 +9,14 @@
  * - The socket goes to the page's own host (ws: or wss: like the page) and carries the page's
  *   `?token=`, as the studio's does; the link back to the studio keeps the token too.
  * - Save downloads the conversation so far as a stereo WAV (Conversation.recording()).
- * - `window.converse` is the Conversation, for debugging and for tests/e2e/converse.mjs.
+ * - `window.conversation` is the Conversation, for debugging and for tests/e2e/conversation.mjs.
  */
-import "./style.css";
-import { Conversation, type ConverseStatus } from "./conversation";
-import type { ConverseReady } from "./converse_protocol";
-import { base64 } from "./protocol";
-import { asMs } from "./jitter_buffer";
-import { byId, download, h, seconds, setText } from "./ui/dom";
+import "../shared/style.css";
+import { Conversation, type ConversationStatus } from "./conversation";
+import type { ConversationReady } from "./protocol";
+import { base64 } from "../shared/wire";
+import { asMs } from "../audio/jitter_buffer";
+import { byId, download, h, seconds, setText } from "../shared/dom";
 
 const token = new URLSearchParams(location.search).get("token");
 const socketUrl = new URL("/converse", location.href);
@@ -33,11 +33,11 @@ const button = byId<HTMLButtonElement>("start");
 const statusDot = byId("status");
 const error = byId("error");
 
-const STATUS_CLASS: Record<ConverseStatus, string> = {
+const STATUS_CLASS: Record<ConversationStatus, string> = {
   idle: "", starting: "connecting", connecting: "connecting", "system prompt": "connecting", listening: "open",
   closed: "closed",
 };
-const STATUS_LINE: Record<ConverseStatus, string> = {
+const STATUS_LINE: Record<ConversationStatus, string> = {
   idle: "Press Start and speak: the agent listens and answers as you talk.",
   starting: "Opening the microphone…",
   connecting: "Connecting…",
@@ -79,7 +79,7 @@ save.addEventListener("click", () => {
 });
 
 let frame = 0;
-let shownReady: ConverseReady | null = null;
+let shownReady: ConversationReady | null = null;
 conversation.onChange = () => {
   if (frame === 0) frame = requestAnimationFrame(draw);
 };
@@ -123,12 +123,12 @@ function draw(): void {
 }
 
 /** The server's voices with the one it used selected, and its persona as the placeholder. */
-function showVoices(ready: ConverseReady): void {
+function showVoices(ready: ConversationReady): void {
   persona.placeholder = ready.persona;
   if (ready.voices.length === 0) return; // the checkpoint has none: keep "Server default"
   voice.replaceChildren(...ready.voices.map((name) => h("option", { value: name }, name)));
   voice.value = ready.voice ?? "";
 }
 
-(window as unknown as { converse: Conversation }).converse = conversation;
+(window as unknown as { conversation: Conversation }).conversation = conversation;
 draw();

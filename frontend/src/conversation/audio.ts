@@ -10,16 +10,16 @@
  * - The mic worklet is not connected to the output: the user never hears themselves.
  * - The player is polled every 100 ms for its counters, like the studio's.
  */
-import type { LiveStats } from "./live_buffer";
-import liveUrl from "./worklet/live.worklet.ts?worker&url";
-import micUrl from "./worklet/mic.worklet.ts?worker&url";
+import type { LiveStats } from "../audio/live_buffer";
+import liveUrl from "../audio/worklet/live.worklet.ts?worker&url";
+import micUrl from "../audio/worklet/mic.worklet.ts?worker&url";
 import {
   LIVE_PROCESSOR, MIC_PROCESSOR, type FromLive, type FromMic, type MicOptions, type ToLive, type ToMic,
-} from "./worklet_messages";
+} from "../audio/worklet_messages";
 
 const POLL_MS = 100;
 
-export class ConverseAudio {
+export class ConversationAudio {
   /** Called with each block of mic samples; the block goes back to the worklet after the call. */
   onMic: (samples: Float32Array) => void = () => {};
   /** The player's latest counters, null before its first answer. */
@@ -48,7 +48,7 @@ export class ConverseAudio {
   }
 
   /** Call from a user gesture. Rejects (having released what it took) if the mic or the context fails. */
-  static async create(sampleRate: number, blockSamples: number): Promise<ConverseAudio> {
+  static async create(sampleRate: number, blockSamples: number): Promise<ConversationAudio> {
     const context = new AudioContext({ sampleRate, latencyHint: "interactive" });
     const resumed = context.resume(); // inside the gesture, before any await
     let stream: MediaStream | null = null;
@@ -68,7 +68,7 @@ export class ConverseAudio {
       });
       context.createMediaStreamSource(stream).connect(mic);
       await resumed;
-      return new ConverseAudio(context, stream, player, mic);
+      return new ConversationAudio(context, stream, player, mic);
     } catch (error) {
       stream?.getTracks().forEach((track) => track.stop());
       void context.close();

@@ -1,7 +1,7 @@
 // End to end: drives the built conversation page (converse.html) in Debian's Chromium against a
-// running `retake serve --converse`. Run by tests/e2e/test_converse_page.py (which starts the real
+// running `retake serve --converse`. Run by tests/e2e/test_conversation_page.py (which starts the real
 // server on the tiny checkpoints):
-//   node tests/e2e/converse.mjs --url http://127.0.0.1:PORT --out DIR
+//   node tests/e2e/conversation.mjs --url http://127.0.0.1:PORT --out DIR
 // Chromium's fake microphone (a beep, no permission prompt) is the user. The script types a
 // persona, clicks Start and waits for "listening"; then it checks from the WIRE (Playwright's
 // view of the socket, not the page's bookkeeping) that converse.open carried the persona, that
@@ -22,7 +22,7 @@ const FRAME_SAMPLES = 1920; // 80 ms at 24 kHz
 const MIN_FRAMES = 25; // 2 s of agent audio
 const PERSONA = "You are a patient film director's assistant. Keep your answers short.";
 
-const args = commandLine("converse.mjs", 60000);
+const args = commandLine("conversation.mjs", 60000);
 const timeout = args.timeout;
 const began = performance.now();
 const result = {};
@@ -87,18 +87,18 @@ page.on("console", (message) => {
   if (message.type() === "error" || message.type() === "warning") console.log(`page ${message.type()}: ${message.text()}`);
 });
 page.on("pageerror", (error) => console.log(`page error: ${error.message}`));
-const converse = (fn, arg) => page.evaluate(fn, arg);
+const conversation = (fn, arg) => page.evaluate(fn, arg);
 
 await runSteps(result, args.out, page, async () => {
   // 0. The studio links to the conversation page on a server with --converse.
   await page.goto(args.url);
-  await page.locator("#to-converse").waitFor({ state: "visible" });
+  await page.locator("#to-conversation").waitFor({ state: "visible" });
   check("the studio shows its Conversation link", true);
 
   // 1. The page, before any conversation: the server's default is the only voice.
   await page.goto(`${args.url}/converse.html`);
-  await page.waitForFunction(() => window.converse !== undefined);
-  check("the page starts idle", (await converse(() => window.converse.status)) === "idle");
+  await page.waitForFunction(() => window.conversation !== undefined);
+  check("the page starts idle", (await conversation(() => window.conversation.status)) === "idle");
   const before = await page.locator("#voice option").evaluateAll((options) => options.map((o) => o.value));
   check("before the first conversation the voice is the server's default", JSON.stringify(before) === '[""]', JSON.stringify(before));
   check("the page links back to the studio", (await page.locator("#to-studio").getAttribute("href")) === "./");
@@ -107,8 +107,8 @@ await runSteps(result, args.out, page, async () => {
   await page.fill("#persona", PERSONA);
   const clicked = performance.now();
   await page.click("#start");
-  await page.waitForFunction(() => ["listening", "closed"].includes(window.converse.status));
-  const startState = await converse(() => ({ status: window.converse.status, error: window.converse.error }));
+  await page.waitForFunction(() => ["listening", "closed"].includes(window.conversation.status));
+  const startState = await conversation(() => ({ status: window.conversation.status, error: window.conversation.error }));
   check("Start reaches listening", startState.status === "listening", JSON.stringify(startState));
   result.listeningMs = Math.round(performance.now() - clicked);
   check("one socket, to /converse on the page's host", wire.sockets === 1);
@@ -128,36 +128,36 @@ await runSteps(result, args.out, page, async () => {
   // 3. Two seconds of conversation.
   await until(`${MIN_FRAMES} agent frames`, () => wire.frames.length >= MIN_FRAMES, 30_000);
   result.twoSecondsMs = Math.round(performance.now() - clicked);
-  await page.waitForFunction(() => (window.converse.player?.played ?? 0) > 0);
-  const live = await converse(() => ({
-    status: window.converse.status, audio: window.converse.audioState, mic: window.converse.micLive,
-    player: window.converse.player, frameProblem: window.converse.frameProblem,
+  await page.waitForFunction(() => (window.conversation.player?.played ?? 0) > 0);
+  const live = await conversation(() => ({
+    status: window.conversation.status, audio: window.conversation.audioState, mic: window.conversation.micLive,
+    player: window.conversation.player, frameProblem: window.conversation.frameProblem,
   }));
   check("while it talks: the context runs, the mic is live, the player plays the agent",
     live.status === "listening" && live.audio === "running" && live.mic && live.player.played > 0, JSON.stringify(live));
-  await page.screenshot({ path: join(args.out, "converse.png") });
+  await page.screenshot({ path: join(args.out, "conversation.png") });
 
   // 4. Quiet: with the context suspended the mic sends nothing, so the server stops ticking
   // (it ticks on the user's audio) and the page and the wire can be compared exactly.
-  await converse(() => window.converse.audio.context.suspend());
+  await conversation(() => window.conversation.audio.context.suspend());
   let count = -1;
   let since = 0;
   await until("500 ms without an agent frame", () => {
     if (wire.frames.length !== count) (count = wire.frames.length), (since = performance.now());
     return performance.now() - since >= 500;
   }, 10_000);
-  const quiet = await converse(() => ({
-    ticks: window.converse.ticks, text: window.converse.text, sent: window.converse.sentSamples,
-    frameProblem: window.converse.frameProblem,
+  const quiet = await conversation(() => ({
+    ticks: window.conversation.ticks, text: window.conversation.text, sent: window.conversation.sentSamples,
+    frameProblem: window.conversation.frameProblem,
   }));
 
   // 5. Stop.
   await page.click("#start");
   await until("the socket to close", () => wire.closed, 5000);
   check("Stop closes the socket", wire.closed);
-  const stopped = await converse(() => ({
-    status: window.converse.status, audio: window.converse.audioState, mic: window.converse.micLive,
-    error: window.converse.error,
+  const stopped = await conversation(() => ({
+    status: window.conversation.status, audio: window.conversation.audioState, mic: window.conversation.micLive,
+    error: window.conversation.error,
   }));
   check("Stop: closed, the mic released, the audio context closed, no error",
     stopped.status === "closed" && stopped.mic === false && ["none", "closed"].includes(stopped.audio) && stopped.error === null,
@@ -198,9 +198,9 @@ await runSteps(result, args.out, page, async () => {
   wire.closed = false;
   await page.fill("#persona", "x".repeat(4001));
   await page.click("#start");
-  await page.waitForFunction(() => window.converse.status === "closed");
+  await page.waitForFunction(() => window.conversation.status === "closed");
   await until("the refused socket to close", () => wire.closed, 5000);
-  const refused = await converse(() => ({ error: window.converse.error, mic: window.converse.micLive }));
+  const refused = await conversation(() => ({ error: window.conversation.error, mic: window.conversation.micLive }));
   check("the second open carries the chosen voice", wire.sockets === sockets + 1 && wire.open.voice === ready.voice,
     JSON.stringify({ ...wire.open, persona: undefined }));
   check("a refused open shows the server's error plainly and ends the conversation",
@@ -215,9 +215,9 @@ await runSteps(result, args.out, page, async () => {
   await page.locator("#clear-clip").waitFor({ state: "visible" }); // the clip was read
   check("with a clip the voice list is off", await page.locator("#voice").isDisabled());
   await page.click("#start");
-  await page.waitForFunction(() => ["listening", "closed"].includes(window.converse.status));
-  check("the clip's voice conversation reaches listening", (await converse(() => window.converse.status)) === "listening",
-    String(await converse(() => window.converse.error)));
+  await page.waitForFunction(() => ["listening", "closed"].includes(window.conversation.status));
+  check("the clip's voice conversation reaches listening", (await conversation(() => window.conversation.status)) === "listening",
+    String(await conversation(() => window.conversation.error)));
   check("converse.open carries the clip and no voice name", typeof wire.open.voice_clip === "string" && !("voice" in wire.open));
   check("the server took the clip as the voice", wire.ready.voice === "your clip", String(wire.ready.voice));
   await page.click("#start");

@@ -6,9 +6,9 @@
  * stops its take, ↑/↓ select a line, Esc cancels its running take. In a line's text field
  * Enter takes the line and Shift+Enter adds a line below.
  */
-import "./style.css";
+import "../shared/style.css";
 import { Studio } from "./studio";
-import { byId } from "./ui/dom";
+import { byId } from "../shared/dom";
 import { ExportPanel, HistoryPanel, SamplingPanel, TopBar } from "./ui/panels";
 import { ScriptView } from "./ui/script_view";
 import { VoicePanel } from "./ui/voice_panel";
@@ -19,11 +19,11 @@ socketUrl.protocol = location.protocol === "https:" ? "wss:" : "ws:";
 const token = params.get("token");
 if (token !== null) {
   socketUrl.searchParams.set("token", token);
-  byId<HTMLAnchorElement>("to-converse").search = `?token=${encodeURIComponent(token)}`;
+  byId<HTMLAnchorElement>("to-conversation").search = `?token=${encodeURIComponent(token)}`;
 }
 
 // The conversation link only where the server runs the conversation engine (`--converse`).
-const conversation = byId<HTMLAnchorElement>("to-converse");
+const conversation = byId<HTMLAnchorElement>("to-conversation");
 conversation.hidden = true;
 void fetch(new URL("/health", location.href))
   .then((reply) => reply.json() as Promise<{ converse?: boolean }>)

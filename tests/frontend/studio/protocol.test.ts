@@ -1,33 +1,19 @@
 import { describe, expect, it } from "vitest";
-import {
-  ProtocolDecodeError, decodeAudioFrame, decodeServer, encodeClient, takeStart, type ClientMessage,
-} from "../../frontend/src/protocol";
+import { decodeServer, encodeClient, takeStart, type ClientMessage } from "../../../frontend/src/studio/protocol";
+import { ProtocolDecodeError } from "../../../frontend/src/shared/wire";
 
 // The fixtures the Python tests use too (tests/fixtures/protocol/), read by Vite at test time.
-const fixtures = import.meta.glob("../fixtures/protocol/*.json", { eager: true, import: "default" });
+const fixtures = import.meta.glob("../../fixtures/protocol/*.json", { eager: true, import: "default" });
 const fixture = <T>(name: string): T => {
-  const found = fixtures[`../fixtures/protocol/${name}.json`];
+  const found = fixtures[`../../fixtures/protocol/${name}.json`];
   if (found === undefined) throw new Error(`tests/fixtures/protocol/${name}.json is missing`);
   return found as T;
 };
 
 interface Named<T> { name: string; message: T }
-interface FrameFixture {
-  name: string;
-  hex: string;
-  header: { kind: number; flags: number; reserved: number; take_id: number; seq: number; start_sample: number; last: boolean };
-  samples: number[];
-}
 
 const serverMessages = fixture<Named<Record<string, unknown>>[]>("server_messages");
 const clientMessages = fixture<Named<ClientMessage>[]>("client_messages");
-const audioFrames = fixture<FrameFixture[]>("audio_frames");
-
-const bytes = (hex: string): ArrayBuffer => {
-  const out = new Uint8Array(hex.length / 2);
-  for (let k = 0; k < out.length; k++) out[k] = parseInt(hex.slice(2 * k, 2 * k + 2), 16);
-  return out.buffer;
-};
 
 describe("server messages", () => {
   it.each(serverMessages.map((f) => [f.name, f.message] as const))("decodes %s field for field", (_name, message) => {
@@ -84,29 +70,5 @@ describe("client messages", () => {
       sampling: { temperature: 0.8, top_p: 0.9, top_k: 30, max_new_tokens: 200, seed: 7 }, history: [12, 15], deadlineMs: 20000,
     })).toEqual(find("take with everything"));
     expect(takeStart("line-2", "Again.", { history: [] })).toEqual(find("take without history"));
-  });
-});
-
-describe("audio frames", () => {
-  it.each(audioFrames.map((f) => [f.name, f] as const))("decodes %s", (_name, f) => {
-    const frame = decodeAudioFrame(bytes(f.hex));
-    const { pcm, ...header } = frame;
-    expect(header).toEqual(f.header);
-    expect(Array.from(pcm)).toEqual(f.samples);
-  });
-
-  it("copies the samples out of the socket's buffer", () => {
-    const buffer = bytes(audioFrames[0]!.hex);
-    const frame = decodeAudioFrame(buffer);
-    new Uint8Array(buffer).fill(0);
-    expect(Array.from(frame.pcm)).toEqual(audioFrames[0]!.samples);
-  });
-
-  it.each([
-    ["a short header", new ArrayBuffer(15), "16-byte header"],
-    ["half a sample", new ArrayBuffer(17), "whole PCM16 samples"],
-    ["an unknown kind", bytes("02000000010000000000000000000000"), "unknown audio frame kind 2"],
-  ])("rejects %s", (_name, buffer, message) => {
-    expect(() => decodeAudioFrame(buffer)).toThrow(message);
   });
 });
