@@ -1,17 +1,21 @@
-"""`POST /v1/audio/speech`: the seed's request body (backend/directing/speech_request.py),
-answered like sglang-omni.
+"""`POST /v1/audio/speech`: OpenAI's speech API (backend/directing/speech_options.py: response and
+stream formats, voice, instructions, speed) over the seed's request body
+(backend/directing/speech_request.py).
 
-- `stream: false`: a WAV (or raw PCM with `response_format: "pcm"`) once the take is done.
-- `stream: true, stream_format: "audio"`: raw PCM16 chunks, with X-Sample-Rate,
-  X-Channels and X-Bit-Depth headers.
-- `stream: true, stream_format: "sse"`: `speech.audio.delta` events with base64 PCM16, then
-  `speech.audio.done` with the finish reason and usage (prompt rows in, frames out).
+- A complete response (no `stream_format`, no `stream: true`): the whole take, encoded in
+  `response_format` (mp3 by default) once it is done, with complete headers.
+- Streamed, `stream_format: "audio"`: the take encoded as it is made, each window's bytes sent
+  as soon as the encoder gives them (backend/audio_formats.py); `X-Sample-Rate` says the rate.
+- Streamed, `stream_format: "sse"`: `speech.audio.delta` events with the same bytes in
+  base64, then `speech.audio.done` with the finish reason and usage (prompt rows in, frames
+  out).
 
 The take runs on the engine loop like a directing take (same queue, deadline and cancel on
 disconnect, also while a complete response is still being made). The response starts only
 when the first audio or the end of the take is there, so a request the engine refuses is an
-HTTP 400, not a broken stream. The silence guard runs
-for complete responses only: streamed audio cannot be taken back.
+HTTP 400, not a broken stream. The silence guard runs for complete responses only: streamed
+audio cannot be taken back. Encoding runs on a worker thread, window by window in order, so
+the event loop never waits for an encoder.
 
 The prompt is built on the engine thread at each attempt: the clips encoded
 (`engine.encode_reference`, cached, so a retry does not encode them again), then
@@ -32,9 +36,10 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from backend.directing.export import wav_bytes
+from backend.audio_formats import Encoder
 from backend.directing.jobs import TakeJob, TakeOutcome
 from backend.directing.loop import QueueFull
+from backend.directing.speech_options import DEFAULT_VOICE, SavedVoice, parse_speech_options, with_voice
 from backend.directing.speech_request import SpeechRequest, parse_speech_request
 from backend.metrics import Metrics
 from backend.state import ServerState
@@ -74,18 +79,6 @@ class SpeechSink:
         self.events.put_nowait(outcome)
 
 
-def _options(body: dict[str, object]) -> tuple[bool, str, str]:
-    stream, stream_format = body.get("stream", False), body.get("stream_format", "audio")
-    response_format = body.get("response_format", "wav")
-    if not isinstance(stream, bool):
-        raise RequestError("stream must be true or false")
-    if stream_format not in ("audio", "sse"):
-        raise RequestError('stream_format must be "audio" (raw PCM16) or "sse" (server-sent events)')
-    if not stream and response_format not in ("wav", "pcm"):
-        raise RequestError('response_format must be "wav" or "pcm"')
-    return stream, str(stream_format), str(response_format)
-
-
 def speech_prompt(engine: Drama3Engine, request: SpeechRequest, sampling: Sampling) -> Prompt:
     """The take's prompt: the request's clips encoded (cached by the engine), then laid out."""
     started = time.perf_counter()
@@ -93,6 +86,15 @@ def speech_prompt(engine: Drama3Engine, request: SpeechRequest, sampling: Sampli
     history = [HistoryTurn(clip.text, engine.encode_reference(clip.audio)) for clip in request.history]
     prompt = engine.prompt(request.text, request.character or voice or None, history, sampling)
     return dataclasses.replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
+
+
+def find_voice(state: ServerState, name: str | None) -> SavedVoice | None:
+    """The saved voice of that name or id; None for none given or the engine's own voice."""
+    if name is None or name == DEFAULT_VOICE:
+        return None
+    names = [DEFAULT_VOICE]
+    raise RequestError(f"unknown voice {name!r}; the voices are {', '.join(names)} (save one with POST "
+                       "/v1/audio/voices)")
 
 
 async def speech(request: Request) -> Response:
@@ -104,10 +106,11 @@ async def speech(request: Request) -> Response:
     try:
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
-        stream, stream_format, response_format = _options(body)
-        parsed = parse_speech_request(body)
+        options = parse_speech_options(body)
+        parsed = with_voice(parse_speech_request(body), options.instructions, find_voice(state, options.voice))
     except RequestError as error:
         return openai_error(str(error))
+    stream = options.streamed
     sampling = parsed.sampling
     if sampling.seed is None:
         sampling = dataclasses.replace(sampling, seed=secrets.randbelow(2**31))
@@ -143,14 +146,22 @@ async def speech(request: Request) -> Response:
         if isinstance(first, TakeOutcome) and first.finish_reason == "error":
             return openai_error(first.error or "the take failed")
         if not stream:
-            return await _complete(state, sink, first, response_format, stop)
+            return await _complete(state, sink, first, options.response_format, stop)
     finally:
         gone.cancel()
-    headers = {"X-Sample-Rate": str(state.engine.sample_rate), "X-Channels": "1", "X-Bit-Depth": "16"}
-    chunks = _chunks(sink, first, stop)
-    if stream_format == "audio":
-        return StreamingResponse(_raw(chunks), media_type="audio/pcm", headers=headers)
-    return StreamingResponse(_sse(chunks), media_type="text/event-stream", headers=headers)
+    encoder = Encoder(options.response_format, state.engine.sample_rate, streamed=True)
+    chunks = _encoded(_chunks(sink, first, stop), encoder)
+    if options.stream_format == "audio":
+        return StreamingResponse(_raw(chunks), media_type=encoder.media_type, headers=_headers(encoder))
+    return StreamingResponse(_sse(chunks), media_type="text/event-stream", headers=_headers(encoder))
+
+
+def _headers(encoder: Encoder) -> dict[str, str]:
+    """The rate the audio is encoded at (Opus: 48 kHz); for raw PCM, all it takes to play it."""
+    rate = str(encoder.format.sample_rate or encoder.sample_rate)
+    if encoder.format.name == "pcm":
+        return {"X-Sample-Rate": rate, "X-Channels": "1", "X-Bit-Depth": "16"}
+    return {"X-Sample-Rate": rate}
 
 
 async def _disconnected(request: Request) -> None:
@@ -175,12 +186,11 @@ async def _complete(state: ServerState, sink: SpeechSink, first: bytes | TakeOut
         raise
     if event.finish_reason == "error" and not pieces:
         return openai_error(event.error or "the take failed")
-    pcm = b"".join(pieces)
-    headers = {"X-Finish-Reason": event.finish_reason, "X-Sample-Rate": str(state.engine.sample_rate)}
-    if response_format == "pcm":
-        return Response(pcm, media_type="audio/pcm", headers=headers)
-    return Response(wav_bytes(np.frombuffer(pcm, dtype="<i2"), state.engine.sample_rate), media_type="audio/wav",
-                    headers=headers)
+    encoder = Encoder(response_format, state.engine.sample_rate, streamed=False)
+    pcm = np.frombuffer(b"".join(pieces), dtype="<i2")  # [samples]
+    data = await asyncio.to_thread(lambda: encoder.write(pcm) + encoder.close())
+    return Response(data, media_type=encoder.media_type,
+                    headers={"X-Finish-Reason": event.finish_reason, **_headers(encoder)})
 
 
 async def _chunks(sink: SpeechSink, first: bytes | TakeOutcome,
@@ -198,6 +208,20 @@ async def _chunks(sink: SpeechSink, first: bytes | TakeOutcome,
     finally:
         if not finished:
             stop()
+
+
+async def _encoded(chunks: AsyncIterator[bytes | TakeOutcome],
+                   encoder: Encoder) -> AsyncIterator[bytes | TakeOutcome]:
+    """The PCM chunks encoded, as they come (what the encoder holds back comes with a later chunk or at the
+    end), then the outcome."""
+    async for event in chunks:
+        if isinstance(event, TakeOutcome):
+            if tail := await asyncio.to_thread(encoder.close):
+                yield tail
+            yield event
+            return
+        if event and (data := await asyncio.to_thread(encoder.write, np.frombuffer(event, dtype="<i2"))):
+            yield data
 
 
 async def _raw(chunks: AsyncIterator[bytes | TakeOutcome]) -> AsyncIterator[bytes]:

@@ -31,7 +31,7 @@ def post(server: LiveServer, body: object) -> tuple[int, dict[str, str], bytes]:
 
 
 def test_wav_raw_stream_and_sse_carry_the_same_audio(server: LiveServer) -> None:
-    status, headers, wav = post(server, BODY)
+    status, headers, wav = post(server, {**BODY, "response_format": "wav"})
     assert status == 200 and headers["content-type"] == "audio/wav"
     samples, rate = sf.read(io.BytesIO(wav), dtype="int16")
     assert rate == 44100 and len(samples) > 0 and len(samples) % 2048 == 0
@@ -59,12 +59,12 @@ def test_wav_raw_stream_and_sse_carry_the_same_audio(server: LiveServer) -> None
 
 
 def test_envelope_with_character_and_history(server: LiveServer) -> None:
-    status, _, first = post(server, BODY)
+    status, _, first = post(server, {**BODY, "response_format": "wav"})
     assert status == 200
     envelope = "@@drama3-space@@" + json.dumps({"text": "Then light it.", "history": ["Places, everyone."],
                                                 "voice_references": 0,
                                                 "character": {"name": "Mara", "description": "a tired keeper"}})
-    status, _, wav = post(server, {**BODY, "input": envelope,
+    status, _, wav = post(server, {**BODY, "input": envelope, "response_format": "wav",
                                    "references": [{"data": base64.b64encode(first).decode(), "text": "x"}]})
     assert status == 200
     samples, _ = sf.read(io.BytesIO(wav), dtype="int16")
@@ -79,7 +79,16 @@ def test_envelope_with_character_and_history(server: LiveServer) -> None:
     ({**BODY, "temperature": "hot"}, "temperature"),
     ({**BODY, "stream": "yes"}, "stream"),
     ({**BODY, "stream": True, "stream_format": "mp3"}, "stream_format"),
-    ({**BODY, "response_format": "mp3"}, "response_format"),
+    ({**BODY, "response_format": "ogg"}, 'response_format must be one of "mp3", "opus", "aac", "flac", "wav", "pcm"'),
+    ({**BODY, "stream": False, "stream_format": "sse"}, "stream is false but stream_format asks for a stream"),
+    ({**BODY, "speed": 1.5}, "speed must be 1.0: Retake does not time-stretch a take (got 1.5)"),
+    ({**BODY, "speed": 9}, "speed must be between 0.25 and 4.0"),
+    ({**BODY, "voice": "alloy"}, "unknown voice 'alloy'; the voices are default"),
+    ({**BODY, "voice": {"id": "voice_1234"}}, "unknown voice 'voice_1234'"),
+    ({**BODY, "voice": 7}, "voice must be a voice's name or id"),
+    ({**BODY, "instructions": "Whisper.", "references": [{"data": "UklGRg==", "text": "x"}]},
+     "never both: the references are clips"),
+    ({**BODY, "instructions": "One line.\nTwo lines."}, "instructions: character.description"),
     ({**BODY, "references": [{"data": "%%%", "text": "x"}]}, "base64"),
     ({**BODY, "references": [{"data": base64.b64encode(b"not audio").decode(), "text": "x"}]}, "audio"),
     ({**BODY, "input": "@@drama3-space@@{broken"}, "envelope"),
