@@ -15,7 +15,8 @@ samples that the TypeScript side, frontend/src/studio/protocol.ts, is tested aga
   binary frames.
 - The script (lines and their order) is the server's: `line.set`, `line.delete` and
   `line.order` change it, and each is answered with the whole script (`script`), so a client
-  converges on what was stored whatever it guessed locally.
+  converges on what was stored whatever it guessed locally. So is the directing history
+  (backend/directing/script.py): which take of a line is kept, and what each line hears.
 """
 
 from __future__ import annotations
@@ -273,6 +274,7 @@ class SessionReady:
     lines: list[LineInfo]  # the script, in order (lines without takes too; deleted lines not)
     takes: list[TakeInfo]  # every take, those of deleted lines too
     history: list[int]  # every kept take of the script, in script order
+    hears: dict[str, int]  # line id -> how many of `history` (its first ones) a new take of the line hears
     protocol: int = PROTOCOL_VERSION
     ref: str | None = None
     type: Literal["session.ready"] = "session.ready"
@@ -291,6 +293,7 @@ class Script:
 
     lines: list[LineInfo]  # in script order
     history: list[int]  # every kept take of the script, in script order
+    hears: dict[str, int]  # line id -> how many of `history` (its first ones) a new take of the line hears
     ref: str | None = None
     type: Literal["script"] = "script"
 
@@ -337,9 +340,13 @@ class TakeDone:
 
 @dataclass(frozen=True)
 class History:
+    """A take's history (`take_id`), or the script's after a take.keep / take.drop (`take_id` null)."""
+
     take_ids: list[int]  # oldest first
     dropped: list[int]  # kept takes left out because the prompt would pass max_prompt_rows
     take_id: int | None = None  # the take this history conditions; null = every kept take of the script
+    hears: dict[str, int] | None = None  # as in `script`; null for a take's history
+    unkept: list[int] = dataclasses.field(default_factory=list)  # takes a keep un-kept (one kept take a line)
     type: Literal["history"] = "history"
 
 

@@ -9,7 +9,8 @@ Design choices:
   it. The active take's events come from the engine thread to its `LiveTake`
   (backend/directing/live_take.py), which stores and forwards them.
 - The script is the server's: line.set / line.delete / line.order each answer with the whole
-  script (`script`). A take of a line with history "kept" hears the kept takes of the lines
+  script (`script`). So is the directing history (backend/directing/script.py): one kept
+  take per line, and a take of a line with history "kept" hears the kept takes of the lines
   above it, in script order, so reordering the script reorders what the model hears.
 """
 
@@ -26,6 +27,7 @@ from backend.directing import protocol as p
 from backend.directing.jobs import TakeJob, TakeOutcome
 from backend.directing.live_take import LiveTake, sampling_info
 from backend.directing.loop import QueueFull
+from backend.directing.script import keep, kept_history
 from backend.state import ServerState
 from backend.store import StoredReference, StoredTake, StoredVoice, audio_url
 from backend.transport import Outbox
@@ -78,13 +80,14 @@ class Session:
             session_id = store.create_session()
         self.session_id = session_id
         state.sessions[session_id] = self
-        voice = store.session_voice(session_id)
+        voice, lines = store.session_voice(session_id), store.lines(session_id)
+        kept = kept_history(store, session_id, lines)
         engine = state.engine
         self.outbox.message(p.SessionReady(
             session_id=session_id, resumed=resumed, engine=engine.name, sample_rate=engine.sample_rate,
             frame_samples=engine.frame_samples, demo_weights=engine.demo_weights, limits=self.limits.to_json(),
-            voice=None if voice is None else voice.info(), lines=store.lines(session_id),
-            takes=[take.info() for take in store.takes(session_id)], history=store.kept_history(session_id),
+            voice=None if voice is None else voice.info(), lines=lines,
+            takes=[take.info() for take in store.takes(session_id)], history=kept.history, hears=kept.hears,
             ref=message.ref))
 
     def cancel(self, message: p.TakeCancel) -> None:
@@ -148,8 +151,9 @@ class Session:
     # The script -----------------------------------------------------------------
 
     def script(self, session_id: str, ref: str | None) -> p.Script:
-        store = self.state.store
-        return p.Script(store.lines(session_id), store.kept_history(session_id), ref)
+        lines = self.state.store.lines(session_id)
+        kept = kept_history(self.state.store, session_id, lines)
+        return p.Script(lines, kept.history, kept.hears, ref)
 
     def check_new_line(self, line_id: str, script: list[str]) -> None:
         limit = self.limits.max_lines_per_session
@@ -213,10 +217,10 @@ class Session:
             raise p.ProtocolError("too_many_takes", f"this session holds {limits.max_takes_per_session} takes, "
                                                     "the most it may; open a new session")
         self.check_new_line(message.line_id, store.line_ids(session_id))
-        if state.engine_loop.depth >= limits.max_queue:
-            retry_ms = round(1000 * max(0.5, state.engine_loop.last_take_s))
-            raise p.ProtocolError("busy", f"the engine queue is full ({state.engine_loop.depth} waiting); retry in "
-                                          f"{retry_ms / 1000:g} s", retry_after_ms=retry_ms)
+        try:
+            state.engine_loop.check_room()  # before the take is stored: a busy take is only an error
+        except QueueFull as error:
+            raise p.ProtocolError("busy", str(error), retry_after_ms=error.retry_after_ms) from None
         spec = message.sampling
         defaults = Sampling()
         sampling = Sampling(
@@ -255,10 +259,11 @@ class Session:
                                          audio_url(session_id, take.take_id), message.ref))
 
     def keep(self, message: p.TakeKeep) -> None:
+        """Keep the take: it replaces its line's kept take, if any (`unkept`)."""
         session_id = self.require_open()
-        self.usable_take(session_id, message.take_id)
-        self.state.store.set_kept(message.take_id, True)
-        self.outbox.message(p.History(self.state.store.kept_history(session_id), [], None))
+        unkept = keep(self.state.store, self.usable_take(session_id, message.take_id))
+        kept = kept_history(self.state.store, session_id)
+        self.outbox.message(p.History(kept.history, [], None, kept.hears, unkept))
 
     def drop(self, message: p.TakeDrop) -> None:
         session_id = self.require_open()
@@ -266,7 +271,8 @@ class Session:
             raise p.ProtocolError("unknown_take", f"take {message.take_id} is not a take of this session",
                                   take_id=message.take_id)
         self.state.store.set_kept(message.take_id, False)
-        self.outbox.message(p.History(self.state.store.kept_history(session_id), [], None))
+        kept = kept_history(self.state.store, session_id)
+        self.outbox.message(p.History(kept.history, [], None, kept.hears))
 
     async def handle(self, message: p.ClientMessage) -> None:
         """An in-order message (everything but session.open, take.cancel and ping)."""

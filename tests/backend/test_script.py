@@ -120,6 +120,43 @@ def test_the_kept_history_follows_the_script_order(server: LiveServer) -> None:
     run(main())
 
 
+def test_a_line_has_one_kept_take_and_the_server_says_what_each_line_hears(server: LiveServer) -> None:
+    """Keeping a take un-keeps its line's kept take (announced in `unkept`); `hears` counts, per line, the
+    first kept takes of the script's history that a new take of the line hears, and follows the script."""
+    async def keep(director: Director, take_id: int) -> dict[str, Any]:
+        return await director.request({"type": "take.keep", "take_id": take_id}, "history")
+
+    async def main() -> None:
+        director = await Director.connect(server.ws)
+        session_id = str((await director.open())["session_id"])
+        for line_id, text in (("a", "One."), ("b", "Two."), ("c", "Three.")):
+            await line(director, {"type": "line.set", "line_id": line_id, "text": text})
+        a1, a2 = [(await director.take("a", "One.", **SHORT)).take_id for _ in range(2)]
+        b1 = (await director.take("b", "Two.", **SHORT)).take_id
+        reply = await keep(director, a1)
+        assert (reply["take_ids"], reply["unkept"], reply["hears"]) == ([a1], [], {"a": 0, "b": 1, "c": 1})
+        reply = await keep(director, b1)
+        assert (reply["take_ids"], reply["unkept"], reply["hears"]) == ([a1, b1], [], {"a": 0, "b": 1, "c": 2})
+        reply = await keep(director, a2)  # a's other take: it replaces a1
+        assert (reply["take_ids"], reply["unkept"], reply["hears"]) == ([a2, b1], [a1], {"a": 0, "b": 1, "c": 2})
+        assert (await keep(director, a2))["unkept"] == []  # kept already: nothing changes
+        # A take of c hears what the server said c hears.
+        assert heard(await director.take("c", "Three.", **SHORT)) == reply["take_ids"][: reply["hears"]["c"]]
+        script = await line(director, {"type": "line.order", "line_ids": ["c", "b", "a"]})
+        assert (script["history"], script["hears"]) == ([b1, a2], {"c": 0, "b": 0, "a": 1})
+        dropped = await director.request({"type": "take.drop", "take_id": b1}, "history")
+        assert (dropped["take_ids"], dropped["unkept"], dropped["hears"]) == ([a2], [], {"c": 0, "b": 0, "a": 0})
+        await director.close()
+        director = await Director.connect(server.ws)  # another client sees the same scene
+        ready = await director.open(session_id)
+        assert {t["take_id"]: t["kept"] for t in ready["takes"]} == {  # type: ignore[union-attr]
+            a1: False, a2: True, b1: False, a2 + 2: False}
+        assert (ready["history"], ready["hears"]) == ([a2], {"c": 0, "b": 0, "a": 0})
+        await director.close()
+
+    run(main())
+
+
 def test_take_messages_carry_the_audio_url(server: LiveServer) -> None:
     async def main() -> None:
         director = await Director.connect(server.ws)

@@ -50,7 +50,7 @@ def test_take_streams_windows_equal_to_its_export(server: LiveServer) -> None:
         assert kinds == ["take.queued", "take.started", "history", "take.done"]
         assert take.messages[0]["ref"] == "t1" and take.messages[0]["line_id"] == "line-1"
         assert take.of_type("history")[0] == {"type": "history", "take_ids": [], "dropped": [],
-                                              "take_id": take.take_id}
+                                              "take_id": take.take_id, "hears": None, "unkept": []}
         done = take.done
         assert done["finish_reason"] in ("stop", "length") and done["error"] is None and done["attempts"] == 1
         timings = done["timings"]
@@ -73,7 +73,8 @@ def test_keep_then_retake_conditions_on_the_kept_take(server: LiveServer) -> Non
         f_short, f_long = int(short.done["frames"]), int(longer.done["frames"])  # type: ignore[call-overload]
         assert f_short > 0 and f_long > 0 and f_short != f_long
         history = await director.request({"type": "take.keep", "take_id": short.take_id}, "history")
-        assert history == {"type": "history", "take_ids": [short.take_id], "dropped": [], "take_id": None}
+        assert history == {"type": "history", "take_ids": [short.take_id], "dropped": [], "take_id": None,
+                           "hears": {"line-1": 0}, "unkept": []}
 
         line = {"sampling": {"max_new_tokens": 4, "seed": 5}}
         retake = await director.take("line-2", "Only me.", **line)  # history "kept": the short take

@@ -144,6 +144,8 @@ export interface SessionReady {
   lines: LineInfo[];
   takes: TakeInfo[];
   history: number[];
+  /** Line id -> how many of `history` (its first ones) a new take of the line hears: the server's count. */
+  hears: Record<string, number>;
   protocol: number;
   ref: string | null;
 }
@@ -151,8 +153,9 @@ export interface SessionReady {
 export type ServerMessage =
   | SessionReady
   | { type: "voice.ready"; voice: VoiceInfo | null; ref: string | null }
-  /** The script after a line message: its lines in order, and every kept take of it in script order. */
-  | { type: "script"; lines: LineInfo[]; history: number[]; ref: string | null }
+  /** The script after a line message: its lines in order, every kept take of it in script order, and
+   * how many of those a new take of each line hears. */
+  | { type: "script"; lines: LineInfo[]; history: number[]; hears: Record<string, number>; ref: string | null }
   | {
       type: "take.queued"; take_id: number; line_id: string; position: number; deadline_ms: number; audio_url: string;
       ref: string | null;
@@ -163,7 +166,12 @@ export type ServerMessage =
       type: "take.done"; take_id: number; finish_reason: FinishReason; timings: Timings; frames: number;
       samples: number; attempts: number; audio_url: string; error: string | null;
     }
-  | { type: "history"; take_ids: number[]; dropped: number[]; take_id: number | null }
+  /** A take's history (`take_id`), or the script's after a keep or drop (`take_id` null: with `hears`, and the
+   * takes a keep un-kept, a line having one kept take). */
+  | {
+      type: "history"; take_ids: number[]; dropped: number[]; take_id: number | null;
+      hears: Record<string, number> | null; unkept: number[];
+    }
   | { type: "error"; code: ErrorCode; message: string; take_id: number | null; ref: string | null; retry_after_ms: number | null }
   | { type: "pong"; t: number | null; ref: string | null };
 
@@ -183,16 +191,22 @@ const takeInfo = record<TakeInfo>({
   attempts: int, audio_url: str, created_ms: int,
 });
 const lineInfo = record<LineInfo>({ line_id: str, text: str, position: int });
+const counts: Check<Record<string, number>> = (v, p) => {
+  const o = object(v, p);
+  const out: Record<string, number> = {};
+  for (const key of Object.keys(o)) out[key] = int(o[key], `${p}.${key}`);
+  return out;
+};
 
 const decoders: { [T in ServerMessage["type"]]: Check<Omit<ServerMessageOf<T>, "type">> } = {
   "session.ready": record({
     session_id: str, resumed: bool, engine: str, sample_rate: int, frame_samples: int, demo_weights: bool,
     limits: numbers as Check<Record<string, number>>, voice: nullable(voiceInfo),
     lines: list(lineInfo), takes: list(takeInfo),
-    history: list(int), protocol: int, ref: nullable(str),
+    history: list(int), hears: counts, protocol: int, ref: nullable(str),
   }),
   "voice.ready": record({ voice: nullable(voiceInfo), ref: nullable(str) }),
-  script: record({ lines: list(lineInfo), history: list(int), ref: nullable(str) }),
+  script: record({ lines: list(lineInfo), history: list(int), hears: counts, ref: nullable(str) }),
   "take.queued": record({
     take_id: int, line_id: str, position: int, deadline_ms: int, audio_url: str, ref: nullable(str),
   }),
@@ -202,7 +216,9 @@ const decoders: { [T in ServerMessage["type"]]: Check<Omit<ServerMessageOf<T>, "
     take_id: int, finish_reason: finishReason, timings: numbers, frames: int, samples: int, attempts: int,
     audio_url: str, error: nullable(str),
   }),
-  history: record({ take_ids: list(int), dropped: list(int), take_id: nullable(int) }),
+  history: record({
+    take_ids: list(int), dropped: list(int), take_id: nullable(int), hears: nullable(counts), unkept: list(int),
+  }),
   error: record({
     code: str as Check<ErrorCode>, message: str, take_id: nullable(int), ref: nullable(str),
     retry_after_ms: nullable(int),

@@ -24,7 +24,7 @@ function finished(scene: Scene, takeId: number, pcm: number[]): void {
 }
 
 function keep(scene: Scene, ...ids: number[]): void {
-  scene.history({ type: "history", take_ids: ids, dropped: [], take_id: null });
+  scene.history({ type: "history", take_ids: ids, dropped: [], take_id: null, hears: {}, unkept: [] });
 }
 
 describe("Scene", () => {
@@ -144,7 +144,8 @@ describe("Scene", () => {
     scene.applyReady(resumed, null);
     scene.selectedLineId = "line-1";
     const script = (lines: string[], history: number[]) => scene.scriptReply({
-      type: "script", lines: lines.map((id, position) => ({ line_id: id, text: id, position })), history, ref: null,
+      type: "script", lines: lines.map((id, position) => ({ line_id: id, text: id, position })), history, hears: {},
+      ref: null,
     });
     script(["line-1", "line-2"], [17]);
     expect(scene.lines.map((l) => l.id)).toEqual(["line-1", "line-2"]);
