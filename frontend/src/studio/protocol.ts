@@ -15,7 +15,7 @@
  */
 
 import {
-  bool, decodeTyped, int, list, nullable, num, numbers, oneOf, record, str, type Check,
+  bool, decodeTyped, int, list, nullable, num, numbers, object, oneOf, record, str, type Check,
 } from "../shared/wire";
 
 export const PROTOCOL_VERSION = 1;
