@@ -3,21 +3,23 @@
  * types, their checks, and the two audio formats.
  *
  * - Server messages are checked field by field like the studio's (shared/wire.ts's
- *   checks); unknown fields are ignored, a malformed message raises ProtocolDecodeError.
+ *   checks); unknown fields are ignored, a malformed message raises ProtocolDecodeError. The
+ *   server's side is backend/conversation/protocol.py; both are tested against the samples in
+ *   tests/fixtures/protocol/conversation_*.json.
  * - The microphone goes up as bare PCM16 LE mono frames, no header (`encodePcm16`). Floats are
  *   scaled by 32768 and clamped, the exact inverse of the player's `/ 32768`.
  * - The agent comes down in the studio's framed format (§5): `decodeAudioFrame` reads it, and
  *   `agentFrameProblem` checks what §9 adds (take 0, one tick per frame, contiguous).
  */
 import {
-  ProtocolDecodeError, bool, decodeTyped, int, list, nullable, num, object, record, str, type AudioFrame, type Check,
+  ProtocolDecodeError, bool, decodeTyped, int, list, nullable, record, str, type AudioFrame, type Check,
 } from "../shared/wire";
 
 // ─── Client → server ─────────────────────────────────────────────────────────
 
 export type ConversationClientMessage =
   | { type: "converse.open"; persona?: string; voice?: string; voice_clip?: string }
-  | { type: "ping"; t?: number };
+  | { type: "ping" };
 
 /** The opening message; a blank persona or voice is left out (the server's default). A voice
  * clip (the file's bytes, base64) replaces the named voice. */
@@ -53,12 +55,9 @@ export type ConversationServerMessage =
   /** A piece of the agent's text, said at `tick` (pieces carry their own spaces). */
   | { type: "converse.text"; tick: number; text: string }
   | ConversationError
-  | { type: "pong"; t: number | null };
+  | { type: "pong" };
 
 type Body<T extends ConversationServerMessage["type"]> = Omit<Extract<ConversationServerMessage, { type: T }>, "type">;
-
-/** A field that may be missing or null. */
-const maybe = <T>(check: Check<T>): Check<T | null> => (v, p) => (v === undefined || v === null ? null : check(v, p));
 
 const decoders: { [T in ConversationServerMessage["type"]]: Check<Body<T>> } = {
   "converse.ready": record<Body<"converse.ready">>({
@@ -67,7 +66,7 @@ const decoders: { [T in ConversationServerMessage["type"]]: Check<Body<T>> } = {
   "converse.listening": () => ({}),
   "converse.text": record<Body<"converse.text">>({ tick: int, text: str }),
   error: record<Body<"error">>({ code: str, message: str }),
-  pong: (v, p) => ({ t: maybe(num)(object(v, p)["t"], `${p}.t`) }),
+  pong: () => ({}),
 };
 
 /** A server text frame of `/converse` as a checked message. */

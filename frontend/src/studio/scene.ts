@@ -3,13 +3,12 @@
  * take with its audio, and which takes are kept. Pure state with no DOM and no socket, so it is
  * tested in Node.
  *
- * Directing history:
- * - A take of line L hears the kept takes of the lines above L, in script order: that is what
- *   the server does for history "kept" (docs/protocol.md), which the studio sends, and what
- *   `historyFor` shows. Reordering the script reorders what the model hears, and a retake
- *   never hears an earlier take of its own line.
- * - A line has at most one kept take: keeping a take replaces that line's kept take (the
- *   studio's choice; the server would keep several).
+ * Directing history: the server's, shown as it says it (docs/protocol.md §2.1).
+ * - The server keeps every kept take of the script in script order (`serverHistory`), and says
+ *   how many of them a new take of each line hears (`serverHears`): a take of line L hears
+ *   the kept takes of the lines above L. `historyFor` shows that; the page never works it out.
+ * - A line has at most one kept take, and the server enforces it: a keep un-keeps the line's
+ *   other kept take, which the reply names (`unkept`).
  * - Takes of a deleted line stay on the server (exportable) but leave the history; the page
  *   does not show them.
  */
@@ -95,6 +94,8 @@ export class Scene {
   selectedLineId: string | null = null;
   /** Every kept take of the script in script order, as the server last said (session.ready, history, script). */
   serverHistory: number[] = [];
+  /** Line id -> how many of `serverHistory` (its first ones) a new take of the line hears, as the server said. */
+  serverHears: Record<string, number> = {};
 
   // ─── the script ──────────────────────────────────────────────────────────
 
@@ -132,7 +133,7 @@ export class Scene {
   /** The server's script, in reply to a line message (or not). */
   scriptReply(message: ServerMessageOf<"script">): void {
     this.script.confirm(message.lines, message.ref);
-    this.markKept(message.history);
+    this.markKept(message.history, message.hears);
     this.keepSelection();
   }
 
@@ -169,26 +170,15 @@ export class Scene {
     return this.takesOf(lineId).filter((t) => t.kept).at(-1);
   }
 
-  /** What a new take of `lineId` will hear: the kept takes of the lines above it. */
-  historyFor(lineId: string): History {
-    const history: History = [];
-    for (const line of this.lines) {
-      if (line.id === lineId) break;
-      for (const take of this.takesOf(line.id)) if (take.kept) history.push(take.id);
-    }
-    return history;
+  /** What a new take of `lineId` will hear, as the server said; null for a line the server has not placed yet. */
+  historyFor(lineId: string): History | null {
+    const hears = this.serverHears[lineId];
+    return hears === undefined ? null : this.serverHistory.slice(0, hears);
   }
 
-  /** Every kept take in scene order (script order, then take id): what the export holds. */
+  /** Every kept take in scene order (script order, then take id), as the server said: what the export holds. */
   keptInScriptOrder(): Take[] {
-    return this.lines.flatMap((line) => this.takesOf(line.id).filter((t) => t.kept));
-  }
-
-  /** Takes to drop so that `takeId` becomes its line's only kept take. */
-  keptRivals(takeId: number): Take[] {
-    const take = this.takes.get(takeId);
-    if (take === undefined) return [];
-    return this.takesOf(take.lineId).filter((t) => t.kept && t.id !== takeId);
+    return this.serverHistory.flatMap((id) => this.takes.get(id) ?? []);
   }
 
   // ─── server messages ─────────────────────────────────────────────────────
@@ -218,6 +208,7 @@ export class Scene {
     this.takes.clear();
     for (const [id, take] of fresh) this.takes.set(id, take);
     this.serverHistory = [...ready.history];
+    this.serverHears = { ...ready.hears };
     this.selectedLineId ??= stored?.selectedLineId ?? null;
     this.keepSelection();
   }
@@ -287,12 +278,17 @@ export class Scene {
       }
       return;
     }
-    this.markKept(message.take_ids);
+    this.markKept(message.take_ids, message.hears ?? {});
+    for (const id of message.unkept) {
+      const take = this.takes.get(id);
+      if (take !== undefined) take.kept = false; // a keep replaced it (also a take of a deleted line)
+    }
   }
 
   /** The server's kept takes of the script: takes of deleted lines keep their flag (they return with the line). */
-  private markKept(history: readonly number[]): void {
+  private markKept(history: readonly number[], hears: Record<string, number>): void {
     this.serverHistory = [...history];
+    this.serverHears = { ...hears };
     const kept = new Set(history);
     for (const take of this.takes.values()) if (this.line(take.lineId) !== undefined) take.kept = kept.has(take.id);
   }

@@ -158,7 +158,7 @@ export class Studio {
     void this.ensureAudio();
     this.flushScript(); // the line is on the server, in its place, before its take
     const ref = this.nextRef(`line:${lineId}`);
-    // History "kept": the server gives the take the kept takes of the lines above it (Scene.historyFor).
+    // History "kept": the server gives the take the kept takes of the lines above it (what Scene.historyFor shows).
     const sent = this.send(takeStart(lineId, text, { sampling: this.sampling, ref }));
     if (sent) this.pendingTakes.set(ref, { lineId, text, requestedAt: performance.now() });
     this.saveScene();
@@ -169,9 +169,8 @@ export class Studio {
     this.send({ type: "take.cancel", take_id: takeId, ref: this.nextRef(`take:${takeId}`) });
   }
 
-  /** Keep a take: it replaces its line's kept take in the directing history. */
+  /** Keep a take: the server makes it its line's kept take, in place of the one before. */
   keep(takeId: number): void {
-    for (const rival of this.scene.keptRivals(takeId)) this.drop(rival.id);
     this.send({ type: "take.keep", take_id: takeId, ref: this.nextRef(`take:${takeId}`) });
   }
 

@@ -4,17 +4,17 @@ import {
 } from "../../../frontend/src/conversation/protocol";
 import { ProtocolDecodeError, decodeAudioFrame } from "../../../frontend/src/shared/wire";
 
-// The server's messages as docs/protocol.md §9 gives them.
-const serverMessages = [
-  {
-    type: "converse.ready", sample_rate: 24000, frame_samples: 1920, voice: "NATF2", voices: ["NATF2", "NATM1"],
-    persona: "You are a helpful assistant.", demo_weights: true,
-  },
-  { type: "converse.listening" },
-  { type: "converse.text", tick: 12, text: " Hello" },
-  { type: "error", code: "bad_field", message: "voice: unknown voice 'X'" },
-  { type: "pong", t: 1.5 },
-];
+// The fixtures the Python tests use too (tests/fixtures/protocol/conversation_*.json), read by Vite at test time.
+type Fixture = { name: string; message: Record<string, unknown> };
+const fixtures = import.meta.glob("../../fixtures/protocol/conversation_*_messages.json", { eager: true, import: "default" });
+function load(name: string): Fixture[] {
+  const found = fixtures[`../../fixtures/protocol/conversation_${name}.json`];
+  if (found === undefined) throw new Error(`tests/fixtures/protocol/conversation_${name}.json is missing`);
+  return found as Fixture[];
+}
+const serverFixtures = load("server_messages");
+const clientFixtures = load("client_messages");
+const serverMessages = serverFixtures.map((f) => f.message);
 
 /** A §5 frame: the 16-byte header then `samples` as PCM16 LE. */
 function frame(header: { flags?: number; takeId?: number; seq: number; start: number }, samples: Int16Array): ArrayBuffer {
@@ -30,15 +30,20 @@ function frame(header: { flags?: number; takeId?: number; seq: number; start: nu
 }
 
 describe("conversation messages from the server", () => {
-  it.each(serverMessages.map((m) => [m.type, m] as const))("decodes %s field for field", (_type, message) => {
+  it.each(serverFixtures.map((f) => [f.name, f.message] as const))("decodes %s field for field", (_name, message) => {
     expect(decodeConversation(JSON.stringify(message))).toEqual(message);
   });
 
-  it("ignores fields it does not know, and takes a pong without t", () => {
+  it("has a fixture for every message type it decodes", () => {
+    expect([...new Set(serverMessages.map((m) => m.type))].sort()).toEqual(
+      ["converse.listening", "converse.ready", "converse.text", "error", "pong"]);
+  });
+
+  it("ignores fields it does not know", () => {
     expect(decodeConversation(JSON.stringify({ type: "converse.text", tick: 3, text: "a", extra: [1] })))
       .toEqual({ type: "converse.text", tick: 3, text: "a" });
     expect(decodeConversation(JSON.stringify({ type: "converse.listening", ref: null }))).toEqual({ type: "converse.listening" });
-    expect(decodeConversation('{"type": "pong"}')).toEqual({ type: "pong", t: null });
+    expect(decodeConversation('{"type": "pong", "t": 1}')).toEqual({ type: "pong" });
     const noVoice = { ...serverMessages[0], voice: null, voices: [] };
     expect(decodeConversation(JSON.stringify(noVoice))).toEqual(noVoice);
     expect(decodeConversation(JSON.stringify({ type: "error", code: "busy", message: "m", take_id: null, ref: null })))
@@ -68,6 +73,15 @@ describe("conversation messages to the server", () => {
     expect(JSON.parse(encodeConversation(conversationOpen("", "NATF2")))).toEqual({ type: "converse.open", voice: "NATF2" });
     // A voice clip replaces the named voice.
     expect(conversationOpen("", "NATF2", "UklGRg==")).toEqual({ type: "converse.open", voice_clip: "UklGRg==" });
+  });
+
+  it("writes the shared fixtures' messages that the page sends", () => {
+    const find = (name: string) => clientFixtures.find((f) => f.name === name)!.message;
+    expect(JSON.parse(encodeConversation(conversationOpen("", "")))).toEqual(find("open with the defaults"));
+    const clip = find("open with a voice clip").voice_clip as string;
+    expect(JSON.parse(encodeConversation(conversationOpen("Be brief.", "NATF2", clip))))
+      .toEqual(find("open with a voice clip"));
+    expect(JSON.parse(encodeConversation({ type: "ping" }))).toEqual(find("ping"));
   });
 });
 

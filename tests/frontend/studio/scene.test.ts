@@ -23,8 +23,9 @@ function finished(scene: Scene, takeId: number, pcm: number[]): void {
   });
 }
 
-function keep(scene: Scene, ...ids: number[]): void {
-  scene.history({ type: "history", take_ids: ids, dropped: [], take_id: null, hears: {}, unkept: [] });
+/** The server's reply to a keep or drop: every kept take of the script, what each line hears, what it un-kept. */
+function kept(scene: Scene, ids: number[], hears: Record<string, number>, unkept: number[] = []): void {
+  scene.history({ type: "history", take_ids: ids, dropped: [], take_id: null, hears, unkept });
 }
 
 describe("Scene", () => {
@@ -43,22 +44,27 @@ describe("Scene", () => {
     expect(scene.selectedLineId).toBe(b.id);
   });
 
-  it("gives a take the kept takes of the lines above it, in script order", () => {
+  it("shows what the server says each line hears, and which takes it keeps", () => {
     const scene = new Scene();
     const [l1, l2, l3] = [scene.addLine("a"), scene.addLine("b"), scene.addLine("c")];
+    expect(scene.historyFor(l1.id)).toBeNull(); // the server has not placed the line yet
     queued(scene, 10, l1.id); finished(scene, 10, [1]);
     queued(scene, 11, l2.id); finished(scene, 11, [2]);
     queued(scene, 12, l2.id); finished(scene, 12, [3]);
     queued(scene, 13, l3.id); finished(scene, 13, [4]);
-    keep(scene, 10, 12, 13);
+    kept(scene, [10, 11, 13], { [l1.id]: 0, [l2.id]: 1, [l3.id]: 2 });
     expect(scene.historyFor(l1.id)).toEqual([]);
     expect(scene.historyFor(l2.id)).toEqual([10]); // a retake of l2 does not hear l2's kept take
+    expect(scene.historyFor(l3.id)).toEqual([10, 11]);
+    expect([10, 11, 12, 13].map((id) => scene.takes.get(id)!.kept)).toEqual([true, true, false, true]);
+    // Keeping 12: the server un-keeps 11, l2's kept take until now.
+    kept(scene, [10, 12, 13], { [l1.id]: 0, [l2.id]: 1, [l3.id]: 2 }, [11]);
+    expect([10, 11, 12, 13].map((id) => scene.takes.get(id)!.kept)).toEqual([true, false, true, true]);
     expect(scene.historyFor(l3.id)).toEqual([10, 12]);
-    scene.moveLine(l3.id, -1);
-    scene.moveLine(l3.id, -1); // l3 now opens the scene
+    // The server's order is the page's: l3 now opens the scene.
+    kept(scene, [13, 10, 12], { [l3.id]: 0, [l1.id]: 1, [l2.id]: 2 });
     expect(scene.historyFor(l2.id)).toEqual([13, 10]);
     expect(scene.keptInScriptOrder().map((t) => t.id)).toEqual([13, 10, 12]);
-    expect(scene.keptRivals(11).map((t) => t.id)).toEqual([12]);
   });
 
   it("keeps the audio of a take, window by window, and notices a gap", () => {
@@ -97,7 +103,7 @@ describe("Scene", () => {
     queued(scene, 2, a.id); finished(scene, 2, [2, 2, 2]);
     queued(scene, 3, a.id); finished(scene, 3, [3, 3, 3]);
     queued(scene, 4, b.id); finished(scene, 4, [4, 4, 4]);
-    keep(scene, 1);
+    kept(scene, [1], { [a.id]: 0, [b.id]: 1 });
     scene.trimAudio(6);
     const held = (id: number) => scene.takes.get(id)!.received;
     expect([held(1), held(2), held(3), held(4)]).toEqual([3, 0, 3, 3]); // 2 went: not kept, not latest
@@ -143,18 +149,18 @@ describe("Scene", () => {
     const scene = new Scene();
     scene.applyReady(resumed, null);
     scene.selectedLineId = "line-1";
-    const script = (lines: string[], history: number[]) => scene.scriptReply({
-      type: "script", lines: lines.map((id, position) => ({ line_id: id, text: id, position })), history, hears: {},
+    const script = (lines: string[], history: number[], hears: Record<string, number>) => scene.scriptReply({
+      type: "script", lines: lines.map((id, position) => ({ line_id: id, text: id, position })), history, hears,
       ref: null,
     });
-    script(["line-1", "line-2"], [17]);
+    script(["line-1", "line-2"], [17], { "line-1": 0, "line-2": 1 });
     expect(scene.lines.map((l) => l.id)).toEqual(["line-1", "line-2"]);
     expect(scene.historyFor("line-2")).toEqual([17]);
-    script(["line-2"], []); // line-1 deleted (elsewhere): its kept take leaves the history, keeps its flag
+    script(["line-2"], [], { "line-2": 0 }); // line-1 deleted elsewhere: its kept take leaves the history, keeps its flag
     expect(scene.selectedLineId).toBe("line-2");
     expect(scene.takes.get(17)!.kept).toBe(true);
     expect(scene.keptInScriptOrder()).toEqual([]);
-    script(["line-2", "line-1"], [17]); // and comes back with the line
+    script(["line-2", "line-1"], [17], { "line-2": 0, "line-1": 0 }); // and comes back with the line
     expect(scene.historyFor("line-1")).toEqual([]);
     expect(scene.keptInScriptOrder().map((t) => t.id)).toEqual([17]);
     expect(scene.serverHistory).toEqual([17]);

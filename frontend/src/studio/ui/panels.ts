@@ -114,7 +114,8 @@ export class HistoryPanel {
     const lineId = scene.selectedLineId;
     const index = scene.lines.findIndex((l) => l.id === lineId);
     setText(this.title, index < 0 ? "Directing history" : `Line ${index + 1} will hear`);
-    const ids = lineId === null ? [] : scene.historyFor(lineId);
+    const heard = lineId === null ? [] : scene.historyFor(lineId);
+    const ids = heard ?? [];
     const rows = ids.map((id, k) => {
       const take = scene.takes.get(id)!;
       const line = scene.lines.findIndex((l) => l.id === take.lineId);
@@ -128,7 +129,8 @@ export class HistoryPanel {
     placeChildren(this.list, rows);
     const latest = lineId === null ? undefined : scene.latestTake(lineId);
     const kept = scene.keptInScriptOrder().length;
-    let note = ids.length === 0 ? "Nothing kept above this line: the take starts the scene." : "";
+    let note = heard === null ? "The server has not placed this line yet."
+      : ids.length === 0 ? "Nothing kept above this line: the take starts the scene." : "";
     if (latest !== undefined && latest.dropped.length > 0) {
       note = `Its last take left out ${latest.dropped.length} oldest turn(s) to fit the prompt.`;
     }
