@@ -20,6 +20,7 @@ FRONTEND_DIST = Path(__file__).resolve().parents[1] / "frontend" / "dist"
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path
+    database_url: str | None = None  # a PostgreSQL database (postgresql://...); None: SQLite under data_dir
     checkpoint: Path | str | None = None  # a directory or a Hub repo id; None: the tiny demo checkpoint
     device: str = "auto"
     first_window_frames: int | None = None
@@ -35,8 +36,9 @@ class Settings:
     conversation_slots: int = 2  # conversations at once
 
     @property
-    def database(self) -> Path:
-        return self.data_dir / "retake.sqlite3"
+    def database(self) -> Path | str:
+        """What backend/store.py opens: the database URL, or the SQLite file under data_dir."""
+        return self.database_url or self.data_dir / "retake.sqlite3"
 
     def with_engine_limits(self, engine_limits: dict[str, object]) -> Settings:
         """Limits narrowed to what the engine accepts."""

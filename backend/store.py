@@ -1,23 +1,24 @@
-"""SQLite persistence of directing sessions: sessions, lines, voices (codes) and takes (codes).
+"""Persistence of directing sessions: sessions, lines, voices (codes) and takes (codes), in SQLite
+(the embedded default) or PostgreSQL (replicas sharing one database), through backend/schema.py.
 
 Design choices:
-- One file (`retake.sqlite3` under `--data-dir`), one connection, used only from the event
-  loop thread. Every write is one short transaction (milliseconds: codes of a take are tens
-  of kilobytes), so the loop does it inline instead of hopping to a thread; this keeps the
-  rule "written before announced" a matter of statement order in the caller.
-- WAL journal with synchronous=NORMAL: a committed write survives the process dying (a
-  restart loses nothing); only a power cut can lose the last transactions.
+- One SQLite file (`retake.sqlite3` under `--data-dir`) or one PostgreSQL database
+  (`--database postgresql://...`), used from the event loop thread. Every write is one short
+  transaction (milliseconds: codes of a take are tens of kilobytes), so the loop does it
+  inline instead of hopping to a thread; this keeps the rule "written before announced" a
+  matter of statement order in the caller.
+- A committed write survives the process dying (SQLite: WAL with synchronous=NORMAL; only a
+  power cut can lose the last transactions. PostgreSQL: its own durability).
 - Codes are stored as little-endian int32 bytes with their codebook count; the store knows
   numpy arrays, not torch tensors.
-- Take ids come from one AUTOINCREMENT sequence over all sessions, so an id names one take
-  on the whole server (the audio frame header carries it as u32).
+- Take ids come from one sequence over all sessions (and all replicas), so an id names one
+  take on the whole deployment (the audio frame header carries it as u32).
 - A running take's windows are written (their codes) as they stream, before they are sent;
-  the take's codes replace them when it finishes. Takes that were queued or running when the
-  server stopped are finished as `error` on open, with the codes of the windows they had sent,
-  so the audio a director heard before a crash is kept.
-- The schema evolves by numbered migrations (`PRAGMA user_version`): `SCHEMA` is the first
-  version and stays as it was, a new file runs it and then every migration, so a file written
-  by an older server and a new one end up with the same tables.
+  the take's codes replace them when it finishes. Takes that a replica left queued or
+  running when it died are finished as `error`, with the codes of the windows they had sent,
+  so the audio a director heard before a crash is kept: on open (every dead replica's), and
+  when a session is resumed (`finish_orphaned_takes`). Which replica is alive is
+  backend/replicas.py's question.
 - The script: `lines.position` is a line's place (0, 1, ... over the lines not deleted),
   rewritten whenever the order changes (a script is at most a thousand short rows). A deleted
   line without takes is gone; one with takes stays, marked with `deleted_ms`, so its takes keep
@@ -26,18 +27,19 @@ Design choices:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import secrets
-import sqlite3
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Row
 
+from backend import replicas, schema
 from backend.directing.protocol import (
     CharacterInfo,
     CharacterSpec,
@@ -48,80 +50,38 @@ from backend.directing.protocol import (
     TakeState,
     VoiceInfo,
 )
+from backend.schema import NewerSchema, Unreachable, lines, sessions, take_windows, takes, voice_references, voices
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    session_id TEXT PRIMARY KEY,
-    created_ms INTEGER NOT NULL,
-    voice_id INTEGER
-);
-CREATE TABLE IF NOT EXISTS voices (
-    voice_id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL REFERENCES sessions(session_id),
-    character TEXT,
-    created_ms INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS voice_references (
-    voice_id INTEGER NOT NULL REFERENCES voices(voice_id),
-    idx INTEGER NOT NULL,
-    text TEXT NOT NULL,
-    codebooks INTEGER NOT NULL,
-    codes BLOB NOT NULL,
-    PRIMARY KEY (voice_id, idx)
-);
-CREATE TABLE IF NOT EXISTS lines (
-    session_id TEXT NOT NULL REFERENCES sessions(session_id),
-    line_id TEXT NOT NULL,
-    text TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    PRIMARY KEY (session_id, line_id)
-);
-CREATE TABLE IF NOT EXISTS takes (
-    take_id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL REFERENCES sessions(session_id),
-    line_id TEXT NOT NULL,
-    text TEXT NOT NULL,
-    voice_id INTEGER,
-    sampling TEXT NOT NULL,
-    history TEXT NOT NULL DEFAULT '[]',
-    kept INTEGER NOT NULL DEFAULT 0,
-    state TEXT NOT NULL DEFAULT 'queued',
-    finish_reason TEXT,
-    error TEXT,
-    timings TEXT NOT NULL DEFAULT '{}',
-    frames INTEGER NOT NULL DEFAULT 0,
-    samples INTEGER NOT NULL DEFAULT 0,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    codebooks INTEGER,
-    codes BLOB,
-    created_ms INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS takes_by_session ON takes (session_id, take_id);
-"""
-# Migration n brings a file from user_version n - 1 to n; never edit one that has shipped.
-MIGRATIONS: tuple[str, ...] = (
-    # 1: the script is stored: lines without takes, their order, deleted lines that have takes.
-    "ALTER TABLE lines ADD COLUMN deleted_ms INTEGER;",
-    # 2: the windows of a running take, written as they stream so a crash keeps what was heard.
-    "CREATE TABLE take_windows (take_id INTEGER NOT NULL REFERENCES takes (take_id), seq INTEGER NOT NULL, "
-    "codebooks INTEGER NOT NULL, codes BLOB NOT NULL, samples INTEGER NOT NULL, PRIMARY KEY (take_id, seq));",
-)
+__all__ = ["STOPPED_DURING_TAKE", "NewerSchema", "Store", "StoredReference", "StoredTake", "StoredVoice",
+           "Unreachable", "audio_url", "check_schema"]
 STOPPED_DURING_TAKE = "the server stopped during this take"
 
 
-class NewerSchema(RuntimeError):
-    """The database file was written by a newer Retake; this one cannot use it."""
+def describe(database: Path | str) -> str:
+    """The database as messages name it (as given, but never with its password)."""
+    if isinstance(database, Path) or schema.database_url(database).password is None:
+        return str(database)
+    return sa.make_url(database).render_as_string(hide_password=True)
 
 
-def check_schema(path: Path) -> None:
-    """Raise NewerSchema if the file at `path` (if any) is from a newer Retake; changes nothing."""
-    if not path.is_file():
+def one_line(error: sa.exc.DBAPIError) -> str:
+    """The driver's message (libpq's spans lines) on one line."""
+    return " ".join(str(error.orig).split())
+
+
+def check_schema(database: Path | str) -> None:
+    """Raise NewerSchema if the database is from a newer Retake, Unreachable if it cannot be
+    opened; changes nothing (a SQLite file that does not exist yet is fine)."""
+    if isinstance(database, Path) and not database.is_file():
         return
-    with contextlib.closing(sqlite3.connect(path)) as db:
-        version = int(db.execute("PRAGMA user_version").fetchone()[0])
-    if version > len(MIGRATIONS):
-        raise NewerSchema(f"{path} was written by a newer Retake (schema {version}, this one knows "
-                          f"{len(MIGRATIONS)}); upgrade Retake or use another --data-dir")
+    engine = schema.connect(database)
+    try:
+        with engine.connect() as conn:
+            schema.check(conn, describe(database))
+    except sa.exc.DBAPIError as error:
+        raise Unreachable(f"cannot open {describe(database)}: {one_line(error)}") from None
+    finally:
+        engine.dispose()
 
 
 def now_ms() -> int:
@@ -197,92 +157,122 @@ class StoredTake:
         }
 
 
-TAKE_COLUMNS = ("take_id, session_id, line_id, text, voice_id, sampling, history, kept, state, finish_reason, "
-                "error, timings, frames, samples, attempts, created_ms")
+TAKE_COLUMNS = (takes.c.take_id, takes.c.session_id, takes.c.line_id, takes.c.text, takes.c.voice_id,
+                takes.c.sampling, takes.c.history, takes.c.kept, takes.c.state, takes.c.finish_reason, takes.c.error,
+                takes.c.timings, takes.c.frames, takes.c.samples, takes.c.attempts, takes.c.created_ms)
+SCRIPT = (lines.c.position, lines.c.line_id)  # the script's order (positions are unique; the id is a tiebreak)
 
 
-def _take(row: sqlite3.Row) -> StoredTake:
+def _take(row: Row[Any]) -> StoredTake:
     return StoredTake(
-        take_id=row["take_id"], session_id=row["session_id"], line_id=row["line_id"], text=row["text"],
-        voice_id=row["voice_id"], sampling=cast(SamplingInfo, json.loads(row["sampling"])),
-        history=json.loads(row["history"]), kept=bool(row["kept"]), state=row["state"],
-        finish_reason=row["finish_reason"], error=row["error"], timings=json.loads(row["timings"]),
-        frames=row["frames"], samples=row["samples"], attempts=row["attempts"], created_ms=row["created_ms"],
+        take_id=row.take_id, session_id=row.session_id, line_id=row.line_id, text=row.text,
+        voice_id=row.voice_id, sampling=cast(SamplingInfo, json.loads(row.sampling)),
+        history=json.loads(row.history), kept=bool(row.kept), state=row.state,
+        finish_reason=row.finish_reason, error=row.error, timings=json.loads(row.timings),
+        frames=row.frames, samples=row.samples, attempts=row.attempts, created_ms=row.created_ms,
     )
 
 
-class Store:
-    """The session store; every method is one transaction, committed when it returns."""
+def _upsert(conn: Connection, table: sa.Table) -> Any:
+    """INSERT ... ON CONFLICT for this database (both dialects spell it the same way)."""
+    return (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(table)
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        check_schema(path)
-        self.path = path
-        # isolation_level=None: autocommit, with explicit transactions around multi-statement writes.
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self.db.executescript(SCHEMA)
-        self._migrate()
-        self.interrupted = self._finish_interrupted_takes()
+
+def _live(session_id: str) -> sa.ColumnElement[bool]:
+    """The session's lines that are in the script (not deleted)."""
+    return sa.and_(lines.c.session_id == session_id, lines.c.deleted_ms.is_(None))
+
+
+class Store:
+    """The session store; every method is one transaction, committed when it returns.
+
+    `database`: a SQLite file (Path) or a database URL (str, `postgresql://user@host/db`)."""
+
+    def __init__(self, database: Path | str) -> None:
+        self.name = describe(database)
+        self.engine = schema.connect(database)
+        try:
+            schema.migrate(self.engine, self.name)
+            self.replica = replicas.claim(self.engine)
+        except sa.exc.DBAPIError as error:
+            self.engine.dispose()
+            raise Unreachable(f"cannot open {self.name}: {one_line(error)}") from None
+        except BaseException:
+            self.engine.dispose()
+            raise
+        self.interrupted = self.finish_orphaned_takes()
 
     def close(self) -> None:
-        self.db.close()
+        self.replica.close()
+        self.engine.dispose()
 
-    def _write(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
-        return self.db.execute(sql, params)
+    def _transaction(self) -> Any:
+        """The statements inside as one transaction (committed at the end, rolled back on an exception)."""
+        return self.engine.begin()
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """The writes inside as one transaction (committed at the end, rolled back on an exception)."""
-        with self.db:
-            self.db.execute("BEGIN")
-            yield
-
-    def _migrate(self) -> None:
-        version = int(self.db.execute("PRAGMA user_version").fetchone()[0])
-        for number in range(version + 1, len(MIGRATIONS) + 1):
-            # executescript commits first; BEGIN ... COMMIT makes each migration all or nothing.
-            self.db.executescript(f"BEGIN; {MIGRATIONS[number - 1]} PRAGMA user_version={number}; COMMIT;")
-
-    def _finish_interrupted_takes(self) -> int:
-        """Finish the takes a stopped server left queued or running, each with the windows it had sent."""
-        interrupted = self.db.execute("SELECT take_id, attempts, timings FROM takes WHERE state != 'done'").fetchall()
-        for take_id, attempts, timings in interrupted:
-            windows = self.db.execute("SELECT codebooks, codes, samples FROM take_windows WHERE take_id=? "
-                                      "ORDER BY seq", (take_id,)).fetchall()
-            codes = np.concatenate([blob_to_codes(w["codebooks"], w["codes"]) for w in windows], axis=1) \
-                if windows else None
-            self.finish_take(take_id, "error", error=STOPPED_DURING_TAKE, timings=json.loads(timings or "{}"),
-                             samples=sum(int(w["samples"]) for w in windows), attempts=attempts, codes=codes)
-        return len(interrupted)
+    def finish_orphaned_takes(self, session_id: str | None = None) -> int:
+        """Finish the takes that dead replicas left queued or running (of one session, or all),
+        each with the windows it had sent; returns how many. Takes of live replicas stay."""
+        finished = 0
+        with self._transaction() as conn:
+            unfinished = sa.select(takes.c.replica).distinct().where(takes.c.state != "done")
+            if session_id is not None:
+                unfinished = unfinished.where(takes.c.session_id == session_id)
+            owners = list(conn.execute(unfinished).scalars())
+        for owner in owners:
+            with self._transaction() as conn:
+                if self.replica.alive(conn, owner):
+                    continue
+                orphaned = sa.select(takes.c.take_id, takes.c.attempts, takes.c.timings).where(
+                    takes.c.state != "done", takes.c.replica.is_(None) if owner is None else takes.c.replica == owner)
+                if session_id is not None:
+                    orphaned = orphaned.where(takes.c.session_id == session_id)
+                for take_id, attempts, timings in conn.execute(orphaned).all():
+                    windows = conn.execute(
+                        sa.select(take_windows.c.codebooks, take_windows.c.codes, take_windows.c.samples)
+                        .where(take_windows.c.take_id == take_id).order_by(take_windows.c.seq)).all()
+                    codes = np.concatenate([blob_to_codes(w.codebooks, w.codes) for w in windows], axis=1) \
+                        if windows else None
+                    self._finish(conn, take_id, "error", error=STOPPED_DURING_TAKE,
+                                 timings=json.loads(timings or "{}"), samples=sum(int(w.samples) for w in windows),
+                                 attempts=attempts, codes=codes)
+                    finished += 1
+            if owner is not None and session_id is None:
+                self.replica.forget(owner)
+        return finished
 
     # Sessions -----------------------------------------------------------------
 
     def create_session(self) -> str:
         session_id = secrets.token_hex(16)
-        self._write("INSERT INTO sessions (session_id, created_ms) VALUES (?, ?)", (session_id, now_ms()))
+        with self._transaction() as conn:
+            conn.execute(sessions.insert().values(session_id=session_id, created_ms=now_ms()))
         return session_id
 
     def has_session(self, session_id: str) -> bool:
-        return self.db.execute("SELECT 1 FROM sessions WHERE session_id=?", (session_id,)).fetchone() is not None
+        with self._transaction() as conn:
+            return conn.execute(sa.select(sessions.c.session_id).where(
+                sessions.c.session_id == session_id)).first() is not None
 
     # The script ---------------------------------------------------------------
 
     def lines(self, session_id: str) -> list[LineInfo]:
         """The script in order (deleted lines left out)."""
-        rows = self.db.execute("SELECT line_id, text FROM lines WHERE session_id=? AND deleted_ms IS NULL "
-                               "ORDER BY position, rowid", (session_id,)).fetchall()
-        return [{"line_id": r["line_id"], "text": r["text"], "position": k} for k, r in enumerate(rows)]
+        with self._transaction() as conn:
+            rows = conn.execute(sa.select(lines.c.line_id, lines.c.text).where(_live(session_id))
+                                .order_by(*SCRIPT)).all()
+        return [{"line_id": r.line_id, "text": r.text, "position": k} for k, r in enumerate(rows)]
 
     def line_ids(self, session_id: str) -> list[str]:
         return [line["line_id"] for line in self.lines(session_id)]
 
-    def _place(self, session_id: str, order: list[str]) -> None:
-        self.db.executemany("UPDATE lines SET position=? WHERE session_id=? AND line_id=?",
-                            [(k, session_id, line_id) for k, line_id in enumerate(order)])
+    @staticmethod
+    def _place(conn: Connection, session_id: str, order: list[str]) -> None:
+        if order:
+            conn.execute(lines.update().where(lines.c.session_id == session_id,
+                                              lines.c.line_id == sa.bindparam("line"))
+                         .values(position=sa.bindparam("place")),
+                         [{"line": line_id, "place": k} for k, line_id in enumerate(order)])
 
     def set_line(self, session_id: str, line_id: str, text: str, *, after: str | None = None,
                  place: bool = False) -> None:
@@ -295,154 +285,171 @@ class Store:
             rest = [i for i in order if i != line_id]
             at = len(rest) if not place else 0 if after is None else rest.index(after) + 1
             order = [*rest[:at], line_id, *rest[at:]]
-        with self._transaction():
-            self.db.execute(
-                "INSERT INTO lines (session_id, line_id, text, position) VALUES (?, ?, ?, -1) "
-                "ON CONFLICT (session_id, line_id) DO UPDATE SET text=excluded.text, deleted_ms=NULL",
-                (session_id, line_id, text))
+        with self._transaction() as conn:
+            insert = _upsert(conn, lines).values(session_id=session_id, line_id=line_id, text=text, position=-1)
+            conn.execute(insert.on_conflict_do_update(
+                index_elements=[lines.c.session_id, lines.c.line_id],
+                set_={"text": insert.excluded.text, "deleted_ms": None}))
             if moves:
-                self._place(session_id, order)
+                self._place(conn, session_id, order)
 
     def delete_line(self, session_id: str, line_id: str) -> None:
         """Take the line out of the script: gone if it has no takes, else kept aside with them."""
-        with self._transaction():
-            has_takes = self.db.execute("SELECT 1 FROM takes WHERE session_id=? AND line_id=? LIMIT 1",
-                                        (session_id, line_id)).fetchone() is not None
+        with self._transaction() as conn:
+            this = sa.and_(lines.c.session_id == session_id, lines.c.line_id == line_id)
+            has_takes = conn.execute(sa.select(takes.c.take_id).where(
+                takes.c.session_id == session_id, takes.c.line_id == line_id).limit(1)).first() is not None
             if has_takes:
-                self.db.execute("UPDATE lines SET deleted_ms=?, position=-1 WHERE session_id=? AND line_id=?",
-                                (now_ms(), session_id, line_id))
+                conn.execute(lines.update().where(this).values(deleted_ms=now_ms(), position=-1))
             else:
-                self.db.execute("DELETE FROM lines WHERE session_id=? AND line_id=?", (session_id, line_id))
-            rest = [r[0] for r in self.db.execute(
-                "SELECT line_id FROM lines WHERE session_id=? AND deleted_ms IS NULL ORDER BY position, rowid",
-                (session_id,))]
-            self._place(session_id, rest)
+                conn.execute(lines.delete().where(this))
+            rest = list(conn.execute(sa.select(lines.c.line_id).where(_live(session_id)).order_by(*SCRIPT)).scalars())
+            self._place(conn, session_id, rest)
 
     def set_order(self, session_id: str, order: list[str]) -> None:
         """`order` lists every line of the script once (the caller checks)."""
-        with self._transaction():
-            self._place(session_id, order)
+        with self._transaction() as conn:
+            self._place(conn, session_id, order)
 
     def takes(self, session_id: str) -> list[StoredTake]:
-        rows = self.db.execute(f"SELECT {TAKE_COLUMNS} FROM takes WHERE session_id=? ORDER BY take_id",
-                               (session_id,)).fetchall()
+        with self._transaction() as conn:
+            rows = conn.execute(sa.select(*TAKE_COLUMNS).where(takes.c.session_id == session_id)
+                                .order_by(takes.c.take_id)).all()
         return [_take(r) for r in rows]
 
     def count_takes(self, session_id: str) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM takes WHERE session_id=?", (session_id,)).fetchone()[0])
+        with self._transaction() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(takes)
+                                    .where(takes.c.session_id == session_id)).scalar_one())
 
     # Voices -------------------------------------------------------------------
 
     def set_voice(self, session_id: str, references: list[StoredReference],
                   character: CharacterSpec | None) -> StoredVoice | None:
         """Store a voice and make it the session's; neither references nor character = default voice."""
+        this = sessions.c.session_id == session_id
         if not references and character is None:
-            self._write("UPDATE sessions SET voice_id=NULL WHERE session_id=?", (session_id,))
+            with self._transaction() as conn:
+                conn.execute(sessions.update().where(this).values(voice_id=None))
             return None
         spec = None if character is None else json.dumps(
             {"name": character.name, "description": character.description, "scene": character.scene})
-        with self._transaction():
-            voice_id = self.db.execute(
-                "INSERT INTO voices (session_id, character, created_ms) VALUES (?, ?, ?)",
-                (session_id, spec, now_ms())).lastrowid
-            assert voice_id is not None
+        with self._transaction() as conn:
+            voice_id = conn.execute(voices.insert().values(session_id=session_id, character=spec,
+                                                           created_ms=now_ms())).inserted_primary_key[0]
             for index, reference in enumerate(references):
                 codebooks, blob = codes_to_blob(reference.codes)
-                self.db.execute("INSERT INTO voice_references VALUES (?, ?, ?, ?, ?)",
-                                (voice_id, index, reference.text, codebooks, blob))
-            self.db.execute("UPDATE sessions SET voice_id=? WHERE session_id=?", (voice_id, session_id))
-        return StoredVoice(voice_id, references, character)
+                conn.execute(voice_references.insert().values(voice_id=voice_id, idx=index, text=reference.text,
+                                                              codebooks=codebooks, codes=blob))
+            conn.execute(sessions.update().where(this).values(voice_id=voice_id))
+        return StoredVoice(int(voice_id), references, character)
 
     def session_voice(self, session_id: str) -> StoredVoice | None:
-        row = self.db.execute("SELECT voice_id FROM sessions WHERE session_id=?", (session_id,)).fetchone()
-        return None if row is None or row["voice_id"] is None else self.voice(row["voice_id"])
+        with self._transaction() as conn:
+            voice_id = conn.execute(sa.select(sessions.c.voice_id).where(sessions.c.session_id == session_id)
+                                    ).scalar_one_or_none()
+        return None if voice_id is None else self.voice(voice_id)
 
     def voice(self, voice_id: int) -> StoredVoice:
-        row = self.db.execute("SELECT character FROM voices WHERE voice_id=?", (voice_id,)).fetchone()
-        if row is None:
-            raise KeyError(f"no voice {voice_id}")
-        character = None if row["character"] is None else CharacterSpec(**json.loads(row["character"]))
-        references = [
-            StoredReference(r["text"], blob_to_codes(r["codebooks"], r["codes"]))
-            for r in self.db.execute("SELECT text, codebooks, codes FROM voice_references WHERE voice_id=? "
-                                     "ORDER BY idx", (voice_id,))
-        ]
+        with self._transaction() as conn:
+            row = conn.execute(sa.select(voices.c.character).where(voices.c.voice_id == voice_id)).first()
+            if row is None:
+                raise KeyError(f"no voice {voice_id}")
+            clips = conn.execute(sa.select(voice_references.c.text, voice_references.c.codebooks,
+                                           voice_references.c.codes)
+                                 .where(voice_references.c.voice_id == voice_id).order_by(voice_references.c.idx))
+            references = [StoredReference(r.text, blob_to_codes(r.codebooks, r.codes)) for r in clips]
+        character = None if row.character is None else CharacterSpec(**json.loads(row.character))
         return StoredVoice(voice_id, references, character)
 
     # Takes --------------------------------------------------------------------
 
     def add_take(self, session_id: str, line_id: str, text: str, voice_id: int | None,
                  sampling: SamplingInfo) -> StoredTake:
-        """A queued take. Its line takes the take's text; a line not in the script (new, or
-        deleted) goes last."""
-        created = now_ms()
-        with self._transaction():
-            self.db.execute(
-                "INSERT INTO lines (session_id, line_id, text, position) VALUES (?, ?, ?, "
-                "(SELECT COUNT(*) FROM lines WHERE session_id=? AND deleted_ms IS NULL)) "
-                "ON CONFLICT (session_id, line_id) DO UPDATE SET text=excluded.text, deleted_ms=NULL, "
-                "position=CASE WHEN lines.deleted_ms IS NULL THEN lines.position ELSE excluded.position END",
-                (session_id, line_id, text, session_id))
-            take_id = self.db.execute(
-                "INSERT INTO takes (session_id, line_id, text, voice_id, sampling, created_ms) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (session_id, line_id, text, voice_id, json.dumps(sampling), created)).lastrowid
-        assert take_id is not None
-        take = self.take(session_id, take_id)
-        assert take is not None
-        return take
+        """A queued take (of this replica). Its line takes the take's text; a line not in the
+        script (new, or deleted) goes last."""
+        with self._transaction() as conn:
+            last = sa.select(sa.func.count()).select_from(lines).where(_live(session_id)).scalar_subquery()
+            insert = _upsert(conn, lines).values(session_id=session_id, line_id=line_id, text=text, position=last)
+            conn.execute(insert.on_conflict_do_update(
+                index_elements=[lines.c.session_id, lines.c.line_id],
+                set_={"text": insert.excluded.text, "deleted_ms": None,
+                      "position": sa.case((lines.c.deleted_ms.is_(None), lines.c.position),
+                                          else_=insert.excluded.position)}))
+            take_id = conn.execute(takes.insert().values(
+                session_id=session_id, line_id=line_id, text=text, voice_id=voice_id, sampling=json.dumps(sampling),
+                created_ms=now_ms(), replica=self.replica.id)).inserted_primary_key[0]
+            row = conn.execute(sa.select(*TAKE_COLUMNS).where(takes.c.take_id == take_id)).one()
+        return _take(row)
 
     def take(self, session_id: str, take_id: int) -> StoredTake | None:
         """The take if it belongs to this session (another session's take is as good as unknown)."""
-        row = self.db.execute(f"SELECT {TAKE_COLUMNS} FROM takes WHERE take_id=? AND session_id=?",
-                              (take_id, session_id)).fetchone()
+        with self._transaction() as conn:
+            row = conn.execute(sa.select(*TAKE_COLUMNS).where(takes.c.take_id == take_id,
+                                                              takes.c.session_id == session_id)).first()
         return None if row is None else _take(row)
 
     def start_take(self, take_id: int, attempt: int, sampling: SamplingInfo) -> None:
-        with self._transaction():
-            self._write("DELETE FROM take_windows WHERE take_id=?", (take_id,))  # an earlier attempt's
-            self._write("UPDATE takes SET state='running', attempts=?, sampling=? WHERE take_id=?",
-                        (attempt, json.dumps(sampling), take_id))
+        with self._transaction() as conn:
+            conn.execute(take_windows.delete().where(take_windows.c.take_id == take_id))  # an earlier attempt's
+            conn.execute(takes.update().where(takes.c.take_id == take_id).values(
+                state="running", attempts=attempt, sampling=json.dumps(sampling)))
 
     def add_take_window(self, take_id: int, seq: int, codes: np.ndarray, samples: int) -> None:
         """A running take's window (its new frames' codes [codebooks, frames]), before it is sent."""
         codebooks, blob = codes_to_blob(codes)
-        self._write("INSERT OR REPLACE INTO take_windows (take_id, seq, codebooks, codes, samples) "
-                    "VALUES (?, ?, ?, ?, ?)", (take_id, seq, codebooks, blob, samples))
+        with self._transaction() as conn:
+            insert = _upsert(conn, take_windows).values(take_id=take_id, seq=seq, codebooks=codebooks, codes=blob,
+                                                        samples=samples)
+            conn.execute(insert.on_conflict_do_update(
+                index_elements=[take_windows.c.take_id, take_windows.c.seq],
+                set_={"codebooks": insert.excluded.codebooks, "codes": insert.excluded.codes,
+                      "samples": insert.excluded.samples}))
 
     def set_history(self, take_id: int, history: list[int]) -> None:
-        self._write("UPDATE takes SET history=? WHERE take_id=?", (json.dumps(history), take_id))
+        with self._transaction() as conn:
+            conn.execute(takes.update().where(takes.c.take_id == take_id).values(history=json.dumps(history)))
 
     def finish_take(self, take_id: int, finish_reason: FinishReason, *, error: str | None,
                     timings: dict[str, float | int | None], samples: int, attempts: int,
                     codes: np.ndarray | None) -> None:
+        with self._transaction() as conn:
+            self._finish(conn, take_id, finish_reason, error=error, timings=timings, samples=samples,
+                         attempts=attempts, codes=codes)
+
+    @staticmethod
+    def _finish(conn: Connection, take_id: int, finish_reason: FinishReason, *, error: str | None,
+                timings: dict[str, float | int | None], samples: int, attempts: int,
+                codes: np.ndarray | None) -> None:
         codebooks, blob = (None, None) if codes is None else codes_to_blob(codes)
         frames = 0 if codes is None else int(codes.shape[1])
-        with self._transaction():
-            self._write(
-                "UPDATE takes SET state='done', finish_reason=?, error=?, timings=?, frames=?, samples=?, attempts=?, "
-                "codebooks=?, codes=? WHERE take_id=?",
-                (finish_reason, error, json.dumps(timings), frames, samples, attempts, codebooks, blob, take_id))
-            self._write("DELETE FROM take_windows WHERE take_id=?", (take_id,))
+        conn.execute(takes.update().where(takes.c.take_id == take_id).values(
+            state="done", finish_reason=finish_reason, error=error, timings=json.dumps(timings), frames=frames,
+            samples=samples, attempts=attempts, codebooks=codebooks, codes=blob))
+        conn.execute(take_windows.delete().where(take_windows.c.take_id == take_id))
 
     def take_codes(self, take_id: int) -> np.ndarray | None:
-        row = self.db.execute("SELECT codebooks, codes FROM takes WHERE take_id=?", (take_id,)).fetchone()
-        if row is None or row["codes"] is None:
+        with self._transaction() as conn:
+            row = conn.execute(sa.select(takes.c.codebooks, takes.c.codes).where(takes.c.take_id == take_id)).first()
+        if row is None or row.codes is None:
             return None
-        return blob_to_codes(row["codebooks"], row["codes"])
+        return blob_to_codes(row.codebooks, row.codes)
 
     def set_kept(self, take_id: int, kept: bool) -> None:
-        self._write("UPDATE takes SET kept=? WHERE take_id=?", (int(kept), take_id))
+        with self._transaction() as conn:
+            conn.execute(takes.update().where(takes.c.take_id == take_id).values(kept=kept))
 
     def kept_history(self, session_id: str, line_id: str | None = None) -> list[int]:
         """The kept takes of the script in script order (by line, then take id): all of them, or,
         given a line of the script, those of the lines above it (what a take of that line hears).
         Takes of deleted lines are never in it."""
-        above = None if line_id is None else self.db.execute(
-            "SELECT position FROM lines WHERE session_id=? AND line_id=? AND deleted_ms IS NULL",
-            (session_id, line_id)).fetchone()
-        rows = self.db.execute(
-            "SELECT t.take_id FROM takes t JOIN lines l ON l.session_id = t.session_id AND l.line_id = t.line_id "
-            "WHERE t.session_id=? AND t.kept=1 AND l.deleted_ms IS NULL AND l.position < ? "
-            "ORDER BY l.position, t.take_id", (session_id, 2**62 if above is None else above[0])).fetchall()
-        return [int(r["take_id"]) for r in rows]
+        with self._transaction() as conn:
+            above = None if line_id is None else conn.execute(
+                sa.select(lines.c.position).where(_live(session_id), lines.c.line_id == line_id)).scalar_one_or_none()
+            rows = conn.execute(
+                sa.select(takes.c.take_id)
+                .join(lines, sa.and_(lines.c.session_id == takes.c.session_id, lines.c.line_id == takes.c.line_id))
+                .where(takes.c.session_id == session_id, takes.c.kept, lines.c.deleted_ms.is_(None),
+                       lines.c.position < (2**31 - 1 if above is None else above))
+                .order_by(lines.c.position, takes.c.take_id))
+            return [int(take_id) for take_id in rows.scalars()]

@@ -1,10 +1,13 @@
-"""Shared fixtures: the tiny Drama 3 and PersonaPlex checkpoints, written once per test session."""
+"""Shared fixtures: the tiny Drama 3 and PersonaPlex checkpoints, written once per test session,
+and a real PostgreSQL server (tests/postgres_server.py) for the store's tests."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from postgres_server import MISSING, PostgresServer, binaries
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -60,3 +63,23 @@ def personaplex_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("personaplex-tiny")
     write_tiny_checkpoint(path, seed=0)
     return path
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the test session (skipped, saying why, without the binaries)."""
+    bindir = binaries()
+    if bindir is None:
+        pytest.skip(MISSING)
+    server = PostgresServer(bindir)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """An empty store database: a SQLite file, or a new database on the PostgreSQL server (its URL)."""
+    if request.param == "sqlite":
+        return tmp_path / "retake.sqlite3"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.database()

@@ -36,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--data-dir", type=Path, default=default_data_dir(),
                         help="where sessions and takes are stored (retake.sqlite3; default $XDG_DATA_HOME/retake)")
+    parser.add_argument("--database", default=os.environ.get("RETAKE_DATABASE"), metavar="URL",
+                        help="store sessions and takes in PostgreSQL instead (postgresql://user@host[:port]/db, "
+                             "shared by replicas; the password from PGPASSWORD or ~/.pgpass; default "
+                             "$RETAKE_DATABASE; none: SQLite under --data-dir)")
     parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                         help="a browser origin allowed on /ws besides the server's own (repeatable; * = any)")
     parser.add_argument("--token", default=os.environ.get("RETAKE_TOKEN"),
@@ -92,7 +96,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     limits = dataclasses.replace(Limits(), max_sessions=args.max_sessions, max_queue=args.max_queue,
                                  default_deadline_ms=args.deadline_ms, max_deadline_ms=args.max_deadline_ms)
     device = "cpu" if args.checkpoint is None and args.device == "auto" else args.device
-    return Settings(data_dir=args.data_dir, checkpoint=args.checkpoint, device=device,
+    return Settings(data_dir=args.data_dir, database_url=args.database or None, checkpoint=args.checkpoint,
+                    device=device,
                     first_window_frames=args.first_window_frames, slots=args.slots, threads=args.threads,
                     allow_origins=tuple(args.allow_origin),
                     token=args.token or None, limits=limits,
@@ -118,18 +123,20 @@ def run(args: argparse.Namespace) -> int:
 
     from backend.app import build_app, log_ready, start_conversation_loop, start_engine_loop
     from backend.cli import UsageError
-    from backend.store import NewerSchema, check_schema
+    from backend.store import NewerSchema, Unreachable, check_schema, describe
 
     settings = settings_from(args)
-    try:  # before the engine loads: a data directory this version cannot use is a one-line error
-        settings.database.parent.mkdir(parents=True, exist_ok=True)
-        check_schema(settings.database)
-    except NewerSchema as error:
+    database = settings.database
+    try:  # before the engine loads: a database this version cannot use is a one-line error
+        if isinstance(database, Path):
+            database.parent.mkdir(parents=True, exist_ok=True)
+        check_schema(database)
+    except (NewerSchema, Unreachable) as error:
         raise UsageError(str(error)) from None
     except OSError as error:
-        raise UsageError(f"--data-dir {settings.database.parent} cannot be used: {error.strerror or error}") from None
-    if not os.access(settings.database.parent, os.W_OK):
-        raise UsageError(f"--data-dir {settings.database.parent} is not writable")
+        raise UsageError(f"--data-dir {settings.data_dir} cannot be used: {error.strerror or error}") from None
+    if isinstance(database, Path) and not os.access(database.parent, os.W_OK):
+        raise UsageError(f"--data-dir {database.parent} is not writable")
     if (why := check_port(args.host, args.port)) is not None:
         raise UsageError(f"cannot listen on {args.host}:{args.port} ({why}); pick another --port or --host")
     logging.basicConfig(level=args.log_level.upper(), format="[retake] %(message)s")
@@ -146,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
             assert talker is not None
             log.info("conversations on /converse: PersonaPlex on %s, %d slots%s", talker.device, talker.slots,
                      "; DEMO WEIGHTS, its audio is noise" if talker.demo_weights else "")
-        log.info("sessions are stored in %s", settings.database)
+        log.info("sessions are stored in %s", describe(settings.database))
         if not (settings.static_dir / "index.html").is_file():
             log.warning("the studio is not built (%s is missing): run npm run build", settings.static_dir)
         log.info("serving on http://%s:%d", args.host, args.port)

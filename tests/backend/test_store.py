@@ -1,4 +1,5 @@
-"""backend/store.py on real SQLite files: what is written is there after reopening the file."""
+"""backend/store.py on real databases, each test on a SQLite file and on a real PostgreSQL server
+(the `database` fixture): what is written is there after reopening the store."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 from backend.cli import main
 from backend.directing.protocol import CharacterSpec, SamplingInfo
-from backend.store import MIGRATIONS, STOPPED_DURING_TAKE, NewerSchema, Store, StoredReference
+from backend.schema import VERSION, take_windows
+from backend.store import STOPPED_DURING_TAKE, NewerSchema, Store, StoredReference
 
 V0_DATABASE = Path(__file__).parents[1] / "fixtures" / "store" / "retake-v0.sqlite3"
 SAMPLING: SamplingInfo = {"temperature": 1.0, "top_p": 0.9, "top_k": 30, "max_new_tokens": 20, "seed": 5}
@@ -21,9 +24,13 @@ def codes(frames: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 4096, size=(10, frames), dtype=np.int64)  # [10, frames]
 
 
-def test_takes_lines_and_codes_survive_reopening(tmp_path: Path) -> None:
-    path = tmp_path / "retake.sqlite3"
-    store = Store(path)
+def window_count(store: Store) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(take_windows)).scalar_one())
+
+
+def test_takes_lines_and_codes_survive_reopening(database: Path | str) -> None:
+    store = Store(database)
     session = store.create_session()
     first = store.add_take(session, "line-a", "Hello there.", None, SAMPLING)
     second = store.add_take(session, "line-b", "Who is it?", None, SAMPLING)
@@ -37,7 +44,7 @@ def test_takes_lines_and_codes_survive_reopening(tmp_path: Path) -> None:
     store.set_kept(first.take_id, True)
     store.close()
 
-    store = Store(path)
+    store = Store(database)
     assert store.has_session(session) and not store.has_session("f" * 32)
     # Line text follows the latest take; a take of a new line puts it last.
     assert store.lines(session) == [
@@ -60,9 +67,8 @@ def test_takes_lines_and_codes_survive_reopening(tmp_path: Path) -> None:
     store.close()
 
 
-def test_a_running_take_keeps_the_windows_it_sent(tmp_path: Path) -> None:
-    path = tmp_path / "retake.sqlite3"
-    store = Store(path)
+def test_a_running_take_keeps_the_windows_it_sent(database: Path | str) -> None:
+    store = Store(database)
     session = store.create_session()
     running, finished = (store.add_take(session, "a", "Hello.", None, SAMPLING).take_id for _ in range(2))
     store.start_take(running, 1, SAMPLING)
@@ -74,21 +80,21 @@ def test_a_running_take_keeps_the_windows_it_sent(tmp_path: Path) -> None:
     store.start_take(finished, 1, SAMPLING)
     store.add_take_window(finished, 0, codes(4, 3), 4 * 2048)
     store.finish_take(finished, "stop", error=None, timings={}, samples=5 * 2048, attempts=1, codes=codes(5, 3))
-    assert store.db.execute("SELECT count(*) FROM take_windows WHERE take_id=?", (finished,)).fetchone()[0] == 0
+    assert window_count(store) == 2  # the running take's, not the finished one's
     store.close()  # the server dies with `running` in flight
 
-    store = Store(path)
+    store = Store(database)
     take = store.take(session, running)
     assert take is not None and (take.state, take.finish_reason, take.error) == ("done", "error", STOPPED_DURING_TAKE)
     assert (take.frames, take.samples, take.attempts) == (10, 10 * 2048, 2)
     np.testing.assert_array_equal(store.take_codes(running), sent)
     np.testing.assert_array_equal(store.take_codes(finished), codes(5, 3))
-    assert store.db.execute("SELECT count(*) FROM take_windows").fetchone()[0] == 0
+    assert window_count(store) == 0
     store.close()
 
 
-def test_kept_history_is_in_script_order(tmp_path: Path) -> None:
-    store = Store(tmp_path / "retake.sqlite3")
+def test_kept_history_is_in_script_order(database: Path | str) -> None:
+    store = Store(database)
     session = store.create_session()
     a1 = store.add_take(session, "a", "One.", None, SAMPLING).take_id
     b1 = store.add_take(session, "b", "Two.", None, SAMPLING).take_id
@@ -111,9 +117,8 @@ def test_kept_history_is_in_script_order(tmp_path: Path) -> None:
     assert store.kept_history(session) == [b1, c1, a2]
 
 
-def test_the_script_survives_reopening(tmp_path: Path) -> None:
-    path = tmp_path / "retake.sqlite3"
-    store = Store(path)
+def test_the_script_survives_reopening(database: Path | str) -> None:
+    store = Store(database)
     session = store.create_session()
     store.set_line(session, "b", "Second.")
     store.set_line(session, "d", "")  # a line not written yet
@@ -123,7 +128,7 @@ def test_the_script_survives_reopening(tmp_path: Path) -> None:
     taken = store.add_take(session, "e", "Fifth.", None, SAMPLING)  # a take of a new line puts it last
     store.close()
 
-    store = Store(path)
+    store = Store(database)
     assert store.lines(session) == [
         {"line_id": "a", "text": "First.", "position": 0},
         {"line_id": "b", "text": "Second, edited.", "position": 1},
@@ -137,7 +142,7 @@ def test_the_script_survives_reopening(tmp_path: Path) -> None:
     store.delete_line(session, "e")  # has a take: set aside with it
     store.close()
 
-    store = Store(path)
+    store = Store(database)
     assert store.line_ids(session) == ["a", "d", "b"]
     assert [line["position"] for line in store.lines(session)] == [0, 1, 2]
     assert [t.line_id for t in store.takes(session)] == ["e"]  # the deleted line's take is still there
@@ -190,24 +195,33 @@ def test_a_database_from_before_the_script_opens_with_its_data(tmp_path: Path) -
     assert store.kept_history(scene) == [2, 3]
     store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+        assert db.execute("PRAGMA user_version").fetchone()[0] == VERSION
 
 
-def test_a_database_from_a_newer_retake_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "retake.sqlite3"
-    Store(path).close()
-    with sqlite3.connect(path) as db:
-        db.execute(f"PRAGMA user_version={len(MIGRATIONS) + 1}")
+def test_a_database_from_a_newer_retake_is_refused(database: Path | str, capsys: pytest.CaptureFixture[str]) -> None:
+    store = Store(database)
+    with store.engine.begin() as conn:  # as a newer Retake would leave it
+        if isinstance(database, Path):
+            conn.exec_driver_sql(f"PRAGMA user_version={VERSION + 1}")
+        else:
+            conn.execute(sa.text("UPDATE retake_schema SET version = :v"), {"v": VERSION + 1})
+    store.close()
     with pytest.raises(NewerSchema, match="written by a newer Retake"):
-        Store(path)
-    assert main(["serve", "--data-dir", str(tmp_path)]) == 2  # before any engine loads
-    assert capsys.readouterr().err == (f"retake serve: {path} was written by a newer Retake (schema "
-                                       f"{len(MIGRATIONS) + 1}, this one knows {len(MIGRATIONS)}); upgrade Retake "
-                                       "or use another --data-dir\n")
+        Store(database)
+    # `retake serve` says so in one line, before any engine loads.
+    if isinstance(database, Path):
+        where, option = database, ["--data-dir", str(database.parent)]
+        advice = "--data-dir"
+    else:
+        where, option, advice = database, ["--database", database], "--database"
+    assert main(["serve", *option]) == 2
+    assert capsys.readouterr().err == (f"retake serve: {where} was written by a newer Retake (schema "
+                                       f"{VERSION + 1}, this one knows {VERSION}); upgrade Retake "
+                                       f"or use another {advice}\n")
 
 
-def test_sessions_do_not_see_each_others_takes(tmp_path: Path) -> None:
-    store = Store(tmp_path / "retake.sqlite3")
+def test_sessions_do_not_see_each_others_takes(database: Path | str) -> None:
+    store = Store(database)
     one, two = store.create_session(), store.create_session()
     take = store.add_take(one, "a", "Mine.", None, SAMPLING)
     store.set_kept(take.take_id, True)
@@ -216,9 +230,8 @@ def test_sessions_do_not_see_each_others_takes(tmp_path: Path) -> None:
     assert store.count_takes(one) == 1 and store.count_takes(two) == 0
 
 
-def test_voices_keep_their_codes(tmp_path: Path) -> None:
-    path = tmp_path / "retake.sqlite3"
-    store = Store(path)
+def test_voices_keep_their_codes(database: Path | str) -> None:
+    store = Store(database)
     session = store.create_session()
     voice = store.set_voice(session, [StoredReference("First clip.", codes(30, 1)),
                                       StoredReference("Second.", codes(12, 2))], None)
@@ -227,7 +240,7 @@ def test_voices_keep_their_codes(tmp_path: Path) -> None:
     assert character is not None and character.voice_id != voice.voice_id
     store.close()
 
-    store = Store(path)
+    store = Store(database)
     current = store.session_voice(session)
     assert current is not None and current.info() == {
         "voice_id": character.voice_id, "references": [],
