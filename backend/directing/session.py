@@ -70,6 +70,7 @@ class Session:
                 raise p.ProtocolError("unknown_session", f"no session {message.session_id[:64]!r} is stored; "
                                                          "open a new one without session_id")
             session_id = message.session_id
+            store.finish_orphaned_takes(session_id)  # a take its replica left when it died ends as heard
             previous = state.sessions.get(session_id)
             if previous is not None:
                 previous.outbox.message(p.Error("session_taken_over", "this session was resumed on another "
