@@ -1,5 +1,6 @@
 """The `/ws` endpoint: admission (backend/transport.py), then three tasks per socket under one TaskGroup.
 
+Design choices:
 - `receive`: reads frames, parses them (backend/directing/parse.py), answers `session.open`,
   `ping` and `take.cancel` at once, supersedes the running take on `take.start`, and queues
   the other messages for `commands`. Bad input becomes an `error` message; after
@@ -8,8 +9,8 @@
   the engine to encode its clips; a cancel must not wait behind it, hence two tasks).
 - `send`: drains the socket's outbox (transport.send_loop), so no other code awaits the network.
 
-A failure in any task cancels the others (TaskGroup); the socket's take is then cancelled and
-its session released, whatever the reason (unmute's `_run_route` shape).
+- A failure in any task cancels the others (TaskGroup); the socket's take is then cancelled
+  and its session released, whatever the reason (unmute's `_run_route` shape).
 """
 
 from __future__ import annotations

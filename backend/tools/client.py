@@ -1,8 +1,14 @@
 """A small asyncio directing client (the `websockets` library): `retake loadtest` and the tests use it.
 
-It speaks docs/protocol.md and records when each audio frame arrived, so callers can measure
-first-audio latency and the gaps a player would hear. It checks nothing it need not: a test
-asserts on what it returns.
+Design choices:
+- It lives apart from the server (backend/tools/) and imports only the wire format
+  (backend/transport.py), so it is a client like any other.
+- It speaks docs/protocol.md and records when each audio frame arrived, so callers can
+  measure first-audio latency and the gaps a player would hear. It checks nothing it need
+  not: a test asserts on what it returns.
+- Messages that arrive while a caller waits for another kind are kept, in order, for later
+  calls; each message is waited for at most `patience_s`, so a stuck server fails a test
+  instead of hanging it.
 """
 
 from __future__ import annotations

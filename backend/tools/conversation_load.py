@@ -13,6 +13,12 @@ measures on the client:
 
 It prints the system prompt time and p50 / p95 / p99 / max of both over all conversations,
 and how many conversations kept real time (no stall above 100 ms).
+
+Design choices:
+- The user audio is made here (`user_voice`: a wobbling tone with noise), so the test needs
+  no recording; the tests use the same voice.
+- Frames go out on an absolute 80 ms schedule: a late send does not push the later ones
+  back, as with a microphone.
 """
 
 from __future__ import annotations

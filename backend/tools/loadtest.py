@@ -10,8 +10,15 @@ directing history grows as in a real scene). Every take is measured on the clien
 
 It prints p50 / p95 / p99 of both over all takes, the finish reasons, and how many takes had a
 gap above 100 ms (sglang-omni's continuity criterion); with a JSON path it writes the raw
-numbers too. The conversation load test (backend/tools/conversation_load.py) measures the
-same way (`longest_stall`, `percentiles`).
+numbers too.
+
+Design choices:
+- Measured on the client, through the server, as a director would hear it; the server's own
+  first-audio figure is printed beside it.
+- Sessions run concurrently in one event loop; a failing session is reported and the others
+  go on (exit 1 at the end).
+- The conversation load test (backend/tools/conversation_load.py) measures the same way
+  (`longest_stall`, `percentiles`), so the two reports read alike.
 """
 
 from __future__ import annotations

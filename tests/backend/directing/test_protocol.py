@@ -15,7 +15,7 @@ from backend.directing import protocol as p
 from backend.directing.parse import parse_client_message
 from backend.transport import pack_audio_frame, unpack_audio_frame
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "protocol"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "protocol"
 LIMITS = p.Limits()
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from backend.conversation import protocol as cp
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "protocol"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "protocol"
 
 
 def load(name: str) -> list[dict[str, typing.Any]]:

@@ -13,7 +13,7 @@ from live_server import LiveServer, run
 
 from backend.tools.client import Director
 
-INVALID = json.loads((Path(__file__).parents[1] / "fixtures" / "protocol" / "invalid_client_messages.json").read_text())
+INVALID = json.loads((Path(__file__).parents[2] / "fixtures" / "protocol" / "invalid_client_messages.json").read_text())
 
 
 async def still_usable(director: Director) -> None:
