@@ -3,7 +3,7 @@ deadline first, and runs one batched step per turn, with short calls between ste
 
     loop = EngineLoop(load, max_queue); loop.start()      # loads and warms the engine
     loop.submit(TakeJob(...) | CallJob(...))              # from the event loop; QueueFull when full
-    loop.check_room()                                     # QueueFull now if a job would not fit
+    loop.check_room(max_queue)                            # QueueFull now if a job would not fit
     loop.withdraw(job)                                    # a job still waiting leaves the queue
 
 Design choices:
@@ -85,23 +85,24 @@ class EngineLoop(EngineThread[Drama3Engine]):
         """Takes in the engine's slots (or finishing their last windows)."""
         return len(self._running)
 
-    def check_room(self) -> None:
-        """Raise QueueFull if a job submitted now would be refused."""
+    def check_room(self, max_queue: int | None = None) -> None:
+        """Raise QueueFull if a job submitted now would be refused (or find `max_queue` jobs waiting: a
+        server's own bound, when it shares this loop with others, as tests do)."""
         with self._condition:
-            self._check_room()
+            self._check_room(self.max_queue if max_queue is None else min(max_queue, self.max_queue))
 
-    def _check_room(self) -> None:
+    def _check_room(self, max_queue: int) -> None:
         """(Under the lock.)"""
         waiting = len(self._queue)
         if self._stopping:
             raise QueueFull(waiting, 1000)
-        if waiting >= self.max_queue:
+        if waiting >= max_queue:
             raise QueueFull(waiting, round(1000 * max(0.5, self.last_take_s) * max(1, waiting) / (2 * self.slots)))
 
     def submit(self, job: Job) -> int:
         """Queue a job; returns how many jobs will start before it. Raises QueueFull when the queue is full."""
         with self._condition:
-            self._check_room()
+            self._check_room(self.max_queue)
             in_slots = len(self._running) + (self._starting is not None)
             ahead = len(self._queue) + len(self._retries) + max(0, in_slots + 1 - self.slots)
             self._queue.append(job)

@@ -219,7 +219,7 @@ class Session:
                                                     "the most it may; open a new session")
         self.check_new_line(message.line_id, store.line_ids(session_id))
         try:
-            state.engine_loop.check_room()  # before the take is stored: a busy take is only an error
+            state.engine_loop.check_room(limits.max_queue)  # before the take is stored: a busy take is only an error
         except QueueFull as error:
             raise p.ProtocolError("busy", str(error), retry_after_ms=error.retry_after_ms) from None
         spec = message.sampling
