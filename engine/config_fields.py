@@ -1,7 +1,7 @@
 """Checked fields of a checkpoint's config.json, shared by the Drama 3 and PersonaPlex configs.
 
-Every refusal is a `ConfigError` (a `RequestError`: the CLI prints it as one line) that
-names the field as `where.name` and says what value would do.
+Every refusal is a `ConfigError` (engine/errors.py) that names the field as `where.name`
+and says what value would do.
 """
 
 from __future__ import annotations
@@ -10,11 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from engine.errors import RequestError
-
-
-class ConfigError(RequestError):
-    """A config value we cannot run; the message names the field."""
+from engine.errors import ConfigError
 
 
 def config_int(raw: Mapping[str, Any], name: str, where: str, minimum: int = 1) -> int:

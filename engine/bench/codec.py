@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from engine.drama3.stream import check_settings, pcm16, take_windows, window_pcm
+    from engine.drama3.stream import check_settings, take_windows, window_pcm
+    from engine.pcm import pcm16
     from engine.errors import RequestError
 
     if args.checkpoint is not None and args.random_weights:

@@ -1,7 +1,6 @@
 """Loading a Drama 3 checkpoint: config.json, sharded safetensors, tokenizer.json.
 
-    path = resolve_checkpoint("fishaudio/drama-3")       # a directory, a Hub repo id, or None (tiny demo)
-    model, config, tokenizer = load_model(path, device="cuda", dtype=torch.bfloat16)
+    model, config, tokenizer = load_model("fishaudio/drama-3", device="cuda", dtype=torch.bfloat16)
 
 Design choices:
 - Loading is a table. `RENAMES` maps module names to the checkpoint's original key names
@@ -14,18 +13,16 @@ Design choices:
   state dict in memory): FP8 experts stay FP8, other floats are cast to the model dtype,
   and of `lm_head.weight` only the 4,097 candidate rows are read.
 - Any disagreement is refused by name: an unexpected key, a missing key, a wrong shape or
-  dtype, a bad config value. Errors are `CheckpointError` (a `RequestError`): the CLI
+  dtype, a bad config value. Errors are `CheckpointError` (engine/errors.py): the CLI
   prints them as one line.
-- `resolve_checkpoint` looks in the Hugging Face cache first (local_files_only) and
-  downloads only when allowed; offline and absent is a clear error, not a hang. `None`
-  is the tiny demo checkpoint in $XDG_CACHE_HOME/retake/drama3-tiny, written on first use.
+- A directory or a Hugging Face repo id is found by engine/checkpoints.py (the cache
+  first, a download of `HUB_PATTERNS` only when allowed); the tiny demo is tiny.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import sys
 import time
@@ -37,10 +34,11 @@ import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from engine.drama3.config import ConfigError, Drama3Config
+from engine.checkpoints import resolve_checkpoint
+from engine.drama3.config import Drama3Config
 from engine.drama3.model import Drama3Model
 from engine.drama3.tokenizer import load_tokenizer, semantic_token
-from engine.errors import RequestError
+from engine.errors import CheckpointError, ConfigError
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -65,10 +63,6 @@ SPLITS = {
     "w2": (("down_proj", None),),
 }
 LM_HEAD = "lm_head.weight"
-
-
-class CheckpointError(RequestError):
-    """A checkpoint we cannot load; the message names the file, key or field."""
 
 
 @dataclass(frozen=True)
@@ -238,11 +232,11 @@ def print_progress(name: str) -> Callable[[int, int, int, int], None]:
     return show
 
 
-def load_model(path: Path | str | None, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+def load_model(source: Path | str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                progress: Callable[[int, int, int, int], None] | None = None,
                ) -> tuple[Drama3Model, Drama3Config, Tokenizer]:
-    """(model, config, tokenizer) of a checkpoint directory, Hub repo id, or None (the tiny demo)."""
-    path = resolve_checkpoint(path)
+    """(model, config, tokenizer) of a checkpoint directory or Hugging Face repo id."""
+    path = resolve_checkpoint(source, HUB_PATTERNS)
     config = read_config(path)
     tokenizer = load_checked_tokenizer(path, config)
     shards = shard_files(path)
@@ -267,51 +261,3 @@ def load_checked_tokenizer(path: Path, config: Drama3Config) -> Tokenizer:
             raise CheckpointError(f"tokenizer.json gives {token} id {tokenizer.token_to_id(token)}; "
                                   f"config.json says {token_id}")
     return tokenizer
-
-
-def tiny_checkpoint_dir() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "retake" / "drama3-tiny"
-
-
-def resolve_checkpoint(source: Path | str | None) -> Path:
-    """A checkpoint directory from a path, a Hub repo id ("owner/name" or "owner/name@revision"),
-    or None: the tiny demo checkpoint, written on first use."""
-    if source is None:
-        path = tiny_checkpoint_dir()
-        if not (path / "config.json").is_file():
-            from engine.drama3.tiny import write_tiny_checkpoint_once
-
-            write_tiny_checkpoint_once(path)
-        return path
-    path = Path(source).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise CheckpointError(f"{path} has no config.json; is it a Drama 3 checkpoint directory?")
-        return path
-    text = str(source)
-    if path.exists() or text.startswith((".", "~", "/")) or not re.fullmatch(r"[\w.-]+/[\w.-]+(@[\w./-]+)?", text):
-        raise CheckpointError(f"{text} is neither a checkpoint directory nor a Hugging Face repo id (owner/name)")
-    return hub_snapshot(text)
-
-
-def hub_snapshot(repo: str) -> Path:
-    """The repo's snapshot from the Hugging Face cache, downloading it only if that is allowed."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    repo_id, _, revision = repo.partition("@")
-    kwargs = dict(revision=revision or None, allow_patterns=HUB_PATTERNS)
-    try:
-        return Path(snapshot_download(repo_id, local_files_only=True, **kwargs))
-    except LocalEntryNotFoundError:
-        pass
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        raise CheckpointError(f"{repo} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
-                              f"download it first (huggingface-cli download {repo_id}) or pass a directory")
-    print(f"[drama3] {repo} is not in the Hugging Face cache; downloading", file=sys.stderr, flush=True)
-    try:
-        return Path(snapshot_download(repo_id, **kwargs))
-    except Exception as error:  # network, authentication, licence gate: all say the same thing to the user
-        raise CheckpointError(f"could not download {repo} from the Hugging Face Hub ({type(error).__name__}: "
-                              f"{error}); download it first or pass a directory") from error

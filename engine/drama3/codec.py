@@ -37,7 +37,7 @@ from engine.drama3.audio import read_reference_audio
 from engine.drama3.codec_layers import (
     CausalConv, CausalConvTranspose, Decoder, DownsampleQuantizer, Encoder, Snake, WindowLimitedTransformer,
 )
-from engine.drama3.config import ConfigError
+from engine.errors import ConfigError
 
 REFERENCE_CACHE_SIZE = 64
 

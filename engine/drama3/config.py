@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config_fields import ConfigError, config_int, config_number, config_require
+from engine.config_fields import config_int, config_number, config_require
+from engine.errors import ConfigError
 
 SPEECH_TEMPLATE_VERSION = "reference-bracket-v1"
 FISH_SCHEMA_VERSION = 1

@@ -20,14 +20,15 @@ Design choices:
   released model).
 - `prompt` does everything that can refuse a request (text, codes, character, sampling,
   the row limit) before the accelerator is touched; `generate` only fails on the model.
-- A checkpoint written from the tiny preset is flagged `demo_weights`: its weights are
-  random and its audio is noise, and the UI and logs say so.
-- The model runs in bfloat16 on CUDA and float32 on CPU; the codec as codec.py loads it.
+- No checkpoint means the tiny demo (tiny.py), written on first use; a checkpoint whose
+  config.json flags `demo_weights` has random weights and its audio is noise, and the UI
+  and logs say so (engine/checkpoints.py).
+- The model runs in bfloat16 on CUDA and float32 on CPU (engine/device.py); the codec as
+  codec.py loads it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -41,7 +42,9 @@ from tokenizers import Tokenizer
 
 from engine.drama3.audio import MAX_REFERENCE_SECONDS
 from engine.drama3.batch import Batch
-from engine.drama3.checkpoint import CheckpointError, load_model, resolve_checkpoint
+from engine.checkpoints import demo_weights, resolve_checkpoint
+from engine.device import model_dtype, pick_device
+from engine.drama3.checkpoint import HUB_PATTERNS, load_model
 from engine.drama3.codec import Codec, load_codec
 from engine.drama3.config import Drama3Config
 from engine.drama3.fast import GraphedDecoder, install_fast_path
@@ -51,8 +54,8 @@ from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, render_take
 from engine.drama3.model import Drama3Model
 from engine.drama3.take import AudioWindow, Done, Take
-from engine.drama3.tiny import tiny_config
-from engine.errors import RequestError
+from engine.drama3.tiny import demo_checkpoint
+from engine.errors import CheckpointError, RequestError
 
 
 @dataclass(frozen=True)
@@ -95,16 +98,6 @@ def check_slots(slots: int, config: Drama3Config) -> int:
                            f"keeps slots x {config.text.num_experts_per_tok} experts per token within "
                            f"{GATHER_MAX_PAIRS}); got {slots!r}")
     return slots
-
-
-def pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda"):
-        raise RequestError(f"device must be auto, cpu or cuda; got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RequestError("device cuda was asked for but no CUDA GPU is available; use --device cpu")
-    return torch.device(device)
 
 
 class Drama3Engine:
@@ -228,12 +221,7 @@ def load_engine(spec: EngineSpec | None = None) -> Drama3Engine:
         raise RequestError(f"threads must be at least 1; got {spec.threads}")
     if device.type == "cpu" or spec.threads is not None:
         torch.set_num_threads(spec.threads or default_threads())
-    path = resolve_checkpoint(spec.checkpoint)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model, config, tokenizer = load_model(path, device=device, dtype=dtype)
+    path = demo_checkpoint() if spec.checkpoint is None else resolve_checkpoint(spec.checkpoint, HUB_PATTERNS)
+    model, config, tokenizer = load_model(path, device=device, dtype=model_dtype(device))
     codec = load_codec(path, device=device)
-    try:
-        demo = json.loads((path / "config.json").read_text(encoding="utf-8")) == tiny_config()
-    except (OSError, ValueError):
-        demo = False
-    return Drama3Engine(spec, model.eval(), config, tokenizer, codec, demo_weights=demo)
+    return Drama3Engine(spec, model.eval(), config, tokenizer, codec, demo_weights=demo_weights(path))

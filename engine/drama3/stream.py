@@ -12,7 +12,8 @@ Design choices:
   its sample count, with no gap and no overlap.
 - A window is always decoded the same way from the same codes, so `render_take` (the
   WAV export) reproduces the streamed PCM16 sample for sample by replaying the schedule.
-- PCM16 is `trunc(clamp(x, -1, 1) * 32767)`, as the seed converts.
+- PCM16 is engine/pcm.py's rule (rounded, clipped), converted on the codec's device so
+  only int16 crosses to the host.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from engine.drama3.codec import Codec
 from engine.errors import RequestError
+from engine.pcm import pcm16
 
 STREAM_STRIDE = 10  # frames in the first window
 STREAM_FOLLOWUP_STRIDE_RAMP = (10, 12, 32)  # the next three windows
@@ -112,10 +114,6 @@ def take_windows(frames: int, overlap: int = STREAM_OVERLAP_FRAMES,
         windows.append(window)
     windows.append(schedule.final(frames))
     return windows
-
-
-def pcm16(audio: torch.Tensor) -> torch.Tensor:
-    return (audio.clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
 
 
 def window_pcm(codec: Codec, codes: torch.Tensor, window: Window) -> torch.Tensor:

@@ -2,11 +2,12 @@
 
     write_tiny_checkpoint(directory, seed=0) -> [Path, ...]
 
-writes config.json (the `tiny` preset of config.py), model.safetensors.index.json with
+writes config.json (the `tiny` preset of config.py, flagged `demo_weights`), model.safetensors.index.json with
 two shards (the backbone; lm_head and the tower) under the original key names,
 block-FP8 experts (float8_e4m3fn with float32 `weight_scale_inv` per 128x128 block),
 tokenizer.json (tokenizer.py's byte-level tokenizer with every special token) and the
-tiny codec (codec_tiny.py). Its audio is noise.
+tiny codec (codec_tiny.py). Its audio is noise. `demo_checkpoint()` is this checkpoint
+(seed 0) in Retake's cache, written on first use: what runs when no checkpoint is given.
 
 Design choices:
 - The key list comes from the loader's own table (`checkpoint_layout` of a model built on
@@ -23,16 +24,14 @@ Design choices:
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from engine.drama3.checkpoint import INDEX_FILE, LM_HEAD, CheckpointError, checkpoint_layout, default_dtype
+from engine import checkpoints
+from engine.drama3.checkpoint import INDEX_FILE, LM_HEAD, checkpoint_layout, default_dtype
 from engine.drama3.codec_tiny import write_tiny_codec
 from engine.drama3.config import Drama3Config, preset
 from engine.drama3.fp8 import quantize_fp8
@@ -42,6 +41,7 @@ from engine.drama3.tokenizer import tiny_tokenizer, token_ids
 ZERO_CENTRED_NORM = re.compile(r"(norm|layernorm)\.weight$")
 EMBEDDING = re.compile(r"(embed_tokens|codebook_embeddings|semantic_embedding|codebook_embedding)\.weight$")
 FLOAT32_KEYS = re.compile(r"(A_log|dt_bias)$")
+DEMO_NAME = "drama3-tiny"  # the demo checkpoint's directory in Retake's cache
 
 
 def tiny_config() -> dict:
@@ -99,7 +99,8 @@ def write_tiny_checkpoint(directory: Path | str, seed: int = 0) -> list[Path]:
     }
     assert LM_HEAD in shards["model-00002-of-00002.safetensors"]
     written = [directory / "config.json"]
-    written[0].write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    flagged = {**raw, checkpoints.DEMO_FLAG: True}  # random weights: the UI and logs say its audio is noise
+    written[0].write_text(json.dumps(flagged, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     for name, part in shards.items():
         save_file(part, directory / name, metadata={"format": "pt"})
         (directory / name).chmod(0o644)  # safetensors writes 0600; the other files are plain 0644
@@ -114,21 +115,6 @@ def write_tiny_checkpoint(directory: Path | str, seed: int = 0) -> list[Path]:
     return written
 
 
-def write_tiny_checkpoint_once(path: Path) -> None:
-    """Write the demo checkpoint to `path` unless it exists; safe against a concurrent writer."""
-    if (path / "config.json").is_file():
-        return
-    if path.exists():
-        raise CheckpointError(f"{path} exists but holds no checkpoint; remove it to have the demo rewritten")
-    print(f"[drama3] writing the tiny demo checkpoint to {path} (random weights: its audio is noise)",
-          file=sys.stderr, flush=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    write_tiny_checkpoint(staging, seed=0)
-    try:
-        staging.rename(path)  # atomic: readers see the whole checkpoint or none
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (path / "config.json").is_file():
-            raise
+def demo_checkpoint() -> Path:
+    """The tiny checkpoint (seed 0) in Retake's cache, written on first use."""
+    return checkpoints.demo_checkpoint(DEMO_NAME, write_tiny_checkpoint)

@@ -15,6 +15,8 @@ Design choices:
 - One explicit rename table maps Mimi's nested Moshi names onto ours; the codebooks are
   computed from the EMA sums, only for the codebooks in use.
 - Modules are built on the meta device and take the loaded tensors (`assign=True`).
+- A directory or a Hugging Face repo id is found by engine/checkpoints.py (the cache
+  first, a download of `HUB_PATTERNS` only when allowed); errors are `CheckpointError`.
 """
 
 from __future__ import annotations
@@ -22,23 +24,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
 import tarfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from engine.errors import RequestError
-from engine.personaplex.config import ConfigError, LMConfig, MimiConfig, PersonaPlexConfig
+from engine.checkpoints import cache_dir, write_once
+from engine.errors import CheckpointError, ConfigError
+from engine.personaplex.config import LMConfig, MimiConfig, PersonaPlexConfig
 from engine.personaplex.depformer import Depformer
 from engine.personaplex.mimi import Mimi
 from engine.personaplex.temporal import Temporal
 
 logger = logging.getLogger(__name__)
 
-RELEASED_REPO = "nvidia/personaplex-7b-v1"
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "voices.tgz", "voices/*"]  # not the web UI (dist.tgz)
 CODEBOOK_EPSILON = 1e-5  # Moshi's EuclideanCodebook: embedding_sum / cluster_usage.clamp(min=eps)
 MIMI_RENAMES = (
     ("downsample.conv.conv.conv.", "downsample.conv."),
@@ -47,26 +48,6 @@ MIMI_RENAMES = (
     (".convtr.convtr.", ".convtr."),
     ("_transformer.transformer.", "_transformer."),
 )
-
-
-class CheckpointError(RequestError):
-    """A checkpoint that cannot be loaded; the message says which file or tensor."""
-
-
-def resolve(checkpoint: str | Path) -> Path:
-    """A directory, or a Hugging Face repo id found in the local cache (never downloaded here)."""
-    path = Path(checkpoint).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise CheckpointError(f"checkpoint {checkpoint} is a file; give the directory that holds config.json")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(str(checkpoint), local_files_only=True))
-    except Exception:
-        raise CheckpointError(f"no checkpoint at {checkpoint!r}: not a directory, and not a Hugging Face repo in "
-                              f"the local cache (for the released model, download {RELEASED_REPO} first)") from None
 
 
 def read_config(root: Path) -> PersonaPlexConfig:
@@ -282,20 +263,13 @@ def voices_dir(root: Path) -> Path | None:
         return folder if folder.is_dir() else None
     stat = archive.resolve().stat()
     key = hashlib.sha1(f"{archive.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    target = Path(cache) / "retake" / "personaplex-voices" / key
-    if not (target / "voices").is_dir():
-        staging = target.parent / f".{key}.{os.getpid()}.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+
+    def extract(staging: Path) -> None:
         with tarfile.open(archive, "r:gz") as tar:
             members = [m for m in tar.getmembers()
                        if m.isfile() and m.name.endswith(".pt") and Path(m.name).parts[:1] == ("voices",)
                        and ".." not in Path(m.name).parts]
             tar.extractall(staging, members=members, filter="data")
         (staging / "voices").mkdir(exist_ok=True)
-        try:
-            staging.rename(target)  # atomic: a concurrent reader sees all the voices or none
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
-    return target / "voices"
+
+    return write_once(cache_dir() / "personaplex-voices" / key, extract) / "voices"

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config_fields import ConfigError, config_int, config_number, config_require
+from engine.config_fields import config_int, config_number, config_require
+from engine.errors import ConfigError
 
 RELEASED_LM: dict[str, Any] = {
     "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3, "n_q": 16, "dep_q": 8,

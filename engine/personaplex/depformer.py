@@ -11,8 +11,8 @@ Design choices:
   sampled one) is the next step's input; the sampled codes are returned either way and the
   caller keeps the provided ones (PP-lm `depformer_step`).
 - The keys and values span only the steps of the current frame: a static buffer per slot
-  (`setup_ring`), written at step t and read up to t, so no mask and no positional
-  embedding (`depformer_pos_emb` "none").
+  (`setup_streams`, streaming.py), written at step t and read up to t, so no mask, no
+  positional embedding (`depformer_pos_emb` "none") and nothing to reset.
 - Sampling is a function passed in (greedy or top-k, sampling.py), because each step's
   code is the next step's input.
 """
@@ -27,10 +27,11 @@ from torch import nn
 
 from engine.personaplex.config import LMConfig
 from engine.personaplex.layers import GatedMLP, RMSNorm
+from engine.personaplex.streaming import StreamingModule
 from engine.personaplex.temporal import embed_rows
 
 
-class StepAttention(nn.Module):
+class StepAttention(StreamingModule):
     def __init__(self, dim: int, num_heads: int, steps: int):
         super().__init__()
         self.num_heads = num_heads
@@ -40,7 +41,7 @@ class StepAttention(nn.Module):
         self.register_buffer("keys", torch.zeros(0), persistent=False)
         self.register_buffer("values", torch.zeros(0), persistent=False)
 
-    def setup_ring(self, batch: int) -> None:
+    def _setup_stream(self, batch: int) -> None:
         dim = self.in_proj_weight.shape[1]
         w = self.in_proj_weight
         shape = (batch, self.num_heads, self.steps, dim // self.num_heads)
@@ -78,7 +79,7 @@ class StepStack(nn.Module):
         self.layers = nn.ModuleList(StepLayer(cfg) for _ in range(cfg.depformer_num_layers))
 
 
-class Depformer(nn.Module):
+class Depformer(StreamingModule):
     def __init__(self, cfg: LMConfig):
         super().__init__()
         steps, dim = cfg.depformer_steps, cfg.depformer_dim
@@ -88,10 +89,6 @@ class Depformer(nn.Module):
         self.depformer_emb = nn.ModuleList(nn.Embedding(cfg.card + 1, dim) for _ in range(steps - 1))
         self.depformer = StepStack(cfg)
         self.linears = nn.ModuleList(nn.Linear(dim, cfg.card, bias=False) for _ in range(steps))
-
-    def setup_ring(self, batch: int) -> None:
-        for layer in self.depformer.layers:
-            layer.self_attn.setup_ring(batch)
 
     def forward(self, hidden: torch.Tensor, text: torch.Tensor, targets: torch.Tensor, provided: torch.Tensor,
                 sample: Callable[[torch.Tensor], torch.Tensor], steps: int | None = None) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """The PersonaPlex engine: B conversation slots that listen and speak together, 80 ms a tick.
 
-    engine = PersonaPlex.load("DIR")                 # or None: the tiny demo checkpoint
+    engine = PersonaPlex.load("DIR")                   # or None: the tiny demo checkpoint
     engine.open(persona="You are ...", voice="NATF2")  # every slot gets this system prompt
     frames = engine.step(user_pcm)                     # [B, 1920] float -> per slot Frame | None
-    engine.start(slot, persona, voice)                 # recycle one slot while the others talk
+    engine.start(slot, persona, voice)                 # restart one slot while the others talk
     frames = engine.step_codes(user_codes)             # golden replay from precomputed codes
 
 Design choices:
@@ -18,8 +18,10 @@ Design choices:
   without Mimi work.
 - Text pieces: EPAD (0) and PAD (3) are hidden (PP-server), and so are SentencePiece's
   control pieces (`<s>`, `</s>`); "▁" becomes a space.
-- `record_voice` makes a voice bundle from a clip the way the reference saves one, on a
-  fresh engine (it resets every slot).
+- `record_voice` makes a voice bundle from a clip the way the reference saves one
+  (voices.py), on a cold-started lockstep (it restarts every slot).
+- No checkpoint means the tiny demo (tiny.py), written on first use; the device and the
+  model dtype are engine/device.py's, as for Drama 3.
 - Random draws come from the engine's own generator (`Sampling.seed`), greedy when asked.
 - On CUDA the lockstep's model step and Mimi's encode and decode are captured CUDA graphs
   (engine/graphs.py) replayed every tick; the host bookkeeping between them is eager.
@@ -27,7 +29,6 @@ Design choices:
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -36,17 +37,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.checkpoints import resolve_checkpoint
+from engine.device import model_dtype, pick_device
 from engine.errors import RequestError
 from engine.graphs import StepGraphs
-from engine.personaplex.checkpoint import (load_lm, load_mimi, load_tokenizer, read_config, resolve,
-                                           voices_dir)
+from engine.personaplex.checkpoint import HUB_PATTERNS, load_lm, load_mimi, load_tokenizer, read_config, voices_dir
 from engine.personaplex.config import EPAD_TOKEN, PAD_TOKEN, PersonaPlexConfig
 from engine.personaplex.lockstep import Lockstep
 from engine.personaplex.mimi import Mimi
 from engine.personaplex.prompt import PrefillStep, Voice, check_fits, persona_tokens, system_prompt
 from engine.personaplex.sampling import Sampling, sample_token
-from engine.personaplex.voices import (AUDIO_SUFFIXES, find_voice, frames_of, list_voices, load_bundle,
-                                       normalize_loudness, read_audio)
+from engine.personaplex.tiny import demo_checkpoint
+from engine.personaplex.voices import AUDIO_SUFFIXES, clip_codes, find_voice, list_voices, load_bundle, read_audio, record_voice
 
 DEFAULT_VOICE = "NATF2"  # vllm-omni's default; the tiny checkpoint ships it
 DEFAULT_PERSONA = ("You are a wise and friendly teacher. Answer questions or provide advice in a clear and "
@@ -101,31 +103,6 @@ class CodecSteps:
         return self.pcm_out.clone()
 
 
-def tiny_checkpoint_dir() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "retake" / "personaplex-tiny"
-
-
-def default_checkpoint() -> Path:
-    """The tiny demo checkpoint, written on first use (atomically, so racing writers are harmless)."""
-    path = tiny_checkpoint_dir()
-    if not (path / "config.json").is_file():
-        import tempfile
-
-        from engine.personaplex.tiny import write_tiny_checkpoint
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=".personaplex-tiny-"))
-        write_tiny_checkpoint(staging, seed=0)
-        try:
-            staging.rename(path)
-        except OSError:  # another process won the race
-            import shutil
-
-            shutil.rmtree(staging, ignore_errors=True)
-    return path
-
-
 class PersonaPlex:
     name = "personaplex"
 
@@ -159,15 +136,10 @@ class PersonaPlex:
         """`graphs`: replay CUDA graphs on a GPU (ignored on CPU)."""
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise RequestError(f"slots must be an integer >= 1; got {slots!r}")
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
-            raise RequestError(f"device must be auto, cpu or cuda (with a GPU); got {device!r}")
-        dev = torch.device(device)
-        root = default_checkpoint() if checkpoint is None else resolve(checkpoint)
+        dev = pick_device(device)
+        root = demo_checkpoint() if checkpoint is None else resolve_checkpoint(checkpoint, HUB_PATTERNS)
         cfg = read_config(root)
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        temporal, depformer = load_lm(root, cfg, dev, dtype)
+        temporal, depformer = load_lm(root, cfg, dev, model_dtype(dev))
         lockstep = Lockstep(cfg.lm, temporal, depformer, slots, dev, graphs=graphs)
         return PersonaPlex(root, cfg, lockstep, load_mimi(root, cfg, dev), load_tokenizer(root, cfg), dev,
                            sampling or Sampling())
@@ -221,12 +193,9 @@ class PersonaPlex:
                                f"{MAX_CLIP_SECONDS:.0f} s long; this one is {len(pcm) / self.sample_rate:.2f} s")
         return Voice(name=name, frames=self.voice_frames(pcm))
 
-    @torch.no_grad()
     def voice_frames(self, pcm: np.ndarray) -> torch.Tensor:
         """A voice clip (mono float at 24 kHz) -> Mimi codes [frames, codebooks], as the reference encodes it."""
-        frames = frames_of(normalize_loudness(np.asarray(pcm, dtype=np.float32), self.sample_rate), self.frame_size)
-        self.voice_mimi.setup_streams(1)
-        return torch.cat([self.voice_mimi.encode(torch.from_numpy(f)[None].to(self.device)) for f in frames])
+        return clip_codes(self.voice_mimi, pcm, self.sample_rate, self.device)
 
     def programme(self, persona: str | None, voice: Voice | None) -> list[PrefillStep]:
         tokens = persona_tokens(self.tokenizer, persona)
@@ -236,18 +205,18 @@ class PersonaPlex:
     def open(self, persona: str | None = None, voice: str | Voice | None | object = _DEFAULT) -> None:
         """Restart every slot and run the same system prompt on all of them (batched, no Mimi work)."""
         steps = self.programme(persona, self.voice(voice))
-        self.lockstep.reset()
+        self.lockstep.cold_start()
         self.queues = [deque(steps) for _ in range(self.slots)]
         idle = torch.zeros(self.slots, self.cfg.lm.codebooks, dtype=torch.long, device=self.device)
         while any(self.queues):
             self._tick(idle)
 
     def start(self, slot: int, persona: str | None = None, voice: str | Voice | None | object = _DEFAULT) -> None:
-        """Recycle one slot: its history is forgotten and its system prompt runs in the next ticks."""
+        """Restart one slot: its history is forgotten and its system prompt runs in the next ticks."""
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.slots:
             raise RequestError(f"slot must be in 0..{self.slots - 1}; got {slot!r}")
         steps = self.programme(persona, self.voice(voice))
-        self.lockstep.recycle(slot)
+        self.lockstep.reset_streams(self.rows(slot))
         self.queues[slot] = deque(steps)
 
     def prefilling(self, slot: int) -> bool:
@@ -301,7 +270,7 @@ class PersonaPlex:
                 frames[b] = Frame(pcm=pcm[b], text=self.text_piece(int(tokens[b, 0])), tokens=tokens[b])
         finished = [steps[b] is not None and not self.queues[b] for b in range(self.slots)]
         if any(finished):
-            self.mimi.reset(torch.tensor(finished, device=self.device))
+            self.mimi.reset_streams(torch.tensor(finished, device=self.device))
         total = (time.perf_counter() - start) * 1000
         self.timings |= {"model_ms": model_ms, "decode_ms": total - model_ms,
                          "tick_ms": total + self.timings.get("encode_ms", 0.0)}
@@ -315,22 +284,16 @@ class PersonaPlex:
             return None
         return self.tokenizer.id_to_piece(token).replace("\u2581", " ")
 
-    @torch.no_grad()
     def record_voice(self, pcm: np.ndarray, name: str = "recorded") -> Voice:
-        """A voice bundle from a clip, as the reference saves one (`save_voice_prompt_embeddings`).
+        """A voice bundle from a clip, as the reference saves one (voices.py `record_voice`).
 
-        Resets every slot: call `open` afterwards.
+        Restarts every slot: call `open` afterwards.
         """
-        frames = self.voice_frames(pcm)
-        voice_part = system_prompt(self.cfg.lm, self.frame_rate, Voice(name, frames=frames), [])[:len(frames)]
-        self.lockstep.reset()
         self.queues = [deque() for _ in range(self.slots)]
-        idle = torch.zeros(self.slots, self.cfg.lm.codebooks, dtype=torch.long, device=self.device)
-        embeddings = []
-        for step in voice_part:  # the samples are all overwritten by forced tokens: any sampler will do
-            out = self.lockstep.tick(idle, [step] * self.slots)
-            if out.ran:
-                embeddings.append(out.embeddings[0, 0].float())
-        cache = self.lockstep.ring[0].clone()
-        self.lockstep.reset()
-        return Voice(name, embeddings=torch.stack(embeddings), cache=cache)
+        return record_voice(self.lockstep, self.voice_frames(pcm), self.frame_rate, name)
+
+    def rows(self, *slots: int) -> torch.Tensor:
+        """bool [B] marking `slots`: the rows argument of `reset_streams`."""
+        mask = torch.zeros(self.slots, dtype=torch.bool, device=self.device)
+        mask[list(slots)] = True
+        return mask

@@ -3,16 +3,16 @@
 Design choices:
 - Parameter names follow the checkpoint keys (`in_proj_weight`, `out_proj.weight`,
   `alpha`), so loading is `load_state_dict` with no rename.
-- Streaming attention reads a static ring of keys and values, preallocated per slot by
-  `setup_ring(batch)`. The caller passes each row's absolute positions; the ring slot of
+- Streaming attention reads a static ring of keys and values, preallocated per slot when
+  its streams are set up (streaming.py). The caller passes each row's absolute positions; the ring slot of
   position p is p % capacity, and the position a slot holds is recomputed from the row's
   last written position. A key is visible when 0 <= q - p < context and p >= 0, as in
   Moshi's `RingKVCache` (capacity = context). Keys of a chunk are written before any query
   reads, so with T > 1 (Mimi writes 2 positions a frame) the first query of a chunk
   already misses the oldest slot, exactly as Moshi does once the ring has wrapped.
 - A row's history is forgotten by giving it negative positions: nothing below 0 is ever
-  visible. The one exception is a query's own key, always visible, so a row ticked at
-  position -1 (a recycled slot's sacrifice tick) attends to itself instead of to nothing.
+  visible, so restarting a row's stream needs nothing from the ring itself. The one exception is a query's own key, always visible, so a row ticked at
+  position -1 (a reset slot's sacrifice tick) attends to itself instead of to nothing.
 - RoPE is interleaved (pairs x[2i], x[2i+1]), computed in fp32 at the absolute position.
   The ring slots, the mask and the rope tables are computed once per forward (`ring_step`)
   and shared by all layers.
@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.personaplex.streaming import StreamingModule
 
 
 class RMSNorm(nn.Module):
@@ -97,7 +99,7 @@ def ring_step(positions: torch.Tensor, capacity: int, context: int, head_dim: in
     return RingStep(torch.remainder(positions, capacity), ring_mask(positions, capacity, context), cos, sin)
 
 
-class RingAttention(nn.Module):
+class RingAttention(StreamingModule):
     """Causal self-attention over a per-slot ring of `capacity` past positions, with RoPE."""
 
     def __init__(self, dim: int, num_heads: int, capacity: int):
@@ -109,7 +111,7 @@ class RingAttention(nn.Module):
         self.register_buffer("keys", torch.zeros(0), persistent=False)
         self.register_buffer("values", torch.zeros(0), persistent=False)
 
-    def setup_ring(self, batch: int) -> None:
+    def _setup_stream(self, batch: int) -> None:
         dim = self.out_proj.weight.shape[0]
         w = self.in_proj_weight
         shape = (batch, self.num_heads, self.capacity, dim // self.num_heads)

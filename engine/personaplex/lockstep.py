@@ -23,8 +23,8 @@ One tick at physical offset o (`tick`):
    token k from column (o - max_delay + delay_k) % CT.
 
 Design choices:
-- Slot positions are Helium's key/value positions. A slot recycled while others converse
-  restarts at position -1: its sacrifice tick writes a key no later tick can see
+- Slot positions are Helium's key/value positions. A slot whose stream is reset
+  (`reset_streams`, the verb of streaming.py) while others converse restarts at position -1: its sacrifice tick writes a key no later tick can see
   (layers.py), so its history and that write are both masked, and from its next tick on
   it runs exactly the positions of a fresh stream.
 - The depformer runs the agent's 8 steps only. Its steps 8..15 predict the user codebooks,
@@ -99,22 +99,24 @@ class Lockstep:
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.local = torch.zeros(slots, dtype=torch.long)  # CPU: gates and output decisions
         self.phys = 0
-        temporal.setup_ring(slots)
-        depformer.setup_ring(slots)
-        self.reset()
+        temporal.setup_streams(slots)
+        depformer.setup_streams(slots)
+        self.cold_start()
 
-    def reset(self) -> None:
-        """Every slot fresh; the next tick is the cold start."""
+    def cold_start(self) -> None:
+        """Every slot fresh and the physical offset back to 0: the next tick is the cold start."""
         self.phys = 0
-        for slot in range(self.slots):
-            self.recycle(slot)
+        self.reset_streams(torch.ones(self.slots, dtype=torch.bool))
 
-    def recycle(self, slot: int) -> None:
-        """Slot starts a fresh stream at the next tick (its sacrifice tick), others unaffected."""
-        self.ring[slot] = self.initial[:, None]
-        self.provided[slot] = False
-        self.local[slot] = 0
-        self.positions[slot] = -1
+    def reset_streams(self, rows: torch.Tensor) -> None:
+        """The slots marked in `rows` (bool [B]) start fresh streams at the next tick (their
+        sacrifice tick); the other slots are unaffected. Helium's and the depformer's rings
+        need nothing: the slot's positions restart at -1 (streaming.py, layers.py)."""
+        rows = rows.to(torch.bool)
+        self.ring[rows.to(self.device)] = self.initial[:, None]
+        self.provided[rows.to(self.device)] = False
+        self.local[rows.cpu()] = 0
+        self.positions[rows.to(self.device)] = -1
 
     def set_samplers(self, text: Sampler, audio: Sampler, generator: torch.Generator | None) -> None:
         """The samplers of the model step (`generator`: the one they draw from); drops captured graphs."""

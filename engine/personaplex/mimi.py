@@ -5,10 +5,10 @@ Design choices:
   split RVQ (1 semantic codebook + the first acoustic ones). Decode is the mirror: RVQ
   sum -> channel-wise stride-2 transposed conv -> transformer -> SEANet decoder (moshi
   `models/compression.py`, `get_mimi`).
-- All state is per slot and static: conv contexts, the transformers' key/value rings
-  (context 250 positions, two positions a frame) and their positions. `reset(rows)` gives
-  chosen rows a fresh stream while the others keep theirs; `encode` and `decode` have
-  independent state (a slot may be reset for both at once).
+- All state is per slot and static (streaming.py): conv contexts, the transformers'
+  key/value rings (context 250 positions, two positions a frame) and their positions.
+  `reset_streams(rows)` gives chosen rows a fresh stream while the others keep theirs;
+  `encode` and `decode` have independent state (a slot is reset for both at once).
 - The transformers' parameters follow the checkpoint keys once `.transformer.` is dropped
   (`encoder_transformer.layers.{i}.self_attn.in_proj_weight`, `norm1.weight`,
   `layer_scale_1.scale`, `linear1.weight`...). The codebooks are computed at load from the
@@ -24,8 +24,8 @@ from torch import nn
 
 from engine.personaplex.config import MimiConfig
 from engine.personaplex.layers import RingAttention, RingStep, ring_step
-from engine.personaplex.seanet import (SEANetDecoder, SEANetEncoder, StreamingConv1d, StreamingConvTranspose1d,
-                                       reset_stream_rows, setup_streams)
+from engine.personaplex.seanet import SEANetDecoder, SEANetEncoder, StreamingConv1d, StreamingConvTranspose1d
+from engine.personaplex.streaming import StreamingModule
 
 
 class LayerScale(nn.Module):
@@ -54,7 +54,7 @@ class MimiLayer(nn.Module):
         return x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
 
 
-class MimiTransformer(nn.Module):
+class MimiTransformer(StreamingModule):
     """Causal transformer over the 25 Hz latents, conv layout [B, C, T] in and out."""
 
     def __init__(self, cfg: MimiConfig):
@@ -65,10 +65,11 @@ class MimiTransformer(nn.Module):
         self.layers = nn.ModuleList(MimiLayer(cfg) for _ in range(cfg.num_layers))
         self.register_buffer("offset", torch.zeros(0, dtype=torch.long), persistent=False)  # [B] next position
 
-    def setup_stream(self, batch: int) -> None:
-        for layer in self.layers:
-            layer.self_attn.setup_ring(batch)
+    def _setup_stream(self, batch: int) -> None:
         self.offset = torch.zeros(batch, dtype=torch.long, device=self.layers[0].linear1.weight.device)
+
+    def _reset_stream(self, rows: torch.Tensor) -> None:
+        self.offset[rows] = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[-1]
@@ -123,7 +124,7 @@ class SplitRVQ(nn.Module):
         return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
 
 
-class Mimi(nn.Module):
+class Mimi(StreamingModule):
     def __init__(self, cfg: MimiConfig, codebooks: int):
         super().__init__()
         self.cfg = cfg
@@ -149,17 +150,6 @@ class Mimi(nn.Module):
             twin = Mimi(self.cfg, self.codebooks)
         twin.load_state_dict(self.state_dict(), strict=True, assign=True)
         return twin.eval()
-
-    def setup_streams(self, batch: int) -> None:
-        setup_streams(self, batch)
-        self.encoder_transformer.setup_stream(batch)
-        self.decoder_transformer.setup_stream(batch)
-
-    def reset(self, rows: torch.Tensor) -> None:
-        """Fresh encode and decode streams for rows (bool [B])."""
-        reset_stream_rows(self, rows)
-        for tr in (self.encoder_transformer, self.decoder_transformer):
-            tr.offset[rows] = 0
 
     @torch.no_grad()
     def encode(self, pcm: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ the voice clip's codes); the text stream is forced to PAD, or to the persona tok
 
 Design choices:
 - A programme starts with a `sacrifice` tick: the cold-start tick of a fresh engine (no
-  model step), or, for a slot recycled mid-batch, one model step whose key/value write is
+  model step), or, for a slot reset mid-batch, one model step whose key/value write is
   hidden (its position is -1) and whose samples are all overwritten by the warm-up gate.
   Either way the slot's next tick is its local step 1, as for a fresh stream.
 - The reference loses the first token-stepped prompt tick to that cold start (`LMGen.step`

@@ -1,8 +1,8 @@
 """Mimi's convolutions: streaming causal Conv1d / ConvTranspose1d and the SEANet encoder and decoder.
 
 Design choices:
-- Every convolution streams: its state is a static per-slot buffer (`setup_streams(batch)`)
-  and `reset_rows(mask)` gives chosen rows a fresh stream, as Moshi's `StreamingConv1d` /
+- Every convolution streams (streaming.py): its state is a static per-slot buffer and
+  `reset_streams(rows)` gives chosen rows a fresh stream, as Moshi's `StreamingConv1d` /
   `StreamingConvTranspose1d` do (moshi `modules/conv.py`):
   - Conv1d keeps the last `effective_kernel - stride` input samples as left context, zero
     at stream start; with `replicate` (the 25 -> 12.5 Hz resampler) the first input sample
@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from engine.personaplex.config import MimiConfig
+from engine.personaplex.streaming import StreamingModule
 
 
-class StreamingConv1d(nn.Module):
+class StreamingConv1d(StreamingModule):
     def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, dilation: int = 1,
                  groups: int = 1, bias: bool = True, replicate: bool = False):
         super().__init__()
@@ -32,12 +33,12 @@ class StreamingConv1d(nn.Module):
         self.register_buffer("previous", torch.zeros(0), persistent=False)  # [B, cin, context]
         self.register_buffer("first", torch.zeros(0, dtype=torch.bool), persistent=False)  # [B]
 
-    def setup_stream(self, batch: int) -> None:
+    def _setup_stream(self, batch: int) -> None:
         w = self.conv.weight
         self.previous = torch.zeros(batch, w.shape[1] * self.conv.groups, self.context, dtype=w.dtype, device=w.device)
         self.first = torch.ones(batch, dtype=torch.bool, device=w.device)
 
-    def reset_rows(self, rows: torch.Tensor) -> None:
+    def _reset_stream(self, rows: torch.Tensor) -> None:
         self.previous[rows] = 0
         self.first[rows] = True
 
@@ -52,19 +53,19 @@ class StreamingConv1d(nn.Module):
         return self.conv(x)
 
 
-class StreamingConvTranspose1d(nn.Module):
+class StreamingConvTranspose1d(StreamingModule):
     def __init__(self, cin: int, cout: int, kernel: int, stride: int, groups: int = 1, bias: bool = True):
         super().__init__()
         self.convtr = nn.ConvTranspose1d(cin, cout, kernel, stride, groups=groups, bias=bias)
         self.tail = kernel - stride
         self.register_buffer("partial", torch.zeros(0), persistent=False)  # [B, cout, tail]
 
-    def setup_stream(self, batch: int) -> None:
+    def _setup_stream(self, batch: int) -> None:
         w = self.convtr.weight
         cout = w.shape[1] * self.convtr.groups
         self.partial = torch.zeros(batch, cout, self.tail, dtype=w.dtype, device=w.device)
 
-    def reset_rows(self, rows: torch.Tensor) -> None:
+    def _reset_stream(self, rows: torch.Tensor) -> None:
         self.partial[rows] = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,14 +134,3 @@ class SEANetDecoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
-
-def setup_streams(module: nn.Module, batch: int) -> None:
-    for m in module.modules():
-        if isinstance(m, (StreamingConv1d, StreamingConvTranspose1d)):
-            m.setup_stream(batch)
-
-
-def reset_stream_rows(module: nn.Module, rows: torch.Tensor) -> None:
-    for m in module.modules():
-        if isinstance(m, (StreamingConv1d, StreamingConvTranspose1d)):
-            m.reset_rows(rows)

@@ -9,8 +9,8 @@ Design choices:
   It is a separate call so a caller can replace a row's input by a stored voice-prompt
   embedding.
 - `forward(x, positions)` is one function for every phase: the caller owns the
-  positions (a recycled row restarts at -1), the keys and values go to a static per-slot
-  ring (`setup_ring`), and the mask is computed once per call for all layers.
+  positions (a reset row restarts at -1), the keys and values go to a static per-slot
+  ring (`setup_streams`, streaming.py), and the mask is computed once per call for all layers.
 - Pre-norm layers, RMSNorm in fp32, interleaved RoPE, gated SiLU MLP, no biases, no layer
   scale; `out_norm` then the text head.
 """
@@ -23,6 +23,7 @@ from torch import nn
 
 from engine.personaplex.config import LMConfig
 from engine.personaplex.layers import GatedMLP, RingAttention, RingStep, RMSNorm, ring_step
+from engine.personaplex.streaming import StreamingModule
 
 
 def embed_rows(table: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -50,7 +51,7 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
 
 
-class Temporal(nn.Module):
+class Temporal(StreamingModule):
     def __init__(self, cfg: LMConfig):
         super().__init__()
         self.cfg = cfg
@@ -59,10 +60,6 @@ class Temporal(nn.Module):
         self.transformer = Stack(cfg)
         self.out_norm = RMSNorm(cfg.dim)
         self.text_linear = nn.Linear(cfg.dim, cfg.text_card, bias=False)
-
-    def setup_ring(self, batch: int) -> None:
-        for layer in self.transformer.layers:
-            layer.self_attn.setup_ring(batch)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, K] (text, agent codebooks, user codebooks) -> the frame input [B, 1, D]."""

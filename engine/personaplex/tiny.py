@@ -16,6 +16,9 @@ Design choices:
 - The silence and sine codes (config.json `silence_tokens`, `sine_tokens`) are this
   checkpoint's own Mimi codes of a zero frame and of a 440 Hz sine frame (fresh streams).
 - Deterministic: the same seed writes the same bytes.
+- `demo_checkpoint()` is this checkpoint (seed 0) in Retake's cache, written on first use
+  (engine/checkpoints.py): what runs when no checkpoint is given. Its config.json flags
+  `demo_weights`, so the UI and logs say its audio is noise.
 """
 
 from __future__ import annotations
@@ -29,10 +32,14 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from engine.personaplex.checkpoint import lm_shapes, load_mimi, mimi_shapes
+from engine import checkpoints
+from engine.personaplex.checkpoint import lm_shapes, load_lm, load_mimi, mimi_shapes, read_config
 from engine.personaplex.config import PersonaPlexConfig
+from engine.personaplex.lockstep import Lockstep
+from engine.personaplex.voices import clip_codes, record_voice, save_voice_bundle
 
 VOICE_NAME = "NATF2"
+DEMO_NAME = "personaplex-tiny"  # the demo checkpoint's directory in Retake's cache
 VOICE_SECONDS = 0.48  # 6 frames: 5 stored embeddings (the first frame falls on the cold-start tick)
 SENTENCES = (
     "<system> You are a wise and friendly teacher. Answer questions or provide advice in a clear and "
@@ -153,14 +160,20 @@ def write_tiny_checkpoint(path: str | Path, seed: int = 0) -> list[Path]:
         mimi.setup_streams(1)
         codes[name] = mimi.encode(torch.from_numpy(frame)[None])[0].tolist()
     config = root / "config.json"
-    config.write_text(json.dumps({**lm_raw, **codes, "mimi_config_name": mimi_config.name, "demo_weights": True},
-                                  indent=1) + "\n")
+    config.write_text(json.dumps({**lm_raw, **codes, "mimi_config_name": mimi_config.name,
+                                  checkpoints.DEMO_FLAG: True}, indent=1) + "\n")
 
-    from engine.personaplex.engine import PersonaPlex
-    from engine.personaplex.voices import save_voice_bundle
-
-    engine = PersonaPlex.load(root, device="cpu", slots=1)
-    bundle = engine.record_voice(voice_clip(seed, cfg.mimi.sample_rate))
+    cfg = read_config(root)  # with this Mimi's silence and sine codes
+    cpu = torch.device("cpu")
+    temporal, depformer = load_lm(root, cfg, cpu, torch.float32)
+    lockstep = Lockstep(cfg.lm, temporal, depformer, 1, cpu)
+    clip = clip_codes(mimi, voice_clip(seed, cfg.mimi.sample_rate), cfg.mimi.sample_rate, cpu)
+    bundle = record_voice(lockstep, clip, cfg.mimi.frame_rate, VOICE_NAME)
     voice = root / "voices" / f"{VOICE_NAME}.pt"
     save_voice_bundle(bundle, voice)
     return [config, mimi_config, lm_file, mimi_file, tokenizer, voice]
+
+
+def demo_checkpoint() -> Path:
+    """The tiny checkpoint (seed 0) in Retake's cache, written on first use."""
+    return checkpoints.demo_checkpoint(DEMO_NAME, write_tiny_checkpoint)

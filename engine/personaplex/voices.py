@@ -9,7 +9,9 @@ Design choices:
 - A raw clip takes the reference's path: read, mono, resampled to 24 kHz, loudness-
   normalised to -24 LUFS (ITU-R BS.1770 integrated loudness, as pyloudnorm computes it:
   K-weighting, 400 ms blocks with 75 % overlap, absolute and relative gates), cut into
-  frames (the last zero-padded), then Mimi-encoded by the engine.
+  frames (the last zero-padded), then Mimi-encoded on a fresh stream (`clip_codes`).
+- `record_voice` makes a bundle from a clip's codes the way the reference saves one:
+  the voice ticks of a system prompt, run on a cold-started lockstep.
 - Every problem a user can cause is a `RequestError` that says what to change.
 """
 
@@ -24,7 +26,9 @@ import torch
 
 from engine.errors import RequestError
 from engine.personaplex.config import LMConfig
-from engine.personaplex.prompt import Voice
+from engine.personaplex.lockstep import Lockstep
+from engine.personaplex.mimi import Mimi
+from engine.personaplex.prompt import Voice, system_prompt
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
 TARGET_LUFS = -24.0
@@ -151,3 +155,29 @@ def frames_of(pcm: np.ndarray, frame_size: int) -> np.ndarray:
     out = np.zeros((count, frame_size), dtype=np.float32)
     out.reshape(-1)[:len(pcm)] = pcm
     return out
+
+
+@torch.no_grad()
+def clip_codes(mimi: Mimi, pcm: np.ndarray, sample_rate: int, device: torch.device) -> torch.Tensor:
+    """A voice clip (mono float at `sample_rate`, Mimi's) -> Mimi codes [frames, codebooks], encoded on a
+    fresh stream of `mimi` as the reference encodes a voice prompt."""
+    frames = frames_of(normalize_loudness(np.asarray(pcm, dtype=np.float32), sample_rate), mimi.frame_size)
+    mimi.setup_streams(1)
+    return torch.cat([mimi.encode(torch.from_numpy(f)[None].to(device)) for f in frames])
+
+
+@torch.no_grad()
+def record_voice(lockstep: Lockstep, codes: torch.Tensor, frame_rate: float, name: str) -> Voice:
+    """A voice bundle from a clip's codes [frames, codebooks], as the reference saves one
+    (`save_voice_prompt_embeddings`): cold-starts `lockstep` before and after."""
+    voice_part = system_prompt(lockstep.cfg, frame_rate, Voice(name, frames=codes), [])[:len(codes)]
+    lockstep.cold_start()
+    idle = torch.zeros(lockstep.slots, lockstep.cfg.codebooks, dtype=torch.long, device=lockstep.device)
+    embeddings = []
+    for step in voice_part:  # the samples are all overwritten by forced tokens: any sampler will do
+        out = lockstep.tick(idle, [step] * lockstep.slots)
+        if out.ran and out.embeddings is not None:
+            embeddings.append(out.embeddings[0, 0].float())
+    cache = lockstep.ring[0].clone()
+    lockstep.cold_start()
+    return Voice(name, embeddings=torch.stack(embeddings), cache=cache)

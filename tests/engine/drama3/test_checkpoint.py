@@ -13,8 +13,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.drama3.checkpoint import CheckpointError, load_model, resolve_checkpoint
-from engine.errors import RequestError
+from engine.checkpoints import resolve_checkpoint
+from engine.drama3.checkpoint import HUB_PATTERNS, load_model
+from engine.drama3.tiny import demo_checkpoint
+from engine.errors import CheckpointError, RequestError
 
 BACKBONE_SHARD = "model-00001-of-00002.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -124,12 +126,12 @@ def test_progress_reports_each_shard(tiny_checkpoint: Path) -> None:
 
 
 def test_resolve_a_directory(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    assert resolve_checkpoint(tiny_checkpoint) == tiny_checkpoint
-    assert resolve_checkpoint(str(tiny_checkpoint)) == tiny_checkpoint
+    assert resolve_checkpoint(tiny_checkpoint, HUB_PATTERNS) == tiny_checkpoint
+    assert resolve_checkpoint(str(tiny_checkpoint), HUB_PATTERNS) == tiny_checkpoint
     with pytest.raises(CheckpointError, match="no config.json"):
-        resolve_checkpoint(tmp_path)
+        resolve_checkpoint(tmp_path, HUB_PATTERNS)
     with pytest.raises(CheckpointError, match="neither a checkpoint directory nor"):
-        resolve_checkpoint(tmp_path / "absent")
+        resolve_checkpoint(tmp_path / "absent", HUB_PATTERNS)
 
 
 @pytest.fixture
@@ -150,9 +152,9 @@ def test_resolve_from_the_hugging_face_cache(tiny_checkpoint: Path, hub_cache: P
     copy_of(tiny_checkpoint, repo / "snapshots" / revision)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
-    path = resolve_checkpoint("fishaudio/drama-3")
+    path = resolve_checkpoint("fishaudio/drama-3", HUB_PATTERNS)
     assert path == repo / "snapshots" / revision
-    assert resolve_checkpoint(f"fishaudio/drama-3@{revision}") == path
+    assert resolve_checkpoint(f"fishaudio/drama-3@{revision}", HUB_PATTERNS) == path
     model, config, _ = load_model("fishaudio/drama-3")
     assert config.text.hidden_size == 128
 
@@ -160,17 +162,17 @@ def test_resolve_from_the_hugging_face_cache(tiny_checkpoint: Path, hub_cache: P
 def test_offline_and_absent_is_a_clear_error(hub_cache: Path) -> None:
     started = time.monotonic()
     with pytest.raises(CheckpointError) as error:
-        resolve_checkpoint("fishaudio/drama-3")
+        resolve_checkpoint("fishaudio/drama-3", HUB_PATTERNS)
     assert time.monotonic() - started < 5  # no network wait
     assert "fishaudio/drama-3" in str(error.value) and "HF_HUB_OFFLINE" in str(error.value)
 
 
 def test_none_is_the_tiny_demo_written_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    path = resolve_checkpoint(None)
+    path = demo_checkpoint()
     assert path == tmp_path / "cache" / "retake" / "drama3-tiny"
     shard = path / BACKBONE_SHARD
     written = shard.stat().st_mtime_ns
-    assert resolve_checkpoint(None) == path and shard.stat().st_mtime_ns == written
+    assert demo_checkpoint() == path and shard.stat().st_mtime_ns == written
     assert [p.name for p in path.parent.iterdir()] == ["drama3-tiny"]  # no staging directory left behind
     shutil.rmtree(path)

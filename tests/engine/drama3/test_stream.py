@@ -12,9 +12,10 @@ import torch
 from engine.drama3.codec import load_codec
 from engine.drama3.codec_tiny import write_tiny_codec
 from engine.drama3.stream import (
-    StreamSchedule, decode_window, pcm16, render_take, take_windows, window_ends, window_pcm,
+    StreamSchedule, decode_window, render_take, take_windows, window_ends, window_pcm,
 )
 from engine.errors import RequestError
+from engine.pcm import pcm16
 
 TAKE_FRAMES = 480  # past 320 frames, so the last windows' context is cut at 320
 

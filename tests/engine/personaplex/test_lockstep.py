@@ -92,7 +92,7 @@ def test_system_prompt_order_voice_silence_persona_silence(engine: PersonaPlex):
     assert [s.text for s in steps[1 + T:]] == [PAD_TOKEN] * six + persona + [PAD_TOKEN] * six
     assert all(s.agent == cfg.silence_tokens and s.user_sine for s in steps[1 + T:])
     # Run it: the staging ring holds the forced streams, tick after tick.
-    engine.lockstep.reset()
+    engine.lockstep.cold_start()
     ring, CT, n = engine.lockstep.ring, cfg.ring_columns, cfg.codebooks
     written = []
     for step in steps:

@@ -64,7 +64,7 @@ def test_temporal_hidden_and_text_logits_match_moshi_past_the_context(models):
     cfg, temporal, _, lm = models
     B, steps = 2, cfg.lm.context + 30  # the key/value ring wraps
     tokens = random_tokens(cfg, B, steps, seed=1)
-    temporal.setup_ring(B)
+    temporal.setup_streams(B)
     worst = 0.0
     with lm.streaming(B):
         for t in range(steps):
@@ -83,8 +83,8 @@ def test_depformer_greedy_codes_match_moshi(models):
     B = 3
     gen = LMGen(lm, use_sampling=False)
     tokens = random_tokens(cfg, B, 6, seed=2)
-    temporal.setup_ring(B)
-    depformer.setup_ring(B)
+    temporal.setup_streams(B)
+    depformer.setup_streams(B)
     none = torch.zeros(B, cfg.lm.depformer_steps, dtype=torch.bool)
     for t in range(6):
         hidden, _ = temporal(temporal.embed(tokens[:, :, t]), torch.full((B, 1), t))
@@ -98,8 +98,8 @@ def test_teacher_forced_depformer_logits_match_moshi_training_pass(models):
     cfg, temporal, depformer, lm = models
     B, S = 2, cfg.lm.depformer_steps
     tokens = random_tokens(cfg, B, 1, seed=3)
-    temporal.setup_ring(B)
-    depformer.setup_ring(B)
+    temporal.setup_streams(B)
+    depformer.setup_streams(B)
     hidden, _ = temporal(temporal.embed(tokens[:, :, 0]), torch.zeros(B, 1, dtype=torch.long))
     g = torch.Generator().manual_seed(4)
     text = torch.randint(0, cfg.lm.text_card, (B,), generator=g)
@@ -137,7 +137,7 @@ def test_mimi_streaming_encode_decode_match_moshi_with_a_row_reset(personaplex_c
     with ref.streaming(B):
         for f in range(frames):
             if f == 7:  # row 1 starts a new stream mid-way
-                ours.reset(torch.tensor([False, True]))
+                ours.reset_streams(torch.tensor([False, True]))
                 ref.reset_streaming(torch.tensor([False, True]))
             x = pcm[:, f * n:(f + 1) * n]
             ref_codes = ref.encode(x[:, None])[:, :, 0]

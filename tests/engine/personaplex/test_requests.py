@@ -123,5 +123,5 @@ def test_broken_checkpoints_name_the_problem(personaplex_checkpoint: Path, tmp_p
     (root / "config.json").write_text(json.dumps({**raw, "dim": 48}))
     with pytest.raises(RequestError, match=r"wrong shape.*text_emb.weight \(101, 64\) \(expected \(101, 48\)\)"):
         PersonaPlex.load(root, device="cpu")
-    with pytest.raises(RequestError, match="not a directory, and not a Hugging Face repo in the local cache"):
+    with pytest.raises(RequestError, match="neither a checkpoint directory nor a Hugging Face repo id"):
         PersonaPlex.load(tmp_path / "nowhere", device="cpu")

@@ -72,7 +72,8 @@ def test_a_repo_id_resolves_from_the_local_hugging_face_cache(personaplex_checkp
 
     import huggingface_hub.constants
 
-    from engine.personaplex.checkpoint import resolve
+    from engine.checkpoints import resolve_checkpoint
+    from engine.personaplex.checkpoint import HUB_PATTERNS
 
     repo = tmp_path / "hub" / "models--nvidia--personaplex-7b-v1"
     shutil.copytree(personaplex_checkpoint, repo / "snapshots" / "abc123")
@@ -80,7 +81,7 @@ def test_a_repo_id_resolves_from_the_local_hugging_face_cache(personaplex_checkp
     (repo / "refs" / "main").write_text("abc123")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never the network
-    root = resolve("nvidia/personaplex-7b-v1")
+    root = resolve_checkpoint("nvidia/personaplex-7b-v1", HUB_PATTERNS)
     assert root == repo / "snapshots" / "abc123" and read_config(root).demo_weights
 
 
