@@ -179,7 +179,7 @@ PARTS = ("deltanet", "attention", "tower")  # profiler ranges around layer calls
 
 
 def step_op_counts(decoder, kv_len: int) -> dict[str, int]:
-    """The aten ops one eager `decoder.step(kv_len)` launches, counted with torch.profiler.
+    """The aten ops one eager `decoder.advance(kv_len)` launches, counted with torch.profiler.
 
     An op counts if it launches work (not in NO_KERNEL) and no op it calls counts: a
     composite like `linear` counts as its `mm`, and a kernel's own helpers are not counted
@@ -202,7 +202,7 @@ def step_op_counts(decoder, kv_len: int) -> dict[str, int]:
             hooks.append(module.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None)))
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            decoder.step(kv_len)
+            decoder.advance(kv_len)
             sync(decoder.device)
     finally:
         for hook in hooks:
@@ -241,8 +241,8 @@ def bench_decode(model, config, device: torch.device, steps: int, compile_layers
     """Eager steps of the plain model and its op counts, the same with projections fused,
     then the fast path installed: compiled steps and graph replays. Rows: the decode row,
     then one `step_ops` row (ops and GEMMs per part of the step) per model, plain and fused."""
-    from engine.drama3.fast import GraphedDecoder, fuse_projections, install_fast_path
-    from engine.drama3.generate import Decoder
+    from engine.drama3.decoder import Decoder
+    from engine.drama3.fast import fuse_projections, install_fast_path
 
     max_rows = 300 + steps + 64
     model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
@@ -252,8 +252,8 @@ def bench_decode(model, config, device: torch.device, steps: int, compile_layers
     position = 299
     bucket = eager.kv_len(position + steps)
     for _ in range(3):
-        eager.step(bucket)
-    eager_ms = timed_ms(lambda: eager.step(bucket), device, steps)
+        eager.advance(bucket)
+    eager_ms = timed_ms(lambda: eager.advance(bucket), device, steps)
     row = {"bench": "decode", "kv_rows": bucket, "steps": steps,
            "eager_ms": round(statistics.median(eager_ms), 3)}
     plain_ops = step_op_counts(eager, bucket)
@@ -269,24 +269,24 @@ def bench_decode(model, config, device: torch.device, steps: int, compile_layers
                for fused, counts in ((False, plain_ops), (True, fused_ops))]
     eager.prefill(prompt)  # the steps above used up rows: start the take again
     for _ in range(3):
-        eager.step(bucket)
-    row["fused_eager_ms"] = round(statistics.median(timed_ms(lambda: eager.step(bucket), device, steps)), 3)
+        eager.advance(bucket)
+    row["fused_eager_ms"] = round(statistics.median(timed_ms(lambda: eager.advance(bucket), device, steps)), 3)
     installed = install_fast_path(model, compile_layers=compile_layers, compile_prefill=compile_prefill)
     installed = ["fused_projections"] + [name for name in installed if name != "fused_projections"]  # also on CPU
     if compile_layers and device.type == "cuda":
         started = time.perf_counter()
         eager.prefill(prompt)
         for _ in range(3):
-            eager.step(bucket)
+            eager.advance(bucket)
         row["compile_s"] = round(time.perf_counter() - started, 1)
-        row["compiled_ms"] = round(statistics.median(timed_ms(lambda: eager.step(bucket), device, steps)), 3)
-    graphed = GraphedDecoder(model, max_rows, enabled=device.type == "cuda")
+        row["compiled_ms"] = round(statistics.median(timed_ms(lambda: eager.advance(bucket), device, steps)), 3)
+    graphed = Decoder(model, max_rows, graphs=True)  # eager steps on a CPU
     graphed.capture()
     graphed.prefill(prompt)
     positions = iter(range(position, position + 10 * steps))
     for _ in range(3):
-        graphed.replay(next(positions))
-    graph_ms = timed_ms(lambda: graphed.replay(next(positions)), device, steps)
+        graphed.step(next(positions))
+    graph_ms = timed_ms(lambda: graphed.step(next(positions)), device, steps)
     row["graph_ms"] = round(statistics.median(graph_ms), 3)
     row["graph_kv_rows"] = graphed.graphs.bucket_for(position + steps + 2)
     row["graph_speedup"] = round(row["eager_ms"] / row["graph_ms"], 2)
@@ -302,7 +302,7 @@ def bench_decode(model, config, device: torch.device, steps: int, compile_layers
 
 
 def bench_prefill(model, config, device: torch.device) -> list[dict]:
-    from engine.drama3.generate import Decoder
+    from engine.drama3.decoder import Decoder
 
     rows_out = []
     max_rows = max(PREFILL_ROWS) + 64
@@ -318,22 +318,22 @@ def bench_prefill(model, config, device: torch.device) -> list[dict]:
 
 
 def bench_takes(model, codec, config, device: torch.device) -> list[dict]:
-    from engine.drama3.batch import Batch
-    from engine.drama3.fast import GraphedDecoder
+    from engine.drama3.decoder import Decoder
+    from engine.drama3.slots import Slots
     from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, decode_window
     from engine.drama3.take import Done
 
     out = []
     max_rows = 300 + 200 + 64
     model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
-    decoder = GraphedDecoder(model, max_rows, enabled=device.type == "cuda")
+    decoder = Decoder(model, max_rows, graphs=True)
     decoder.capture()
     for first_window in (None, 4):
         firsts = []
-        batch = Batch(decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window)
+        slots = Slots(decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window)
         for seed in range(4):
             prompt = synthetic_prompt(config, 300, 48, seed)
-            done = [e for e in batch.run(batch.start(prompt)) if isinstance(e, Done)][0]
+            done = [e for e in slots.generate(slots.start(prompt)) if isinstance(e, Done)][0]
             firsts.append(done.timings["first_audio_ms"])
         out.append({"bench": "first_audio", "prompt_rows": 300, "first_window_frames": first_window or 10,
                     "first_audio_ms": round(statistics.median(firsts[1:]), 1)})
@@ -353,21 +353,21 @@ def profile_tables(model, config, device: torch.device) -> str:
     """The kernels of one graphed decode step and one 300-row prefill, most time first."""
     from torch.profiler import ProfilerActivity, profile
 
-    from engine.drama3.fast import GraphedDecoder
+    from engine.drama3.decoder import Decoder
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     max_rows = 300 + 64
     model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
     prompt = synthetic_prompt(config, 300, 32)
-    decoder = GraphedDecoder(model, max_rows, enabled=False)  # eager steps: the profiler sees each kernel
+    decoder = Decoder(model, max_rows)  # eager steps: the profiler sees each kernel
     decoder.prefill(prompt)
     bucket = decoder.graphs.bucket_for(300 + 8)
-    decoder.step(bucket)
+    decoder.advance(bucket)
     sync(device)
     out = []
     with profile(activities=activities) as step_profile:
-        decoder.step(bucket)
+        decoder.advance(bucket)
         sync(device)
     out.append("# one decode step (the installed fast path, launched without its graph)\n"
                + step_profile.key_averages().table(sort_by=sort, row_limit=40))

@@ -14,7 +14,7 @@ Design choices:
   each sized for the longest prompt plus the longest take, so a take never allocates
   cache memory. Inside, one worker thread vocodes windows while the loop decodes the
   next frames; callers never see it.
-- Takes in different slots decode together, one frame each per step (batch.py). The
+- Takes in different slots decode together, one frame each per step (slots.py). The
   default slot count is per device (`default_slots`, see docs/perf.md). Slots times
   experts per token stay within the graph-safe expert path (64 pairs: 8 slots for the
   released model).
@@ -41,13 +41,14 @@ import torch
 from tokenizers import Tokenizer
 
 from engine.drama3.audio import MAX_REFERENCE_SECONDS
-from engine.drama3.batch import Batch
 from engine.checkpoints import demo_weights, resolve_checkpoint
 from engine.device import model_dtype, pick_device
 from engine.drama3.checkpoint import HUB_PATTERNS, load_model
 from engine.drama3.codec import Codec, load_codec
 from engine.drama3.config import Drama3Config
-from engine.drama3.fast import GraphedDecoder, install_fast_path
+from engine.drama3.decoder import Decoder
+from engine.drama3.fast import install_fast_path
+from engine.drama3.slots import Slots
 from engine.drama3.moe import GATHER_MAX_PAIRS
 from engine.drama3.prompt import MAX_PROMPT_ROWS, HistoryTurn, Prompt, Reference, build_prompt
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
@@ -125,11 +126,11 @@ class Drama3Engine:
         model.setup_caches(self.slots, max_rows, self.device, model.candidate_head.dtype)
         # On CUDA: fla prefill, compiled decode layers, and the step replayed from CUDA graphs.
         self.fast_path = install_fast_path(model) if self.device.type == "cuda" else []
-        self.decoder = GraphedDecoder(model, max_rows, self.slots)
+        self.decoder = Decoder(model, max_rows, self.slots, graphs=True)
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
-        self.batch = Batch(self.decoder, codec, overlap=spec.stream_overlap_frames,
-                           first_window=spec.first_window_frames, executor=self.vocoder)
+        self.slot_table = Slots(self.decoder, codec, overlap=spec.stream_overlap_frames,
+                                first_window=spec.first_window_frames, executor=self.vocoder)
 
     # Inputs -------------------------------------------------------------------
 
@@ -151,12 +152,12 @@ class Drama3Engine:
     @property
     def free_slots(self) -> int:
         """Slots a take can start in now."""
-        return self.batch.free_slots
+        return self.slot_table.free_slots
 
     @property
     def in_flight(self) -> int:
         """Takes started whose Done has not been handed out yet."""
-        return self.batch.in_flight
+        return self.slot_table.in_flight
 
     def start(self, prompt: Prompt, deadline: float | None = None,
               cancelled: Callable[[], bool] | None = None) -> Take:
@@ -166,28 +167,28 @@ class Drama3Engine:
         if not isinstance(prompt, Prompt):
             raise TypeError(f"start takes a Prompt from engine.prompt; got {type(prompt).__name__}")
         if not self.decoder.captured:
-            if not self.batch.idle:
+            if not self.slot_table.idle:
                 raise RuntimeError("the decode graphs must be captured (warm_up) before takes run together")
             with torch.inference_mode():
                 self.decoder.capture()  # normally done by warm_up; safe here, with no take in flight
-        return self.batch.start(prompt, deadline, cancelled)
+        return self.slot_table.start(prompt, deadline, cancelled)
 
     def step(self) -> list[tuple[Take, list[AudioWindow | Done]]]:
         """One batched decode step: each take's new windows, and Done for each that ended
         (its slot is free again). With no take decoding it waits for the last windows."""
-        return self.batch.step()
+        return self.slot_table.step()
 
     def drop(self, take: Take) -> None:
         """Forget a take whose events nobody will read (its slot is freed; no Done follows)."""
-        self.batch.drop(take)
+        self.slot_table.drop(take)
 
     def generate(self, prompt: Prompt, deadline: float | None = None,
                  cancelled: Callable[[], bool] | None = None) -> Iterator[AudioWindow | Done]:
         """One take alone: AudioWindow events as its frames exist, then one Done. (Several
         takes at once go through start and step.)"""
-        if not self.batch.idle:
+        if not self.slot_table.idle:
             raise RuntimeError("generate runs one take alone, but takes are in flight; use start and step")
-        yield from self.batch.run(self.start(prompt, deadline, cancelled))
+        yield from self.slot_table.generate(self.start(prompt, deadline, cancelled))
 
     def vocode_take(self, codes: torch.Tensor) -> np.ndarray:
         """int16 PCM: exactly the samples the stream of a take with these codes carried."""

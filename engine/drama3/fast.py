@@ -1,10 +1,9 @@
-"""The GPU fast path of Drama 3: kernels installed into a built model, and a graphed decode step.
+"""The GPU fast path of Drama 3: kernels installed into a built model.
 
     fuse_projections(model)                      # one GEMM per group of linears over one input (any device)
     install_fast_path(model)                     # fused projections; fla DeltaNet prefill; compiled decode layers
-    decoder = GraphedDecoder(model, max_rows, slots=N)   # a Decoder whose step replays CUDA graphs
-    decoder.capture()                            # before the first take (warm-up)
-    decoder.run(position)                        # replays the graph of position's KV bucket
+
+The decode step's CUDA graphs are the Decoder's (decoder.py, engine/graphs.py).
 
 Design choices:
 - Serving concerns are transformations of an already-built model (gpt-fast's
@@ -24,15 +23,6 @@ Design choices:
   code (Inductor fuses the norms, rope, gates and the DeltaNet step into a few kernels);
   calls over many rows (prefill) stay eager, so prompts of any length never recompile.
   The block-FP8 experts keep their own Triton kernel (moe.py).
-- One CUDA graph per KV bucket (the attended cache rows: 256, 512, 1024, ... up to the
-  cache size), each over all N slots (the slot count is fixed when the caches are made).
-  A step whose furthest row is at position p replays the smallest bucket >= p + 2. Every
-  bucket is captured at warm-up, before the first take: capturing runs the step, which
-  would scramble a take in flight.
-- A take's random stream must be the one the graph captured: the Decoder keeps one
-  generator per slot for its lifetime and re-seeds it in place per take; every one is
-  registered with every graph (a take with a seed stays reproducible, and graph ==
-  eager draw for draw).
 """
 
 from __future__ import annotations
@@ -44,9 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.drama3.deltanet import GatedDeltaNet, recurrent_delta_rule
-from engine.drama3.generate import KV_BUCKET_ROWS, Decoder
 from engine.drama3.model import Drama3Model
-from engine.graphs import StepGraphs
 
 
 class PackedLinear(nn.Module):
@@ -145,40 +133,3 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True,
     if model.config.fp8_experts:
         installed.append("fp8_moe")
     return installed
-
-
-class GraphedDecoder(Decoder):
-    """A Decoder whose step is replayed from CUDA graphs (plain eager steps on CPU)."""
-
-    def __init__(self, model: Drama3Model, max_rows: int, slots: int = 1, *, enabled: bool = True) -> None:
-        super().__init__(model, max_rows, slots)
-        buckets = [KV_BUCKET_ROWS << i for i in range(16) if KV_BUCKET_ROWS << i < max_rows] + [max_rows]
-        self.graphs = StepGraphs(self.step, buckets,
-                                 enabled=enabled and self.device.type == "cuda", generators=self.generators)
-
-    @property
-    def captured(self) -> bool:
-        return not self.graphs.enabled or len(self.graphs.graphs) == len(self.graphs.buckets)
-
-    def capture(self, up_to_rows: int | None = None) -> None:
-        """Capture the buckets up to `up_to_rows` (default: all). Scrambles the decode state:
-        call before a take's prefill."""
-        limit = up_to_rows or self.max_rows
-        self.position.zero_()
-        self.active.zero_()
-        self.graphs.capture([b for b in self.graphs.buckets if b <= self.graphs.bucket_for(limit)])
-
-    def run(self, position: int, rows: list[int] | None = None) -> None:
-        """One step whose furthest active row is at `position`: a graph replay of every slot
-        on CUDA, an eager step of `rows` on CPU."""
-        if self.graphs.enabled:
-            self.replay(position)
-        else:
-            super().run(position, rows)
-
-    def replay(self, position: int) -> None:
-        """One step at `position` (the input frame's): replay its bucket's graph."""
-        bucket = self.graphs.bucket_for(position + 2)
-        if bucket not in self.graphs.graphs and self.graphs.enabled:
-            raise RuntimeError(f"no graph captured for {bucket} cache rows; capture it before the take")
-        self.graphs(position + 2)

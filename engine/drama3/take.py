@@ -6,7 +6,7 @@
     take.close(reason)                   # the slot is free; the rest of the frames go out
     events = take.ready(wait)            # AudioWindow ... then Done once everything is out
 
-batch.py drives takes through a Decoder's slots; a take never touches the device state.
+slots.py drives takes through a Decoder's slots; a take never touches the device state.
 
 Design choices:
 - Stop rules: end of speech (`stop`), `max_new_tokens` (`length`), the deadline

@@ -1,6 +1,6 @@
 """On a GPU: the fast path against its reference paths. fla's chunked DeltaNet equals our
 torch recurrence; compiled decode layers equal eager ones; graph replays of the whole
-decode step (through GraphedDecoder, fast path installed) give eager's frames."""
+decode step (the Decoder with graphs, fast path installed) give eager's frames."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.drama3.deltanet import chunked_delta_rule, l2_normalize
-from engine.drama3.fast import GraphedDecoder, fla_delta_rule, install_fast_path
-from engine.drama3.generate import Decoder
+from engine.drama3.decoder import Decoder
+from engine.drama3.fast import fla_delta_rule, install_fast_path
 
 pytestmark = pytest.mark.gpu
 
@@ -61,17 +61,17 @@ def test_fast_path_decode_matches_eager(tiny_checkpoint) -> None:
         install_fast_path(model, compile_layers=False)  # fla prefill in both runs: only compilation differs
         eager = Decoder(model, max_rows)
         kv = eager.kv_len(len(prompt.rows) + steps)
-        reference = frames_of(eager, prompt, steps, lambda position: eager.step(kv))
+        reference = frames_of(eager, prompt, steps, lambda position: eager.advance(kv))
         hidden_reference = eager.hidden.clone()
         assert "compiled_decode_layers" in install_fast_path(model)
-        compiled = frames_of(eager, prompt, steps, lambda position: eager.step(kv))
+        compiled = frames_of(eager, prompt, steps, lambda position: eager.advance(kv))
         assert torch.equal(compiled, reference)
         assert (eager.hidden - hidden_reference).norm() / hidden_reference.norm() < 1e-4
-        graphed = GraphedDecoder(model, max_rows)
+        graphed = Decoder(model, max_rows, graphs=True)
         graphed.capture()
         stepped = frames_of(graphed, prompt, steps,
-                            lambda position: graphed.step(graphed.graphs.bucket_for(position + 2)))
-        replayed = frames_of(graphed, prompt, steps, graphed.replay)
+                            lambda position: graphed.advance(graphed.graphs.bucket_for(position + 2)))
+        replayed = frames_of(graphed, prompt, steps, graphed.step)
         assert torch.equal(replayed, stepped)
 
 
@@ -100,7 +100,7 @@ def test_compiled_prefill_matches_eager(tiny_checkpoint) -> None:
 
 
 def test_batched_graph_replays_match_eager_steps(tiny_checkpoint) -> None:
-    """Three slots, two takes at different positions (slot 1 free): GraphedDecoder's
+    """Three slots, two takes at different positions (slot 1 free): the Decoder's graph
     replays give the eager step's frames for both takes, fast path installed."""
     from engine.drama3.checkpoint import load_model
     from engine.drama3.prompt import build_prompt
@@ -115,7 +115,7 @@ def test_batched_graph_replays_match_eager_steps(tiny_checkpoint) -> None:
     model.setup_caches(3, max_rows, "cuda", torch.float32)
     with torch.inference_mode():
         install_fast_path(model)
-        graphed = GraphedDecoder(model, max_rows, slots=3)
+        graphed = Decoder(model, max_rows, slots=3, graphs=True)
         graphed.capture()
 
         def frames(run) -> torch.Tensor:
@@ -127,6 +127,6 @@ def test_batched_graph_replays_match_eager_steps(tiny_checkpoint) -> None:
                 out.append(graphed.status[[0, 2]].clone())
             return torch.stack(out).cpu()
 
-        stepped = frames(lambda position: graphed.step(graphed.graphs.bucket_for(position + 2)))
-        replayed = frames(graphed.run)
+        stepped = frames(lambda position: graphed.advance(graphed.graphs.bucket_for(position + 2)))
+        replayed = frames(graphed.step)
     assert torch.equal(replayed, stepped)

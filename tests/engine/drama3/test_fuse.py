@@ -11,7 +11,7 @@ import torch
 from engine.bench.drama3 import step_op_counts
 from engine.drama3.checkpoint import load_model
 from engine.drama3.fast import PackedLinear, fuse_projections
-from engine.drama3.generate import Decoder
+from engine.drama3.decoder import Decoder
 from engine.drama3.prompt import build_prompt
 from engine.drama3.sampling import Sampling
 
@@ -78,7 +78,7 @@ def test_fused_model_prefills_and_decodes_like_the_plain_one(plain_and_fused) ->
         decoder.prefill(prompt)
         taken = []
         for step in range(prompt.sampling.max_new_tokens):
-            decoder.step(decoder.kv_len(len(prompt.rows) - 1 + step))
+            decoder.advance(decoder.kv_len(len(prompt.rows) - 1 + step))
             taken.append(decoder.frame[0].clone())
         frames.append(torch.stack(taken).cpu())  # [steps, 11]
         last_hidden.append(decoder.hidden.cpu())

@@ -55,19 +55,19 @@ def test_decode_step_replays_as_a_cuda_graph(gpu):
         return torch.stack(out).cpu()
 
     with torch.inference_mode():
-        eager = frames(lambda: decoder.step(kv_len))
+        eager = frames(lambda: decoder.advance(kv_len))
         prefill()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside the capture (lazy init, autotuning)
             for _ in range(2):
-                decoder.step(kv_len)
+                decoder.advance(kv_len)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         for generator in decoder.generators:
             graph.register_generator_state(generator)
         with torch.cuda.graph(graph):
-            decoder.step(kv_len)
+            decoder.advance(kv_len)
         replayed = frames(graph.replay)
         for slot in active:
             decoder.release(slot)

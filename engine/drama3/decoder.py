@@ -1,21 +1,31 @@
 """The decode state of N slots and the batched step that advances every slot by one frame.
 
-    decoder = Decoder(model, max_rows, slots=N)   # static state [N, ...]; caches by model.setup_caches(N, ...)
+    decoder = Decoder(model, max_rows, slots=N, graphs=True)  # static state [N, ...]; caches by model.setup_caches
+    decoder.capture()                             # CUDA: one graph per KV bucket, before the first take
     decoder.prefill(prompt, slot)                 # a take's prompt into a free slot; the slot turns active
-    decoder.step(decoder.kv_len(max_position))    # one frame for every slot (inactive ones are ignored)
+    decoder.step(max_position, rows)              # one frame for the slots (graph replay or eager)
     finite, *frame = decoder.status[slot].tolist()
     decoder.release(slot)                         # the take ended: the slot is free
 
-A take's host side (stop rules, windows, Done) is take.py; the slot table is batch.py.
+A take's host side (stop rules, windows, Done) is take.py; the slot table is slots.py.
 
 Design choices:
-- The step is a pure function of static tensors, one row per slot: the hidden state,
-  position, input frame, RAS window and sampling settings of every slot, an active
-  mask, and one generator per slot. It samples the main tokens (with RAS), runs the
-  tower (codes 1..9), feeds the new frames to the backbone, and writes the next inputs
-  and a status row per slot in place. Nothing in it reads the host, so it can be
-  captured as a CUDA graph per KV bucket at the fixed slot count (fast.py); the host
-  reads the status after it.
+- The step (`advance`) is a pure function of static tensors, one row per slot: the
+  hidden state, position, input frame, RAS window and sampling settings of every slot,
+  an active mask, and one generator per slot. It samples the main tokens (with RAS),
+  runs the tower (codes 1..9), feeds the new frames to the backbone, and writes the next
+  inputs and a status row per slot in place. Nothing in it reads the host, so it can be
+  captured as a CUDA graph per KV bucket at the fixed slot count; the host reads the
+  status after it.
+- One entry point, `step`, holds the graph-or-eager choice: on CUDA (graphs on) it
+  replays the graph of the step's KV bucket over every slot (engine/graphs.py); on a
+  CPU it runs `advance` eagerly over the decoding rows only, so an idle slot costs
+  nothing. A slot computes the same frame either way (tests compare them).
+- Graphs: one per KV bucket (the attended cache rows: 256, 512, 1024, ... up to the
+  cache size), each over all N slots, captured by `capture` before the first take
+  (capturing runs the step, which would scramble a take in flight). A take's random
+  stream must be the one the graph captured: each slot keeps one generator for its
+  lifetime, re-seeded in place per take and registered with every graph.
 - Every row computes, active or not (fixed shapes); an inactive row's results are
   ignored and its inputs are held (`where` on the active mask), so its position stays
   put and never runs past the cache. Its cache writes land in its own free slot, where
@@ -39,6 +49,7 @@ import math
 import torch
 
 from engine.drama3.model import Drama3Model
+from engine.graphs import StepGraphs
 from engine.drama3.prompt import Prompt
 from engine.drama3.sampling import (RAS_WINDOW_FRAMES, SamplingTensors, ras_window_of, sample_code, sample_main,
                                     seed_generator, take_generator)
@@ -50,7 +61,7 @@ KV_BUCKET_ROWS = 256  # eager steps attend over a whole number of these (graphs:
 class Decoder:
     """The static decode state of N slots and the step that advances them by one frame."""
 
-    def __init__(self, model: Drama3Model, max_rows: int, slots: int = 1) -> None:
+    def __init__(self, model: Drama3Model, max_rows: int, slots: int = 1, *, graphs: bool = False) -> None:
         config = model.config
         self.model, self.max_rows, self.num_slots = model, max_rows, slots
         self.semantic_start, self.codebook_size = config.semantic_start_token_id, config.codebook_size
@@ -68,6 +79,10 @@ class Decoder:
         # Per slot after a step: all logits finite, then the new frame (main token, codes 0..9).
         self.status = torch.zeros((N, 1 + config.frame_width), dtype=torch.long, device=device)
         self.generators = [take_generator(0, device) for _ in range(N)]
+        buckets = [KV_BUCKET_ROWS << i for i in range(16) if KV_BUCKET_ROWS << i < max_rows] + [max_rows]
+        # Disabled on a CPU: then `step` runs `advance` eagerly.
+        self.graphs = StepGraphs(self.advance, buckets, enabled=graphs and device.type == "cuda",
+                                 generators=self.generators)
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, slot: int = 0) -> None:
@@ -101,12 +116,37 @@ class Decoder:
         self.active[slot] = False
         self.position[slot] = 0
 
-    def step(self, kv_len: int | None = None, rows: list[int] | None = None) -> None:
-        """One frame for every slot from the static state; writes status and the next inputs in
-        place (inactive rows keep theirs). kv_len bounds the attended cache rows (>= every
-        active position + 2). `rows` limits the step to those slots (eager callers pass the
-        active ones, so an idle slot costs nothing); None steps every slot, the fixed shapes
-        a CUDA graph captures. A slot computes the same frame either way."""
+    @property
+    def captured(self) -> bool:
+        """Every bucket has its graph (or graphs are off)."""
+        return not self.graphs.enabled or len(self.graphs.graphs) == len(self.graphs.buckets)
+
+    def capture(self, up_to_rows: int | None = None) -> None:
+        """Capture the graphs of the buckets up to `up_to_rows` (default: all); nothing when
+        graphs are off. Scrambles the decode state: call before a take's prefill."""
+        limit = up_to_rows or self.max_rows
+        self.position.zero_()
+        self.active.zero_()
+        self.graphs.capture([b for b in self.graphs.buckets if b <= self.graphs.bucket_for(limit)])
+
+    def step(self, position: int, rows: list[int] | None = None) -> None:
+        """One frame for the decoding slots `rows` (default all), the furthest at `position`
+        (its input frame's): with graphs, a replay of the captured graph of every slot at
+        position's KV bucket; without, an eager `advance` of `rows` only."""
+        if self.graphs.enabled:
+            bucket = self.graphs.bucket_for(position + 2)
+            if bucket not in self.graphs.graphs:
+                raise RuntimeError(f"no graph captured for {bucket} cache rows; capture it before the take")
+            self.graphs(position + 2)
+        else:
+            self.advance(self.kv_len(position), rows)
+
+    def advance(self, kv_len: int | None = None, rows: list[int] | None = None) -> None:
+        """The step itself (what a graph captures): one frame for every slot from the static
+        state; writes status and the next inputs in place (inactive rows keep theirs).
+        kv_len bounds the attended cache rows (>= every active position + 2). `rows` limits
+        it to those slots; None steps every slot, the fixed shapes a CUDA graph captures.
+        A slot computes the same frame either way."""
         model, tower = self.model, self.model.tower
         index = None if rows is None or len(rows) == self.num_slots else torch.tensor(rows, device=self.device)
 
@@ -150,8 +190,3 @@ class Decoder:
     def kv_len(self, position: int) -> int:
         """The attended cache rows for a step whose furthest row is at `position`: a bucket covering position + 1."""
         return min(self.max_rows, math.ceil((position + 2) / KV_BUCKET_ROWS) * KV_BUCKET_ROWS)
-
-    def run(self, position: int, rows: list[int] | None = None) -> None:
-        """One step of `rows` (default all) whose furthest is at `position` (GraphedDecoder
-        replays a graph of every slot instead)."""
-        self.step(self.kv_len(position), rows)

@@ -1,10 +1,10 @@
 """The slot table: takes started into a Decoder's free slots and advanced together, one
 batched step at a time.
 
-    batch = Batch(decoder, codec, overlap=320, first_window=None, executor=vocoder)
-    take = batch.start(prompt, deadline, cancelled)   # prefill into a free slot
-    for take, events in batch.step(): ...             # one frame for every decoding take
-    for event in batch.run(take): ...                 # one take alone: its events to Done
+    slots = Slots(decoder, codec, overlap=320, first_window=None, executor=vocoder)
+    take = slots.start(prompt, deadline, cancelled)   # prefill into a free slot
+    for take, events in slots.step(): ...             # one frame for every decoding take
+    for event in slots.generate(take): ...            # one take alone: its events to Done
 
 Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed slots):
 - Fixed slots, one per Decoder row. `start` takes the lowest free slot and prefills it
@@ -16,7 +16,7 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   at once; its last windows vocode while the other takes decode, and its Done comes
   with them. With no take decoding, `step` waits for the closing takes' windows.
 - One take's failure (prefill, non-finite logits, its vocoder) ends that take only. A
-  failure of the shared step itself ends the takes in it, and the batch goes on.
+  failure of the shared step itself ends the takes in it, and the others go on.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from concurrent.futures import Executor
 import torch
 
 from engine.drama3.codec import Codec
-from engine.drama3.generate import Decoder
+from engine.drama3.decoder import Decoder
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule
 from engine.drama3.take import AudioWindow, Done, Take
@@ -36,31 +36,31 @@ from engine.drama3.take import AudioWindow, Done, Take
 Events = list[AudioWindow | Done]
 
 
-class Batch:
+class Slots:
     """Takes in the slots of one Decoder; owned by one thread."""
 
     def __init__(self, decoder: Decoder, codec: Codec, *, overlap: int, first_window: int | None,
                  executor: Executor | None = None) -> None:
         self.decoder, self.codec, self.executor = decoder, codec, executor
         self.overlap, self.first_window = overlap, first_window
-        self.slots: list[Take | None] = [None] * decoder.num_slots  # the decoding take of each slot
+        self.takes: list[Take | None] = [None] * decoder.num_slots  # the decoding take of each slot
         self.closing: list[Take] = []  # ended, slot free, last windows still to hand out
 
     @property
     def free_slots(self) -> int:
-        return self.slots.count(None)
+        return self.takes.count(None)
 
     @property
     def in_flight(self) -> int:
         """Takes decoding or closing: started, Done not handed out yet."""
-        return len(self.slots) - self.free_slots + len(self.closing)
+        return len(self.takes) - self.free_slots + len(self.closing)
 
     @property
     def idle(self) -> bool:
         return self.in_flight == 0
 
     def decoding(self) -> list[Take]:
-        return [take for take in self.slots if take is not None]
+        return [take for take in self.takes if take is not None]
 
     @torch.inference_mode()
     def start(self, prompt: Prompt, deadline: float | None = None,
@@ -68,8 +68,8 @@ class Batch:
         """Prefill `prompt` into the lowest free slot. A take already cancelled or past its
         deadline ends without a slot; a prefill that fails ends the take as an error."""
         if self.free_slots == 0:
-            raise RuntimeError(f"all {len(self.slots)} slots are decoding; start a take when one is free")
-        slot = self.slots.index(None)
+            raise RuntimeError(f"all {len(self.takes)} slots are decoding; start a take when one is free")
+        slot = self.takes.index(None)
         decoder = self.decoder
         take = Take(prompt, slot, self.codec, StreamSchedule(self.overlap, self.first_window), self.executor,
                     deadline, cancelled, eos=decoder.eos, semantic_start=decoder.semantic_start)
@@ -77,7 +77,7 @@ class Batch:
             take.close(reason)
             self.closing.append(take)
             return take
-        self.slots[slot] = take
+        self.takes[slot] = take
         try:
             decoder.prefill(prompt, slot)
         except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the others
@@ -88,8 +88,8 @@ class Batch:
 
     def end(self, take: Take, reason: str, error: str | None = None) -> None:
         """Stop a decoding take: free its slot, send its last window."""
-        if self.slots[take.slot] is take:
-            self.slots[take.slot] = None
+        if self.takes[take.slot] is take:
+            self.takes[take.slot] = None
             self.decoder.release(take.slot)
         take.close(reason, error)
         self.closing.append(take)
@@ -104,9 +104,9 @@ class Batch:
         if stepping:
             timer = time.perf_counter()
             try:
-                self.decoder.run(max(take.position for take in stepping), [take.slot for take in stepping])
+                self.decoder.step(max(take.position for take in stepping), [take.slot for take in stepping])
                 status = self.decoder.status.tolist()  # [N][finite, main, code0..9]: the host reads once
-            except Exception as exc:  # noqa: BLE001 - the shared step failed: its takes end, the batch goes on
+            except Exception as exc:  # noqa: BLE001 - the shared step failed: its takes end, the others go on
                 for take in stepping:
                     self.end(take, "error", f"{type(exc).__name__}: {exc}")
             else:
@@ -130,7 +130,7 @@ class Batch:
         if take in self.closing:
             self.closing.remove(take)
 
-    def run(self, take: Take) -> Iterator[AudioWindow | Done]:
+    def generate(self, take: Take) -> Iterator[AudioWindow | Done]:
         """Step until `take` is done, yielding its events (other takes' events are dropped:
         run one take alone)."""
         try:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-import engine.drama3.generate as generate
+import engine.drama3.decoder as decoder_module
 from engine import AudioWindow, Done, EngineSpec, HistoryTurn, Sampling, load_engine
 from engine.drama3.sampling import ras_window_of
 
@@ -124,10 +124,10 @@ def test_stop_rules(tiny, monkeypatch, script, kept, reason):
 def test_chunked_prefill_equals_one_chunk(tiny, monkeypatch):
     codes = torch.randint(0, 1024, (10, 1000), generator=torch.Generator().manual_seed(0))
     prompt = tiny.prompt("After a long take.", None, [HistoryTurn("Long.", codes)], Sampling(max_new_tokens=3, seed=1))
-    assert len(prompt.rows) > 2 * generate.PREFILL_CHUNK_ROWS
+    assert len(prompt.rows) > 2 * decoder_module.PREFILL_CHUNK_ROWS
     chunked = run(tiny, prompt)[1]
     hidden = tiny.decoder.hidden.clone()
-    monkeypatch.setattr(generate, "PREFILL_CHUNK_ROWS", 10_000)
+    monkeypatch.setattr(decoder_module, "PREFILL_CHUNK_ROWS", 10_000)
     whole = run(tiny, prompt)[1]
     torch.testing.assert_close(tiny.decoder.hidden, hidden, rtol=1e-4, atol=1e-4)
     assert torch.equal(chunked.codes, whole.codes)
@@ -142,10 +142,10 @@ def test_decoding_equals_a_teacher_forced_prefill_of_the_same_frames(tiny):
     decoder.prefill(prompt, 0)
     frames = []
     for k in range(6):
-        decoder.step(decoder.kv_len(len(prompt.rows) - 1 + k))
+        decoder.advance(decoder.kv_len(len(prompt.rows) - 1 + k))
         frames.append(decoder.frame[:1].clone())
     hidden, state = decoder.hidden[0].clone(), decoder.generators[0].get_state()
-    decoder.step(decoder.kv_len(len(prompt.rows) + 5))
+    decoder.advance(decoder.kv_len(len(prompt.rows) + 5))
     next_frame = decoder.frame[0].clone()
 
     rows = torch.cat((prompt.rows, *frames))
@@ -154,7 +154,7 @@ def test_decoding_equals_a_teacher_forced_prefill_of_the_same_frames(tiny):
     torch.testing.assert_close(decoder.hidden[0], hidden, rtol=1e-4, atol=1e-4)
     assert torch.equal(decoder.ras_window[:1], ras_window_of(rows))
     decoder.generators[0].set_state(state)
-    decoder.step(decoder.kv_len(len(rows) - 1))
+    decoder.advance(decoder.kv_len(len(rows) - 1))
     assert torch.equal(decoder.frame[0], next_frame)
     decoder.release(0)
 

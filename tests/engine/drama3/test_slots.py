@@ -160,7 +160,7 @@ def test_an_inactive_row_is_held(batched, prompts):
     held = decoder.hidden[[0, 2]].clone(), decoder.frame[[0, 2]].clone(), decoder.ras_window[[0, 2]].clone()
     start = len(prompts["a"].rows) - 1
     for k in range(3):
-        decoder.run(start + k)
+        decoder.step(start + k)
     assert decoder.position.tolist() == [0, start + 3, 0]
     for before, after in zip(held, (decoder.hidden[[0, 2]], decoder.frame[[0, 2]], decoder.ras_window[[0, 2]])):
         assert torch.equal(before, after)
