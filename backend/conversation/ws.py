@@ -26,6 +26,7 @@ from backend.conversation import protocol as cp
 from backend.conversation.loop import Conversation, ConversationLoop, NoFreeSlot, TooFast
 from backend.state import ServerState
 from backend.transport import Outbox, Stop, admit, pack_audio_frame, send_loop
+from engine import pcm16
 from engine.errors import RequestError
 from engine.personaplex import DEFAULT_PERSONA
 
@@ -43,8 +44,8 @@ class SocketSink:
         self.outbox.message(cp.ConversationListening())
 
     def frame(self, tick: int, pcm: np.ndarray, text: str | None) -> None:
-        pcm16 = np.round(np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()  # [frame_samples]
-        if not self.outbox.audio(pack_audio_frame(0, tick, tick * self.frame_samples, pcm16, last=False)):
+        samples = pcm16(pcm).astype("<i2").tobytes()  # [frame_samples]
+        if not self.outbox.audio(pack_audio_frame(0, tick, tick * self.frame_samples, samples, last=False)):
             self.outbox.close(status.WS_1008_POLICY_VIOLATION, "the client is not reading")
         if text is not None:
             self.outbox.message(cp.ConversationText(tick, text))
