@@ -74,7 +74,7 @@ def hub_snapshot(repo: str, patterns: Sequence[str]) -> Path:
     print(f"[retake] {repo} is not in the Hugging Face cache; downloading", file=sys.stderr, flush=True)
     try:
         return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=list(patterns)))
-    except Exception as error:  # noqa: BLE001 - network, authentication, licence gate: one answer to the user
+    except Exception as error:
         raise CheckpointError(f"could not download {repo} from the Hugging Face Hub ({type(error).__name__}: "
                               f"{error}); download it first or pass a directory") from error
 

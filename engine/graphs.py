@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE  # the type of a graph's memory pool (torch keeps it private)
+
 
 class StepGraphs:
-    def __init__(self, step: Callable[[int], None], buckets: Iterable[int], *, enabled: bool,
+    def __init__(self, step: Callable[[int], object], buckets: Iterable[int], *, enabled: bool,
                  warmup_calls: int = 2, generators: Iterable[torch.Generator] = ()) -> None:
         self.step = step
         self.generators = tuple(generators)  # non-default generators the step draws from
@@ -32,7 +36,7 @@ class StepGraphs:
         self.enabled = enabled and torch.cuda.is_available()
         self.warmup_calls = warmup_calls
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool = None
+        self.pool: _POOL_HANDLE | None = None  # the memory pool the graphs share, once one exists
         self.capture_s: dict[int, float] = {}
 
     def bucket_for(self, length: int) -> int:

@@ -32,4 +32,5 @@ def pcm16(audio: torch.Tensor | NDArray[np.floating[Any]]) -> torch.Tensor | NDA
     """float audio (nominally in [-1, 1]) -> int16 samples, on the same device or as an array."""
     if isinstance(audio, torch.Tensor):
         return (audio.clamp(-1.0, 1.0) * PCM16_MAX).round().to(torch.int16)
-    return np.round(np.clip(audio, -1.0, 1.0) * PCM16_MAX).astype(np.int16)
+    samples: NDArray[np.int16] = np.round(np.clip(audio, -1.0, 1.0) * PCM16_MAX).astype(np.int16)
+    return samples

@@ -18,7 +18,7 @@ BENCHES = {
     "decode": "engine.bench.drama3",
     "prefill": "engine.bench.drama3",
     "takes": "engine.bench.drama3",
-    "personaplex": "engine.personaplex.bench",
+    "personaplex": "engine.bench.personaplex",
 }
 
 

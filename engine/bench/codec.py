@@ -18,6 +18,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
+    import torch
+
+    from engine.drama3.codec import Codec
 
 HELP = "streamed vs whole-take codec decode: SNR, ms per window, real-time factor"
 
@@ -37,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, help="also write the rows here")
 
 
-def load(args: argparse.Namespace, device: str):
+def load(args: argparse.Namespace, device: torch.device) -> tuple[Codec, str]:
     from engine.drama3.codec import CodecConfig, load_codec, ready
     from engine.drama3.codec_tiny import TINY_CODEC, random_codec, write_tiny_codec
 
@@ -55,9 +61,10 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
+    from engine.device import pick_device
     from engine.drama3.stream import check_settings, take_windows, window_pcm
-    from engine.pcm import pcm16
     from engine.errors import RequestError
+    from engine.pcm import pcm16
 
     if args.checkpoint is not None and args.random_weights:
         raise RequestError("choose --checkpoint or --random-weights, not both")
@@ -71,13 +78,11 @@ def run(args: argparse.Namespace) -> int:
         check_settings(overlap, args.first_window)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RequestError("--device cuda: no CUDA device here")
+    device = pick_device(args.device)
     codec, source = load(args, device)
 
     def sync() -> None:
-        if device == "cuda":
+        if device.type == "cuda":
             torch.cuda.synchronize()
 
     generator = torch.Generator().manual_seed(args.seed)
@@ -105,8 +110,8 @@ def run(args: argparse.Namespace) -> int:
                     times[i].append((time.perf_counter() - started) * 1000)
         streamed = torch.cat(pieces).cpu().numpy().astype(np.float64)
         assert streamed.shape == whole.shape, "streamed windows must tile the take"
-        error = ((whole - streamed) ** 2).sum()
-        snr = float("inf") if error == 0 else 10 * np.log10((whole**2).sum() / error)
+        residual = ((whole - streamed) ** 2).sum()
+        snr = float("inf") if residual == 0 else 10 * np.log10((whole**2).sum() / residual)
         per_window = [statistics.median(t) for t in times]
         steady = [ms for ms, w in zip(per_window, windows) if w.frames == max(x.frames for x in windows)]
         rows.append({
@@ -117,9 +122,9 @@ def run(args: argparse.Namespace) -> int:
             "first_window_ms": round(per_window[0], 2),
             "rtf": round(sum(per_window) / 1000 / audio_s, 4),
             "windows": len(windows), "frames": args.frames, "first_window": args.first_window,
-            "whole_take_ms": round(whole_ms, 2), "device": device, "codec": source,
+            "whole_take_ms": round(whole_ms, 2), "device": device.type, "codec": source,
         })
-    name = torch.cuda.get_device_name() if device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    name = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(f"codec: {source}; {name}; take of {args.frames} frames ({audio_s:.1f} s); "
           f"whole-take decode {whole_ms:.1f} ms; decoder {codec.decoder_dtype}")
     print(f"{'overlap':>8} {'SNR dB':>8} {'ms/window':>10} {'max ms':>8} {'steady ms':>10} {'first ms':>9} "

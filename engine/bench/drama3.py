@@ -24,12 +24,26 @@ Design choices:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from engine.drama3.codec import Codec
+    from engine.drama3.config import Drama3Config
+    from engine.drama3.decoder import Decoder
+    from engine.drama3.model import Drama3Model
+    from engine.drama3.prompt import Prompt
+
+Row = dict[str, Any]  # one printed and JSON row of a benchmark
 
 HELP = "Drama 3 speed: decode step eager vs CUDA graph, prefill, first audio (see docs/perf.md)"
 TARGETS = {"decode_graph_ms": 4.0, "first_audio_ms": 60.0, "graph_speedup": 3.0}
@@ -57,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ─── Building ─────────────────────────────────────────────────────────────────
 
 
-def build(args: argparse.Namespace):
+def build(args: argparse.Namespace) -> tuple[Drama3Model, Codec, Drama3Config, str]:
     """(model, codec, config, source) on the device; the fast path is installed later."""
     from engine.drama3.codec import CodecConfig, load_codec
     from engine.drama3.config import Drama3Config, preset
@@ -85,7 +99,7 @@ def build(args: argparse.Namespace):
     return model, codec, config, source
 
 
-def synthetic_prompt(config, rows: int, max_new_tokens: int, seed: int = 0):
+def synthetic_prompt(config: Drama3Config, rows: int, max_new_tokens: int, seed: int = 0) -> Prompt:
     """A prompt of `rows` frame rows: a third text, then audio rows with random codes."""
     from engine.drama3.prompt import Prompt
     from engine.drama3.sampling import Sampling
@@ -110,7 +124,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_ms(fn, device: torch.device, repeats: int) -> list[float]:
+def timed_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> list[float]:
     """Milliseconds of each call, CUDA events on the GPU, the host clock on the CPU."""
     times = []
     for _ in range(repeats):
@@ -137,7 +151,7 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * n / (ms / 1000)
 
 
-def decode_step_bytes(model, kv_rows: int) -> int:
+def decode_step_bytes(model: Drama3Model, kv_rows: int) -> int:
     """The fewest bytes one decode step of one take must read: every weight it multiplies
     (k of E experts per layer), one row of each embedding table, the KV rows it attends
     and the DeltaNet states it reads and writes."""
@@ -159,7 +173,7 @@ def decode_step_bytes(model, kv_rows: int) -> int:
     dtype_bytes = model.candidate_head.element_size()
     state = len(text.linear_attention_layers) * text.linear_num_value_heads * text.linear_key_head_dim \
         * text.linear_value_head_dim * 4 * 2  # float32, read and written
-    return total + kv * dtype_bytes + state
+    return int(total + kv * dtype_bytes + state)
 
 
 # ─── Counting ops ─────────────────────────────────────────────────────────────
@@ -178,7 +192,7 @@ GEMMS = frozenset(f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", 
 PARTS = ("deltanet", "attention", "tower")  # profiler ranges around layer calls
 
 
-def step_op_counts(decoder, kv_len: int) -> dict[str, int]:
+def step_op_counts(decoder: Decoder, kv_len: int) -> dict[str, int]:
     """The aten ops one eager `decoder.advance(kv_len)` launches, counted with torch.profiler.
 
     An op counts if it launches work (not in NO_KERNEL) and no op it calls counts: a
@@ -209,13 +223,13 @@ def step_op_counts(decoder, kv_len: int) -> dict[str, int]:
             hook.remove()
     counts: dict[str, int] = {}
 
-    def add(key: str, event) -> None:
+    def add(key: str, event: FunctionEvent | None) -> None:
         while event is not None and event.name not in PARTS:
             event = event.cpu_parent
         for name in (key, f"{event.name if event is not None else 'other'}_{key}"):
             counts[name] = counts.get(name, 0) + 1
 
-    def launches(event) -> bool:
+    def launches(event: FunctionEvent) -> bool:
         """Count `event` or the ops under it; True if anything counted."""
         below = [launches(child) for child in event.cpu_children]  # a list: every child is visited
         if any(below) or not event.name.startswith("aten::") or event.name in NO_KERNEL:
@@ -236,8 +250,8 @@ def step_op_counts(decoder, kv_len: int) -> dict[str, int]:
 # ─── Benchmarks ───────────────────────────────────────────────────────────────
 
 
-def bench_decode(model, config, device: torch.device, steps: int, compile_layers: bool,
-                 compile_prefill: bool = False) -> tuple[list[dict], list[str]]:
+def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device, steps: int, compile_layers: bool,
+                 compile_prefill: bool = False) -> tuple[list[Row], list[str]]:
     """Eager steps of the plain model and its op counts, the same with projections fused,
     then the fast path installed: compiled steps and graph replays. Rows: the decode row,
     then one `step_ops` row (ops and GEMMs per part of the step) per model, plain and fused."""
@@ -254,7 +268,7 @@ def bench_decode(model, config, device: torch.device, steps: int, compile_layers
     for _ in range(3):
         eager.advance(bucket)
     eager_ms = timed_ms(lambda: eager.advance(bucket), device, steps)
-    row = {"bench": "decode", "kv_rows": bucket, "steps": steps,
+    row: Row = {"bench": "decode", "kv_rows": bucket, "steps": steps,
            "eager_ms": round(statistics.median(eager_ms), 3)}
     plain_ops = step_op_counts(eager, bucket)
     fuse_projections(model)  # the fast path's first step, measured on its own (install finds it done)
@@ -301,7 +315,7 @@ def bench_decode(model, config, device: torch.device, steps: int, compile_layers
     return [row, *op_rows], installed
 
 
-def bench_prefill(model, config, device: torch.device) -> list[dict]:
+def bench_prefill(model: Drama3Model, config: Drama3Config, device: torch.device) -> list[Row]:
     from engine.drama3.decoder import Decoder
 
     rows_out = []
@@ -311,30 +325,30 @@ def bench_prefill(model, config, device: torch.device) -> list[dict]:
     for rows in PREFILL_ROWS:
         prompt = synthetic_prompt(config, rows, 16)
         decoder.prefill(prompt)  # warm-up (autotuning, allocator)
-        ms = timed_ms(lambda: decoder.prefill(prompt), device, 3)
+        ms = timed_ms(functools.partial(decoder.prefill, prompt), device, 3)
         rows_out.append({"bench": "prefill", "rows": rows, "ms": round(statistics.median(ms), 2),
                          "rows_per_s": round(rows / statistics.median(ms) * 1000)})
     return rows_out
 
 
-def bench_takes(model, codec, config, device: torch.device) -> list[dict]:
+def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: torch.device) -> list[Row]:
     from engine.drama3.decoder import Decoder
     from engine.drama3.slots import Slots
     from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, decode_window
     from engine.drama3.take import Done
 
-    out = []
+    out: list[Row] = []
     max_rows = 300 + 200 + 64
     model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
     decoder = Decoder(model, max_rows, graphs=True)
     decoder.capture()
     for first_window in (None, 4):
-        firsts = []
+        firsts: list[float] = []
         slots = Slots(decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window)
         for seed in range(4):
             prompt = synthetic_prompt(config, 300, 48, seed)
-            done = [e for e in slots.generate(slots.start(prompt)) if isinstance(e, Done)][0]
-            firsts.append(done.timings["first_audio_ms"])
+            done = next(e for e in slots.generate(slots.start(prompt)) if isinstance(e, Done))
+            firsts.append(done.timings["first_audio_ms"] or 0.0)
         out.append({"bench": "first_audio", "prompt_rows": 300, "first_window_frames": first_window or 10,
                     "first_audio_ms": round(statistics.median(firsts[1:]), 1)})
     codes = torch.randint(0, 1024, (config.num_codebooks, 512), device=device)
@@ -343,13 +357,13 @@ def bench_takes(model, codec, config, device: torch.device) -> list[dict]:
             end = context + frames
             window = Window(start=0, emit=context, end=end, last=False)
             decode_window(codec, codes, window)
-            ms = timed_ms(lambda: decode_window(codec, codes, window), device, 5)
+            ms = timed_ms(functools.partial(decode_window, codec, codes, window), device, 5)
             out.append({"bench": "vocode", "frames": frames, "context_frames": context,
                         "ms": round(statistics.median(ms), 2)})
     return out
 
 
-def profile_tables(model, config, device: torch.device) -> str:
+def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.device) -> str:
     """The kernels of one graphed decode step and one 300-row prefill, most time first."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -388,7 +402,7 @@ def run(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         model, codec, config, source = build(args)
         built_s = time.perf_counter() - started
-        rows: list[dict] = []
+        rows: list[Row] = []
         if args.bench in ("decode", "takes"):
             decode_rows, installed = bench_decode(model, config, device, args.steps, not args.no_compile,
                                                   args.compile_prefill)

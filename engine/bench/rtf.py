@@ -14,6 +14,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 HELP = "real-time factor of whole Drama 3 takes (default: the tiny demo model on this CPU)"
 TEXT = "Places, everyone. This is the take where the line finally lands."
@@ -26,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--takes", type=int, default=3, help="takes to time after a warm-up (default 3)")
     parser.add_argument("--text", default=TEXT)
     parser.add_argument("--threads", type=int, default=0,
-                        help="CPU threads for torch (default 0: the engine's, half the cores; on a busy shared CPU 1 can be "
-                             "several times faster)")
+                        help="CPU threads for torch (default 0: the engine's, half the cores; on a busy shared CPU "
+                             "1 can be several times faster)")
     parser.add_argument("--json", type=Path, help="also write the results here")
 
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     engine = load_engine(EngineSpec(checkpoint=args.checkpoint, device=args.device, threads=args.threads or None))
     warm = engine.warm_up()
-    rows = []
+    rows: list[dict[str, Any]] = []  # one printed and JSON row per take
     for take in range(args.takes):
         # A seed per take keeps runs comparable (random weights rarely sample end of speech).
         prompt = engine.prompt(args.text, None, [], Sampling(max_new_tokens=args.frames, seed=take))
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             if isinstance(event, Done):
                 done = event
         wall_s = time.perf_counter() - started
-        audio_s = done.timings["frames"] * engine.frame_samples / engine.sample_rate
+        audio_s = (done.timings["frames"] or 0) * engine.frame_samples / engine.sample_rate
         rows.append({"take": take, "frames": done.timings["frames"], "finish_reason": done.finish_reason,
                      "audio_s": round(audio_s, 3), "wall_s": round(wall_s, 3),
                      "rtf": round(wall_s / audio_s, 3) if audio_s else None,

@@ -16,6 +16,10 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
+    from engine import Drama3Engine
 
 HELP = "throughput of several Drama 3 takes decoding together, per slot count (default: tiny model, this CPU)"
 TEXTS = ("Places, everyone.", "Who left the lamp burning?", "Not me. I was asleep.", "Then light it again.")
@@ -27,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4], help="slot counts (default 1 2 4)")
     parser.add_argument("--takes", type=int, default=4, help="takes per slot count (default 4)")
     parser.add_argument("--frames", type=int, default=100, help="frames per take at most (default 100)")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default 0: the engine's, half the cores)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads for torch (default 0: the engine's, half the cores)")
     parser.add_argument("--json", type=Path, help="also write the results here")
 
 
@@ -36,7 +41,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run_takes(engine, takes: int, frames: int) -> dict:
+def run_takes(engine: Drama3Engine, takes: int, frames: int) -> dict[str, Any]:
     from engine import AudioWindow, Done, Sampling
 
     prompts = [engine.prompt(TEXTS[i % len(TEXTS)], None, [], Sampling(max_new_tokens=frames, seed=i))

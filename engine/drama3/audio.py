@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import NDArray
 
 from engine.errors import RequestError
 
@@ -25,7 +26,7 @@ FRAME_SAMPLES = 2048
 MAX_REFERENCE_SECONDS = 60.0
 
 
-def reference_bytes(data: bytes | str | os.PathLike) -> bytes:
+def reference_bytes(data: bytes | str | os.PathLike[str]) -> bytes:
     """The clip's file bytes: bytes as given, str as base64, a path's contents."""
     if isinstance(data, os.PathLike):
         try:
@@ -43,8 +44,8 @@ def reference_bytes(data: bytes | str | os.PathLike) -> bytes:
     raise RequestError(f"reference audio must be WAV/FLAC bytes or base64 text; got {type(data).__name__}")
 
 
-def read_reference_audio(data: bytes | str | os.PathLike, sample_rate: int = SAMPLE_RATE,
-                         frame_samples: int = FRAME_SAMPLES) -> np.ndarray:
+def read_reference_audio(data: bytes | str | os.PathLike[str], sample_rate: int = SAMPLE_RATE,
+                         frame_samples: int = FRAME_SAMPLES) -> NDArray[np.float32]:
     """Mono float32 samples [S] at `sample_rate`, in [-1, 1], one frame to 60 s long."""
     import soundfile as sf
 
@@ -53,7 +54,7 @@ def read_reference_audio(data: bytes | str | os.PathLike, sample_rate: int = SAM
         raise RequestError("reference audio is empty; send a WAV or FLAC clip of speech")
     try:
         samples, rate = sf.read(io.BytesIO(content), dtype="float32", always_2d=True)  # [S, channels]
-    except Exception as error:  # noqa: BLE001 - soundfile raises several types for bad input
+    except Exception as error:
         # libsndfile's reason, without soundfile's "Error opening <_io.BytesIO object at 0x...>: "
         why = str(error).rpartition(">: ")[2] or type(error).__name__
         raise RequestError(f"reference audio is not a readable WAV or FLAC file ({why}); "

@@ -23,6 +23,8 @@ Design choices:
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -61,9 +63,11 @@ class GatedAttention(nn.Module):
         v = v.unflatten(-1, (self.kv_heads, self.head_dim))
         q = rope_neox(self.q_norm(q), rope)
         k = rope_neox(self.k_norm(k), rope)
+        assert self.kv_cache is not None, "setup_caches allocates the cache"
         keys, values = self.kv_cache.update(k, v, input_pos, slots, kv_len)
         out = attend(q, keys, values, input_pos)  # [B, T, H, Dh]
-        return self.o_proj((out * torch.sigmoid(gate)).flatten(-2))
+        y: torch.Tensor = self.o_proj((out * torch.sigmoid(gate)).flatten(-2))  # [B, T, D]
+        return y
 
 
 class DecoderLayer(nn.Module):
@@ -86,21 +90,24 @@ class DecoderLayer(nn.Module):
         else:
             h = self.linear_attn(h, input_pos, slots)
         x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class Backbone(nn.Module):
+    rope: torch.Tensor  # [max_rows, 2, rot/2] float32, made by setup_caches
+
     def __init__(self, config: TextConfig, fp8_experts: bool) -> None:
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, kind, fp8_experts) for kind in config.layer_types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.register_buffer("rope", None, persistent=False)  # [max_rows, 2, rot/2] float32
+        self.register_buffer("rope", None, persistent=False)
 
     def setup_caches(self, slots: int, max_rows: int, device: torch.device | str, dtype: torch.dtype) -> None:
         c = self.config
-        for layer in self.layers:
+        for layer in cast(list[DecoderLayer], list(self.layers)):
             if layer.full_attention:
                 layer.self_attn.kv_cache = KVCache(slots, max_rows, c.num_key_value_heads, c.head_dim, device, dtype)
             else:
@@ -114,4 +121,5 @@ class Backbone(nn.Module):
         x = embeds
         for layer in self.layers:
             x = layer(x, rope, input_pos, slots, kv_len)
-        return self.norm(x)
+        hidden: torch.Tensor = self.norm(x)
+        return hidden

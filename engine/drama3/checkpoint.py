@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -70,7 +71,7 @@ class Target:
     """Where one checkpoint tensor goes: module tensor `name`, sub-tensor `index`."""
 
     name: str
-    index: tuple  # () = the whole tensor; else (expert, row slice)
+    index: tuple[()] | tuple[int, slice]  # () = the whole tensor; else (expert, row slice)
     shape: tuple[int, ...]  # the checkpoint tensor's shape
     dtype: torch.dtype | None  # required checkpoint dtype (FP8 experts), else None: any float, cast
 
@@ -183,7 +184,7 @@ def load_tensors(model: Drama3Model, shards: list[Path],
         raise CheckpointError(f"the checkpoint lacks tensor {', '.join(missing[:5])}{more}")
 
 
-def _candidate_rows(part, config: Drama3Config) -> torch.Tensor:
+def _candidate_rows(part: Any, config: Drama3Config) -> torch.Tensor:  # part: a safetensors slice (untyped)
     """The lm_head rows of `candidate_ids` (EOS and the band, sorted), read without the rest."""
     eos, start, end = config.eos_token_id, config.semantic_start_token_id, config.semantic_end_token_id
     band, eos_row = part[start:end + 1], part[eos:eos + 1]

@@ -27,15 +27,23 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from torch import nn
 
 from engine.drama3.audio import read_reference_audio
 from engine.drama3.codec_layers import (
-    CausalConv, CausalConvTranspose, Decoder, DownsampleQuantizer, Encoder, Snake, WindowLimitedTransformer,
+    CausalConv,
+    CausalConvTranspose,
+    Decoder,
+    DownsampleQuantizer,
+    Encoder,
+    Snake,
+    VectorQuantizer,
+    WindowLimitedTransformer,
 )
 from engine.errors import ConfigError
 
@@ -82,6 +90,12 @@ def merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+def positive_ints(value: object) -> bool:
+    """A non-empty list of positive integers."""
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value))
+
+
 @dataclass(frozen=True)
 class CodecConfig:
     """The fields of modded_dac_vq.yaml that shape the model (the rest only train it)."""
@@ -92,9 +106,8 @@ class CodecConfig:
     def from_dict(cls, override: Mapping[str, Any] | None = None) -> CodecConfig:
         raw = merged(RELEASED, override or {})
         w = "codec_config"
-        ints = lambda v: isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)  # noqa: E731
         for name in ("encoder_rates", "decoder_rates"):
-            if not ints(raw[name]):
+            if not positive_ints(raw[name]):
                 raise ConfigError(f"{w}.{name} must be a list of positive integers; got {raw[name]!r}")
         if math.prod(raw["encoder_rates"]) != math.prod(raw["decoder_rates"]):
             raise ConfigError(f"{w}: decoder_rates must upsample by what encoder_rates downsample")
@@ -108,7 +121,7 @@ class CodecConfig:
         q = raw["quantizer"]
         if q["input_dim"] != raw["latent_dim"]:
             raise ConfigError(f"{w}.quantizer.input_dim={q['input_dim']} must equal latent_dim={raw['latent_dim']}")
-        if not ints(q["downsample_factor"]):
+        if not positive_ints(q["downsample_factor"]):
             raise ConfigError(f"{w}.quantizer.downsample_factor must be a list of positive integers")
         if q["downsample_dims"] is None:
             q["downsample_dims"] = [q["input_dim"]] * len(q["downsample_factor"])
@@ -125,21 +138,21 @@ class CodecConfig:
 
     @property
     def sample_rate(self) -> int:
-        return self.raw["sample_rate"]
+        return int(self.raw["sample_rate"])
 
     @property
     def frame_samples(self) -> int:
         """Samples per code frame: 512 per latent step x 4 latent steps (2,048)."""
-        return math.prod(self.raw["encoder_rates"]) * math.prod(self.raw["quantizer"]["downsample_factor"])
+        return int(math.prod(self.raw["encoder_rates"]) * math.prod(self.raw["quantizer"]["downsample_factor"]))
 
     @property
     def num_codebooks(self) -> int:
-        return 1 + self.raw["quantizer"]["n_codebooks"]
+        return 1 + int(self.raw["quantizer"]["n_codebooks"])
 
     @property
     def codebook_sizes(self) -> tuple[int, ...]:
         q = self.raw["quantizer"]
-        return (q["semantic_codebook_size"],) + (q["codebook_size"],) * q["n_codebooks"]
+        return (int(q["semantic_codebook_size"]), *(int(q["codebook_size"]),) * q["n_codebooks"])
 
 
 def quantizer_transformer(module: Mapping[str, Any]) -> WindowLimitedTransformer:
@@ -170,14 +183,17 @@ class Codec(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.decoder.model[0].conv.weight.device
+        return self.first_decoder_conv().weight.device
 
     @property
     def decoder_dtype(self) -> torch.dtype:
-        return self.decoder.model[0].conv.weight.dtype
+        return self.first_decoder_conv().weight.dtype
+
+    def first_decoder_conv(self) -> nn.Conv1d:
+        return cast(CausalConv, self.decoder.model[0]).conv
 
     @torch.inference_mode()
-    def encode(self, samples: np.ndarray | torch.Tensor) -> torch.Tensor:
+    def encode(self, samples: NDArray[np.float32] | torch.Tensor) -> torch.Tensor:
         """int64 codes [num_codebooks, ceil(S / frame_samples)] (CPU) of mono samples [S] at
         the codec rate. The clip is zero-padded to whole frames; clamped to [-1, 1]."""
         audio = torch.as_tensor(samples, dtype=torch.float32).to(self.device).clamp(-1.0, 1.0)  # [S]
@@ -191,9 +207,10 @@ class Codec(nn.Module):
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """float32 waveform [F * frame_samples] (on the codec's device) of codes [N, F]."""
         latent = self.quantizer.decode(codes.to(self.device, torch.long)[None])  # [1, C, 4F]
-        return self.decoder(latent.to(self.decoder_dtype))[0, 0].float()
+        out: torch.Tensor = self.decoder(latent.to(self.decoder_dtype))[0, 0].float()
+        return out
 
-    def encode_reference(self, data: bytes | str | os.PathLike) -> torch.Tensor:
+    def encode_reference(self, data: bytes | str | os.PathLike[str]) -> torch.Tensor:
         """Codes of a reference clip (WAV/FLAC bytes, base64 text or a path), each clip
         encoded once: an LRU cache keyed by a hash of the content."""
         content = Path(data).read_bytes() if isinstance(data, os.PathLike) else data
@@ -257,12 +274,15 @@ def fold_weight_norm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def weight_norm_layout(model: nn.Module) -> dict[str, tuple[str, str]]:
     """For each weight the release stores weight-normed: its (g, v) key names."""
-    layout = {}
+    layout: dict[str, tuple[str, str]] = {}
     for name, module in model.named_modules():
         if isinstance(module, (CausalConv, CausalConvTranspose)) and module.weight_norm:
-            layout[f"{name}.conv.weight"] = tuple(f"{name}.conv{n}" for n in WEIGHT_NORM_NAMES[0])
-        elif getattr(module, "weight_norm", None) == "legacy":
-            layout[f"{name}.weight"] = tuple(f"{name}{n}" for n in WEIGHT_NORM_NAMES[1])
+            g, v = WEIGHT_NORM_NAMES[0]
+            layout[f"{name}.conv.weight"] = (f"{name}.conv{g}", f"{name}.conv{v}")
+        elif isinstance(module, VectorQuantizer):
+            g, v = WEIGHT_NORM_NAMES[1]
+            for part in module.legacy_weight_norm:
+                layout[f"{name}.{part}.weight"] = (f"{name}.{part}{g}", f"{name}.{part}{v}")
     return layout
 
 
@@ -279,7 +299,7 @@ def load_codec(path: Path | str, device: str | torch.device = "cpu") -> Codec:
     except Exception:  # noqa: BLE001 - the legacy (pre-zip) format cannot be memory-mapped
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # noqa: BLE001 - any unreadable file gets the same answer
+        except Exception as error:
             raise ConfigError(f"{path} is not a PyTorch state dict: {error}") from error
     if not isinstance(state, Mapping):
         raise ConfigError(f"{path} must hold a state dict; got {type(state).__name__}")

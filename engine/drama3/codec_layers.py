@@ -17,6 +17,8 @@ Design choices:
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,7 +56,8 @@ class CausalConv(nn.Module):
         right = -x.shape[-1] % self.stride
         if self.left or right:
             x = F.pad(x, (self.left, right))
-        return self.conv(x)
+        out: torch.Tensor = self.conv(x)
+        return out
 
 
 class CausalConvTranspose(nn.Module):
@@ -81,7 +84,8 @@ class ResidualUnit(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.block(x)
+        out: torch.Tensor = x + self.block(x)
+        return out
 
 
 # ─── Window-limited causal transformer ────────────────────────────────────────
@@ -122,7 +126,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=mask)  # [B, H, T, Dh]
-        return self.wo(y.transpose(1, 2).reshape(batch, length, -1))
+        out: torch.Tensor = self.wo(y.transpose(1, 2).reshape(batch, length, -1))
+        return out
 
 
 class FeedForward(nn.Module):
@@ -133,7 +138,8 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return out
 
 
 class TransformerBlock(nn.Module):
@@ -148,7 +154,8 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = x + self.attention_layer_scale(self.attention(self.attention_norm(x), rope, mask))
-        return x + self.ffn_layer_scale(self.feed_forward(self.ffn_norm(x)))
+        out: torch.Tensor = x + self.ffn_layer_scale(self.feed_forward(self.ffn_norm(x)))
+        return out
 
 
 def rope_table(length: int, head_dim: int, base: float, device: torch.device) -> torch.Tensor:
@@ -188,7 +195,8 @@ class WindowLimitedTransformer(nn.Module):
         mask = ((back >= 0) & (back < self.window))[None, None]  # [1, 1, T, T]
         for layer in self.layers:
             x = layer(x, rope, mask)
-        return self.output_proj(self.norm(x)).transpose(1, 2)
+        out: torch.Tensor = self.output_proj(self.norm(x)).transpose(1, 2)
+        return out
 
 
 # ─── Encoder and decoder ──────────────────────────────────────────────────────
@@ -203,14 +211,15 @@ class EncoderBlock(nn.Module):
         self.block = nn.Sequential(*parts, *([transformer] if transformer is not None else []))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block(x)
+        out: torch.Tensor = self.block(x)
+        return out
 
 
 class Encoder(nn.Module):
     """Waveform [B, 1, S] -> latent [B, latent_dim, S / prod(rates)]."""
 
     def __init__(self, dim: int, rates: list[int], latent_dim: int, transformer_layers: list[int],
-                 general: dict) -> None:
+                 general: dict[str, Any]) -> None:
         super().__init__()
         blocks: list[nn.Module] = [CausalConv(1, dim, 7)]
         for stride, layers in zip(rates, transformer_layers):
@@ -227,7 +236,8 @@ class Encoder(nn.Module):
         self.block = nn.Sequential(*blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block(x)
+        out: torch.Tensor = self.block(x)
+        return out
 
 
 class DecoderBlock(nn.Module):
@@ -239,7 +249,8 @@ class DecoderBlock(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block(x)
+        out: torch.Tensor = self.block(x)
+        return out
 
 
 class Decoder(nn.Module):
@@ -259,7 +270,8 @@ class Decoder(nn.Module):
         self.model = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
+        out: torch.Tensor = self.model(x)
+        return out
 
 
 # ─── Quantiser ────────────────────────────────────────────────────────────────
@@ -279,18 +291,20 @@ class ConvNeXtBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
         y = self.norm(self.dwconv(x).transpose(1, 2))  # [B, T, C]
         y = self.gamma * self.pwconv2(F.gelu(self.pwconv1(y)))
-        return x + y.transpose(1, 2)
+        out: torch.Tensor = x + y.transpose(1, 2)
+        return out
 
 
 class VectorQuantizer(nn.Module):
     """One codebook: project to codebook_dim, nearest code by cosine, project back."""
+
+    legacy_weight_norm = ("in_proj", "out_proj")  # stored as DAC's old weight_g / weight_v keys
 
     def __init__(self, dim: int, codebook_size: int, codebook_dim: int) -> None:
         super().__init__()
         self.in_proj = nn.Conv1d(dim, codebook_dim, 1)
         self.out_proj = nn.Conv1d(codebook_dim, dim, 1)
         self.codebook = nn.Embedding(codebook_size, codebook_dim)
-        self.in_proj.weight_norm = self.out_proj.weight_norm = "legacy"  # weight_g / weight_v keys
 
     def quantize(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes [B, T] of z [B, C, T] and their embedding [B, C, T]."""
@@ -302,10 +316,12 @@ class VectorQuantizer(nn.Module):
         chosen = F.embedding(codes, self.codebook.weight).transpose(1, 2)  # [B, d, T]
         # DAC's straight-through form: numerically projected + (chosen - projected), not
         # chosen; kept so the residuals (and so later codebooks' codes) match the release.
-        return codes, self.out_proj(projected + (chosen - projected))
+        embedding: torch.Tensor = self.out_proj(projected + (chosen - projected))  # [B, C, T]
+        return codes, embedding
 
     def embed(self, codes: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, C, T]
-        return self.out_proj(F.embedding(codes, self.codebook.weight).transpose(1, 2))
+        out: torch.Tensor = self.out_proj(F.embedding(codes, self.codebook.weight).transpose(1, 2))
+        return out
 
 
 class ResidualQuantizer(nn.Module):
@@ -318,14 +334,20 @@ class ResidualQuantizer(nn.Module):
     def encode(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes [B, N, T] of z [B, C, T] and the quantised sum [B, C, T]."""
         codes, total, residual = [], torch.zeros_like(z), z
-        for quantizer in self.quantizers:
+        for quantizer in self.vector_quantizers():
             indices, step = quantizer.quantize(residual)
             total, residual = total + step, residual - step
             codes.append(indices)
         return torch.stack(codes, 1), total
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:  # [B, N, T] -> [B, C, T]
-        return sum(q.embed(codes[:, i]) for i, q in enumerate(self.quantizers))
+        first, *rest = [q.embed(codes[:, i]) for i, q in enumerate(self.vector_quantizers())]
+        for embedding in rest:  # summed in codebook order
+            first = first + embedding
+        return first
+
+    def vector_quantizers(self) -> list[VectorQuantizer]:
+        return [cast(VectorQuantizer, q) for q in self.quantizers]
 
 
 class DownsampleQuantizer(nn.Module):
@@ -360,4 +382,5 @@ class DownsampleQuantizer(nn.Module):
         semantic = codes[:, :1].clamp(0, self.semantic_quantizer.codebook_size - 1)
         residual = codes[:, 1:].clamp(0, self.quantizer.codebook_size - 1)
         z = self.semantic_quantizer.decode(semantic) + self.quantizer.decode(residual)
-        return self.upsample(self.post_module(z))
+        out: torch.Tensor = self.upsample(self.post_module(z))
+        return out

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from engine.drama3.codec_layers import CausalConv
 from engine.drama3.codec import Codec, CodecConfig, weight_norm_layout
+from engine.drama3.codec_layers import CausalConv
 
 _TRANSFORMER = {
     "causal": True, "window_size": 128, "input_dim": 64,

@@ -77,7 +77,7 @@ class TextConfig:
         return self.linear_num_value_heads * self.linear_value_head_dim
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> TextConfig:
+    def from_dict(cls, raw: object) -> TextConfig:
         w = "text_config"
         if not isinstance(raw, Mapping):
             raise ConfigError(f"{w} must be an object; got {raw!r}")
@@ -176,7 +176,7 @@ class TowerConfig:
         return self.num_codebooks - 1
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any], text_dim: int) -> TowerConfig:
+    def from_dict(cls, raw: object, text_dim: int) -> TowerConfig:
         w = "audio_decoder_config"
         if not isinstance(raw, Mapping):
             raise ConfigError(f"{w} must be an object; got {raw!r}")
@@ -389,7 +389,7 @@ def config_dict(*, hidden: int, layers: int, heads: int, kv_heads: int, head_dim
 
 # Tiny: every FP8 expert matrix is one or two 128x128 blocks; fast on 2 CPU cores.
 # Vocabulary: 256 bytes + specials + 4,096 semantic tokens (see tokenizer.py for ids).
-TINY = dict(hidden=128, layers=4, heads=2, kv_heads=1, head_dim=64,
+TINY: dict[str, Any] = dict(hidden=128, layers=4, heads=2, kv_heads=1, head_dim=64,
             linear_k_heads=2, linear_v_heads=4, linear_head_dim=32,
             experts=8, top_k=2, moe_inter=128, shared_inter=128, tower_inter=256,
             rope_theta=1e7, max_positions=32768, vq_backbone_codebooks=3)
@@ -399,7 +399,7 @@ TINY = dict(hidden=128, layers=4, heads=2, kv_heads=1, head_dim=64,
 # intermediate size, vq_backbone_codebooks. Confirmed: hidden 2048, 40 layers with full
 # attention every 4th, 16/2 heads x 256, 256 experts top-8, 4,096-code semantic band,
 # 252,288 lm_head rows.
-FULL = dict(hidden=2048, layers=40, heads=16, kv_heads=2, head_dim=256,
+FULL: dict[str, Any] = dict(hidden=2048, layers=40, heads=16, kv_heads=2, head_dim=256,
             linear_k_heads=16, linear_v_heads=32, linear_head_dim=128,
             experts=256, top_k=8, moe_inter=512, shared_inter=512, tower_inter=6144,
             rope_theta=1e7, max_positions=32768, vq_backbone_codebooks=3,

@@ -49,10 +49,17 @@ import math
 import torch
 
 from engine.drama3.model import Drama3Model
-from engine.graphs import StepGraphs
 from engine.drama3.prompt import Prompt
-from engine.drama3.sampling import (RAS_WINDOW_FRAMES, SamplingTensors, ras_window_of, sample_code, sample_main,
-                                    seed_generator, take_generator)
+from engine.drama3.sampling import (
+    RAS_WINDOW_FRAMES,
+    SamplingTensors,
+    ras_window_of,
+    sample_code,
+    sample_main,
+    seed_generator,
+    take_generator,
+)
+from engine.graphs import StepGraphs
 
 PREFILL_CHUNK_ROWS = 512
 KV_BUCKET_ROWS = 256  # eager steps attend over a whole number of these (graphs: one per bucket)
@@ -148,15 +155,17 @@ class Decoder:
         it to those slots; None steps every slot, the fixed shapes a CUDA graph captures.
         A slot computes the same frame either way."""
         model, tower = self.model, self.model.tower
-        index = None if rows is None or len(rows) == self.num_slots else torch.tensor(rows, device=self.device)
+        stepped = None if rows is None or len(rows) == self.num_slots else rows
+        index = None if stepped is None else torch.tensor(stepped, device=self.device)
 
         def of(tensor: torch.Tensor) -> torch.Tensor:  # the stepped rows of a per-slot tensor
             return tensor if index is None else tensor[index]
 
-        hidden_in, position, frame_in, ras_window = of(self.hidden), of(self.position), of(self.frame), of(self.ras_window)
+        hidden_in, position, frame_in = of(self.hidden), of(self.position), of(self.frame)
+        ras_window = of(self.ras_window)
         slots, active = of(self.slots), of(self.active)
         settings = SamplingTensors(of(self.settings.temperature), of(self.settings.top_k), of(self.settings.top_p))
-        generators = self.generators if index is None else [self.generators[i] for i in rows]
+        generators = self.generators if stepped is None else [self.generators[i] for i in stepped]
         logits = model.candidate_logits(hidden_in)  # [B, 4097] float32
         finite = torch.isfinite(logits).all(-1)  # [B]
         main = sample_main(logits, model.candidate_ids, ras_window, settings, self.semantic_start,

@@ -61,7 +61,7 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     D[t, s] = exp(G_t - G_s) for s <= t, and S1 = exp(G_C) S0 + (exp(G_C - G) K)^T U.
     Every exponent is <= 0, so nothing overflows.
     """
-    B, T, H, Dk = k.shape
+    T = k.shape[1]
     pad = (-T) % chunk
     # Padded rows have beta = 0 and g = 0: they neither write nor decay the state.
     q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
@@ -115,6 +115,9 @@ class GatedRMSNorm(nn.Module):
 class GatedDeltaNet(nn.Module):
     """`linear_attn` of a backbone layer; parameter names follow the checkpoint."""
 
+    conv_state: torch.Tensor  # [slots, C, K-1], made by setup_cache
+    recurrent_state: torch.Tensor  # [slots, Hv, Dk, Dv] float32
+
     projections = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # the linears of `project`, in its order
 
     def __init__(self, config: TextConfig) -> None:
@@ -138,8 +141,8 @@ class GatedDeltaNet(nn.Module):
         # The recurrence: `gated_delta_rule` (plain torch) unless the GPU fast path installs
         # flash-linear-attention's kernels (engine/drama3/fast.py); same arguments and results.
         self.rule = gated_delta_rule
-        self.register_buffer("conv_state", None, persistent=False)  # [slots, C, K-1], by setup_cache
-        self.register_buffer("recurrent_state", None, persistent=False)  # [slots, Hv, Dk, Dv] float32
+        self.register_buffer("conv_state", None, persistent=False)
+        self.register_buffer("recurrent_state", None, persistent=False)
 
     def setup_cache(self, slots: int, device: torch.device | str, dtype: torch.dtype) -> None:
         self.conv_state = torch.zeros(slots, self.conv_channels, self.kernel - 1, device=device, dtype=dtype)
@@ -171,4 +174,5 @@ class GatedDeltaNet(nn.Module):
         out, state = self.rule(q, k, v, g, beta, state)  # [B, T, Hv, Dv]
         self.recurrent_state[slots] = state
         z = z.unflatten(-1, (self.v_heads, self.v_dim))  # [B, T, Hv, Dv]
-        return self.out_proj(self.norm(out, z).flatten(-2))
+        y: torch.Tensor = self.out_proj(self.norm(out, z).flatten(-2))  # [B, T, D]
+        return y

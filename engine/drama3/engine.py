@@ -38,22 +38,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from tokenizers import Tokenizer
 
-from engine.drama3.audio import MAX_REFERENCE_SECONDS
 from engine.checkpoints import demo_weights, resolve_checkpoint
 from engine.device import model_dtype, pick_device
+from engine.drama3.audio import MAX_REFERENCE_SECONDS
 from engine.drama3.checkpoint import HUB_PATTERNS, load_model
 from engine.drama3.codec import Codec, load_codec
 from engine.drama3.config import Drama3Config
 from engine.drama3.decoder import Decoder
 from engine.drama3.fast import install_fast_path
-from engine.drama3.slots import Slots
+from engine.drama3.model import Drama3Model
 from engine.drama3.moe import GATHER_MAX_PAIRS
 from engine.drama3.prompt import MAX_PROMPT_ROWS, HistoryTurn, Prompt, Reference, build_prompt
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
+from engine.drama3.slots import Slots
 from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, render_take
-from engine.drama3.model import Drama3Model
 from engine.drama3.take import AudioWindow, Done, Take
 from engine.drama3.tiny import demo_checkpoint
 from engine.errors import CheckpointError, RequestError
@@ -190,12 +191,12 @@ class Drama3Engine:
             raise RuntimeError("generate runs one take alone, but takes are in flight; use start and step")
         yield from self.slot_table.generate(self.start(prompt, deadline, cancelled))
 
-    def vocode_take(self, codes: torch.Tensor) -> np.ndarray:
+    def vocode_take(self, codes: torch.Tensor) -> NDArray[np.int16]:
         """int16 PCM: exactly the samples the stream of a take with these codes carried."""
         with torch.inference_mode():
             return render_take(self.codec, codes, self.spec.stream_overlap_frames, self.spec.first_window_frames)
 
-    def warm_up(self) -> dict:
+    def warm_up(self) -> dict[str, float | int | list[str] | None]:
         """Capture the decode graphs (CUDA) and run a short take, so first requests do not pay
         for compilation or lazy initialisation; time its steps."""
         started = time.perf_counter()
@@ -204,7 +205,7 @@ class Drama3Engine:
             with torch.inference_mode():
                 self.decoder.capture()
         prompt = self.prompt("Places, everyone.", None, [], Sampling(max_new_tokens=24, seed=0))
-        done = [event for event in self.generate(prompt) if isinstance(event, Done)][0]
+        done = next(event for event in self.generate(prompt) if isinstance(event, Done))
         if done.finish_reason == "error":
             raise RuntimeError(f"the warm-up take failed: {done.error}")
         rate = done.timings["decode_frames_per_s"]

@@ -28,6 +28,7 @@ Design choices:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,8 @@ class PackedLinear(nn.Module):
     Each Linear's weight is re-pointed to a view of its rows (same storage), so the
     model holds every weight once and keeps its checkpoint names."""
 
+    weight: torch.Tensor
+
     def __init__(self, linears: list[nn.Linear]) -> None:
         super().__init__()
         if any(linear.bias is not None for linear in linears):
@@ -56,7 +59,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [..., D] -> one [..., N_i] view per packed linear, in their order."""
-        return F.linear(x, self.weight).split(self.sizes, dim=-1)
+        return tuple(F.linear(x, self.weight).split(self.sizes, dim=-1))
 
 
 def fuse_projections(model: nn.Module) -> int:
@@ -67,8 +70,9 @@ def fuse_projections(model: nn.Module) -> int:
         names = getattr(type(module), "projections", None)
         if names is None or isinstance(getattr(module, "packed", None), PackedLinear):
             continue
-        module.packed = PackedLinear([getattr(module, name) for name in names])
-        module.project = module.packed.forward  # shadows the class's `project` (the separate linears)
+        packed = PackedLinear([getattr(module, name) for name in names])
+        module.packed = packed
+        vars(module)["project"] = packed.forward  # shadows the class's `project` (the separate linears)
         fused += 1
     return fused
 
@@ -92,7 +96,7 @@ def layer_compiled(forward: Callable[..., torch.Tensor], prefill: bool) -> Calla
     decode = torch.compile(forward, dynamic=None)  # kv_len buckets become one symbolic size
     rows = torch.compile(forward, dynamic=True) if prefill else forward
 
-    def run(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    def run(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         one_row = x.dim() == 2 or x.shape[1] == 1
         return (decode if one_row else rows)(x, *args, **kwargs)
 

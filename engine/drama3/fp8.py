@@ -19,7 +19,7 @@ FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 def _blocks(weight: torch.Tensor) -> torch.Tensor:
     """[..., N, K] -> [..., N/128, 128, K/128, 128]."""
     rows, cols = weight.shape[-2:]
-    return weight.unflatten(-1, (cols // FP8_BLOCK[1], FP8_BLOCK[1])).unflatten(-3, (rows // FP8_BLOCK[0], FP8_BLOCK[0]))
+    return weight.reshape(*weight.shape[:-2], rows // FP8_BLOCK[0], FP8_BLOCK[0], cols // FP8_BLOCK[1], FP8_BLOCK[1])
 
 
 def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,6 +65,9 @@ def rope_interleaved(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
 class KVCache(nn.Module):
     """Keys and values of one attention layer for every slot: [slots, max_rows, kv_heads, head_dim]."""
 
+    k: torch.Tensor
+    v: torch.Tensor
+
     def __init__(self, slots: int, max_rows: int, kv_heads: int, head_dim: int,
                  device: torch.device | str, dtype: torch.dtype) -> None:
         super().__init__()
@@ -78,8 +81,8 @@ class KVCache(nn.Module):
         rows = slots[:, None].expand_as(input_pos)  # [B, T]
         self.k.index_put_((rows, input_pos), k.to(self.k.dtype))
         self.v.index_put_((rows, input_pos), v.to(self.v.dtype))
-        kv_len = kv_len or self.k.shape[1]
-        return self.k[slots, :kv_len], self.v[slots, :kv_len]  # [B, S, Hkv, Dh] each
+        rows_read = kv_len or self.k.shape[1]
+        return self.k[slots, :rows_read], self.v[slots, :rows_read]  # [B, S, Hkv, Dh] each
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,9 @@ def candidate_ids(config: Drama3Config) -> torch.Tensor:
 
 
 class Drama3Model(nn.Module):
+    candidate_ids: torch.Tensor  # [4097] int64
+    candidate_head: torch.Tensor  # [4097, D]
+
     def __init__(self, config: Drama3Config) -> None:
         super().__init__()
         self.config = config

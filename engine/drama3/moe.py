@@ -40,9 +40,14 @@ GATHER_MAX_PAIRS = 64  # (row, expert) pairs up to which a call gathers per-pair
 class Experts(nn.Module):
     """The routed experts of one layer, stacked: w13 [E, 2I, D], w2 [E, D, I]."""
 
+    w13: torch.Tensor  # [E, 2I, D]: parameters, or FP8 buffers with float32 scales w13_scale_inv
+    w2: torch.Tensor  # [E, D, I]
+    w13_scale_inv: torch.Tensor  # [E, 2I/128, D/128], FP8 only
+    w2_scale_inv: torch.Tensor  # [E, D/128, I/128]
+
     def __init__(self, config: TextConfig, fp8: bool) -> None:
         super().__init__()
-        E, I, D = config.num_experts, config.moe_intermediate_size, config.hidden_size
+        E, I, D = config.num_experts, config.moe_intermediate_size, config.hidden_size  # noqa: E741 - the paper's I
         self.fp8 = fp8
         if fp8:
             block_rows, block_cols = FP8_BLOCK
@@ -115,7 +120,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.project(x)
-        return self.down_proj(F.silu(gate) * up)
+        y: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        return y
 
 
 class SparseMoE(nn.Module):
@@ -149,6 +155,6 @@ class SparseMoE(nn.Module):
         flat = x.flatten(0, -2)  # [N, D]
         router_logits, shared_logit = self.project(flat)
         experts, weights = self.top_experts(router_logits)
-        routed = self.experts(flat, experts, weights)
-        shared = torch.sigmoid(shared_logit) * self.shared_expert(flat)
-        return (routed + shared).view_as(x)
+        routed: torch.Tensor = self.experts(flat, experts, weights)  # [N, D]
+        shared: torch.Tensor = self.shared_expert(flat)  # [N, D]
+        return (routed + torch.sigmoid(shared_logit) * shared).view_as(x)

@@ -18,8 +18,8 @@ import torch
 
 from engine.drama3.checkpoint import checkpoint_key, empty_model
 from engine.drama3.config import Drama3Config
-from engine.drama3.model import Drama3Model
 from engine.drama3.fp8 import quantize_fp8
+from engine.drama3.model import Drama3Model
 from engine.drama3.tiny import EMBEDDING, ZERO_CENTRED_NORM
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from engine.drama3.codec import Codec
 from engine.errors import RequestError
@@ -125,13 +126,13 @@ def window_pcm(codec: Codec, codes: torch.Tensor, window: Window) -> torch.Tenso
     return pcm16(audio[(window.emit - window.start) * codec.frame_samples:])
 
 
-def decode_window(codec: Codec, codes: torch.Tensor, window: Window) -> np.ndarray:
+def decode_window(codec: Codec, codes: torch.Tensor, window: Window) -> NDArray[np.int16]:
     """window_pcm on the host, as numpy int16."""
     return window_pcm(codec, codes, window).cpu().numpy()
 
 
 def render_take(codec: Codec, codes: torch.Tensor, overlap: int = STREAM_OVERLAP_FRAMES,
-                first_window: int | None = None) -> np.ndarray:
+                first_window: int | None = None) -> NDArray[np.int16]:
     """int16 PCM [frames * frame_samples]: exactly what the stream of a take with these
     final codes [num_codebooks, frames] carried, with the same settings."""
     windows = take_windows(codes.shape[1], overlap, first_window)

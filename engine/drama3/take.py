@@ -36,25 +36,28 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from engine.drama3.codec import Codec
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule, Window, decode_window
 
+Timings = dict[str, float | None]  # prompt_rows, prompt_ms, prefill_ms, first_audio_ms, frames, total_ms, ...
+
 
 @dataclass(frozen=True)
 class AudioWindow:
-    pcm: np.ndarray  # int16 [N]: the window's new samples
+    pcm: NDArray[np.int16]  # [N]: the window's new samples
     start_sample: int  # where pcm starts in the take
     frames: int  # new frames in this window
     last: bool  # the take's final window (possibly empty)
-    codes: np.ndarray  # int64 [num_codebooks, frames]: the new frames' codes (a server stores them as they stream)
+    codes: NDArray[np.int64]  # [num_codebooks, frames]: the new frames' codes (a server stores them as they stream)
 
 
 @dataclass(frozen=True)
 class Done:
     finish_reason: str  # "stop" | "length" | "deadline" | "cancelled" | "error"
-    timings: dict
+    timings: Timings
     codes: torch.Tensor  # int64 [num_codebooks, frames], CPU: exactly what the stream carried
     error: str | None = None
 
@@ -62,7 +65,7 @@ class Done:
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def vocode(codec: Codec, frames: np.ndarray, window: Window) -> np.ndarray:
+def vocode(codec: Codec, frames: NDArray[np.int64], window: Window) -> NDArray[np.int16]:
     """A window's PCM16 from its frames on the host. On CUDA the copy and the codec run on
     a side stream of their own, so they overlap the decode steps on the default stream
     (the seed's vocoder stream) instead of queueing behind them."""
@@ -81,10 +84,12 @@ class Windows:
 
     def __init__(self, codec: Codec, executor: Executor | None) -> None:
         self.codec, self.executor = codec, executor
-        self.pending: collections.deque[tuple[Window, np.ndarray, Future | np.ndarray]] = collections.deque()
+        # (window, its new codes, its PCM16 or the future of it)
+        self.pending: collections.deque[tuple[Window, NDArray[np.int64], Future[NDArray[np.int16]] | NDArray[np.int16]]]
+        self.pending = collections.deque()
         self.sample = 0  # the take's samples handed out so far
 
-    def submit(self, codes: np.ndarray, window: Window) -> None:
+    def submit(self, codes: NDArray[np.int64], window: Window) -> None:
         frames = codes[:, :window.end].copy()  # [num_codebooks, end]; a copy: later steps write after them
         new = frames[:, window.emit:]  # [num_codebooks, window.frames]
         if self.executor is None:
@@ -119,7 +124,7 @@ class Take:
         self.error: str | None = None
         self.done = False  # Done was handed out
         self.vocoder_broken = False
-        self.timings: dict = {"prompt_rows": len(prompt.rows), "prompt_ms": round(prompt.prompt_ms, 1)}
+        self.timings: Timings = {"prompt_rows": len(prompt.rows), "prompt_ms": round(prompt.prompt_ms, 1)}
 
     @property
     def decoding(self) -> bool:

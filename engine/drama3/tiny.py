@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -44,7 +45,7 @@ FLOAT32_KEYS = re.compile(r"(A_log|dt_bias)$")
 DEMO_NAME = "drama3-tiny"  # the demo checkpoint's directory in Retake's cache
 
 
-def tiny_config() -> dict:
+def tiny_config() -> dict[str, Any]:
     return preset("tiny", **token_ids(tiny_tokenizer()))
 
 
@@ -61,9 +62,7 @@ def initial_value(key: str, shape: tuple[int, ...], generator: torch.Generator) 
         return 0.1 * normal
     if EMBEDDING.search(key):
         return normal
-    if key.endswith("conv1d.weight"):  # [C, 1, K]
-        return normal / shape[-1] ** 0.5
-    return normal / shape[-1] ** 0.5  # a linear weight [out, in]
+    return normal.mul(shape[-1] ** -0.5)  # a linear weight [out, in] or a conv1d's [C, 1, K]
 
 
 def checkpoint_tensors(config: Drama3Config, seed: int) -> dict[str, torch.Tensor]:

@@ -57,10 +57,12 @@ class TowerAttention(nn.Module):
         q, gate, k, v = self.wqkv(x).split((q_width, q_width, kv_width, kv_width), dim=-1)
         q = rope_interleaved(self.q_norm(q.unflatten(-1, (self.heads, self.head_dim))), rope)  # [B, T, H, Dh]
         k = rope_interleaved(self.k_norm(k.unflatten(-1, (self.kv_heads, self.head_dim))), rope)
+        assert self.kv_cache is not None, "setup_caches allocates the cache"
         keys, values = self.kv_cache.update(k, v.unflatten(-1, (self.kv_heads, self.head_dim)),
                                             input_pos, slots, kv_len)
         out = attend(q, keys, values, input_pos).flatten(-2)  # [B, T, H*Dh]
-        return self.wo(out * torch.sigmoid(gate))
+        y: torch.Tensor = self.wo(out * torch.sigmoid(gate))  # [B, T, D]
+        return y
 
 
 class FeedForward(nn.Module):
@@ -78,7 +80,8 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.project(x)
-        return self.w2(F.silu(gate) * up)
+        y: torch.Tensor = self.w2(F.silu(gate) * up)
+        return y
 
 
 class TowerBlock(nn.Module):
@@ -94,10 +97,13 @@ class TowerBlock(nn.Module):
     def forward(self, x: torch.Tensor, rope: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
                 kv_len: int | None) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), rope, input_pos, slots, kv_len)
-        return x + self.feed_forward(self.ffn_norm(x))
+        y: torch.Tensor = x + self.feed_forward(self.ffn_norm(x))
+        return y
 
 
 class TowerLayer(nn.Module):
+    rope: torch.Tensor  # [max_rows, 2, rot/2] float32, made by Tower.setup_caches
+
     def __init__(self, config: TowerConfig) -> None:
         super().__init__()
         self.embedding = nn.Embedding(config.vocab_size, config.dim)
@@ -106,7 +112,7 @@ class TowerLayer(nn.Module):
         self.eh_proj = nn.Linear(2 * config.dim, config.dim, bias=False)
         self.transformer_layer = TowerBlock(config)
         self.final_layernorm = RMSNorm(config.dim, config.norm_eps)
-        self.register_buffer("rope", None, persistent=False)  # [max_rows, 2, rot/2], shared by the tower's layers
+        self.register_buffer("rope", None, persistent=False)  # shared by the tower's layers
 
     def forward(self, hidden: torch.Tensor, codes: torch.Tensor, semantic: torch.Tensor,
                 input_pos: torch.Tensor, slots: torch.Tensor, kv_len: int | None = None,
@@ -123,7 +129,7 @@ class TowerLayer(nn.Module):
             e = e + extra.to(e.dtype)
         x = self.eh_proj(torch.cat((self.enorm(e), self.hnorm(hidden)), dim=-1))
         rope = self.rope[input_pos]  # [B, T, 2, rot/2]
-        out = self.final_layernorm(self.transformer_layer(x, rope, input_pos, slots, kv_len))
+        out: torch.Tensor = self.final_layernorm(self.transformer_layer(x, rope, input_pos, slots, kv_len))
         return out[:, 0] if rows else out
 
 
@@ -155,7 +161,8 @@ class Tower(nn.Module):
         """Sum of the embeddings of codebooks first..end-1 of frames [..., 11] -> [..., D]."""
         offsets = torch.arange(first, end, device=frames.device) * self.codebook_size
         codes = frames[..., 1 + first:1 + end].clamp(0, self.codebook_size - 1) + offsets  # [..., end-first]
-        return self.codebook_embeddings(codes).sum(-2)
+        embeddings: torch.Tensor = self.codebook_embeddings(codes)  # [..., end-first, D]
+        return embeddings.sum(-2)
 
     def embed_backbone(self, frames: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
         """Backbone input: semantic rows add codebooks 1..K_b to the token embedding and scale by 1/sqrt(1+K_b)."""

@@ -3,7 +3,7 @@
 Files: config (sizes, released defaults), checkpoint (released layout, loader), layers,
 temporal (Helium), depformer, seanet + mimi (streaming codec), sampling, prompt (system
 prompt programmes), voices (bundles, clips), lockstep (the tick), engine (slots, audio in
-and out), tiny (the random-weight demo checkpoint), bench (tick timing).
+and out), tiny (the random-weight demo checkpoint). Its benchmark is engine/bench/personaplex.py.
 """
 
 from engine.personaplex.engine import DEFAULT_PERSONA, DEFAULT_VOICE, Frame, PersonaPlex

@@ -35,6 +35,7 @@ from engine.errors import CheckpointError, ConfigError
 from engine.personaplex.config import LMConfig, MimiConfig, PersonaPlexConfig
 from engine.personaplex.depformer import Depformer
 from engine.personaplex.mimi import Mimi
+from engine.personaplex.prompt import TextTokenizer
 from engine.personaplex.temporal import Temporal
 
 logger = logging.getLogger(__name__)
@@ -165,7 +166,7 @@ def _read(path: Path, shapes: dict[str, tuple[int, ...]], device: str | torch.de
         raise CheckpointError(f"missing checkpoint file {path}")
     try:
         state = load_file(str(path), device=str(device))
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - safetensors raises its own types for a bad file
         raise CheckpointError(f"cannot read {path}: {error}") from None
     missing = [k for k in shapes if k not in state]
     if missing:
@@ -239,7 +240,7 @@ def load_mimi(root: Path, cfg: PersonaPlexConfig, device: torch.device) -> Mimi:
     return mimi.eval()
 
 
-def load_tokenizer(root: Path, cfg: PersonaPlexConfig):  # -> sentencepiece.SentencePieceProcessor
+def load_tokenizer(root: Path, cfg: PersonaPlexConfig) -> TextTokenizer:
     import sentencepiece
 
     path = root / cfg.files["tokenizer_name"]

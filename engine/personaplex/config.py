@@ -207,8 +207,8 @@ class MimiConfig:
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> MimiConfig:
         w = "mimi"
-        seanet, tr, q = (raw.get(k) for k in ("seanet", "transformer", "quantizer"))
-        if not all(isinstance(x, Mapping) for x in (seanet, tr, q)):
+        seanet, tr, q = raw.get("seanet"), raw.get("transformer"), raw.get("quantizer")
+        if not (isinstance(seanet, Mapping) and isinstance(tr, Mapping) and isinstance(q, Mapping)):
             raise ConfigError(f"{w} must have seanet, transformer and quantizer objects")
         config_require(raw, "channels", w, 1)
         for name, value in (("channels", 1), ("causal", True), ("norm", "none"), ("pad_mode", "constant"),
@@ -228,20 +228,23 @@ class MimiConfig:
         if not ratios or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ratios):
             raise ConfigError(f"{w}.seanet.ratios must be positive integers; got {ratios!r}")
         cfg = MimiConfig(
-            sample_rate=config_int(raw, "sample_rate", w), frame_rate=config_number(raw, "frame_rate", w), dimension=dimension,
-            n_filters=config_int(seanet, "n_filters", f"{w}.seanet"), ratios=ratios,
+            sample_rate=config_int(raw, "sample_rate", w), frame_rate=config_number(raw, "frame_rate", w),
+            dimension=dimension, n_filters=config_int(seanet, "n_filters", f"{w}.seanet"), ratios=ratios,
             kernel_size=config_int(seanet, "kernel_size", f"{w}.seanet"),
             residual_kernel_size=config_int(seanet, "residual_kernel_size", f"{w}.seanet"),
             last_kernel_size=config_int(seanet, "last_kernel_size", f"{w}.seanet"),
             n_residual_layers=config_int(seanet, "n_residual_layers", f"{w}.seanet", 0),
             dilation_base=config_int(seanet, "dilation_base", f"{w}.seanet"),
             compress=config_int(seanet, "compress", f"{w}.seanet"),
-            d_model=config_int(tr, "d_model", f"{w}.transformer"), num_heads=config_int(tr, "num_heads", f"{w}.transformer"),
-            num_layers=config_int(tr, "num_layers", f"{w}.transformer"), context=config_int(tr, "context", f"{w}.transformer"),
+            d_model=config_int(tr, "d_model", f"{w}.transformer"),
+            num_heads=config_int(tr, "num_heads", f"{w}.transformer"),
+            num_layers=config_int(tr, "num_layers", f"{w}.transformer"),
+            context=config_int(tr, "context", f"{w}.transformer"),
             max_period=config_number(tr, "max_period", f"{w}.transformer"),
             dim_feedforward=config_int(tr, "dim_feedforward", f"{w}.transformer"),
             layer_scale=config_number(tr, "layer_scale", f"{w}.transformer"),
-            codebook_dim=config_int(q, "dimension", f"{w}.quantizer"), total_codebooks=config_int(q, "n_q", f"{w}.quantizer", 2),
+            codebook_dim=config_int(q, "dimension", f"{w}.quantizer"),
+            total_codebooks=config_int(q, "n_q", f"{w}.quantizer", 2),
             bins=config_int(q, "bins", f"{w}.quantizer", 2))
         if cfg.frame_size % cfg.hop or cfg.frame_size != cfg.sample_rate / cfg.frame_rate:
             raise ConfigError(f"{w}: a frame ({cfg.sample_rate}/{cfg.frame_rate} samples) must be a whole number "

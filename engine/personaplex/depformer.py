@@ -20,6 +20,7 @@ Design choices:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,9 @@ from engine.personaplex.temporal import embed_rows
 
 
 class StepAttention(StreamingModule):
+    keys: torch.Tensor  # [B, heads, steps, head_dim]: this frame's steps so far
+    values: torch.Tensor
+
     def __init__(self, dim: int, num_heads: int, steps: int):
         super().__init__()
         self.num_heads = num_heads
@@ -70,7 +74,8 @@ class StepLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
         x = x + self.self_attn(self.norm1(x), step)
-        return x + self.gating[step](self.norm2(x))
+        out: torch.Tensor = x + self.gating[step](self.norm2(x))
+        return out
 
 
 class StepStack(nn.Module):
@@ -100,7 +105,7 @@ class Depformer(StreamingModule):
         codes = []
         previous = text
         for t in range(self.steps if steps is None else steps):
-            table = self.depformer_text_emb.weight if t == 0 else self.depformer_emb[t - 1].weight
+            table = self.depformer_text_emb.weight if t == 0 else cast(nn.Embedding, self.depformer_emb[t - 1]).weight
             x = self.depformer_in[t](hidden) + embed_rows(table, previous)[:, None]  # [B, 1, dim]
             for layer in self.depformer.layers:
                 x = layer(x, t)

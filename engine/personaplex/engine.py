@@ -33,9 +33,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from engine.checkpoints import resolve_checkpoint
 from engine.device import model_dtype, pick_device
@@ -45,10 +47,18 @@ from engine.personaplex.checkpoint import HUB_PATTERNS, load_lm, load_mimi, load
 from engine.personaplex.config import EPAD_TOKEN, PAD_TOKEN, PersonaPlexConfig
 from engine.personaplex.lockstep import Lockstep
 from engine.personaplex.mimi import Mimi
-from engine.personaplex.prompt import PrefillStep, Voice, check_fits, persona_tokens, system_prompt
+from engine.personaplex.prompt import PrefillStep, TextTokenizer, Voice, check_fits, persona_tokens, system_prompt
 from engine.personaplex.sampling import Sampling, sample_token
 from engine.personaplex.tiny import demo_checkpoint
-from engine.personaplex.voices import AUDIO_SUFFIXES, clip_codes, find_voice, list_voices, load_bundle, read_audio, record_voice
+from engine.personaplex.voices import (
+    AUDIO_SUFFIXES,
+    clip_codes,
+    find_voice,
+    list_voices,
+    load_bundle,
+    read_audio,
+    record_voice,
+)
 
 DEFAULT_VOICE = "NATF2"  # vllm-omni's default; the tiny checkpoint ships it
 DEFAULT_PERSONA = ("You are a wise and friendly teacher. Answer questions or provide advice in a clear and "
@@ -59,7 +69,7 @@ MAX_CLIP_SECONDS = 30.0  # a voice clip given as audio (the released voices are 
 
 @dataclass
 class Frame:
-    pcm: np.ndarray  # float32 [frame_size], the agent's audio for this tick
+    pcm: NDArray[np.float32]  # [frame_size], the agent's audio for this tick
     text: str | None  # the agent's text piece, None for padding
     tokens: torch.Tensor  # [K] the de-delayed tokens: text, agent codes, user codes (CPU)
 
@@ -106,8 +116,8 @@ class CodecSteps:
 class PersonaPlex:
     name = "personaplex"
 
-    def __init__(self, root: Path, cfg: PersonaPlexConfig, lockstep: Lockstep, mimi: Mimi, tokenizer,
-                 device: torch.device, sampling: Sampling):
+    def __init__(self, root: Path, cfg: PersonaPlexConfig, lockstep: Lockstep, mimi: Mimi, tokenizer: TextTokenizer,
+                 device: torch.device, sampling: Sampling) -> None:
         self.root = root
         self.cfg = cfg
         self.lockstep = lockstep
@@ -168,7 +178,7 @@ class PersonaPlex:
     def voice_names(self) -> list[str]:
         return list_voices(self.voices)
 
-    def voice(self, name: str | Voice | None | object = _DEFAULT) -> Voice | None:
+    def voice(self, name: str | Voice | object | None = _DEFAULT) -> Voice | None:
         """A voice by bundle name or path (.pt bundle or audio clip); the default is NATF2 when present."""
         if isinstance(name, Voice) or name is None:
             return name
@@ -181,8 +191,7 @@ class PersonaPlex:
         path = find_voice(self.voices, name)
         if path.suffix.lower() in AUDIO_SUFFIXES:
             return Voice(name=path.stem, frames=self.voice_frames(read_audio(path, self.sample_rate)))
-        voice = load_bundle(path, self.cfg.lm)
-        return Voice(voice.name, voice.embeddings.to(self.device), voice.cache.to(self.device))
+        return load_bundle(path, self.cfg.lm, self.device)
 
     def clip_voice(self, clip: bytes, name: str = "your clip") -> Voice:
         """The voice of a clip (WAV/FLAC file bytes, any rate), Mimi-encoded as a voice prompt; one
@@ -193,7 +202,7 @@ class PersonaPlex:
                                f"{MAX_CLIP_SECONDS:.0f} s long; this one is {len(pcm) / self.sample_rate:.2f} s")
         return Voice(name=name, frames=self.voice_frames(pcm))
 
-    def voice_frames(self, pcm: np.ndarray) -> torch.Tensor:
+    def voice_frames(self, pcm: NDArray[np.floating[Any]]) -> torch.Tensor:
         """A voice clip (mono float at 24 kHz) -> Mimi codes [frames, codebooks], as the reference encodes it."""
         return clip_codes(self.voice_mimi, pcm, self.sample_rate, self.device)
 
@@ -202,7 +211,7 @@ class PersonaPlex:
         check_fits(self.cfg.lm, self.frame_rate, voice, tokens)
         return system_prompt(self.cfg.lm, self.frame_rate, voice, tokens)
 
-    def open(self, persona: str | None = None, voice: str | Voice | None | object = _DEFAULT) -> None:
+    def open(self, persona: str | None = None, voice: str | Voice | object | None = _DEFAULT) -> None:
         """Restart every slot and run the same system prompt on all of them (batched, no Mimi work)."""
         steps = self.programme(persona, self.voice(voice))
         self.lockstep.cold_start()
@@ -211,7 +220,7 @@ class PersonaPlex:
         while any(self.queues):
             self._tick(idle)
 
-    def start(self, slot: int, persona: str | None = None, voice: str | Voice | None | object = _DEFAULT) -> None:
+    def start(self, slot: int, persona: str | None = None, voice: str | Voice | object | None = _DEFAULT) -> None:
         """Restart one slot: its history is forgotten and its system prompt runs in the next ticks."""
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.slots:
             raise RequestError(f"slot must be in 0..{self.slots - 1}; got {slot!r}")
@@ -224,7 +233,7 @@ class PersonaPlex:
 
     # -- ticks ------------------------------------------------------------------------------
 
-    def step(self, pcm: np.ndarray) -> list[Frame | None]:
+    def step(self, pcm: NDArray[np.floating[Any]]) -> list[Frame | None]:
         """One tick from user audio [B, frame_size] (or [frame_size] with one slot), floats in [-1, 1]."""
         pcm = np.asarray(pcm, dtype=np.float32)
         if pcm.ndim == 1 and self.slots == 1:
@@ -284,7 +293,7 @@ class PersonaPlex:
             return None
         return self.tokenizer.id_to_piece(token).replace("\u2581", " ")
 
-    def record_voice(self, pcm: np.ndarray, name: str = "recorded") -> Voice:
+    def record_voice(self, pcm: NDArray[np.floating[Any]], name: str = "recorded") -> Voice:
         """A voice bundle from a clip, as the reference saves one (voices.py `record_voice`).
 
         Restarts every slot: call `open` afterwards.

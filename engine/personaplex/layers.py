@@ -4,15 +4,16 @@ Design choices:
 - Parameter names follow the checkpoint keys (`in_proj_weight`, `out_proj.weight`,
   `alpha`), so loading is `load_state_dict` with no rename.
 - Streaming attention reads a static ring of keys and values, preallocated per slot when
-  its streams are set up (streaming.py). The caller passes each row's absolute positions; the ring slot of
-  position p is p % capacity, and the position a slot holds is recomputed from the row's
+  its streams are set up (streaming.py). The caller passes each row's absolute
+  positions; the ring slot of position p is p % capacity, and the position a slot holds is recomputed from the row's
   last written position. A key is visible when 0 <= q - p < context and p >= 0, as in
   Moshi's `RingKVCache` (capacity = context). Keys of a chunk are written before any query
   reads, so with T > 1 (Mimi writes 2 positions a frame) the first query of a chunk
   already misses the oldest slot, exactly as Moshi does once the ring has wrapped.
 - A row's history is forgotten by giving it negative positions: nothing below 0 is ever
-  visible, so restarting a row's stream needs nothing from the ring itself. The one exception is a query's own key, always visible, so a row ticked at
-  position -1 (a reset slot's sacrifice tick) attends to itself instead of to nothing.
+  visible, so restarting a row's stream needs nothing from the ring itself. The one
+  exception is a query's own key, always visible, so a row ticked at position -1 (a
+  reset slot's sacrifice tick) attends to itself instead of to nothing.
 - RoPE is interleaved (pairs x[2i], x[2i+1]), computed in fp32 at the absolute position.
   The ring slots, the mask and the rope tables are computed once per forward (`ring_step`)
   and shared by all layers.
@@ -55,7 +56,8 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.linear_in(x)
         h = h.view(*h.shape[:-1], 2, -1)  # [B, T, 2, hidden]
-        return self.linear_out(F.silu(h[..., 0, :]) * h[..., 1, :])
+        out: torch.Tensor = self.linear_out(F.silu(h[..., 0, :]) * h[..., 1, :])
+        return out
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, max_period: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,6 +104,9 @@ def ring_step(positions: torch.Tensor, capacity: int, context: int, head_dim: in
 class RingAttention(StreamingModule):
     """Causal self-attention over a per-slot ring of `capacity` past positions, with RoPE."""
 
+    keys: torch.Tensor  # [B, heads, capacity, head_dim]
+    values: torch.Tensor
+
     def __init__(self, dim: int, num_heads: int, capacity: int):
         super().__init__()
         self.num_heads = num_heads
@@ -127,4 +132,5 @@ class RingAttention(StreamingModule):
         self.keys.scatter_(2, index, k)
         self.values.scatter_(2, index, v)
         out = F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=step.mask)  # [B, H, T, Dh]
-        return self.out_proj(out.transpose(1, 2).reshape(B, T, D))
+        result: torch.Tensor = self.out_proj(out.transpose(1, 2).reshape(B, T, D))
+        return result

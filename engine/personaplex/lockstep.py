@@ -24,9 +24,10 @@ One tick at physical offset o (`tick`):
 
 Design choices:
 - Slot positions are Helium's key/value positions. A slot whose stream is reset
-  (`reset_streams`, the verb of streaming.py) while others converse restarts at position -1: its sacrifice tick writes a key no later tick can see
-  (layers.py), so its history and that write are both masked, and from its next tick on
-  it runs exactly the positions of a fresh stream.
+  (`reset_streams`, the verb of streaming.py) while others converse restarts at
+  position -1: its sacrifice tick writes a key no later tick can see (layers.py), so its
+  history and that write are both masked, and from its next tick on it runs exactly the
+  positions of a fresh stream.
 - The depformer runs the agent's 8 steps only. Its steps 8..15 predict the user codebooks,
   whose targets are always provided (user codes, or the sine / initial tokens, are
   written before every tick, and the warm-up gate covers a fresh slot), and the depformer

@@ -51,11 +51,14 @@ class MimiLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, step: RingStep) -> torch.Tensor:
         x = x + self.layer_scale_1(self.self_attn(self.norm1(x), step))
-        return x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
+        out: torch.Tensor = x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
+        return out
 
 
 class MimiTransformer(StreamingModule):
     """Causal transformer over the 25 Hz latents, conv layout [B, C, T] in and out."""
+
+    offset: torch.Tensor  # [B] each row's next position
 
     def __init__(self, cfg: MimiConfig):
         super().__init__()
@@ -63,10 +66,10 @@ class MimiTransformer(StreamingModule):
         self.head_dim = cfg.d_model // cfg.num_heads
         self.max_period = cfg.max_period
         self.layers = nn.ModuleList(MimiLayer(cfg) for _ in range(cfg.num_layers))
-        self.register_buffer("offset", torch.zeros(0, dtype=torch.long), persistent=False)  # [B] next position
+        self.register_buffer("offset", torch.zeros(0, dtype=torch.long), persistent=False)
 
     def _setup_stream(self, batch: int) -> None:
-        self.offset = torch.zeros(batch, dtype=torch.long, device=self.layers[0].linear1.weight.device)
+        self.offset = torch.zeros(batch, dtype=torch.long, device=next(self.parameters()).device)
 
     def _reset_stream(self, rows: torch.Tensor) -> None:
         self.offset[rows] = 0
@@ -84,6 +87,8 @@ class MimiTransformer(StreamingModule):
 
 class RVQ(nn.Module):
     """Residual VQ with its own 1x1 input and output projections (one half of the split RVQ)."""
+
+    codebooks: torch.Tensor  # [codebooks, bins, codebook_dim]
 
     def __init__(self, dimension: int, codebook_dim: int, codebooks: int, bins: int):
         super().__init__()
@@ -106,7 +111,8 @@ class RVQ(nn.Module):
         quantized = F.embedding(codes[:, 0], self.codebooks[0])
         for i in range(1, codes.shape[1]):
             quantized = quantized + F.embedding(codes[:, i], self.codebooks[i])
-        return self.output_proj(quantized[:, :, None])
+        out: torch.Tensor = self.output_proj(quantized[:, :, None])
+        return out
 
 
 class SplitRVQ(nn.Module):
@@ -162,5 +168,6 @@ class Mimi(StreamingModule):
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, codebooks] (valid codes only: < bins) -> pcm [B, frame_size] float32."""
         x = self.upsample(self.quantizer.decode(codes))  # [B, dimension, frame_size / hop]
-        return self.decoder(self.decoder_transformer(x))[:, 0]
+        out: torch.Tensor = self.decoder(self.decoder_transformer(x))[:, 0]
+        return out
 

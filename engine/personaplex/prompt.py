@@ -22,7 +22,7 @@ Design choices:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 
@@ -51,6 +51,12 @@ class Voice:
     cache: torch.Tensor | None = None
     frames: torch.Tensor | None = None
 
+    @property
+    def ticks(self) -> int:
+        """The system prompt ticks the voice takes."""
+        voice = self.embeddings if self.embeddings is not None else self.frames
+        return 0 if voice is None else len(voice)
+
 
 def wrap_with_system_tags(text: str) -> str:
     """`<system> {text} <system>` unless already wrapped (PP `wrap_with_system_tags`)."""
@@ -60,7 +66,16 @@ def wrap_with_system_tags(text: str) -> str:
     return f"{SYSTEM_TAG} {cleaned} {SYSTEM_TAG}"
 
 
-def persona_tokens(tokenizer, persona: str | None) -> list[int]:
+class TextTokenizer(Protocol):
+    """What the engine uses of the checkpoint's SentencePiece model (`SentencePieceProcessor`)."""
+
+    def encode(self, text: str) -> list[int]: ...
+    def vocab_size(self) -> int: ...
+    def is_control(self, token: int) -> bool: ...
+    def id_to_piece(self, token: int) -> str: ...
+
+
+def persona_tokens(tokenizer: TextTokenizer, persona: str | None) -> list[int]:
     """The persona's text tokens; an empty persona has none."""
     if persona is None or not persona.strip():
         return []
@@ -90,12 +105,12 @@ def system_prompt(cfg: LMConfig, frame_rate: float, voice: Voice | None, persona
     token_steps += [PrefillStep("tokens", agent=silence, user_sine=True) for _ in range(silence_frames(frame_rate))]
     if not voice_steps:
         token_steps = token_steps[1:]  # falls on the cold-start tick, as in the reference
-    return [PrefillStep("sacrifice")] + voice_steps + token_steps
+    return [PrefillStep("sacrifice"), *voice_steps, *token_steps]
 
 
 def check_fits(cfg: LMConfig, frame_rate: float, voice: Voice | None, persona: list[int]) -> None:
     """The system prompt must fit in the model's context window, or its start would be forgotten."""
-    voice_ticks = 0 if voice is None else len(voice.embeddings if voice.embeddings is not None else voice.frames)
+    voice_ticks = 0 if voice is None else voice.ticks
     fixed = 2 * silence_frames(frame_rate) + voice_ticks
     if fixed + len(persona) > cfg.context - 1:
         room = cfg.context - 1 - fixed

@@ -24,14 +24,17 @@ from engine.personaplex.streaming import StreamingModule
 
 
 class StreamingConv1d(StreamingModule):
+    previous: torch.Tensor  # [B, cin, context]: the last input samples
+    first: torch.Tensor  # [B] bool: the row's next call starts its stream
+
     def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, dilation: int = 1,
                  groups: int = 1, bias: bool = True, replicate: bool = False):
         super().__init__()
         self.conv = nn.Conv1d(cin, cout, kernel, stride, dilation=dilation, groups=groups, bias=bias)
         self.context = (kernel - 1) * dilation + 1 - stride
         self.replicate = replicate
-        self.register_buffer("previous", torch.zeros(0), persistent=False)  # [B, cin, context]
-        self.register_buffer("first", torch.zeros(0, dtype=torch.bool), persistent=False)  # [B]
+        self.register_buffer("previous", torch.zeros(0), persistent=False)
+        self.register_buffer("first", torch.zeros(0, dtype=torch.bool), persistent=False)
 
     def _setup_stream(self, batch: int) -> None:
         w = self.conv.weight
@@ -43,22 +46,24 @@ class StreamingConv1d(StreamingModule):
         self.first[rows] = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.context == 0:
-            return self.conv(x)
-        if self.replicate:
-            self.previous.copy_(torch.where(self.first[:, None, None], x[..., :1], self.previous))
-            self.first.zero_()
-        x = torch.cat([self.previous, x], dim=-1)
-        self.previous.copy_(x[..., -self.context:])
-        return self.conv(x)
+        if self.context > 0:
+            if self.replicate:
+                self.previous.copy_(torch.where(self.first[:, None, None], x[..., :1], self.previous))
+                self.first.zero_()
+            x = torch.cat([self.previous, x], dim=-1)
+            self.previous.copy_(x[..., -self.context:])
+        out: torch.Tensor = self.conv(x)
+        return out
 
 
 class StreamingConvTranspose1d(StreamingModule):
+    partial: torch.Tensor  # [B, cout, tail]: the overlap-add tail for the next call
+
     def __init__(self, cin: int, cout: int, kernel: int, stride: int, groups: int = 1, bias: bool = True):
         super().__init__()
         self.convtr = nn.ConvTranspose1d(cin, cout, kernel, stride, groups=groups, bias=bias)
         self.tail = kernel - stride
-        self.register_buffer("partial", torch.zeros(0), persistent=False)  # [B, cout, tail]
+        self.register_buffer("partial", torch.zeros(0), persistent=False)
 
     def _setup_stream(self, batch: int) -> None:
         w = self.convtr.weight
@@ -69,7 +74,7 @@ class StreamingConvTranspose1d(StreamingModule):
         self.partial[rows] = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.convtr(x)
+        y: torch.Tensor = self.convtr(x)
         if self.tail == 0:
             return y
         y[..., :self.tail] += self.partial
@@ -90,7 +95,8 @@ class ResBlock(nn.Module):
                                    nn.ELU(), StreamingConv1d(hidden, dim, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.block(x)
+        out: torch.Tensor = x + self.block(x)
+        return out
 
 
 def _resblocks(cfg: MimiConfig, dim: int) -> list[nn.Module]:
@@ -113,7 +119,8 @@ class SEANetEncoder(nn.Module):
         self.model = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
+        out: torch.Tensor = self.model(x)
+        return out
 
 
 class SEANetDecoder(nn.Module):
@@ -132,5 +139,6 @@ class SEANetDecoder(nn.Module):
         self.model = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
+        out: torch.Tensor = self.model(x)
+        return out
 

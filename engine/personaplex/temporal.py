@@ -17,6 +17,8 @@ Design choices:
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,7 +44,8 @@ class Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, step: RingStep) -> torch.Tensor:
         x = x + self.self_attn(self.norm1(x), step)
-        return x + self.gating(self.norm2(x))
+        out: torch.Tensor = x + self.gating(self.norm2(x))
+        return out
 
 
 class Stack(nn.Module):
@@ -63,9 +66,10 @@ class Temporal(StreamingModule):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, K] (text, agent codebooks, user codebooks) -> the frame input [B, 1, D]."""
-        x = embed_rows(self.emb[0].weight, tokens[:, 1])
+        tables = [cast(nn.Embedding, emb).weight for emb in self.emb]  # n_q x [card + 1, D]
+        x = embed_rows(tables[0], tokens[:, 1])
         for k in range(1, self.cfg.n_q):
-            x = x + embed_rows(self.emb[k].weight, tokens[:, k + 1])
+            x = x + embed_rows(tables[k], tokens[:, k + 1])
         x = x + embed_rows(self.text_emb.weight, tokens[:, 0])
         return x[:, None]
 

@@ -27,9 +27,11 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from safetensors.torch import save_file
 
 from engine import checkpoints
@@ -52,7 +54,7 @@ SENTENCES = (
     "You work at a bakery and you know every bread by its name.",
 )
 
-LM = {
+LM: dict[str, Any] = {
     "dim": 64, "num_heads": 4, "num_layers": 2, "hidden_scale": 4.125, "context": 96, "max_period": 10000,
     "existing_text_padding_id": 3, "n_q": 16, "dep_q": 8, "card": 128, "causal": True, "layer_scale": None,
     "gating": "silu", "norm": "rms_norm_f32", "positional_embedding": "rope",
@@ -62,7 +64,7 @@ LM = {
     "depformer_gating": "silu", "depformer_pos_emb": "none", "depformer_weights_per_step": True,
     "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
 }
-MIMI = {
+MIMI: dict[str, Any] = {
     "sample_rate": 24000, "channels": 1, "frame_rate": 12.5,
     "seanet": {"channels": 1, "dimension": 32, "causal": True, "n_filters": 4, "n_residual_layers": 1,
                "activation": "ELU", "compress": 2, "dilation_base": 2, "disable_norm_outer_blocks": 0,
@@ -116,13 +118,13 @@ def random_state(shapes: dict[str, tuple[int, ...]], generator: torch.Generator)
     return {key: _random_tensor(key, shape, generator).contiguous() for key, shape in shapes.items()}
 
 
-def sine_frame(frame_size: int, sample_rate: int) -> np.ndarray:
+def sine_frame(frame_size: int, sample_rate: int) -> NDArray[np.float32]:
     """The reference's 440 Hz, 0.5 amplitude sine (PP-lm `create_sinewave`) over one frame."""
     t = np.linspace(0.0, frame_size / sample_rate, frame_size, endpoint=False)
     return (0.5 * np.sin(2 * np.pi * 440.0 * t)).astype(np.float32)
 
 
-def voice_clip(seed: int, sample_rate: int) -> np.ndarray:
+def voice_clip(seed: int, sample_rate: int) -> NDArray[np.float32]:
     """A synthetic 'voice': a gliding harmonic tone with a little noise, deterministic from the seed."""
     rng = np.random.default_rng(seed)
     n = int(VOICE_SECONDS * sample_rate)

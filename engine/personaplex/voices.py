@@ -20,9 +20,11 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from engine.errors import RequestError
 from engine.personaplex.config import LMConfig
@@ -43,7 +45,7 @@ def list_voices(folder: Path | None) -> list[str]:
 def find_voice(folder: Path | None, name: str) -> Path:
     """A bundle name from `voices/`, or an existing path to a `.pt` bundle or an audio clip."""
     path = Path(name).expanduser()
-    if path.suffix.lower() in (".pt",) + AUDIO_SUFFIXES and path.is_file():
+    if path.suffix.lower() in (".pt", *AUDIO_SUFFIXES) and path.is_file():
         return path
     stem = name[:-3] if name.endswith(".pt") else name
     if folder is not None and "/" not in stem and (folder / f"{stem}.pt").is_file():
@@ -53,10 +55,11 @@ def find_voice(folder: Path | None, name: str) -> Path:
                        f"or a path to a .pt voice bundle or an audio file ({', '.join(AUDIO_SUFFIXES)})")
 
 
-def load_bundle(path: Path, cfg: LMConfig) -> Voice:
+def load_bundle(path: Path, cfg: LMConfig, device: torch.device | str = "cpu") -> Voice:
+    """A stored voice bundle, checked against the model's sizes, its tensors on `device`."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - torch.load raises many types for a bad file: one answer
         raise RequestError(f"cannot read voice bundle {path.name}: {error}") from None
     if not isinstance(state, dict) or "embeddings" not in state or "cache" not in state:
         raise RequestError(f"voice bundle {path.name} must hold 'embeddings' and 'cache' tensors")
@@ -73,7 +76,7 @@ def load_bundle(path: Path, cfg: LMConfig) -> Voice:
     limits = torch.tensor([cfg.text_card] + [cfg.card] * cfg.n_q)
     if ((cache < 0) | (cache > limits[:, None])).any():
         raise RequestError(f"voice bundle {path.name}: cache holds tokens outside this model's vocabularies")
-    return Voice(name=path.stem, embeddings=embeddings.reshape(-1, cfg.dim).float(), cache=cache)
+    return Voice(name=path.stem, embeddings=embeddings.reshape(-1, cfg.dim).float().to(device), cache=cache.to(device))
 
 
 def save_voice_bundle(voice: Voice, path: Path) -> None:
@@ -83,14 +86,14 @@ def save_voice_bundle(voice: Voice, path: Path) -> None:
                 "cache": voice.cache[None].contiguous().cpu()}, path)
 
 
-def read_audio(source: Path | bytes, sample_rate: int) -> np.ndarray:
+def read_audio(source: Path | bytes, sample_rate: int) -> NDArray[np.float32]:
     """An audio file (path or bytes) -> mono float32 at `sample_rate`."""
     import soundfile
 
     try:
         data, rate = soundfile.read(io.BytesIO(source) if isinstance(source, bytes) else str(source),
                                     dtype="float32", always_2d=True)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - soundfile raises several types for bad input
         name = "audio" if isinstance(source, bytes) else Path(source).name
         raise RequestError(f"cannot read {name} as audio ({error}); give a WAV or FLAC file") from None
     mono = data.mean(axis=1)
@@ -103,13 +106,14 @@ def read_audio(source: Path | bytes, sample_rate: int) -> np.ndarray:
     return np.ascontiguousarray(mono, dtype=np.float32)
 
 
-def _biquad(b: list[float], a: list[float], x: np.ndarray) -> np.ndarray:
+def _biquad(b: list[float], a: list[float], x: NDArray[np.float64]) -> NDArray[np.float64]:
     from scipy.signal import lfilter
 
-    return lfilter(np.array(b) / a[0], np.array(a) / a[0], x)
+    filtered: NDArray[np.float64] = lfilter(np.array(b) / a[0], np.array(a) / a[0], x)
+    return filtered
 
 
-def k_weighted(x: np.ndarray, rate: int) -> np.ndarray:
+def k_weighted(x: NDArray[np.floating[Any]], rate: int) -> NDArray[np.float64]:
     """BS.1770 K-weighting: a +4 dB high shelf at 1.5 kHz, then a 38 Hz high pass (RBJ biquads)."""
     w0 = 2 * math.pi * 1500.0 / rate
     A, alpha = 10 ** (4.0 / 40), math.sin(w0) / (2 * (1 / math.sqrt(2)))
@@ -122,11 +126,11 @@ def k_weighted(x: np.ndarray, rate: int) -> np.ndarray:
     return _biquad(pass_b, pass_a, _biquad(shelf_b, shelf_a, x.astype(np.float64)))
 
 
-def integrated_loudness(x: np.ndarray, rate: int) -> float:
+def integrated_loudness(x: NDArray[np.floating[Any]], rate: int) -> float:
     """Integrated loudness (LUFS) of mono audio at least one 400 ms block long."""
     y = k_weighted(x, rate)
     seconds = len(x) / rate
-    blocks = int(round((seconds - BLOCK_SECONDS) / (BLOCK_SECONDS * (1 - BLOCK_OVERLAP)))) + 1
+    blocks = round((seconds - BLOCK_SECONDS) / (BLOCK_SECONDS * (1 - BLOCK_OVERLAP))) + 1
     power = np.array([np.mean(y[int(BLOCK_SECONDS * j * (1 - BLOCK_OVERLAP) * rate):
                                 int(BLOCK_SECONDS * (j * (1 - BLOCK_OVERLAP) + 1) * rate)] ** 2)
                       for j in range(blocks)])
@@ -140,7 +144,7 @@ def integrated_loudness(x: np.ndarray, rate: int) -> float:
     return -0.691 + 10 * math.log10(gated.mean()) if gated.size else -math.inf
 
 
-def normalize_loudness(x: np.ndarray, rate: int, target: float = TARGET_LUFS) -> np.ndarray:
+def normalize_loudness(x: NDArray[np.float32], rate: int, target: float = TARGET_LUFS) -> NDArray[np.float32]:
     if len(x) < BLOCK_SECONDS * rate:
         raise RequestError(f"the voice clip is {len(x) / rate:.2f} s long; give at least {BLOCK_SECONDS} s")
     loudness = integrated_loudness(x, rate)
@@ -149,7 +153,7 @@ def normalize_loudness(x: np.ndarray, rate: int, target: float = TARGET_LUFS) ->
     return (x * 10 ** ((target - loudness) / 20)).astype(np.float32)
 
 
-def frames_of(pcm: np.ndarray, frame_size: int) -> np.ndarray:
+def frames_of(pcm: NDArray[np.float32], frame_size: int) -> NDArray[np.float32]:
     """pcm [N] -> [ceil(N / frame_size), frame_size], the last frame zero-padded."""
     count = -(-len(pcm) // frame_size)
     out = np.zeros((count, frame_size), dtype=np.float32)
@@ -158,7 +162,7 @@ def frames_of(pcm: np.ndarray, frame_size: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def clip_codes(mimi: Mimi, pcm: np.ndarray, sample_rate: int, device: torch.device) -> torch.Tensor:
+def clip_codes(mimi: Mimi, pcm: NDArray[np.floating[Any]], sample_rate: int, device: torch.device) -> torch.Tensor:
     """A voice clip (mono float at `sample_rate`, Mimi's) -> Mimi codes [frames, codebooks], encoded on a
     fresh stream of `mimi` as the reference encodes a voice prompt."""
     frames = frames_of(normalize_loudness(np.asarray(pcm, dtype=np.float32), sample_rate), mimi.frame_size)

@@ -56,7 +56,7 @@ def hf_model(tiny_checkpoint: Path):
     prefix = "model.language_model.layers.{}.mlp.experts.{}.{}_proj."
     for layer in range(text["num_hidden_layers"]):
         def expert(e: int, projection: str) -> torch.Tensor:
-            key = prefix.format(layer, e, projection)
+            key = prefix.format(layer, e, projection)  # noqa: B023 - called within this iteration only
             return dequantized(tensors[key + "weight"], tensors[key + "weight_scale_inv"])
 
         experts = range(text["num_experts"])

@@ -49,7 +49,8 @@ def test_bfloat16_on_gpu_tracks_float32_on_cpu(tiny_checkpoint: Path, tiny_model
         model.setup_caches(1, 64, device, model.candidate_head.dtype)
         f, slots = frames.to(device), torch.tensor([0], device=device)
         with torch.inference_mode():
-            hidden = model.backbone(model.embed(f[:, :PROMPT_ROWS]), torch.arange(PROMPT_ROWS, device=device)[None], slots)
+            positions = torch.arange(PROMPT_ROWS, device=device)[None]
+            hidden = model.backbone(model.embed(f[:, :PROMPT_ROWS]), positions, slots)
             outs = [model.candidate_logits(hidden[:, -1])]
             for p in range(PROMPT_ROWS, PROMPT_ROWS + 4):
                 logits, heads = step(model, f[:, p:p + 1], torch.tensor([[p]], device=device), slots, 64)

@@ -90,7 +90,8 @@ def test_experts_must_stay_fp8(tiny_checkpoint: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("change", "field"), [
     (lambda c: c["text_config"].update(num_experts_per_tok=0), "text_config.num_experts_per_tok"),
-    (lambda c: c["text_config"].update(layernorm_zero_centered_gamma=False), "text_config.layernorm_zero_centered_gamma"),
+    (lambda c: c["text_config"].update(layernorm_zero_centered_gamma=False),
+     "text_config.layernorm_zero_centered_gamma"),
     (lambda c: c["audio_decoder_config"].update(dim=96), "audio_decoder_config.dim"),
     (lambda c: c["quantization_config"].update(weight_block_size=[64, 64]), "quantization_config.weight_block_size"),
 ])
@@ -128,7 +129,7 @@ def test_progress_reports_each_shard(tiny_checkpoint: Path) -> None:
 def test_resolve_a_directory(tiny_checkpoint: Path, tmp_path: Path) -> None:
     assert resolve_checkpoint(tiny_checkpoint, HUB_PATTERNS) == tiny_checkpoint
     assert resolve_checkpoint(str(tiny_checkpoint), HUB_PATTERNS) == tiny_checkpoint
-    with pytest.raises(CheckpointError, match="no config.json"):
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
         resolve_checkpoint(tmp_path, HUB_PATTERNS)
     with pytest.raises(CheckpointError, match="neither a checkpoint directory nor"):
         resolve_checkpoint(tmp_path / "absent", HUB_PATTERNS)
@@ -155,7 +156,7 @@ def test_resolve_from_the_hugging_face_cache(tiny_checkpoint: Path, hub_cache: P
     path = resolve_checkpoint("fishaudio/drama-3", HUB_PATTERNS)
     assert path == repo / "snapshots" / revision
     assert resolve_checkpoint(f"fishaudio/drama-3@{revision}", HUB_PATTERNS) == path
-    model, config, _ = load_model("fishaudio/drama-3")
+    _, config, _ = load_model("fishaudio/drama-3")
     assert config.text.hidden_size == 128
 
 

@@ -102,11 +102,11 @@ def test_a_codec_that_does_not_match_its_configuration_is_refused(tmp_path: Path
     missing = dict(state)
     del missing["quantizer.post_module.layers.7.attention.wo.weight"]
     torch.save(missing, tmp_path / "codec.pth")
-    with pytest.raises(ConfigError, match="post_module.layers.7.attention.wo.weight"):
+    with pytest.raises(ConfigError, match=r"post_module\.layers\.7\.attention\.wo\.weight"):
         load_codec(tmp_path)
 
     torch.save({**state, "quantizer.post_module.input_proj.weight": torch.zeros(64, 64)}, tmp_path / "codec.pth")
-    with pytest.raises(ConfigError, match="unknown .*input_proj"):
+    with pytest.raises(ConfigError, match=r"unknown .*input_proj"):
         load_codec(tmp_path)
 
     # Without codec_config.json the released configuration applies: tiny weights do not fit it.

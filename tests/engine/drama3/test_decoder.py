@@ -60,7 +60,7 @@ def test_cancel_ends_the_take_within_one_step(tiny):
         return len(polls) == 6  # polled before the prefill and before each step: four steps run
 
     prompt = tiny.prompt("Cut!", None, [], Sampling(max_new_tokens=100, seed=0))
-    windows, done = run(tiny, prompt, cancelled=cancelled)
+    _, done = run(tiny, prompt, cancelled=cancelled)
     assert done.finish_reason == "cancelled" and done.error is None
     assert len(polls) == 6 and done.codes.shape[1] == 4
 
@@ -74,7 +74,7 @@ def test_deadline_ends_the_take_within_one_step(tiny):
 
     prompt = tiny.prompt("Quickly now.", None, [], Sampling(max_new_tokens=1200, seed=0))
     deadline = time.monotonic() + 0.5
-    windows, done = run(tiny, prompt, deadline=deadline, cancelled=watch)
+    _, done = run(tiny, prompt, deadline=deadline, cancelled=watch)
     assert done.finish_reason == "deadline"
     # Every step began before the deadline; the poll that saw it passed was the last one
     # (polls: one before the prefill, one before each step).

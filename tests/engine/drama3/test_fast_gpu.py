@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.drama3.deltanet import chunked_delta_rule, l2_normalize
 from engine.drama3.decoder import Decoder
+from engine.drama3.deltanet import chunked_delta_rule, l2_normalize
 from engine.drama3.fast import fla_delta_rule, install_fast_path
 
 pytestmark = pytest.mark.gpu

@@ -10,8 +10,8 @@ import torch
 
 from engine.bench.drama3 import step_op_counts
 from engine.drama3.checkpoint import load_model
-from engine.drama3.fast import PackedLinear, fuse_projections
 from engine.drama3.decoder import Decoder
+from engine.drama3.fast import PackedLinear, fuse_projections
 from engine.drama3.prompt import build_prompt
 from engine.drama3.sampling import Sampling
 

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from engine.drama3.config import Drama3Config, preset
-from engine.drama3.prompt import (Character, HistoryTurn, Reference, build_prompt, build_segments,
-                                  segment_rows)
+from engine.drama3.prompt import Character, HistoryTurn, Reference, build_prompt, build_segments, segment_rows
 from engine.drama3.sampling import Sampling
 from engine.drama3.tokenizer import tiny_tokenizer, token_ids
 from engine.errors import RequestError

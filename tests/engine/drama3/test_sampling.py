@@ -8,8 +8,19 @@ import math
 
 import torch
 
-from engine.drama3.sampling import (CODEBOOK_TOP_K, EMPTY_RAS_SLOT, RAS_TOP_K, RAS_TOP_P, SamplingTensors, Sampling,
-                                    ras_window_of, sample_code, sample_main, sample_top_k_top_p, take_generator)
+from engine.drama3.sampling import (
+    CODEBOOK_TOP_K,
+    EMPTY_RAS_SLOT,
+    RAS_TOP_K,
+    RAS_TOP_P,
+    Sampling,
+    SamplingTensors,
+    ras_window_of,
+    sample_code,
+    sample_main,
+    sample_top_k_top_p,
+    take_generator,
+)
 
 ROWS = 4000
 
@@ -20,7 +31,8 @@ def settings(rows: int, temperature: float = 1.0, top_k: int = 1000, top_p: floa
 
 def draw(logits: list[float], *, keep_crossing: bool, temperature=1.0, top_k=1000, top_p=1.0, seed=0):
     s = settings(ROWS, temperature, top_k, top_p)
-    batch = torch.tensor(logits).log_softmax(-1).expand(ROWS, -1) if temperature else torch.tensor(logits).expand(ROWS, -1)
+    row = torch.tensor(logits).log_softmax(-1) if temperature else torch.tensor(logits)
+    batch = row.expand(ROWS, -1)
     return sample_top_k_top_p(batch, s.temperature, s.top_k, s.top_p, torch.Generator().manual_seed(seed),
                               keep_crossing=keep_crossing)
 

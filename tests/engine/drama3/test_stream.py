@@ -12,7 +12,12 @@ import torch
 from engine.drama3.codec import load_codec
 from engine.drama3.codec_tiny import write_tiny_codec
 from engine.drama3.stream import (
-    StreamSchedule, decode_window, render_take, take_windows, window_ends, window_pcm,
+    StreamSchedule,
+    decode_window,
+    render_take,
+    take_windows,
+    window_ends,
+    window_pcm,
 )
 from engine.errors import RequestError
 from engine.pcm import pcm16
@@ -61,7 +66,7 @@ def test_windows_tile_the_take_exactly(frames: int, overlap: int, first_window: 
     windows = take_windows(frames, overlap, first_window)
     assert windows[0].emit == 0 and windows[-1].end == frames
     assert [w.last for w in windows] == [False] * (len(windows) - 1) + [True]
-    for before, after in zip(windows, windows[1:]):
+    for before, after in itertools.pairwise(windows):
         assert after.emit == before.end  # no gap, no overlap
     for w in windows:
         assert w.start == max(0, w.emit - overlap) and w.emit <= w.end
@@ -85,7 +90,7 @@ def test_the_generation_loop_gets_the_same_windows_however_often_it_asks() -> No
 
 @pytest.mark.parametrize(("overlap", "first_window"), [(-1, None), (1.5, None), (True, None), (32, 0), (32, "4")])
 def test_bad_stream_settings_are_refused(overlap, first_window) -> None:
-    with pytest.raises(RequestError, match="overlap|first window"):
+    with pytest.raises(RequestError, match=r"overlap|first window"):
         StreamSchedule(overlap, first_window)
 
 

@@ -82,7 +82,8 @@ def test_layout_is_the_released_one(tiny_checkpoint: Path) -> None:
             tensors.update({key: reader.get_tensor(key) for key in reader.keys()})
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())
     assert set(RELEASED_KEYS) <= tensors.keys()
-    prefixes = ("model.language_model.", "lm_head.", "audio_decoder.", "audio_decoder_mtp_shared.", "audio_decoder_mtp.")
+    prefixes = ("model.language_model.", "lm_head.", "audio_decoder.", "audio_decoder_mtp_shared.",
+                "audio_decoder_mtp.")
     assert all(key.startswith(prefixes) for key in tensors)
     experts = [k for k in tensors if ".mlp.experts." in k]
     assert len(experts) == 4 * 8 * 3 * 2  # layers x experts x projections x (weight, scale)
@@ -101,7 +102,8 @@ def test_layout_is_the_released_one(tiny_checkpoint: Path) -> None:
 
 def test_command_writes_the_same_bytes_for_the_same_seed(tiny_checkpoint: Path, tmp_path: Path) -> None:
     target = tmp_path / "again"
-    result = subprocess.run([sys.executable, "-m", "backend.cli", "make-checkpoint", "tiny", str(target), "--seed", "0"],
+    command = [sys.executable, "-m", "backend.cli", "make-checkpoint", "tiny", str(target), "--seed", "0"]
+    result = subprocess.run(command,
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

@@ -68,12 +68,13 @@ class ReferenceTower:
 
     def layer(self, n: int, h: torch.Tensor, code: int, semantic: bool, position: int, extra=None) -> torch.Tensor:
         prefix, embedding = self.layers[n]
-        w = lambda name: self.w[prefix + name]  # noqa: E731
+        w = lambda name: self.w[prefix + name]
         H, Hkv, Dh = self.c["n_head"], self.c["n_local_heads"], self.c["head_dim"]
         e = w(embedding + ".weight")[code] if semantic else torch.zeros(self.c["dim"])
         if extra is not None:
             e = e + extra
-        x = w("eh_proj.weight") @ torch.cat((self.norm(e, prefix + "enorm.weight"), self.norm(h, prefix + "hnorm.weight")))
+        x = w("eh_proj.weight") @ torch.cat((self.norm(e, prefix + "enorm.weight"),
+                                             self.norm(h, prefix + "hnorm.weight")))
         a = self.norm(x, prefix + "transformer_layer.attention_norm.weight")
         qkv = w("transformer_layer.attention.wqkv.weight") @ a  # [all Q | all gates | K | V]
         q, gate = qkv[:H * Dh].view(H, Dh), qkv[H * Dh:2 * H * Dh]
@@ -92,7 +93,8 @@ class ReferenceTower:
             heads.append(torch.softmax(keys @ q[i] / math.sqrt(Dh), 0) @ values)
         x = x + w("transformer_layer.attention.wo.weight") @ (torch.cat(heads) * torch.sigmoid(gate))
         f = self.norm(x, prefix + "transformer_layer.ffn_norm.weight")
-        up = F.silu(w("transformer_layer.feed_forward.w1.weight") @ f) * (w("transformer_layer.feed_forward.w3.weight") @ f)
+        up = (F.silu(w("transformer_layer.feed_forward.w1.weight") @ f)
+              * (w("transformer_layer.feed_forward.w3.weight") @ f))
         x = x + w("transformer_layer.feed_forward.w2.weight") @ up
         return self.norm(x, prefix + "final_layernorm.weight")
 
@@ -139,7 +141,8 @@ def test_prefill_and_two_decode_steps_match_reference(tiny_model, reference: Ref
     frames = prompt(config, generator)
     hidden = torch.randn(1, PROMPT_ROWS + 1, config.text.hidden_size, generator=generator)
     # Step 1 draws a semantic frame at the last prompt row's position; step 2 draws end of speech.
-    codes1 = [int(torch.randint(0, 4096, (), generator=generator))] + torch.randint(0, 1024, (9,), generator=generator).tolist()
+    codes1 = [int(torch.randint(0, 4096, (), generator=generator)),
+              *torch.randint(0, 1024, (9,), generator=generator).tolist()]
     frame1 = [config.semantic_start_token_id + codes1[0], *codes1]
     codes2 = [0] * 10
     frame2 = [config.eos_token_id, *codes2]
@@ -182,7 +185,8 @@ def test_one_row_and_sequence_calls_agree(tiny_model) -> None:
     model.setup_caches(2, 16, "cpu", torch.float32)
     layer = model.tower.residual_layers[3]
     h = torch.randn(2, config.text.hidden_size)
-    codes, semantic, pos, slots = torch.tensor([5, 7]), torch.tensor([True, False]), torch.tensor([4, 9]), torch.tensor([0, 1])
+    codes, semantic = torch.tensor([5, 7]), torch.tensor([True, False])
+    pos, slots = torch.tensor([4, 9]), torch.tensor([0, 1])
     with torch.inference_mode():
         rows = layer(h, codes, semantic, pos, slots)
         sequence = layer(h[:, None], codes[:, None], semantic[:, None], pos[:, None], slots)

@@ -45,7 +45,8 @@ def test_converse_bad_requests_exit_2_with_one_line(personaplex_checkpoint: Path
         (["--input", str(tmp_path / "user.wav"), "--voice", "NOBODY"], "unknown voice 'NOBODY'"),
         (["--input", str(tmp_path / "user.wav"), "--persona", "talk about music " * 60], "shorten the persona"),
         (["--input", str(tmp_path / "user.wav"), "--audio-top-k", "0"], "audio_top_k must be an integer >= 1"),
-        (["--input", str(tmp_path / "user.wav"), "--checkpoint", str(tmp_path / "none")], "neither a checkpoint directory nor"),
+        (["--input", str(tmp_path / "user.wav"), "--checkpoint", str(tmp_path / "none")],
+         "neither a checkpoint directory nor"),
     ]
     for extra, message in cases:
         assert main(base + extra) == 2

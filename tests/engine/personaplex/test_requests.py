@@ -37,7 +37,7 @@ def test_non_finite_audio_and_bad_codes(engine: PersonaPlex):
         engine.step(frame)
     with pytest.raises(RequestError, match=r"user codes of shape \(2, 8\)"):
         engine.step_codes(torch.zeros(2, 7, dtype=torch.long))
-    with pytest.raises(RequestError, match="user codes must be in 0..127"):
+    with pytest.raises(RequestError, match=r"user codes must be in 0\.\.127"):
         engine.step_codes(torch.full((2, 8), 128))
 
 
@@ -91,12 +91,12 @@ def test_bad_voice_files(engine: PersonaPlex, tmp_path: Path):
     with pytest.raises(RequestError, match="must hold 'embeddings' and 'cache'"):
         engine.voice(str(tmp_path / "half.pt"))
     (tmp_path / "noise.wav").write_bytes(b"RIFF not really a wav")
-    with pytest.raises(RequestError, match="cannot read noise.wav as audio"):
+    with pytest.raises(RequestError, match=r"cannot read noise\.wav as audio"):
         engine.voice(str(tmp_path / "noise.wav"))
     import soundfile
 
     soundfile.write(tmp_path / "short.wav", np.full(2400, 0.1, np.float32), 24000)
-    with pytest.raises(RequestError, match="give at least 0.4 s"):
+    with pytest.raises(RequestError, match=r"give at least 0\.4 s"):
         engine.voice(str(tmp_path / "short.wav"))
     soundfile.write(tmp_path / "silent.wav", np.zeros(24000, np.float32), 24000)
     with pytest.raises(RequestError, match="the voice clip is silent"):

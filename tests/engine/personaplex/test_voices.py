@@ -10,8 +10,16 @@ import torch
 
 from engine.personaplex.checkpoint import voices_dir
 from engine.personaplex.prompt import Voice, persona_tokens, wrap_with_system_tags
-from engine.personaplex.voices import (find_voice, frames_of, integrated_loudness, list_voices, load_bundle,
-                                       normalize_loudness, read_audio, save_voice_bundle)
+from engine.personaplex.voices import (
+    find_voice,
+    frames_of,
+    integrated_loudness,
+    list_voices,
+    load_bundle,
+    normalize_loudness,
+    read_audio,
+    save_voice_bundle,
+)
 
 
 @pytest.mark.parametrize("rate", [24000, 48000])
@@ -122,7 +130,7 @@ def test_a_clip_voice_is_the_clip_mimi_encoded(personaplex_checkpoint: Path):
     assert voice.name == "your clip" and voice.embeddings is None
     torch.testing.assert_close(voice.frames, engine.voice_frames(tone), rtol=0, atol=0)
     assert voice.frames.shape == (13, engine.cfg.lm.codebooks)  # 1 s: 12.5 frames, the last zero-padded
-    with pytest.raises(RequestError, match="a voice clip must be 80 ms to 30 s long; this one is 0.04 s"):
+    with pytest.raises(RequestError, match=r"a voice clip must be 80 ms to 30 s long; this one is 0\.04 s"):
         engine.clip_voice(wav(tone[:960], 24000))
-    with pytest.raises(RequestError, match="this one is 31.00 s"):
+    with pytest.raises(RequestError, match=r"this one is 31\.00 s"):
         engine.clip_voice(wav(np.zeros(8000 * 31, np.float32), 8000))

@@ -1,4 +1,4 @@
-"""Tick timing of the PersonaPlex engine: `python -m engine.personaplex.bench [--size released]`.
+"""`retake bench personaplex`: tick timing of the PersonaPlex engine (`--size released` for the real sizes).
 
 Design choices:
 - Real sizes without real weights: `--size released` builds the released configuration
@@ -19,6 +19,12 @@ import math
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
+    import torch
+
+    from engine.personaplex.engine import PersonaPlex
 
 HELP = "PersonaPlex tick time (encode + Helium + depformer + decode) per slot count"
 
@@ -36,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
 
 
-def _randomize(module, generator) -> None:
+def _randomize(module: torch.nn.Module, generator: torch.Generator) -> None:
     """Random weights in place, scaled like the tiny checkpoint's (tiny.py)."""
     import torch
 
@@ -58,11 +64,12 @@ def _randomize(module, generator) -> None:
     torch.nn.Module.eval(module)
 
 
-def random_engine(device: str, slots: int, greedy: bool, graphs: bool):
+def random_engine(dev: torch.device, slots: int, greedy: bool, graphs: bool) -> PersonaPlex:
     """The released configuration with random weights, built directly on the device."""
     import sentencepiece
     import torch
 
+    from engine.device import model_dtype
     from engine.personaplex.config import PersonaPlexConfig
     from engine.personaplex.depformer import Depformer
     from engine.personaplex.engine import PersonaPlex
@@ -73,8 +80,7 @@ def random_engine(device: str, slots: int, greedy: bool, graphs: bool):
     from engine.personaplex.tiny import tiny_tokenizer_model
 
     cfg = PersonaPlexConfig.from_dicts({}, None)
-    dev = torch.device(device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = model_dtype(dev)
     generator = torch.Generator(dev).manual_seed(0)
     with torch.device("meta"):
         temporal, depformer, mimi = Temporal(cfg.lm), Depformer(cfg.lm), Mimi(cfg.mimi, cfg.lm.codebooks)
@@ -92,16 +98,18 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
+    from engine.device import pick_device
     from engine.personaplex.engine import DEFAULT_PERSONA, PersonaPlex
     from engine.personaplex.sampling import Sampling
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    rows = []
+    dev = pick_device(args.device)
+    device = dev.type
+    rows: list[dict[str, Any]] = []  # one printed and JSON row per slot count
     for slots in args.slots:
         if args.checkpoint is None and args.size == "released":
-            engine = random_engine(device, slots, args.greedy, graphs=not args.eager)
+            engine = random_engine(dev, slots, args.greedy, graphs=not args.eager)
         else:
             engine = PersonaPlex.load(args.checkpoint, device=device, slots=slots,
                                       sampling=Sampling(greedy=args.greedy), graphs=not args.eager)
@@ -110,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         prefill_ticks = engine.lockstep.phys
         prefill_ms = (time.perf_counter() - started) * 1000
         rng = np.random.default_rng(0)
-        ticks, parts = [], {"encode_ms": [], "model_ms": [], "decode_ms": []}
+        ticks: list[float] = []
+        parts: dict[str, list[float]] = {"encode_ms": [], "model_ms": [], "decode_ms": []}
         for i in range(args.warmup + args.ticks):
             pcm = rng.uniform(-0.3, 0.3, (slots, engine.frame_size)).astype(np.float32)
             started = time.perf_counter()
@@ -146,6 +155,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m engine.personaplex.bench", description=HELP)
+    parser = argparse.ArgumentParser(prog="python -m engine.bench.personaplex", description=HELP)
     add_arguments(parser)
     raise SystemExit(run(parser.parse_args()))
