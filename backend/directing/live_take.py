@@ -69,9 +69,10 @@ class LiveTake:
     def started(self, attempt: int, sampling: Sampling) -> None:
         if self.state.closing:
             return
-        self.state.store.start_take(self.take_id, attempt, sampling_info(sampling))
+        info = sampling_info(sampling)
+        self.state.store.start_take(self.take_id, attempt, info)
         self.seq = 0
-        self.session.outbox.message(p.TakeStarted(self.take_id, attempt))
+        self.session.outbox.message(p.TakeStarted(self.take_id, attempt, info))
 
     def history(self, used: int) -> None:
         if self.state.closing:

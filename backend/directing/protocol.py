@@ -305,6 +305,8 @@ class TakeQueued:
     position: int  # jobs ahead of this take in the engine queue
     deadline_ms: int
     audio_url: str  # the take's WAV export once it is done
+    voice_id: int | None  # the voice the take speaks with (null: the engine's default)
+    sampling: SamplingInfo  # what the take asked for, the seed included (picked here when not given)
     ref: str | None = None
     type: Literal["take.queued"] = "take.queued"
 
@@ -313,6 +315,7 @@ class TakeQueued:
 class TakeStarted:
     take_id: int
     attempt: int  # 1 for the first attempt; see take.retry
+    sampling: SamplingInfo  # what this attempt samples with (a retry changes the seed)
     type: Literal["take.started"] = "take.started"
 
 

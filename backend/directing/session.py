@@ -257,7 +257,8 @@ class Session:
         self.active = live
         live.timer = loop.call_at(loop.time() + deadline_ms / 1000, live.expire)
         self.outbox.message(p.TakeQueued(take.take_id, take.line_id, position, deadline_ms,
-                                         audio_url(session_id, take.take_id), message.ref))
+                                         audio_url(session_id, take.take_id), take.voice_id, take.sampling,
+                                         message.ref))
 
     def keep(self, message: p.TakeKeep) -> None:
         """Keep the take: it replaces its line's kept take, if any (`unkept`)."""

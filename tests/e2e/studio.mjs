@@ -180,18 +180,27 @@ await runSteps(result, args.out, page, async () => {
   check("the demo-weights banner is shown", ready.demo === (await page.locator("#banner-demo").isVisible()), JSON.stringify(ready));
   await page.locator("#to-conversation[data-checked]").waitFor({ state: "attached" }); // /health answered
   check("no Conversation link on a server without --converse", await page.locator("#to-conversation").isHidden());
-  await page.locator("#s-max").fill(String(MAX_FRAMES));
 
-  // 0. A server error is shown next to what caused it: here, the line that sent a bad top-p.
-  await page.locator("#s-top-p").fill("0");
+  // 0. A bad setting is shown at its field as it is typed, with the valid range; a take asked
+  //    for meanwhile is refused next to its line, naming the setting.
+  await page.locator("#s-temperature").fill("-0.5");
+  const fieldError = page.locator("#s-temperature-error");
+  await fieldError.waitFor({ state: "visible" });
+  check("a negative temperature is refused at its field, with the range", (await fieldError.textContent()) ===
+    "Temperature must be from 0 to 100 (0 is greedy); -0.5 is below 0", await fieldError.textContent());
+  await page.locator("#s-max").fill("99999");
+  check("a max length past the server's limit is refused at its field", (await page.locator("#s-max-error").textContent()).includes("from 1 to 1200 frames"),
+    await page.locator("#s-max-error").textContent());
   const line = page.locator(".line-text").first();
   await line.fill("Places, everyone.");
   await line.press("Enter");
   const lineError = page.locator(".line").first().locator(".line-error");
   await lineError.waitFor({ state: "visible" });
-  check("a refused take shows the server's error next to its line", (await lineError.textContent()).includes("top_p"),
+  check("a take asked for with a bad setting is refused next to its line", (await lineError.textContent()).includes("Temperature must be"),
     await lineError.textContent());
-  await page.locator("#s-top-p").fill("");
+  await page.locator("#s-temperature").fill("");
+  await page.locator("#s-max").fill(String(MAX_FRAMES));
+  check("a fixed field shows no error", await fieldError.isHidden());
 
   // 1. Take a line; it plays as it streams.
   const first = await takeLine(0, "Places, everyone.");

@@ -68,11 +68,20 @@ export class Player {
     return new Player(context, node, tap);
   }
 
-  /** Start playing a take: `windows` is what has arrived so far; `complete` if nothing more comes. */
-  play(takeId: number, windows: readonly Int16Array[], complete: boolean): void {
+  /**
+   * Start playing a take: `windows` is what has arrived so far; `complete` if nothing more
+   * comes; `fromSample` skips the take's start (A/B comparison switches takes in place).
+   */
+  play(takeId: number, windows: readonly Int16Array[], complete: boolean, fromSample = 0): void {
     this.post({ type: "play", takeId });
-    windows.forEach((pcm, k) => this.push(takeId, pcm, complete && k === windows.length - 1));
-    if (complete && windows.length === 0) this.end(takeId);
+    let skip = fromSample;
+    const rest: Int16Array[] = [];
+    for (const pcm of windows) {
+      if (skip >= pcm.length) skip -= pcm.length;
+      else (rest.push(skip > 0 ? pcm.subarray(skip) : pcm), (skip = 0));
+    }
+    rest.forEach((pcm, k) => this.push(takeId, pcm, complete && k === rest.length - 1));
+    if (complete && rest.length === 0) this.end(takeId);
   }
 
   /** Queue a window of a take; the worklet drops it if that take is not the one playing. */

@@ -3,8 +3,10 @@
  * animation frame after anything changed (socket messages, worklet reports, edits).
  *
  * Keys (outside text fields): Enter takes the selected line, R retakes it, Space plays or
- * stops its take, ↑/↓ select a line, Esc cancels its running take. In a line's text field
- * Enter takes the line and Shift+Enter adds a line below.
+ * stops its take, ↑/↓ select a line, Esc cancels its running take; with two takes marked for
+ * A/B, A and B play either from where the other is and X switches. In a line's text field
+ * Enter takes the line and Shift+Enter adds a line below, focused at once (keys typed right
+ * after land in the new line).
  */
 import "../shared/style.css";
 import { Studio } from "./studio";
@@ -66,7 +68,9 @@ byId("add-line").addEventListener("click", () => addLine());
 function addLine(): void {
   const line = studio.scene.addLine("");
   studio.scriptEdited("structure");
-  requestAnimationFrame(() => script.focusLine(line.id));
+  // Its row exists and has the focus before this key event ends: the next key lands in it.
+  script.update();
+  script.focusLine(line.id);
 }
 
 function selectedLine(): string | null {
@@ -116,6 +120,20 @@ document.addEventListener("keydown", (event) => {
       if (take !== undefined) studio.togglePlay(take.id);
       break;
     }
+    case "a":
+    case "A":
+    case "b":
+    case "B":
+      if (studio.compare?.b === null || studio.compare === null) break;
+      event.preventDefault();
+      studio.compareTakes(event.key.toUpperCase() as "A" | "B");
+      break;
+    case "x":
+    case "X":
+      if (studio.compare?.b === null || studio.compare === null) break;
+      event.preventDefault();
+      studio.compareTakes();
+      break;
     case "ArrowUp":
     case "ArrowDown":
       event.preventDefault();

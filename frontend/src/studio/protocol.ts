@@ -158,9 +158,9 @@ export type ServerMessage =
   | { type: "script"; lines: LineInfo[]; history: number[]; hears: Record<string, number>; ref: string | null }
   | {
       type: "take.queued"; take_id: number; line_id: string; position: number; deadline_ms: number; audio_url: string;
-      ref: string | null;
+      voice_id: number | null; sampling: SamplingInfo; ref: string | null;
     }
-  | { type: "take.started"; take_id: number; attempt: number }
+  | { type: "take.started"; take_id: number; attempt: number; sampling: SamplingInfo }
   | { type: "take.retry"; take_id: number; attempt: number; reason: string; message: string }
   | {
       type: "take.done"; take_id: number; finish_reason: FinishReason; timings: Timings; frames: number;
@@ -183,9 +183,9 @@ const voiceInfo = record<VoiceInfo>({
   references: list(record({ text: str, frames: int })),
   character: nullable(record({ name: str, description: str, scene: nullable(str) })),
 });
+const samplingInfo = record<SamplingInfo>({ temperature: num, top_p: num, top_k: int, max_new_tokens: int, seed: int });
 const takeInfo = record<TakeInfo>({
-  take_id: int, line_id: str, text: str, voice_id: nullable(int),
-  sampling: record<SamplingInfo>({ temperature: num, top_p: num, top_k: int, max_new_tokens: int, seed: int }),
+  take_id: int, line_id: str, text: str, voice_id: nullable(int), sampling: samplingInfo,
   history: list(int), kept: bool, state: oneOf<TakeState>("queued", "running", "done"),
   finish_reason: nullable(finishReason), error: nullable(str), timings: numbers, frames: int, samples: int,
   attempts: int, audio_url: str, created_ms: int,
@@ -208,9 +208,10 @@ const decoders: { [T in ServerMessage["type"]]: Check<Omit<ServerMessageOf<T>, "
   "voice.ready": record({ voice: nullable(voiceInfo), ref: nullable(str) }),
   script: record({ lines: list(lineInfo), history: list(int), hears: counts, ref: nullable(str) }),
   "take.queued": record({
-    take_id: int, line_id: str, position: int, deadline_ms: int, audio_url: str, ref: nullable(str),
+    take_id: int, line_id: str, position: int, deadline_ms: int, audio_url: str, voice_id: nullable(int),
+    sampling: samplingInfo, ref: nullable(str),
   }),
-  "take.started": record({ take_id: int, attempt: int }),
+  "take.started": record({ take_id: int, attempt: int, sampling: samplingInfo }),
   "take.retry": record({ take_id: int, attempt: int, reason: str, message: str }),
   "take.done": record({
     take_id: int, finish_reason: finishReason, timings: numbers, frames: int, samples: int, attempts: int,

@@ -39,6 +39,8 @@ export interface Take {
   history: number[];
   dropped: number[];
   sampling: SamplingInfo | null;
+  /** The voice it speaks with (null: the engine's default). */
+  voiceId: number | null;
   audioUrl: string | null;
   /** PCM windows as they arrived (of the current attempt). */
   windows: Int16Array[];
@@ -217,6 +219,8 @@ export class Scene {
     const take = blankTake(message.take_id, message.line_id, text);
     take.queuePosition = message.position;
     take.audioUrl = message.audio_url;
+    take.sampling = message.sampling;
+    take.voiceId = message.voice_id;
     take.requestedAt = requestedAt;
     this.takes.set(take.id, take);
     return take;
@@ -227,6 +231,7 @@ export class Scene {
     if (take === undefined) return undefined;
     take.phase = "running";
     take.attempts = message.attempt;
+    take.sampling = message.sampling;
     return take;
   }
 
@@ -346,7 +351,7 @@ function clearAudio(take: Take): void {
 function blankTake(id: number, lineId: string, text: string): Take {
   return {
     id, lineId, text, phase: "queued", queuePosition: 0, finishReason: null, error: null, timings: {},
-    frames: 0, samples: 0, attempts: 1, kept: false, history: [], dropped: [], sampling: null, audioUrl: null,
+    frames: 0, samples: 0, attempts: 1, kept: false, history: [], dropped: [], sampling: null, voiceId: null, audioUrl: null,
     windows: [], received: 0, peaks: new Peaks(), requestedAt: null, heardLatencyMs: null, streamProblem: null,
   };
 }
@@ -363,6 +368,7 @@ function fromInfo(info: TakeInfo): Take {
   take.kept = info.kept;
   take.history = [...info.history];
   take.sampling = info.sampling;
+  take.voiceId = info.voice_id;
   take.audioUrl = info.audio_url;
   return take;
 }

@@ -10,6 +10,7 @@
  * - Sends `ping` every 10 s and closes a socket that has been silent for 30 s (moshi-server's
  *   numbers): browsers have no keepalive of their own, and a dead TCP path can stay "open".
  */
+import { closeWords } from "../shared/close";
 import { ProtocolDecodeError, decodeAudioFrame, type AudioFrame } from "../shared/wire";
 import { decodeServer, encodeClient, type ClientMessage, type ServerMessage } from "./protocol";
 
@@ -19,7 +20,7 @@ export interface SocketEvents {
   open(): void;
   message(message: ServerMessage): void;
   audio(frame: AudioFrame): void;
-  /** `detail` says why (close code and reason, next retry) in words for the status bar. */
+  /** `detail` says why in words (shared/close.ts), for the status bar and the offline banner. */
   state(state: ConnectionState, detail: string): void;
 }
 
@@ -36,6 +37,10 @@ export class StudioSocket {
   private pingTimer: number | undefined;
   private lastHeard = 0;
   private stopped = false;
+  /** performance.now() of the next try while reconnecting, else null (the banner counts down to it). */
+  retryAt: number | null = null;
+  /** The last close, in words. */
+  private lastWhy = "";
 
   constructor(private readonly url: string, private readonly on: SocketEvents) {}
 
@@ -45,9 +50,11 @@ export class StudioSocket {
 
   connect(): void {
     this.stopped = false;
+    this.retryAt = null;
     window.clearTimeout(this.retryTimer);
     this.socket?.close();
-    this.on.state(this.attempt === 0 ? "connecting" : "reconnecting", this.attempt === 0 ? "" : `try ${this.attempt + 1}`);
+    // While reconnecting the status keeps saying why the connection went.
+    this.on.state(this.attempt === 0 ? "connecting" : "reconnecting", this.attempt === 0 ? "" : this.lastWhy);
     const socket = new WebSocket(this.url);
     socket.binaryType = "arraybuffer";
     socket.onopen = () => {
@@ -73,13 +80,15 @@ export class StudioSocket {
       if (this.socket !== socket) return; // an old socket we replaced
       window.clearInterval(this.pingTimer);
       this.socket = null;
-      const why = `closed ${event.code}${event.reason ? `: ${event.reason}` : ""}`;
+      const why = closeWords(event.code, event.reason);
+      this.lastWhy = why;
       if (this.stopped || NO_RECONNECT.has(event.code)) {
         this.on.state("closed", why);
         return;
       }
       const delay = this.nextDelay();
-      this.on.state("reconnecting", `${why}; retrying in ${(delay / 1000).toFixed(1)} s`);
+      this.retryAt = performance.now() + delay;
+      this.on.state("reconnecting", why);
       this.retryTimer = window.setTimeout(() => this.connect(), delay);
     };
     this.socket = socket;

@@ -13,6 +13,12 @@
  *   control that sent it (a line, the voice panel, a take), others in the status bar.
  * - A take asked for from this page plays as it streams; replays come from the PCM the page
  *   kept (or, after a reload, from the server's WAV export of the take).
+ * - Offline (the socket is not open with a session): directing actions are refused with a
+ *   line of words, the UI disables them and shows a banner; takes that were queued or
+ *   streaming are marked interrupted (the server ends them: cancelled when the socket drops,
+ *   an error when it restarts), and the player ends the take it was waiting on instead of
+ *   rebuffering forever. The socket reconnects by itself and session.ready restores the
+ *   scene, so nothing needs a reload.
  * - The UI reads state from here and is told what changed through `onChange`.
  */
 import { Player, type PlayerReport } from "../audio/player";
@@ -35,6 +41,7 @@ const TEXT_DEBOUNCE_MS = 400;
 /** Take audio the page holds at most (~11 minutes at 44.1 kHz, 60 MB); see Scene.trimAudio. */
 const AUDIO_BUDGET_SAMPLES = 30_000_000;
 const sceneKey = (sessionId: string): string => `retake.script.${sessionId}`;
+const OFFLINE = "offline: the studio is reconnecting to the server; try again once it is back";
 
 export class Studio {
   readonly scene = new Scene();
@@ -47,13 +54,25 @@ export class Studio {
   voicePending = false;
   readonly errors = new Map<ErrorTarget, string>();
   sampling: SamplingSpec = {};
+  /** Sampling fields that hold a value the server would refuse (the panel shows each at its field). */
+  readonly samplingErrors = new Map<keyof SamplingSpec, string>();
   playingTakeId: number | null = null;
+  /** Where in the playing take playback started (an A/B switch starts mid-take). */
+  private playOffset = 0;
+  /** Two takes of one line to compare: A, then B; `compareTakes` plays one from where the other was. */
+  compare: { lineId: string; a: number; b: number | null } | null = null;
+  /** A take the script view scrolls into view once it is drawn (one asked for from this page). */
+  revealTakeId: number | null = null;
+  /** Every voice this page has seen, by id, to say which voice a take spoke with. */
+  readonly voices = new Map<number, VoiceInfo>();
   /** The take Space plays: the one clicked last, else the selected line's latest. */
   selectedTakeId: number | null = null;
   /** The take last asked for from this page, with its first-audio latency once heard. */
   lastLatencyMs: number | null = null;
   report: PlayerReport | null = null;
   takenOver = false;
+  /** Takes that were queued or streaming when the connection went. */
+  readonly interrupted = new Set<number>();
   onChange: (what: Change) => void = () => {};
 
   private player: Player | null = null;
@@ -80,7 +99,7 @@ export class Studio {
         this.onChange("takes");
       },
       state: (state, detail) => {
-        if (state !== "open") this.live = false;
+        if (state !== "open") this.wentOffline();
         this.connection = { state, detail };
         this.onChange("connection");
       },
@@ -89,6 +108,11 @@ export class Studio {
 
   get sessionId(): string | null {
     return this.ready?.session_id ?? this.requestedSession ?? localStorage.getItem(SESSION_KEY);
+  }
+
+  /** A session is open on a live socket: directing actions can go to the server. */
+  get online(): boolean {
+    return this.live && this.connection.state === "open";
   }
 
   get sampleRate(): number {
@@ -109,7 +133,7 @@ export class Studio {
         player.onReport = (report) => this.onReport(report);
         // Anything that started while the worklet loaded plays from its first window.
         const take = this.playingTakeId === null ? undefined : this.scene.takes.get(this.playingTakeId);
-        if (take !== undefined) player.play(take.id, take.windows, take.phase === "done");
+        if (take !== undefined) player.play(take.id, take.windows, take.phase === "done", this.playOffset);
         return player;
       });
       this.playerLoading.catch((error: unknown) => this.setError("session", `audio could not start: ${String(error)}`));
@@ -117,9 +141,27 @@ export class Studio {
     return this.playerLoading;
   }
 
+  /** The take Space plays on a line: the one clicked last, else the latest with something to play. */
   selectedTakeFor(lineId: string): Take | undefined {
     const chosen = this.selectedTakeId === null ? undefined : this.scene.takes.get(this.selectedTakeId);
-    return chosen?.lineId === lineId ? chosen : this.scene.latestTake(lineId);
+    if (chosen?.lineId === lineId && this.playable(chosen)) return chosen;
+    return this.scene.takesOf(lineId).filter((t) => this.playable(t)).at(-1);
+  }
+
+  /** Takes the script shows: all but those cancelled before any audio (an interrupted one stays, marked). */
+  shownTakes(lineId: string): Take[] {
+    return this.scene.takesOf(lineId).filter((t) =>
+      !(t.phase === "done" && t.finishReason === "cancelled" && t.samples === 0 && !this.interrupted.has(t.id)));
+  }
+
+  /** The voice a take spoke with, in words. */
+  voiceWords(voiceId: number | null): string {
+    if (voiceId === null) return "default voice";
+    const voice = this.voices.get(voiceId);
+    if (voice === undefined) return `voice ${voiceId}`;
+    if (voice.character !== null) return voice.character.name;
+    const n = voice.references.length;
+    return `${n} clip${n === 1 ? "" : "s"}`;
   }
 
   get audioPlayer(): Player | null {
@@ -155,6 +197,9 @@ export class Studio {
     this.errors.delete(`line:${lineId}`);
     const text = line.text.trim();
     if (text === "") return this.setError(`line:${lineId}`, "write the line first");
+    if (!this.online) return this.setError(`line:${lineId}`, OFFLINE);
+    const setting = this.samplingErrors.values().next();
+    if (setting.done !== true) return this.setError(`line:${lineId}`, `fix the sampling first: ${setting.value}`);
     void this.ensureAudio();
     this.flushScript(); // the line is on the server, in its place, before its take
     const ref = this.nextRef(`line:${lineId}`);
@@ -178,11 +223,17 @@ export class Studio {
     this.send({ type: "take.drop", take_id: takeId, ref: this.nextRef(`take:${takeId}`) });
   }
 
-  async play(takeId: number): Promise<void> {
+  /** A take has something to play: it is streaming, or it ended with audio. */
+  playable(take: Take): boolean {
+    return take.phase !== "done" || take.samples > 0;
+  }
+
+  async play(takeId: number, fromSample = 0): Promise<void> {
     const take = this.scene.takes.get(takeId);
-    if (take === undefined) return;
+    if (take === undefined || !this.playable(take)) return;
     const loading = this.ensureAudio();
     this.playingTakeId = takeId;
+    this.playOffset = fromSample;
     this.onChange("takes");
     if (take.phase === "done" && this.scene.pcmOf(take) === null) {
       const pcm = await this.audio.fetch(take);
@@ -190,7 +241,50 @@ export class Studio {
     }
     const player = await loading;
     if (this.playingTakeId !== takeId) return;
-    player.play(takeId, take.windows, take.phase === "done");
+    player.play(takeId, take.windows, take.phase === "done", fromSample);
+  }
+
+  /** The sample of `takeId` being heard now; null when it is not the take playing. */
+  playheadOf(takeId: number): number | null {
+    const r = this.report;
+    if (this.playingTakeId !== takeId || r === null || r.takeId !== takeId) return null;
+    return this.playOffset + r.rendered;
+  }
+
+  // ─── comparing two takes ───────────────────────────────────────────────────
+
+  /** Mark a take for A/B: the first marked is A, the next of the same line B; marking one again unmarks it. */
+  markCompare(takeId: number): void {
+    const take = this.scene.takes.get(takeId);
+    if (take === undefined) return;
+    const c = this.compare;
+    if (c === null || c.lineId !== take.lineId) this.compare = { lineId: take.lineId, a: takeId, b: null };
+    else if (c.a === takeId) this.compare = c.b === null ? null : { lineId: c.lineId, a: c.b, b: null };
+    else if (c.b === takeId) this.compare = { ...c, b: null };
+    else this.compare = { ...c, b: takeId };
+    this.onChange("takes");
+  }
+
+  compareSide(takeId: number): "A" | "B" | null {
+    return this.compare?.a === takeId ? "A" : this.compare?.b === takeId ? "B" : null;
+  }
+
+  /**
+   * Play side A or B of the comparison (no side: the other one) from where the one playing
+   * is now, so the same moment of both takes is heard back to back.
+   */
+  compareTakes(side?: "A" | "B"): void {
+    const c = this.compare;
+    if (c === null || c.b === null) return;
+    const playingSide = this.playingTakeId === null ? null : this.compareSide(this.playingTakeId);
+    const to = side ?? (playingSide === "A" ? "B" : "A");
+    const takeId = to === "A" ? c.a : c.b;
+    const take = this.scene.takes.get(takeId);
+    if (take === undefined) return;
+    const here = playingSide === null || !this.isSounding(this.playingTakeId!) ? 0 : this.playheadOf(this.playingTakeId!) ?? 0;
+    const length = take.phase === "done" ? take.samples : take.received;
+    this.selectedTakeId = takeId;
+    void this.play(takeId, here < length ? here : 0);
   }
 
   stop(): void {
@@ -255,7 +349,7 @@ export class Studio {
   private openSession(): void {
     this.live = false;
     const id = this.requestedSession ?? localStorage.getItem(SESSION_KEY);
-    this.send({ type: "session.open", ...(id !== null ? { session_id: id } : {}), ref: this.nextRef("session") });
+    this.socket.send({ type: "session.open", ...(id !== null ? { session_id: id } : {}), ref: this.nextRef("session") });
   }
 
   private receive(message: ServerMessage): void {
@@ -264,6 +358,7 @@ export class Studio {
         return this.sessionReady(message);
       case "voice.ready":
         this.voice = message.voice;
+        if (message.voice !== null) this.voices.set(message.voice.voice_id, message.voice);
         this.voicePending = false;
         return this.onChange("voice");
       case "script":
@@ -278,7 +373,9 @@ export class Studio {
         if (pending !== undefined) {
           // The take asked for here plays as it streams (replacing whatever played).
           this.playingTakeId = take.id;
+          this.playOffset = 0;
           this.selectedTakeId = take.id;
+          this.revealTakeId = take.id;
           this.player?.play(take.id, [], false);
         }
         return this.onChange("takes");
@@ -319,11 +416,16 @@ export class Studio {
     this.ready = ready;
     this.live = true;
     this.voice = ready.voice;
+    if (ready.voice !== null) this.voices.set(ready.voice.voice_id, ready.voice);
     this.scene.applyReady(ready, stored);
+    if (this.compare !== null && ![this.compare.a, this.compare.b].every((id) => id === null || this.scene.takes.has(id))) {
+      this.compare = null;
+    }
     if (this.scene.lines.length === 0) this.scene.addLine("");
     this.flushScript(); // what was edited offline, or not confirmed before the socket dropped
     this.saveScene();
     this.errors.delete("session");
+    for (const [target, message] of this.errors) if (message === OFFLINE) this.errors.delete(target);
     this.onChange("session");
     this.onChange("script");
     this.onChange("voice");
@@ -376,9 +478,19 @@ export class Studio {
   }
 
   private send(message: ClientMessage): boolean {
-    if (this.socket.send(message)) return true;
-    this.setError("session", "not connected: the studio reconnects by itself, try again in a moment");
+    if (this.online && this.socket.send(message)) return true;
+    this.setError("session", OFFLINE);
     return false;
+  }
+
+  /** The socket is not open: mark what was in flight, and let the player finish what it has. */
+  private wentOffline(): void {
+    this.live = false;
+    for (const take of this.scene.takes.values()) if (take.phase !== "done") this.interrupted.add(take.id);
+    const playing = this.playingTakeId === null ? undefined : this.scene.takes.get(this.playingTakeId);
+    if (playing !== undefined && playing.phase !== "done") this.player?.end(playing.id);
+    this.pendingTakes.clear();
+    this.onChange("takes");
   }
 
   private nextRef(target: ErrorTarget): string {

@@ -6,16 +6,19 @@ const serverMessages = import.meta.glob("../../fixtures/protocol/server_messages
 const fixtures = Object.values(serverMessages)[0] as { name: string; message: Record<string, unknown> }[];
 const resumed = fixtures.find((f) => f.name === "session ready (resumed)")!.message as unknown as ServerMessageOf<"session.ready">;
 
+const sampling = { temperature: 0.8, top_p: 0.9, top_k: 30, max_new_tokens: 200, seed: 7 };
+
 function queued(scene: Scene, takeId: number, lineId: string): void {
   scene.takeQueued({
-    type: "take.queued", take_id: takeId, line_id: lineId, position: 0, deadline_ms: 1000, audio_url: url(takeId), ref: null,
+    type: "take.queued", take_id: takeId, line_id: lineId, position: 0, deadline_ms: 1000, audio_url: url(takeId),
+    voice_id: 2, sampling, ref: null,
   }, "x", 0);
 }
 
 const url = (takeId: number): string => `/sessions/s/takes/${takeId}.wav`;
 
 function finished(scene: Scene, takeId: number, pcm: number[]): void {
-  scene.takeStarted({ type: "take.started", take_id: takeId, attempt: 1 });
+  scene.takeStarted({ type: "take.started", take_id: takeId, attempt: 1, sampling });
   scene.audio({ kind: 1, flags: 1, reserved: 0, take_id: takeId, seq: 0, start_sample: 0, last: true, pcm: Int16Array.from(pcm) });
   scene.takeDone({
     type: "take.done", take_id: takeId, finish_reason: "stop", timings: {}, frames: 1, samples: pcm.length,
@@ -109,6 +112,14 @@ describe("Scene", () => {
     expect([held(1), held(2), held(3), held(4)]).toEqual([3, 0, 3, 3]); // 2 went: not kept, not latest
     expect(scene.takes.get(2)!.peaks.length).toBe(3); // its waveform stays
     expect(scene.pcmOf(scene.takes.get(2)!)).toBeNull(); // so it is fetched again when needed
+  });
+
+  it("knows a live take's voice and settings from take.queued, and each attempt's from take.started", () => {
+    const scene = new Scene();
+    queued(scene, 4, "line-1");
+    expect(scene.takes.get(4)).toMatchObject({ voiceId: 2, sampling, phase: "queued" });
+    scene.takeStarted({ type: "take.started", take_id: 4, attempt: 2, sampling: { ...sampling, seed: 8 } });
+    expect(scene.takes.get(4)).toMatchObject({ attempts: 2, sampling: { ...sampling, seed: 8 }, phase: "running" });
   });
 
   it("throws away a silent attempt's audio on take.retry", () => {

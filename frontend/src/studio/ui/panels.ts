@@ -3,10 +3,13 @@
  * the directing history of the selected line, and the scene export.
  */
 import type { SamplingSpec } from "../protocol";
+import { checkSetting, rangeWords, samplingRules, type SamplingKey } from "../sampling";
 import type { Studio } from "../studio";
 import { byId, download, h, ms, placeChildren, seconds, setText } from "../../shared/dom";
 
 const SAMPLING_KEY = "retake.sampling";
+/** Until session.ready says the server's limit (backend/directing/protocol.py Limits.max_new_tokens). */
+const DEFAULT_MAX_FRAMES = 1200;
 const CONNECTION_LABELS = { connecting: "connecting", open: "connected", reconnecting: "reconnecting", closed: "disconnected" };
 
 export class TopBar {
@@ -20,12 +23,17 @@ export class TopBar {
   private readonly sessionBanner = byId("banner-session");
   private readonly sessionText = byId("banner-session-text");
   private readonly reclaim = byId<HTMLButtonElement>("reclaim");
+  private readonly offline = byId("banner-offline");
+  private readonly offlineText = byId("banner-offline-text");
+  private countdown: number | undefined;
 
   constructor(private readonly studio: Studio) {
     this.reclaim.addEventListener("click", () => studio.reclaim());
-    this.connection.addEventListener("click", () => {
+    const retry = () => {
       if (studio.connection.state !== "open") studio.socket.reconnect();
-    });
+    };
+    this.connection.addEventListener("click", retry);
+    byId("retry-now").addEventListener("click", retry);
   }
 
   update(): void {
@@ -36,7 +44,9 @@ export class TopBar {
     this.demo.hidden = !(ready?.demo_weights ?? false);
     const { state, detail } = studio.connection;
     this.connection.className = `connection ${state}`;
-    setText(this.connection.querySelector("span")!, CONNECTION_LABELS[state] + (detail ? ` · ${detail}` : ""));
+    setText(this.connection.querySelector("span")!, CONNECTION_LABELS[state]);
+    this.connection.title = detail === "" ? CONNECTION_LABELS[state] : `${CONNECTION_LABELS[state]}: ${detail}`;
+    this.showOffline();
     const error = studio.errors.get("session");
     const banner = studio.takenOver ? "This session was opened in another tab or window; this page stopped." : error;
     this.sessionBanner.hidden = banner === undefined;
@@ -45,61 +55,114 @@ export class TopBar {
     this.meters();
   }
 
+  /** The offline banner: why, when the next try is, and that edits are kept; it counts down by itself. */
+  private showOffline(): void {
+    const { studio } = this;
+    const offline = studio.connection.state !== "open" && !studio.takenOver && studio.connection.state !== "connecting";
+    this.offline.hidden = !offline;
+    window.clearTimeout(this.countdown);
+    if (!offline) return;
+    const { detail } = studio.connection;
+    const at = studio.socket.retryAt;
+    const wait = at === null ? null : Math.max(0, (at - performance.now()) / 1000);
+    const next = studio.connection.state === "closed" ? "The studio will not retry by itself: press Retry now."
+      : wait === null || wait < 0.05 ? "Reconnecting…" : `Reconnecting in ${wait.toFixed(0)} s.`;
+    setText(this.offlineText, `Offline: ${detail === "" ? "the server cannot be reached" : detail}. ${next} `
+      + "Takes and keeps wait until the server is back; script edits are kept here and sent then.");
+    this.countdown = window.setTimeout(() => this.showOffline(), 500);
+  }
+
   meters(): void {
     const { studio } = this;
     const report = studio.report;
     const rate = studio.sampleRate;
     setText(this.latency, ms(studio.lastLatencyMs));
     setText(this.buffer, report === null ? "—" : `${(report.bufferedMs / 1000).toFixed(2)} s`);
-    setText(this.playhead, report === null ? "—" : `${seconds(report.rendered, rate)} · ${report.stateName}`);
+    const at = report === null ? null : studio.playheadOf(report.takeId) ?? report.rendered;
+    setText(this.playhead, report === null || at === null ? "—" : `${seconds(at, rate)} · ${report.stateName}`);
     setText(this.underruns, report === null ? "0" : String(report.underruns));
     this.underruns.classList.toggle("bad", (report?.underruns ?? 0) > 0);
   }
 }
 
 export class SamplingPanel {
-  private readonly fields: [keyof SamplingSpec, HTMLInputElement][] = [
-    ["temperature", byId<HTMLInputElement>("s-temperature")],
-    ["top_p", byId<HTMLInputElement>("s-top-p")],
-    ["top_k", byId<HTMLInputElement>("s-top-k")],
-    ["max_new_tokens", byId<HTMLInputElement>("s-max")],
-    ["seed", byId<HTMLInputElement>("s-seed")],
-  ];
+  private readonly inputs: Record<SamplingKey, HTMLInputElement> = {
+    temperature: byId<HTMLInputElement>("s-temperature"),
+    top_p: byId<HTMLInputElement>("s-top-p"),
+    top_k: byId<HTMLInputElement>("s-top-k"),
+    max_new_tokens: byId<HTMLInputElement>("s-max"),
+    seed: byId<HTMLInputElement>("s-seed"),
+  };
+  private readonly errors = new Map<SamplingKey, HTMLElement>();
   private readonly maxHint = byId("s-max-hint");
+  private checkedLimit: number | null = null;
 
   constructor(private readonly studio: Studio) {
     let stored: SamplingSpec = {};
     try {
       stored = JSON.parse(localStorage.getItem(SAMPLING_KEY) ?? "{}") as SamplingSpec;
     } catch { /* a broken entry: start from the defaults */ }
-    for (const [key, input] of this.fields) {
+    for (const [key, input] of this.entries()) {
       const value = stored[key];
       if (typeof value === "number") input.value = String(value);
+      const error = h("span.field-error", { id: `${input.id}-error`, role: "alert" });
+      error.hidden = true;
+      input.setAttribute("aria-describedby", error.id);
+      input.after(error);
+      this.errors.set(key, error);
       input.addEventListener("input", () => this.read());
     }
     this.read();
   }
 
-  /** Empty fields are left out: the server's defaults apply (the take shows what it used). */
+  private entries(): [SamplingKey, HTMLInputElement][] {
+    return Object.entries(this.inputs) as [SamplingKey, HTMLInputElement][];
+  }
+
+  /** Each field checked as it is typed; empty fields are left out (the server's defaults apply). */
   private read(): void {
+    const rules = samplingRules(this.studio.ready?.limits["max_new_tokens"] ?? DEFAULT_MAX_FRAMES);
     const sampling: SamplingSpec = {};
-    for (const [key, input] of this.fields) {
-      const value = input.value.trim() === "" ? NaN : Number(input.value);
-      if (Number.isFinite(value)) sampling[key] = value;
+    const stored: SamplingSpec = {};
+    this.studio.samplingErrors.clear();
+    for (const [key, input] of this.entries()) {
+      const checked = checkSetting(rules[key], input.value, input.validity.badInput);
+      if (checked.value !== undefined) sampling[key] = checked.value;
+      if (checked.error !== null) this.studio.samplingErrors.set(key, checked.error);
+      const typed = Number(input.value);
+      if (input.value.trim() !== "" && Number.isFinite(typed)) stored[key] = typed;
     }
     this.studio.sampling = sampling;
-    localStorage.setItem(SAMPLING_KEY, JSON.stringify(sampling));
+    localStorage.setItem(SAMPLING_KEY, JSON.stringify(stored));
     this.update();
+    this.studio.onChange("errors");
   }
 
   update(): void {
     const ready = this.studio.ready;
     const limit = ready?.limits["max_new_tokens"];
-    if (limit !== undefined) this.fields[3]![1].max = String(limit);
+    if (limit !== undefined && this.checkedLimit !== limit) {
+      // The server's limit is known now: a stored max length past it becomes an error.
+      this.checkedLimit = limit;
+      return this.read();
+    }
+    const rules = samplingRules(limit ?? DEFAULT_MAX_FRAMES);
+    for (const [key, input] of this.entries()) {
+      const rule = rules[key];
+      input.min = String(rule.min);
+      input.max = String(rule.max);
+      input.title = `${rule.label}: ${rangeWords(rule)}; empty = the server's default`;
+      const error = this.studio.samplingErrors.get(key);
+      const shown = this.errors.get(key)!;
+      setText(shown, error ?? "");
+      shown.hidden = error === undefined;
+      input.toggleAttribute("aria-invalid", error !== undefined);
+    }
     const frames = this.studio.sampling.max_new_tokens ?? limit;
     const rate = ready === null ? 0 : ready.sample_rate / ready.frame_samples;
     setText(this.maxHint, frames === undefined || rate === 0 ? "" : `≈ ${(frames / rate).toFixed(1)} s`);
   }
+
 }
 
 export class HistoryPanel {

@@ -1,0 +1,137 @@
+/**
+ * One take's row under its line: play / stop, its number (and A or B when compared), the
+ * waveform, keep (cancel while it runs), A/B, export; under them its status and numbers, the
+ * voice it spoke with and the settings it sampled with.
+ *
+ * Design choices:
+ * - The waveform is drawn at the line's time scale (`spanSamples`, the same for every take of
+ *   the line: ScriptView picks it), so a 5 s take draws a tenth as wide as a 50 s one.
+ * - Keep and Cancel share one place (a running take can only be cancelled, an ended one only
+ *   kept), so every row's buttons have the same width and every canvas the same width: the
+ *   time scale holds to the pixel.
+ * - The voice and settings are on the row in words, from take.queued for a live take and from
+ *   session.ready after a reload; nothing is only in a tooltip.
+ */
+import type { Take } from "../scene";
+import type { Studio } from "../studio";
+import { drawWave, type WaveStyle } from "../waveform";
+import { download, h, ms, seconds, setText } from "../../shared/dom";
+
+const FINISH_LABELS: Record<string, string> = {
+  stop: "complete", length: "max length", deadline: "deadline", cancelled: "cancelled", error: "error",
+};
+
+function style(): WaveStyle {
+  const css = getComputedStyle(document.documentElement);
+  const v = (name: string) => css.getPropertyValue(name).trim();
+  return { wave: v("--wave"), played: v("--wave-played"), playhead: v("--accent"), baseline: v("--line") };
+}
+
+/** The status word of a take. */
+export function takeStatus(studio: Studio, t: Take): { text: string; kind: string } {
+  const interrupted = studio.interrupted.has(t.id)
+    && (t.phase !== "done" || t.finishReason === "cancelled" || t.finishReason === "error");
+  if (interrupted) return { text: "interrupted", kind: "interrupted" };
+  if (t.phase === "queued") return { text: `queued${t.queuePosition > 0 ? ` #${t.queuePosition + 1}` : ""}`, kind: "queued" };
+  if (t.phase === "running") return { text: t.attempts > 1 ? `streaming (attempt ${t.attempts})` : "streaming", kind: "running" };
+  return { text: FINISH_LABELS[t.finishReason ?? ""] ?? "done", kind: t.finishReason ?? "" };
+}
+
+export class TakeView {
+  readonly el: HTMLElement;
+  private readonly play = h("button.icon.play", { title: "Play / stop (Space)", "aria-label": "play" }, "▶");
+  private readonly label = h("span.take-label");
+  private readonly canvas = h("canvas.wave");
+  private readonly status = h("span.status");
+  private readonly duration = h("span.num", { title: "duration" });
+  private readonly heard = h("span.num", { title: "first audio as heard: from the click to the first sample out of the speaker" });
+  private readonly server = h("span.num", { title: "first audio on the server (from the take's start on the engine)" });
+  private readonly speed = h("span.num", { title: "decode speed: frames per second, and times real time" });
+  private readonly voice = h("span.take-voice", { title: "the voice the take spoke with" });
+  private readonly settings = h("span.num.take-settings", { title: "the settings the take sampled with" });
+  private readonly keep = h("button.keep", { title: "Keep: this take joins the directing history" });
+  private readonly compare = h("button.compare", { title: "Compare: mark this take A, then another take of the line B" }, "A/B");
+  private readonly save = h("button.icon", { title: "Export this take as WAV", "aria-label": "export" }, "⤓");
+  private readonly error = h("div.take-error");
+  private drawn = "";
+
+  constructor(private readonly studio: Studio, readonly take: Take) {
+    this.el = h("div.take", { "data-take": take.id },
+      h("div.take-main", {}, this.play, this.label, this.canvas,
+        h("div.take-actions", {}, this.keep, this.compare, this.save)),
+      h("div.take-stats", {}, this.status, this.duration, this.heard, this.server, this.speed, this.voice, this.settings),
+      this.error);
+    this.el.addEventListener("click", () => this.select());
+    this.play.addEventListener("click", (e) => (e.stopPropagation(), this.select(), studio.togglePlay(take.id)));
+    this.keep.addEventListener("click", (e) => {
+      e.stopPropagation();
+      if (this.take.phase !== "done") studio.cancel(take.id);
+      else if (this.take.kept) studio.drop(take.id);
+      else studio.keep(take.id);
+    });
+    this.compare.addEventListener("click", (e) => (e.stopPropagation(), studio.markCompare(take.id)));
+    this.save.addEventListener("click", (e) => {
+      e.stopPropagation();
+      void studio.exportTake(take.id).then((file) => file && download(file.name, file.wav));
+    });
+  }
+
+  private select(): void {
+    this.studio.scene.selectedLineId = this.take.lineId;
+    this.studio.selectedTakeId = this.take.id;
+    this.studio.onChange("script");
+  }
+
+  update(index: number, selected: boolean, spanSamples: number): void {
+    const { studio, take: t } = this;
+    const rate = studio.sampleRate;
+    const side = studio.compareSide(t.id);
+    this.el.classList.toggle("kept", t.kept);
+    this.el.classList.toggle("selected", selected);
+    this.el.classList.toggle("playing", studio.playingTakeId === t.id);
+    this.el.classList.toggle("failed", t.finishReason === "error");
+    this.el.dataset["side"] = side ?? "";
+    setText(this.label, side === null ? `${index + 1}` : `${index + 1}${side}`);
+    this.label.title = `take ${t.id}${t.history.length > 0 ? ` · heard takes ${t.history.join(", ")}` : ""}`
+      + (t.dropped.length > 0 ? ` (left out ${t.dropped.join(", ")})` : "");
+    const status = takeStatus(studio, t);
+    setText(this.status, status.text);
+    this.status.className = `status ${status.kind}`;
+    setText(this.duration, seconds(t.phase === "done" ? t.samples : t.received, rate));
+    setText(this.heard, `heard ${ms(t.heardLatencyMs)}`);
+    setText(this.server, `server ${ms(t.timings["first_audio_ms"])}`);
+    const fps = t.timings["decode_frames_per_s"];
+    const frameSamples = studio.ready?.frame_samples ?? 2048;
+    setText(this.speed, typeof fps === "number" ? `${fps.toFixed(1)} fr/s · ${(fps * frameSamples / rate).toFixed(1)}×` : "— fr/s");
+    setText(this.voice, studio.voiceWords(t.voiceId));
+    const s = t.sampling;
+    setText(this.settings, s === null ? "" : `seed ${s.seed} · T ${s.temperature} · top-p ${s.top_p} · top-k ${s.top_k} · ≤${s.max_new_tokens} fr`);
+    setText(this.play, studio.isSounding(t.id) ? "■" : "▶");
+    this.play.disabled = !studio.playable(t);
+    const running = t.phase !== "done";
+    const interrupted = status.kind === "interrupted";
+    setText(this.keep, running ? "Cancel" : t.kept ? "Kept ✓" : "Keep");
+    this.keep.classList.toggle("cancel", running);
+    this.keep.title = running ? "Cancel the take (Esc)" : t.kept ? "Un-keep: the take leaves the directing history"
+      : "Keep: this take joins the directing history";
+    // Keep needs the server's `usable` (ended with audio); nothing goes to an offline server.
+    this.keep.disabled = !studio.online || interrupted || (!running && (t.samples === 0 || t.finishReason === "error"));
+    this.compare.disabled = !studio.playable(t);
+    this.compare.classList.toggle("on", side !== null);
+    this.save.disabled = t.phase !== "done" || t.samples === 0;
+    const problem = studio.errors.get(`take:${t.id}`) ?? t.error ?? t.streamProblem;
+    setText(this.error, problem ?? "");
+    this.error.hidden = problem === null || problem === undefined;
+    this.draw(spanSamples);
+  }
+
+  /** Redraw the waveform when the audio, the scale or the playhead moved. */
+  draw(spanSamples: number): void {
+    const t = this.take;
+    const playhead = this.studio.playheadOf(t.id);
+    const key = `${t.peaks.length}/${spanSamples}/${playhead}/${this.canvas.clientWidth}`;
+    if (key === this.drawn) return;
+    this.drawn = key;
+    drawWave(this.canvas, t.peaks, spanSamples, playhead, style());
+  }
+}
