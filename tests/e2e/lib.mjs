@@ -88,3 +88,34 @@ export async function runSteps(result, out, page, steps, cleanup) {
   }
   process.exit(result.ok ? 0 : 1);
 }
+
+let replies = null; // lines the test wrote on stdin, read once the first control is asked for
+let waiting = null;
+/** Ask the test (tests/e2e/pages.py run_page_script) to stop or start the server; resolves once done. */
+export function serverControl(action) {
+  if (replies === null) {
+    replies = [];
+    let buffered = "";
+    process.stdin.setEncoding("utf8");
+    process.stdin.on("data", (chunk) => {
+      buffered += chunk;
+      for (let at = buffered.indexOf("\n"); at >= 0; at = buffered.indexOf("\n")) {
+        replies.push(buffered.slice(0, at));
+        buffered = buffered.slice(at + 1);
+      }
+      waiting?.();
+    });
+  }
+  console.log(`@@server ${action}`);
+  process.stdin.resume();
+  return new Promise((resolve) => {
+    waiting = () => {
+      if (replies.length === 0) return;
+      replies.shift();
+      waiting = null;
+      process.stdin.pause(); // a paused stdin lets the script end
+      resolve();
+    };
+    waiting();
+  });
+}

@@ -1,5 +1,5 @@
 """What the end-to-end tests share besides fixtures: a real `retake serve` subprocess (exactly as a
-user starts it) on a free port, and a playwright-core script run against it."""
+user starts it) on a free port, which a test may restart, and a playwright-core script run against it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -21,55 +22,95 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "build" / "e2e"
 
 
-@contextmanager
-def serving(tmp_path: Path, *options: str) -> Iterator[str]:
-    """`retake serve OPTIONS` on a free port until the block ends; yields its URL. Its log is printed
-    at the end (pytest shows it when the test fails)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    log_path = tmp_path / "serve.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "backend.cli", "serve", *options, "--port", str(port),
-                                    "--data-dir", str(tmp_path / "data")],
-                                   cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
+class Server:
+    """`retake serve OPTIONS` on a fixed free port and data directory, which a test may stop and start
+    again (a server restart, as a deployment does it); its log accumulates in tmp_path/serve.log."""
+
+    def __init__(self, tmp_path: Path, options: tuple[str, ...]) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = int(probe.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [sys.executable, "-m", "backend.cli", "serve", *options, "--port", str(self.port),
+                        "--data-dir", str(tmp_path / "data")]
+        self.log_path = tmp_path / "serve.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("a") as log:
+            self.process = subprocess.Popen(self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300  # loading and warming the engines on two shared cores
         while True:
-            if process.poll() is not None:
-                pytest.fail(f"retake serve exited with {process.returncode}:\n{log_path.read_text()}")
+            if self.process.poll() is not None:
+                pytest.fail(f"retake serve exited with {self.process.returncode}:\n{self.log_path.read_text()}")
             try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
                     if response.status == 200:
-                        break
+                        return
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"retake serve did not answer /health in 300 s:\n{log_path.read_text()}")
+                pytest.fail(f"retake serve did not answer /health in 300 s:\n{self.log_path.read_text()}")
             time.sleep(0.5)
-        yield url
-    finally:
-        process.terminate()
+
+    def stop(self) -> None:
+        """Stop the server as an operator does (SIGTERM, then SIGKILL after 30 s)."""
+        if self.process is None:
+            return
+        self.process.terminate()
         try:
-            process.wait(timeout=30)
+            self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            process.kill()
-        print(f"retake serve log (last lines):\n{log_path.read_text()[-4000:]}")
+            self.process.kill()
+            self.process.wait()
+        self.process = None
 
 
-def run_page_script(script: str, url: str, out: Path, chromium: Path, timeout: float,
+@contextmanager
+def serving(tmp_path: Path, *options: str) -> Iterator[Server]:
+    """`retake serve OPTIONS` on a free port until the block ends; yields the Server (its `url`). Its
+    log is printed at the end (pytest shows it when the test fails)."""
+    server = Server(tmp_path, options)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        print(f"retake serve log (last lines):\n{server.log_path.read_text()[-4000:]}")
+
+
+def run_page_script(script: str, server: Server, out: Path, chromium: Path, timeout: float,
                     artifacts: Callable[[str], str] = lambda name: name) -> dict[str, Any]:
-    """node tests/e2e/SCRIPT against url; copies its screenshots and result to build/e2e (named by
-    `artifacts`) and returns its result.json, failing the test when the script failed."""
+    """node tests/e2e/SCRIPT against the server; copies its screenshots and result to build/e2e (named
+    by `artifacts`) and returns its result.json, failing the test when the script failed.
+
+    The script may ask for the server to be stopped or started again: it prints `@@server stop` or
+    `@@server start` on a line of its own and waits for `ok` on its stdin (tests/e2e/lib.mjs
+    `serverControl`)."""
     out.mkdir(exist_ok=True)
-    run = subprocess.run(["node", f"tests/e2e/{script}", "--url", url, "--out", str(out), "--chromium", str(chromium)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    print(run.stdout, run.stderr, sep="\n")
+    command = ["node", f"tests/e2e/{script}", "--url", server.url, "--out", str(out), "--chromium", str(chromium)]
+    lines: list[str] = []
+    with subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, bufsize=1) as run:
+        assert run.stdin is not None and run.stdout is not None
+        # A watchdog: past the timeout the script is killed, which ends the loop below.
+        timer = threading.Timer(timeout, run.kill)
+        timer.start()
+        try:
+            for line in run.stdout:
+                lines.append(line)
+                if line.startswith("@@server "):
+                    server.stop() if line.split()[1] == "stop" else server.start()
+                    run.stdin.write("ok\n")
+                    run.stdin.flush()
+        finally:
+            timer.cancel()
+        returncode = run.wait()
+    print("".join(lines))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for path in out.glob("*"):
         if path.suffix == ".png" or path.name == "result.json":
             shutil.copy(path, ARTIFACTS / artifacts(path.name))
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
-    assert run.returncode == 0 and result["ok"], result.get("error")
+    assert returncode == 0 and result["ok"], result.get("error")
     return result

@@ -13,7 +13,7 @@
 // for the Python side to check the WAV independently. Exit status 0 = all checks passed.
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { browser, checker, commandLine, runSteps, sineWav } from "./lib.mjs";
+import { browser, checker, commandLine, runSteps, serverControl, sineWav } from "./lib.mjs";
 
 const FADE_SAMPLES = 128; // frontend/src/audio/jitter_buffer.ts
 const HEADER_BYTES = 16; // docs/protocol.md §5
@@ -56,10 +56,16 @@ let other = null; // the second browser of step 6
 const page = context.pages()[0] ?? (await context.newPage());
 page.setDefaultTimeout(timeout);
 page.on("websocket", (socket) => socket.on("framereceived", ({ payload }) => onFrame(payload)));
+// Console errors and warnings, and uncaught page errors: there must be none, but for the
+// browser's own report of a socket that cannot connect while the server is down on purpose.
+const consoleProblems = [];
+let serverDown = false;
 page.on("console", (message) => {
-  if (message.type() === "error" || message.type() === "warning") console.log(`page ${message.type()}: ${message.text()}`);
+  if (message.type() !== "error" && message.type() !== "warning") return;
+  console.log(`page ${message.type()}: ${message.text()}`);
+  if (!(serverDown && /WebSocket connection to .* failed/.test(message.text()))) consoleProblems.push(message.text());
 });
-page.on("pageerror", (error) => console.log(`page error: ${error.message}`));
+page.on("pageerror", (error) => (console.log(`page error: ${error.message}`), consoleProblems.push(error.message)));
 
 const studio = (fn, arg) => page.evaluate(fn, arg);
 const waitReady = (on = page) => on.waitForFunction(() => window.retake?.ready !== null && window.retake?.connection.state === "open");
@@ -386,9 +392,83 @@ await runSteps(result, args.out, page, async () => {
   check("both clips are the voice, encoded by the server", frames.every(([n]) => n > 0) && frames[0][1] === "Places, everyone." && frames[1][1] === "Then light it.", JSON.stringify(frames));
   await page.waitForFunction(() => document.getElementById("voice-current").textContent.startsWith("2 reference clips"));
 
+  // 9. A/B: two takes of a line, A then B marked; B plays from the moment A was at.
+  await page.locator("#s-max").fill("120"); // long enough to switch in the middle
+  const lineA = await takeLine(1, "Places, everyone.");
+  const lineB = await takeLine(1, "Places, everyone.");
+  await page.locator(`.take[data-take="${lineA.takeId}"] .compare`).click();
+  await page.locator(`.take[data-take="${lineB.takeId}"] .compare`).click();
+  await page.locator(".line").nth(1).locator(".compare-strip").waitFor({ state: "visible" });
+  await studio(() => document.activeElement?.blur());
+  await page.keyboard.press("a");
+  await page.waitForFunction((id) => (window.retake.playheadOf(id) ?? 0) > 22050, lineA.takeId); // half a second in
+  const switchedFrom = await studio((id) => window.retake.playheadOf(id), lineA.takeId);
+  await page.keyboard.press("x");
+  await page.waitForFunction((id) => window.retake.playheadOf(id) !== null, lineB.takeId);
+  const switched = await studio(([a, b]) => ({ playing: window.retake.playingTakeId, at: window.retake.playheadOf(b), a }), [lineA.takeId, lineB.takeId]);
+  switched.from = switchedFrom;
+  check("X switches from A to B", switched.playing === lineB.takeId, JSON.stringify(switched));
+  check("B starts where A was, not from its start", switched.at >= switchedFrom, JSON.stringify(switched));
+  await page.waitForFunction((id) => window.retake.report?.takeId === id && window.retake.report.stateName === "ended", lineB.takeId);
+  await page.locator(".line").nth(1).locator('.compare-strip button[aria-label="stop comparing"]').click();
+  await page.locator(".line").nth(1).locator(".compare-strip").waitFor({ state: "hidden" });
+
+  // 10. The server restarts in the middle of a take: the page says so in words, disables what
+  //     needs the server, marks the take interrupted, stops waiting for its audio, and
+  //     carries on without a reload once the server is back.
+  await studio(() => (window.samePage = true));
+  await page.locator("#s-max").fill("1200");
+  const doomed = await startTake(2, untaken);
+  await page.waitForFunction((id) => (window.retake.scene.takes.get(id)?.received ?? 0) > 0, doomed);
+  serverDown = true;
+  await serverControl("stop");
+  const banner = page.locator("#banner-offline");
+  await banner.waitFor({ state: "visible" });
+  const bannerText = await page.locator("#banner-offline-text").textContent();
+  check("the offline banner says what happened in words", /^Offline: the (server|connection)/.test(bannerText) && !/\b1\d{3}\b/.test(bannerText), bannerText);
+  check("Take is disabled while offline", await page.locator(".take-button").first().isDisabled());
+  await page.waitForFunction((id) => document.querySelector(`.take[data-take="${id}"] .status`)?.textContent === "interrupted", doomed);
+  check("the take that was streaming is marked interrupted", true);
+  await page.waitForFunction(() => ["ended", "idle", "stopped"].includes(window.retake.report?.stateName));
+  check("the player does not wait for the lost take's audio", true, await studio(() => window.retake.report.stateName));
+  await page.locator(".line").nth(2).click({ position: { x: 5, y: 5 } });
+  await studio(() => document.activeElement?.blur());
+  await page.keyboard.press("r");
+  await page.locator(".line").nth(2).locator(".line-error").waitFor({ state: "visible" });
+  const refusal = await page.locator(".line").nth(2).locator(".line-error").textContent();
+  check("a retake asked for while offline is refused in words, not dropped", refusal.startsWith("offline:"), refusal);
+  await serverControl("start");
+  serverDown = false;
+  await page.waitForFunction(() => window.retake.connection.state === "open" && window.retake.online, null, { timeout: 60000 });
+  await banner.waitFor({ state: "hidden" });
+  const after = await studio((id) => ({ same: window.samePage === true, take: window.retake.scene.takes.get(id) }), doomed);
+  check("the page recovered without a reload", after.same);
+  check("the server ended the interrupted take, and the page still marks it", after.take.phase === "done"
+    && (await page.locator(`.take[data-take="${doomed}"] .status`).textContent()) === "interrupted", JSON.stringify(after.take.error));
+  await page.locator("#s-max").fill(String(MAX_FRAMES));
+  const recovered = await takeLine(2, untaken);
+  check("a take after the restart plays", recovered.samples > 0);
+
+  // 11. Layouts: a laptop, a desktop and a phone; nothing wider than the screen, the script's
+  //     first lines and the selected line's takes in view.
+  for (const [name, size] of [["1280x720", { width: 1280, height: 720 }], ["1920x1080", { width: 1920, height: 1080 }],
+    ["phone", { width: 390, height: 844 }]]) {
+    await page.setViewportSize(size);
+    await page.locator(".line").first().click({ position: { x: 5, y: 5 } });
+    await page.waitForTimeout(300); // let the waveforms draw at the new width
+    const fit = await studio(() => ({
+      overflow: document.documentElement.scrollWidth - window.innerWidth,
+      lines: [...document.querySelectorAll(".line")].filter((el) => el.getBoundingClientRect().bottom <= window.innerHeight).length,
+    }));
+    await page.screenshot({ path: join(args.out, `studio-${name}.png`) });
+    check(`${name}: nothing is wider than the screen`, fit.overflow <= 0, JSON.stringify(fit));
+    if (name !== "phone") check(`${name}: the whole script is in view`, fit.lines === 3, JSON.stringify(fit));
+  }
+  await page.setViewportSize({ width: 1440, height: 900 });
   await page.locator(`.line`).first().click({ position: { x: 5, y: 5 } });
   await page.waitForTimeout(300); // let the waveforms of the fetched takes draw
   await page.screenshot({ path: join(args.out, "studio.png"), fullPage: true });
+  check("no console errors or warnings", consoleProblems.length === 0, JSON.stringify(consoleProblems));
 }, async () => {
   await other?.close();
   await context.close();

@@ -25,10 +25,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_conversation_in_chromium(chromium: Path, pages_built: None, tiny_checkpoint: Path, tmp_path: Path) -> None:
-    with serving(tmp_path, "--converse", "--checkpoint", str(tiny_checkpoint)) as url:
-        with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+    with serving(tmp_path, "--converse", "--checkpoint", str(tiny_checkpoint)) as server:
+        with urllib.request.urlopen(f"{server.url}/health", timeout=10) as response:
             assert json.load(response)["converse"] is True
-        result = run_page_script("conversation.mjs", url, tmp_path / "out", chromium, timeout=180,
+        result = run_page_script("conversation.mjs", server, tmp_path / "out", chromium, timeout=180,
                                  artifacts=lambda name: name if name == "conversation.png" else f"conversation-{name}")
     assert result["frames"] >= 25 and result["micFrames"] > 0
 

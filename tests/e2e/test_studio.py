@@ -32,8 +32,8 @@ def _read_wav(path: Path) -> tuple[wave._wave_params, np.ndarray]:
 
 def test_studio_in_chromium(chromium: Path, pages_built: None, tiny_checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with serving(tmp_path, "--checkpoint", str(tiny_checkpoint)) as url:
-        result = run_page_script("studio.mjs", url, out, chromium, timeout=480)
+    with serving(tmp_path, "--checkpoint", str(tiny_checkpoint)) as server:
+        result = run_page_script("studio.mjs", server, out, chromium, timeout=480)
 
     # The export, read by Python's wave module: the kept takes as sent on the socket, in
     # script order, with the gap between them.

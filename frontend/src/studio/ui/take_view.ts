@@ -48,7 +48,9 @@ export class TakeView {
   private readonly server = h("span.num", { title: "first audio on the server (from the take's start on the engine)" });
   private readonly speed = h("span.num", { title: "decode speed: frames per second, and times real time" });
   private readonly voice = h("span.take-voice", { title: "the voice the take spoke with" });
-  private readonly settings = h("span.num.take-settings", { title: "the settings the take sampled with" });
+  private readonly settings = h("span.num.take-settings", {
+    title: "the settings the take sampled with: seed, temperature, top-p, top-k, max length in frames",
+  });
   private readonly keep = h("button.keep", { title: "Keep: this take joins the directing history" });
   private readonly compare = h("button.compare", { title: "Compare: mark this take A, then another take of the line B" }, "A/B");
   private readonly save = h("button.icon", { title: "Export this take as WAV", "aria-label": "export" }, "⤓");
@@ -105,7 +107,7 @@ export class TakeView {
     setText(this.speed, typeof fps === "number" ? `${fps.toFixed(1)} fr/s · ${(fps * frameSamples / rate).toFixed(1)}×` : "— fr/s");
     setText(this.voice, studio.voiceWords(t.voiceId));
     const s = t.sampling;
-    setText(this.settings, s === null ? "" : `seed ${s.seed} · T ${s.temperature} · top-p ${s.top_p} · top-k ${s.top_k} · ≤${s.max_new_tokens} fr`);
+    setText(this.settings, s === null ? "" : `seed ${s.seed} · T ${s.temperature} · p ${s.top_p} · k ${s.top_k} · ≤${s.max_new_tokens} fr`);
     setText(this.play, studio.isSounding(t.id) ? "■" : "▶");
     this.play.disabled = !studio.playable(t);
     const running = t.phase !== "done";
