@@ -46,6 +46,7 @@ from engine.drama3.codec_layers import (
     WindowLimitedTransformer,
 )
 from engine.errors import ConfigError
+from engine.readback import to_host
 
 REFERENCE_CACHE_SIZE = 64
 
@@ -201,7 +202,7 @@ class Codec(nn.Module):
         audio = nn.functional.pad(audio, (0, frames * self.frame_samples - audio.numel()))
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
             codes = self.quantizer.encode(self.encoder(audio[None, None]))  # [1, N, F]
-        return codes[0].long().cpu()
+        return to_host(codes[0].long())
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:

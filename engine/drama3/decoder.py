@@ -4,7 +4,7 @@
     decoder.capture()                             # CUDA: one graph per KV bucket, before the first take
     decoder.prefill(prompt, slot)                 # a take's prompt into a free slot; the slot turns active
     decoder.step(max_position, rows)              # one frame for the slots (graph replay or eager)
-    finite, *frame = decoder.status[slot].tolist()
+    finite, *frame = decoder.read_status()[slot]  # on CUDA: pinned copy, event polled (engine/readback.py)
     decoder.release(slot)                         # the take ended: the slot is free
 
 A take's host side (stop rules, windows, Done) is take.py; the slot table is slots.py.
@@ -16,7 +16,8 @@ Design choices:
   runs the tower (codes 1..9), feeds the new frames to the backbone, and writes the next
   inputs and a status row per slot in place. Nothing in it reads the host, so it can be
   captured as a CUDA graph per KV bucket at the fixed slot count; the host reads the
-  status after it.
+  status after it, into pinned memory with an event polled (`read_status`): a blocking
+  read would hold up the vocoder thread's kernel launches (engine/readback.py).
 - One entry point, `step`, holds the graph-or-eager choice: on CUDA (graphs on) it
   replays the graph of the step's KV bucket over every slot (engine/graphs.py); on a
   CPU it runs `advance` eagerly over the decoding rows only, so an idle slot costs
@@ -60,6 +61,7 @@ from engine.drama3.sampling import (
     take_generator,
 )
 from engine.graphs import StepGraphs
+from engine.readback import pinned_like, to_device, to_host
 
 PREFILL_CHUNK_ROWS = 512
 KV_BUCKET_ROWS = 256  # eager steps attend over a whole number of these (graphs: one per bucket)
@@ -85,6 +87,7 @@ class Decoder:
         self.active = torch.zeros(N, dtype=torch.bool, device=device)
         # Per slot after a step: all logits finite, then the new frame (main token, codes 0..9).
         self.status = torch.zeros((N, 1 + config.frame_width), dtype=torch.long, device=device)
+        self.status_host = pinned_like(self.status)  # the host's copy, reused every step
         self.generators = [take_generator(0, device) for _ in range(N)]
         buckets = [KV_BUCKET_ROWS << i for i in range(16) if KV_BUCKET_ROWS << i < max_rows] + [max_rows]
         # Disabled on a CPU: then `step` runs `advance` eagerly.
@@ -95,7 +98,7 @@ class Decoder:
     def prefill(self, prompt: Prompt, slot: int = 0) -> None:
         """Fill `slot`'s caches with the prompt's rows, set its state for the first step, activate it."""
         model, tower = self.model, self.model.tower
-        rows = prompt.rows.to(self.device)  # [R, 11]
+        rows = to_device(prompt.rows, self.device)  # [R, 11]
         count = len(rows)
         if count < 2 or count + prompt.sampling.max_new_tokens > self.max_rows:
             raise ValueError(f"a prompt of {count} rows and {prompt.sampling.max_new_tokens} new frames does not "
@@ -117,6 +120,12 @@ class Decoder:
         self.settings.fill(prompt.sampling, slot)
         seed_generator(self.generators[slot], prompt.sampling.seed)  # in place: a captured graph holds it
         self.active[slot] = True
+
+    def read_status(self) -> list[list[int]]:
+        """The status rows of the last step on the host ([N][finite, main, code0..9]), read
+        without blocking other threads' launches."""
+        status: list[list[int]] = to_host(self.status, self.status_host).tolist()
+        return status
 
     def release(self, slot: int) -> None:
         """The slot's take ended: its row is ignored from now on, held at position 0."""
@@ -156,7 +165,7 @@ class Decoder:
         A slot computes the same frame either way."""
         model, tower = self.model, self.model.tower
         stepped = None if rows is None or len(rows) == self.num_slots else rows
-        index = None if stepped is None else torch.tensor(stepped, device=self.device)
+        index = None if stepped is None else to_device(torch.tensor(stepped), self.device)
 
         def of(tensor: torch.Tensor) -> torch.Tensor:  # the stepped rows of a per-slot tensor
             return tensor if index is None else tensor[index]

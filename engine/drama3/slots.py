@@ -12,7 +12,8 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   is the caller's choice (the backend loop picks earliest deadline first).
 - `step` polls every decoding take's stop rules (cancel, deadline), runs one decode
   step for all slots at the KV bucket of the furthest take, reads the status of every
-  slot in one host read, and hands each take its row. A take that ends frees its slot
+  slot in one host read (pinned, event polled: it never holds up the vocoder thread's
+  launches), and hands each take its row. A take that ends frees its slot
   at once; its last windows vocode while the other takes decode, and its Done comes
   with them. With no take decoding, `step` waits for the closing takes' windows.
 - One take's failure (prefill, non-finite logits, its vocoder) ends that take only. A
@@ -105,7 +106,7 @@ class Slots:
             timer = time.perf_counter()
             try:
                 self.decoder.step(max(take.position for take in stepping), [take.slot for take in stepping])
-                status = self.decoder.status.tolist()  # [N][finite, main, code0..9]: the host reads once
+                status = self.decoder.read_status()  # [N][finite, main, code0..9]: the host reads once
             except Exception as exc:  # noqa: BLE001 - the shared step failed: its takes end, the others go on
                 for take in stepping:
                     self.end(take, "error", f"{type(exc).__name__}: {exc}")

@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 from engine.drama3.codec import Codec
 from engine.errors import RequestError
 from engine.pcm import pcm16
+from engine.readback import to_host
 
 STREAM_STRIDE = 10  # frames in the first window
 STREAM_FOLLOWUP_STRIDE_RAMP = (10, 12, 32)  # the next three windows
@@ -127,8 +128,9 @@ def window_pcm(codec: Codec, codes: torch.Tensor, window: Window) -> torch.Tenso
 
 
 def decode_window(codec: Codec, codes: torch.Tensor, window: Window) -> NDArray[np.int16]:
-    """window_pcm on the host, as numpy int16."""
-    return window_pcm(codec, codes, window).cpu().numpy()
+    """window_pcm on the host, as numpy int16 (read without blocking other threads' launches)."""
+    pcm: NDArray[np.int16] = to_host(window_pcm(codec, codes, window)).numpy()
+    return pcm
 
 
 def render_take(codec: Codec, codes: torch.Tensor, overlap: int = STREAM_OVERLAP_FRAMES,

@@ -17,7 +17,9 @@ Design choices:
   speech follows (mlx-audio does the same). Every other frame is committed at once.
 - Frames arrive on the host with the step's status (one read per batched step), so a
   take's codes live on the host; a window's codes go to the codec's device (on CUDA on a
-  side stream, beside the decode steps).
+  side stream, beside the decode steps) and its PCM16 comes back, both through pinned
+  memory with no blocking read: decode never waits for a vocode, and a vocode never
+  waits for the rest of the take (engine/readback.py).
 - Windows (stream.py's schedule) are vocoded as soon as their frames are committed, on a
   worker thread when the engine gives one, so the codec runs while the next frames
   decode; they are handed out in order. The final window (marked last, possibly empty)
@@ -41,6 +43,7 @@ from numpy.typing import NDArray
 from engine.drama3.codec import Codec
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule, Window, decode_window
+from engine.readback import to_device
 
 Timings = dict[str, float | None]  # prompt_rows, prompt_ms, prefill_ms, first_audio_ms, frames, total_ms, ...
 
@@ -72,8 +75,8 @@ def vocode(codec: Codec, frames: NDArray[np.int64], window: Window) -> NDArray[n
     if codec.device.type != "cuda":
         return decode_window(codec, torch.from_numpy(frames), window)
     stream = _side_streams.setdefault(codec.device, torch.cuda.Stream(device=codec.device))
-    with torch.cuda.stream(stream):
-        return decode_window(codec, torch.from_numpy(frames).to(codec.device), window)  # .cpu() syncs this stream
+    with torch.cuda.stream(stream):  # both copies pinned and non-blocking (engine/readback.py)
+        return decode_window(codec, to_device(frames, codec.device), window)
 
 
 class Windows:

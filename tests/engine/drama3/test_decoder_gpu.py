@@ -72,3 +72,36 @@ def test_decode_step_replays_as_a_cuda_graph(gpu):
         for slot in active:
             decoder.release(slot)
     assert torch.equal(replayed, eager)
+
+
+def test_the_first_window_is_handed_out_while_the_take_decodes(gpu):
+    """The first-window bug (docs/perf.md): a blocking device-to-host read in the decode loop
+    (`.tolist()` of the step's status) held up the vocoder thread's kernel launches, so a
+    take's first window came out after about the whole take had decoded. Now the window is
+    handed out within 3x its frames of decoding (an order of events, not a time), and with
+    CUDA's sync debug mode set to "error" any blocking read in the decode loop or the
+    vocoder thread would fail the take."""
+    gpu.warm_up()  # graphs, compilation and the codec's first run happen before the check
+    first_window = gpu.spec.first_window_frames
+    assert first_window is not None
+    runs = []
+    for seed in range(3):
+        prompt = gpu.prompt("Heard while it decodes, not after.", None, [], Sampling(max_new_tokens=160, seed=seed))
+        take = gpu.start(prompt)
+        first, events = None, []
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            while not take.done:
+                for stepped, new in gpu.step():
+                    if stepped is take:
+                        events += new
+                        if first is None and any(isinstance(e, AudioWindow) and len(e.pcm) for e in new):
+                            first = take.steps
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        done = events[-1]
+        assert isinstance(done, Done) and done.finish_reason in ("stop", "length"), done.error
+        runs.append((first, take.steps))
+    long_takes = [(first, frames) for first, frames in runs if frames >= 6 * first_window]
+    assert long_takes, f"every take ended too early to tell: {runs}"
+    assert all(first is not None and first <= 3 * first_window for first, _ in long_takes), runs

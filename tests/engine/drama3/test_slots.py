@@ -180,3 +180,24 @@ def test_slots_are_checked(batched, prompts, tiny_checkpoint):
     for slots in (0, 33, True):
         with pytest.raises(RequestError, match="slots must be a whole number from 1 to 32"):
             load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=slots))
+
+
+def first_window_step(engine, prompt) -> tuple[int | None, int]:
+    """Run one take through engine.start / engine.step (windows vocoded on the engine's worker
+    thread): the take's decoded frames when its first audio was handed out, and in all."""
+    take, first = engine.start(prompt), None
+    while not take.done:
+        for stepped, events in engine.step():
+            if stepped is take and first is None and any(isinstance(e, AudioWindow) and len(e.pcm) for e in events):
+                first = take.steps
+    return first, take.steps
+
+
+def test_the_first_window_is_handed_out_while_the_take_decodes(single):
+    """The worker thread vocodes the first window while the loop decodes on, so it is handed
+    out long before the take ends (on the GPU, test_decoder_gpu.py holds it to 3x the first
+    window's frames, with every blocking read an error)."""
+    first, frames = first_window_step(single, single.prompt("Heard while it decodes.", None, [],
+                                                            Sampling(max_new_tokens=120, seed=0)))
+    assert frames == 120
+    assert first is not None and first < frames // 2
