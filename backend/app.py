@@ -57,7 +57,7 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
 
         return load_engine(EngineSpec(checkpoint=settings.checkpoint, device=settings.device,
                                       first_window_frames=settings.first_window_frames, slots=settings.slots,
-                                      threads=settings.threads))
+                                      threads=settings.threads, random_weights=settings.random_weights))
 
     return load
 
@@ -122,7 +122,7 @@ def log_ready(engine_loop: EngineLoop) -> None:
              engine.name, engine.device, warm.get("warm_up_s", "?"), "?" if step is None else step, engine.slots,
              "" if engine.slots == 1 else "s", "n/a (CPU)" if peak is None else f"{peak} GiB")
     if engine.demo_weights:
-        log.warning("DEMO WEIGHTS: the tiny random-weight checkpoint; its audio is noise")
+        log.warning("DEMO WEIGHTS (RANDOM): %s; its audio is noise", engine.weights)
 
 
 async def not_built(request: Request) -> Response:

@@ -22,6 +22,7 @@ class Settings:
     data_dir: Path
     database_url: str | None = None  # a PostgreSQL database (postgresql://...); None: SQLite under data_dir
     checkpoint: Path | str | None = None  # a directory or a Hub repo id; None: the tiny demo checkpoint
+    random_weights: str | None = None  # a preset ("full", "tiny") with random weights made on the device instead
     device: str = "auto"
     first_window_frames: int | None = None
     slots: int | None = None  # takes decoding together; None: the engine's default for the device

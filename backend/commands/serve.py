@@ -2,7 +2,9 @@
 
 The engine is loaded and warmed up before uvicorn starts listening, so a bad checkpoint is a
 one-line error (exit 2) and the first visitor does not pay for compilation. Without
-`--checkpoint` the tiny random-weight demo checkpoint runs on the CPU, and the log says so.
+`--checkpoint` the tiny random-weight demo checkpoint runs on the CPU, and the log says so;
+`--random-weights --preset full` serves the full-size model with random weights made on the
+GPU (the serving path measured without real weights), flagged as demo weights the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", help="a Drama 3 checkpoint directory or Hugging Face repo id (owner/name"
                                              "[@revision], from the local cache first); default: the tiny demo "
                                              "checkpoint with random weights, on the CPU")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="serve a model of --preset with random weights made on the device instead of a "
+                             "checkpoint (to measure the serving path without real weights; its audio is noise)")
+    parser.add_argument("--preset", choices=("full", "tiny"), default="full",
+                        help="with --random-weights: the model size (full: the assumed 35B-A3B dimensions, on a "
+                             "GPU; tiny: the demo's; default full)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the engine runs (auto: CUDA if present; the demo checkpoint uses the CPU)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -95,9 +103,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
                          "[0, 32767]")
     limits = dataclasses.replace(Limits(), max_sessions=args.max_sessions, max_queue=args.max_queue,
                                  default_deadline_ms=args.deadline_ms, max_deadline_ms=args.max_deadline_ms)
-    device = "cpu" if args.checkpoint is None and args.device == "auto" else args.device
+    if args.random_weights and args.checkpoint is not None:
+        raise UsageError("--random-weights and --checkpoint exclude each other")
+    random_weights = args.preset if args.random_weights else None
+    demo = args.checkpoint is None and random_weights is None
+    device = "cpu" if (demo or random_weights == "tiny") and args.device == "auto" else args.device
+    if random_weights == "full" and device == "cpu":
+        raise UsageError("--random-weights --preset full needs a GPU (--device cuda); use --preset tiny on a CPU")
     return Settings(data_dir=args.data_dir, database_url=args.database or None, checkpoint=args.checkpoint,
-                    device=device,
+                    random_weights=random_weights, device=device,
                     first_window_frames=args.first_window_frames, slots=args.slots, threads=args.threads,
                     allow_origins=tuple(args.allow_origin),
                     token=args.token or None, limits=limits,
@@ -141,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot listen on {args.host}:{args.port} ({why}); pick another --port or --host")
     logging.basicConfig(level=args.log_level.upper(), format="[retake] %(message)s")
     log = logging.getLogger("retake")
-    what = str(settings.checkpoint) if settings.checkpoint else "the tiny demo checkpoint (random weights)"
+    what = (str(settings.checkpoint) if settings.checkpoint else
+            f"random weights of the {settings.random_weights} preset (DEMO/RANDOM: its audio is noise)"
+            if settings.random_weights else "the tiny demo checkpoint (random weights)")
     log.info("loading %s on %s", what, settings.device)
     engine_loop = start_engine_loop(settings)
     conversations = None

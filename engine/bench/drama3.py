@@ -73,9 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build(args: argparse.Namespace) -> tuple[Drama3Model, Codec, Drama3Config, str]:
     """(model, codec, config, source) on the device; the fast path is installed later."""
-    from engine.drama3.codec import CodecConfig, load_codec
-    from engine.drama3.config import Drama3Config, preset
-    from engine.drama3.tiny import tiny_config
+    from engine.drama3.codec import load_codec
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -86,15 +84,9 @@ def build(args: argparse.Namespace) -> tuple[Drama3Model, Codec, Drama3Config, s
         codec = load_codec(args.checkpoint, device=device)
         source = str(args.checkpoint)
     else:
-        from engine.drama3.random_weights import random_model
+        from engine.drama3.random_weights import random_parts
 
-        raw = preset("full") if args.preset == "full" else tiny_config()
-        config = Drama3Config.from_dict(raw)
-        model = random_model(config, device, dtype)
-        from engine.drama3.codec_tiny import TINY_CODEC, random_codec
-
-        codec_config = CodecConfig.from_dict() if args.preset == "full" else CodecConfig.from_dict(TINY_CODEC)
-        codec = random_codec(codec_config, seed=0).to(device).eval()
+        model, config, _, codec = random_parts(args.preset, device, dtype)  # the codec as served: ready()
         source = f"random weights, preset {args.preset}"
     return model, codec, config, source
 

@@ -22,7 +22,9 @@ Design choices:
   the row limit) before the accelerator is touched; `generate` only fails on the model.
 - No checkpoint means the tiny demo (tiny.py), written on first use; a checkpoint whose
   config.json flags `demo_weights` has random weights and its audio is noise, and the UI
-  and logs say so (engine/checkpoints.py).
+  and logs say so (engine/checkpoints.py). `random_weights` names a preset whose random
+  weights are made on the device instead (random_weights.py: the full size on a GPU, for
+  measuring the serving path without real weights); those are demo weights too.
 - The model runs in bfloat16 on CUDA and float32 on CPU (engine/device.py); the codec as
   codec.py loads it.
 """
@@ -68,6 +70,7 @@ class EngineSpec:
     first_window_frames: int | None = None  # None: FIRST_WINDOW_FRAMES (10 is the seed's schedule)
     slots: int | None = None  # takes that decode together; None: default_slots(device)
     threads: int | None = None  # CPU threads for torch; None: default_threads() on a CPU, untouched on a GPU
+    random_weights: str | None = None  # a preset ("full", "tiny") with random weights made on the device
 
 
 # The first window: 4 frames (186 ms of audio) instead of the seed's 10. Measured against
@@ -106,7 +109,7 @@ class Drama3Engine:
     name = "drama3"
 
     def __init__(self, spec: EngineSpec, model: Drama3Model, config: Drama3Config, tokenizer: Tokenizer,
-                 codec: Codec, demo_weights: bool) -> None:
+                 codec: Codec, demo_weights: bool, weights: str = "a checkpoint") -> None:
         if spec.first_window_frames is None:
             spec = replace(spec, first_window_frames=FIRST_WINDOW_FRAMES)
         check_settings(spec.stream_overlap_frames, spec.first_window_frames)
@@ -115,6 +118,7 @@ class Drama3Engine:
                                   f"{config.num_codebooks}")
         self.spec, self.model, self.config, self.tokenizer, self.codec = spec, model, config, tokenizer, codec
         self.demo_weights = demo_weights
+        self.weights = weights  # what the model is, in words, for the log
         self.device = model.candidate_head.device
         self.sample_rate = codec.sample_rate
         self.frame_samples = codec.frame_samples
@@ -223,7 +227,22 @@ def load_engine(spec: EngineSpec | None = None) -> Drama3Engine:
         raise RequestError(f"threads must be at least 1; got {spec.threads}")
     if device.type == "cpu" or spec.threads is not None:
         torch.set_num_threads(spec.threads or default_threads())
+    if spec.random_weights is not None:
+        from engine.drama3.random_weights import PRESETS, random_parts
+
+        if spec.checkpoint is not None:
+            raise RequestError("give a checkpoint or random weights, not both")
+        if spec.random_weights not in PRESETS:
+            raise RequestError(f"random weights come in the presets {', '.join(PRESETS)}; got {spec.random_weights!r}")
+        if spec.random_weights == "full" and device.type != "cuda":
+            raise RequestError("random weights at the full preset need a CUDA GPU (35B parameters); use the tiny "
+                               "preset on a CPU")
+        model, config, tokenizer, codec = random_parts(spec.random_weights, device, model_dtype(device))
+        return Drama3Engine(spec, model, config, tokenizer, codec, demo_weights=True,
+                            weights=f"random weights of the {spec.random_weights} preset, made on {device.type}")
     path = demo_checkpoint() if spec.checkpoint is None else resolve_checkpoint(spec.checkpoint, HUB_PATTERNS)
     model, config, tokenizer = load_model(path, device=device, dtype=model_dtype(device))
     codec = load_codec(path, device=device)
-    return Drama3Engine(spec, model.eval(), config, tokenizer, codec, demo_weights=demo_weights(path))
+    weights = "the tiny demo checkpoint" if spec.checkpoint is None else f"checkpoint {path}"
+    return Drama3Engine(spec, model.eval(), config, tokenizer, codec, demo_weights=demo_weights(path),
+                        weights=weights)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import pytest
 from live_server import LiveServer
 
 from backend.commands import loadtest
+from backend.tools.client import Director
 from backend.tools.loadtest import longest_stall
 
 
@@ -57,32 +59,71 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_serve_warms_up_logs_and_serves(tiny_checkpoint: Path, tmp_path: Path) -> None:
+def serve(options: list[str], tmp_path: Path) -> tuple[subprocess.Popen[str], int, dict[str, object]]:
+    """`retake serve OPTIONS` as a process, once its /health answers: (process, port, health)."""
     port = free_port()
-    command = [*RETAKE, "serve", "--checkpoint", str(tiny_checkpoint), "--device", "cpu",
-               "--port", str(port), "--data-dir", str(tmp_path / "data")]
+    command = [*RETAKE, "serve", *options, "--port", str(port), "--data-dir", str(tmp_path / "data")]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                return process, port, json.loads(response.read())
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise AssertionError(f"retake serve did not come up:\n{process.communicate()[0]}") from None
+            time.sleep(0.25)
+
+
+def stop(process: subprocess.Popen[str]) -> str:
+    """Ctrl+C the server; its output. uvicorn shuts down cleanly, then the usual 130."""
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    assert "Application shutdown complete" in output
+    return output
+
+
+def test_serve_warms_up_logs_and_serves(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    process, _, health = serve(["--checkpoint", str(tiny_checkpoint), "--device", "cpu"], tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-                    health = json.loads(response.read())
-                break
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, "retake serve did not come up"
-                time.sleep(0.25)
         assert health == {"status": "ok", "engine": "drama3", "demo_weights": True, "sessions": 0, "queue": 0,
                           "converse": False}
     finally:
-        process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=60)
-    assert process.returncode == 130, output  # Ctrl+C: uvicorn shuts down cleanly, then the usual 130
-    assert "Application shutdown complete" in output
+        output = stop(process)
     assert "one decode step" in output and "DEMO WEIGHTS" in output
     assert f"sessions are stored in {tmp_path / 'data' / 'retake.sqlite3'}" in output
     assert (tmp_path / "data" / "retake.sqlite3").is_file()
+
+
+def test_serve_random_weights_says_so_in_the_log_health_and_session_ready(tmp_path: Path) -> None:
+    process, port, health = serve(["--random-weights", "--preset", "tiny", "--device", "cpu"], tmp_path)
+    try:
+        assert health["demo_weights"] is True
+
+        async def ready() -> dict[str, object]:
+            director = await Director.connect(f"ws://127.0.0.1:{port}/ws")
+            message = await director.open()
+            await director.close()
+            return message
+
+        assert asyncio.run(ready())["demo_weights"] is True
+    finally:
+        output = stop(process)
+    assert "loading random weights of the tiny preset (DEMO/RANDOM: its audio is noise) on cpu" in output
+    assert "DEMO WEIGHTS (RANDOM): random weights of the tiny preset, made on cpu; its audio is noise" in output
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--random-weights", "--device", "cpu"], "--random-weights --preset full needs a GPU (--device cuda); use "
+                                              "--preset tiny on a CPU"),
+    (["--random-weights", "--checkpoint", "owner/name"], "--random-weights and --checkpoint exclude each other"),
+])
+def test_serve_refuses_random_weights_it_cannot_run(options: list[str], message: str) -> None:
+    result = subprocess.run([*RETAKE, "serve", *options], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == f"retake serve: {message}"
 
 
 def test_serve_refuses_a_missing_checkpoint(tmp_path: Path) -> None:
