@@ -87,8 +87,7 @@ def test_the_circle_finder_finds_a_circle_through_a_deferred_import(tmp_path: Pa
     assert imports("p.r", tmp_path / "r.py", {"p", "p.a"}) == {"p", "p.a"}
 
 
-# engine/ joins once its own circles are gone (checkpoint <-> tiny, in drama3 and personaplex).
-@pytest.mark.parametrize("package", ["backend"])
+@pytest.mark.parametrize("package", ["backend", "engine"])
 def test_no_import_circles(package: str) -> None:
     found = modules(package)
     graph = {name: imports(name, path, set(found)) for name, path in found.items()}

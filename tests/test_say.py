@@ -85,4 +85,4 @@ def test_bad_request_is_one_line_and_exit_2(tmp_path, capsys, args, message):
 def test_bad_request_from_the_real_command(tmp_path):
     result = say("-o", tmp_path / "x.wav", "--top-k", "0", "Hi")
     assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
-    assert result.stderr.splitlines() == ["retake say: top_k must be a positive integer; got 0"]
+    assert result.stderr.splitlines() == ["retake say: top_k must be a positive integer, at most 2147483647 (got 0)"]

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     import soundfile
     import torch
 
+    from engine import pcm16
     from engine.errors import RequestError
     from engine.personaplex.engine import DEFAULT_PERSONA, PersonaPlex
     from engine.personaplex.sampling import Sampling
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     agent = np.concatenate(audio)[:user.size]
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    soundfile.write(args.output, np.clip(agent, -1.0, 1.0), engine.sample_rate, subtype="PCM_16")
+    soundfile.write(args.output, pcm16(agent), engine.sample_rate, subtype="PCM_16")
     text = "".join(pieces).strip()
     if args.transcript_out is not None:
         args.transcript_out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
+    import numpy as np
+    from numpy.typing import NDArray
 
 NAME = "say"
 HELP = "speak one line with Drama 3 and write the take to a WAV file"
@@ -50,10 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--seed", type=int, default=None, help="make the take reproducible")
 
 
-def read_history_codes(path: Path) -> torch.Tensor:
+def read_history_codes(path: Path) -> NDArray[np.int64]:
     """A take's codes [10, frames] from a `--codes-out` file [frames, 11]."""
     import numpy as np
-    import torch
 
     from engine.errors import RequestError
 
@@ -65,7 +65,7 @@ def read_history_codes(path: Path) -> torch.Tensor:
     if frames.ndim != 2 or frames.shape[1] != 11 or not np.issubdtype(frames.dtype, np.integer):
         raise RequestError(f"history codes {path} must be an integer [frames, 11] array as --codes-out writes; "
                          f"got {frames.dtype} {frames.shape}")
-    return torch.from_numpy(frames[:, 1:].T.astype(np.int64))
+    return np.ascontiguousarray(frames[:, 1:].T, dtype=np.int64)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,9 +88,8 @@ def run(args: argparse.Namespace) -> int:
     from engine.drama3.text import check_text
 
     # Everything the user can get wrong is checked before the model loads.
-    sampling = Sampling(**{name: value for name, value in (
-        ("temperature", args.temperature), ("top_p", args.top_p), ("top_k", args.top_k),
-        ("max_new_tokens", args.max_new_tokens), ("seed", args.seed)) if value is not None}).checked()
+    sampling = Sampling.from_fields({"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                                     "max_new_tokens": args.max_new_tokens, "seed": args.seed})
     check_text(args.text, "text")
     for index, transcript in enumerate(args.reference_text):
         check_text(transcript, f"references.{index}.text")
@@ -126,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     sf.write(args.output, pcm, engine.sample_rate, subtype="PCM_16")
     if args.codes_out is not None:
         codes = done.codes  # [10, frames]
-        frames = np.concatenate((codes[:1].numpy() + engine.semantic_start, codes.numpy())).T  # [frames, 11]
+        frames = np.concatenate((codes[:1] + engine.semantic_start, codes)).T  # [frames, 11]
         np.save(args.codes_out, frames.astype(np.int64))
     print(json.dumps({"finish_reason": done.finish_reason, **done.timings,
                       "audio_s": round(len(pcm) / engine.sample_rate, 3)}), flush=True)

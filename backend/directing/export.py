@@ -13,7 +13,6 @@ import io
 import wave
 
 import numpy as np
-import torch
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -44,8 +43,7 @@ async def export_take(request: Request) -> Response:
     pcm = np.zeros(0, dtype=np.int16)
     if codes is not None:
         try:
-            tensor = torch.from_numpy(codes)  # [codebooks, frames]
-            pcm = await state.call(lambda engine: engine.vocode_take(tensor))
+            pcm = await state.call(lambda engine: engine.vocode_take(codes))
         except QueueFull as error:
             return JSONResponse({"error": str(error)}, status_code=503,
                                 headers={"Retry-After": str(error.retry_after_s)})

@@ -209,7 +209,7 @@ class TakeJob(Job):
                 self.sampling = dataclasses.replace(self.sampling, seed=seed)
                 self._post(self.sink.retry, self.attempt + 1, message)
                 return "retry"
-            codes = event.codes.numpy() if event.codes is not None else None
+            codes = event.codes
             # The engine's Done says one of the FinishReason words (engine/drama3/take.py).
             reason = "error" if self.error is not None else cast(FinishReason, event.finish_reason)
             error_text = self.error if self.error is not None else event.error if reason == "error" else None

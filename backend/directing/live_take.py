@@ -16,7 +16,9 @@ Design choices:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from typing import cast
 
 import numpy as np
 
@@ -29,9 +31,9 @@ from engine import AudioWindow, Sampling
 
 
 def sampling_info(sampling: Sampling) -> p.SamplingInfo:
+    """The wire form of a take's settings: the engine's fields as they are (the seed is set)."""
     assert sampling.seed is not None
-    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed}
+    return cast(p.SamplingInfo, dataclasses.asdict(sampling))
 
 
 class LiveTake:

@@ -6,6 +6,8 @@ Design choices:
 - Unknown fields are ignored, so newer clients keep working with older servers.
 - JSON has one number type: 3.0 is accepted where an integer is asked for, 3.5 and true
   are not.
+- take.start's `sampling` is checked by the engine's `Sampling.from_fields` (the one check
+  of sampling settings, with the engine's defaults); its message becomes `bad_field`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from backend.directing.protocol import (
     Ping,
     ProtocolError,
     ReferenceClip,
-    SamplingSpec,
     SessionOpen,
     TakeCancel,
     TakeDrop,
@@ -34,6 +35,7 @@ from backend.directing.protocol import (
     TakeStart,
     VoiceSet,
 )
+from engine import RequestError, Sampling
 
 JsonObject: TypeAlias = dict[str, object]
 
@@ -128,17 +130,12 @@ def _line_set(obj: JsonObject, limits: Limits, ref: str | None) -> LineSet:
     return LineSet(line_id, text, after, place, ref)
 
 
-def _sampling(obj: JsonObject | None, limits: Limits) -> SamplingSpec:
-    if obj is None:
-        return SamplingSpec()
-    top_k = _integer(obj, "top_k", 1, 2**31 - 1, required=False, path="sampling.")
-    max_new_tokens = _integer(obj, "max_new_tokens", 1, limits.max_new_tokens, required=False, path="sampling.")
-    seed = _integer(obj, "seed", 0, 2**63 - 1, required=False, path="sampling.")
-    return SamplingSpec(
-        temperature=_number(obj, "temperature", 0.0, 100.0, path="sampling."),
-        top_p=_number(obj, "top_p", 0.0, 1.0, low_open=True, path="sampling."),
-        top_k=top_k, max_new_tokens=max_new_tokens, seed=seed,
-    )
+def _sampling(obj: JsonObject | None, limits: Limits) -> Sampling:
+    """The engine's settings: the client's fields over its defaults, checked by the engine."""
+    try:
+        return Sampling.from_fields(obj or {}, where="sampling.", max_new_tokens=limits.max_new_tokens)
+    except RequestError as error:
+        raise ProtocolError("bad_field", str(error)) from None
 
 
 def _history(value: object, limits: Limits) -> Literal["kept"] | tuple[int, ...]:

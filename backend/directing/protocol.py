@@ -26,6 +26,8 @@ import json
 from dataclasses import dataclass
 from typing import Literal, TypeAlias, TypedDict
 
+from engine import Sampling  # the one sampling type (no torch: engine/__init__.py loads the model code lazily)
+
 PROTOCOL_VERSION = 1
 
 ErrorCode = Literal[
@@ -104,21 +106,10 @@ class VoiceSet:
 
 
 @dataclass(frozen=True)
-class SamplingSpec:
-    """What the client asked for; None = the engine's default."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    max_new_tokens: int | None = None
-    seed: int | None = None
-
-
-@dataclass(frozen=True)
 class TakeStart:
     line_id: str
     text: str
-    sampling: SamplingSpec = SamplingSpec()
+    sampling: Sampling  # the client's fields over the engine's defaults, checked; seed None = the server picks
     history: Literal["kept"] | tuple[int, ...] = "kept"
     deadline_ms: int | None = None  # None = limits.default_deadline_ms
     ref: str | None = None
@@ -235,6 +226,9 @@ class LineInfo(TypedDict):
 
 
 class SamplingInfo(TypedDict):
+    """A take's sampling on the wire and in the store: the fields of the engine's `Sampling`
+    (`dataclasses.asdict`), with the seed that was used."""
+
     temperature: float
     top_p: float
     top_k: int

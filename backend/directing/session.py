@@ -17,11 +17,11 @@ Design choices:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import time
 
 import numpy as np
-import torch
 
 from backend.directing import protocol as p
 from backend.directing.jobs import TakeJob, TakeOutcome
@@ -34,17 +34,13 @@ from backend.transport import Outbox
 from engine import Character, Drama3Engine, HistoryTurn, Prompt, Reference, RequestError, Sampling
 
 
-def to_tensor(codes: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(codes, dtype=np.int64))  # [codebooks, frames]
-
-
 def engine_voice(voice: StoredVoice | None) -> list[Reference] | Character | None:
     if voice is None:
         return None
     if voice.character is not None:
         c = voice.character
         return Character(name=c.name, description=c.description, scene=c.scene)
-    return [Reference(codes=to_tensor(r.codes), transcript=r.text) for r in voice.references]
+    return [Reference(codes=r.codes, transcript=r.text) for r in voice.references]
 
 
 class Session:
@@ -130,12 +126,12 @@ class Session:
             codes = []
             for index, (audio, _text) in enumerate(references):
                 try:
-                    codes.append(engine.encode_reference(audio).numpy())
+                    codes.append(engine.encode_reference(audio))
                 except RequestError as error:
                     raise RequestError(f"references.{index}: {error}") from None
             voice: list[Reference] | Character | None = (
                 Character(character.name, character.description, character.scene) if character
-                else [Reference(codes=to_tensor(c), transcript=t) for c, (_a, t) in zip(codes, references)] or None)
+                else [Reference(codes=c, transcript=t) for c, (_a, t) in zip(codes, references)] or None)
             engine.prompt("Check.", voice, [], Sampling(max_new_tokens=1, seed=0))
             return codes
 
@@ -222,17 +218,11 @@ class Session:
             state.engine_loop.check_room(limits.max_queue)  # before the take is stored: a busy take is only an error
         except QueueFull as error:
             raise p.ProtocolError("busy", str(error), retry_after_ms=error.retry_after_ms) from None
-        spec = message.sampling
-        defaults = Sampling()
-        sampling = Sampling(
-            temperature=defaults.temperature if spec.temperature is None else spec.temperature,
-            top_p=defaults.top_p if spec.top_p is None else spec.top_p,
-            top_k=defaults.top_k if spec.top_k is None else spec.top_k,
-            max_new_tokens=min(defaults.max_new_tokens, limits.max_new_tokens) if spec.max_new_tokens is None
-            else spec.max_new_tokens,
-            seed=secrets.randbelow(2**31) if spec.seed is None else spec.seed)
+        sampling = message.sampling  # checked, with the engine's defaults, by parse
+        if sampling.seed is None:  # the server picks the seed and stores it: every take can be reproduced
+            sampling = dataclasses.replace(sampling, seed=secrets.randbelow(2**31))
         voice = store.session_voice(session_id)
-        turns = [HistoryTurn(text=take.text, codes=to_tensor(codes))
+        turns = [HistoryTurn(text=take.text, codes=codes)
                  for take_id in history_ids
                  if (take := store.take(session_id, take_id)) is not None
                  and (codes := store.take_codes(take_id)) is not None]

@@ -26,12 +26,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from engine import Character, RequestError, Sampling, check_text, checked_character
+from engine.drama3.sampling import FIELDS as SAMPLING_FIELDS
+from engine.drama3.sampling import MAX_NEW_TOKENS
 
 ENVELOPE_MARKER = "@@drama3-space@@"
 
@@ -53,23 +54,14 @@ class SpeechRequest:
     sampling: Sampling
 
 
-def _number(body: Mapping[str, object], name: str, default: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RequestError(f"{name} must be a number; got {value!r}")
-    return float(value)
-
-
 def _sampling(body: Mapping[str, Any]) -> Sampling:
-    defaults, top_k = Sampling(), body.get("top_k")
-    # The values go into Sampling as the client sent them; `checked` says what is wrong with them.
-    return Sampling(temperature=_number(body, "temperature", defaults.temperature),
-                    top_p=_number(body, "top_p", defaults.top_p),
-                    top_k=defaults.top_k if top_k is None else top_k,
-                    max_new_tokens=body.get("max_new_tokens") or defaults.max_new_tokens,
-                    seed=body.get("seed")).checked()
+    """The body's sampling fields through the engine's one check (its defaults for the rest).
+    As in the seed, a max_new_tokens of 0 or null means the cap, and more than the cap is the cap."""
+    fields = {name: body.get(name) for name in SAMPLING_FIELDS}
+    n = fields["max_new_tokens"]
+    if not n or (isinstance(n, int) and not isinstance(n, bool) and n > MAX_NEW_TOKENS):
+        fields["max_new_tokens"] = MAX_NEW_TOKENS
+    return Sampling.from_fields(fields)
 
 
 def _audio(reference: Mapping[str, Any], location: str) -> bytes:

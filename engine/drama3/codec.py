@@ -180,7 +180,7 @@ class Codec(nn.Module):
             q["downsample_factor"], q["downsample_dims"],
             quantizer_transformer(q["pre_module"]), quantizer_transformer(q["post_module"]))
         self.decoder = Decoder(raw["latent_dim"], raw["decoder_dim"], raw["decoder_rates"])
-        self.references: collections.OrderedDict[str, torch.Tensor] = collections.OrderedDict()
+        self.references: collections.OrderedDict[str, NDArray[np.int64]] = collections.OrderedDict()
 
     @property
     def device(self) -> torch.device:
@@ -211,15 +211,17 @@ class Codec(nn.Module):
         out: torch.Tensor = self.decoder(latent.to(self.decoder_dtype))[0, 0].float()
         return out
 
-    def encode_reference(self, data: bytes | str | os.PathLike[str]) -> torch.Tensor:
-        """Codes of a reference clip (WAV/FLAC bytes, base64 text or a path), each clip
-        encoded once: an LRU cache keyed by a hash of the content."""
+    def encode_reference(self, data: bytes | str | os.PathLike[str]) -> NDArray[np.int64]:
+        """Codes [num_codebooks, frames] of a reference clip (WAV/FLAC bytes, base64 text or a
+        path), each clip encoded once: an LRU cache keyed by a hash of the content. The
+        arrays are read-only (the cache hands out the same one again)."""
         content = Path(data).read_bytes() if isinstance(data, os.PathLike) else data
         key = hashlib.sha256(content.encode() if isinstance(content, str) else content).hexdigest()
         if (codes := self.references.get(key)) is not None:
             self.references.move_to_end(key)
             return codes
-        codes = self.encode(read_reference_audio(content, self.sample_rate, self.frame_samples))
+        codes = self.encode(read_reference_audio(content, self.sample_rate, self.frame_samples)).numpy()
+        codes.flags.writeable = False
         self.references[key] = codes
         while len(self.references) > REFERENCE_CACHE_SIZE:
             self.references.popitem(last=False)

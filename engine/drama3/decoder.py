@@ -51,7 +51,7 @@ import torch
 
 from engine.drama3.model import Drama3Model
 from engine.drama3.prompt import Prompt
-from engine.drama3.sampling import (
+from engine.drama3.sampler import (
     RAS_WINDOW_FRAMES,
     SamplingTensors,
     ras_window_of,

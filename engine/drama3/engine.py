@@ -20,6 +20,8 @@ Design choices:
   released model).
 - `prompt` does everything that can refuse a request (text, codes, character, sampling,
   the row limit) before the accelerator is touched; `generate` only fails on the model.
+- Codes and PCM cross this API as numpy arrays (codes int64 [num_codebooks, frames], PCM
+  int16): what a server stores and sends. Torch stays inside the engine.
 - No checkpoint means the tiny demo (tiny.py), written on first use; a checkpoint whose
   config.json flags `demo_weights` has random weights and its audio is noise, and the UI
   and logs say so (engine/checkpoints.py). `random_weights` names a preset whose random
@@ -53,7 +55,7 @@ from engine.drama3.decoder import Decoder
 from engine.drama3.fast import install_fast_path
 from engine.drama3.model import Drama3Model
 from engine.drama3.moe import GATHER_MAX_PAIRS
-from engine.drama3.prompt import MAX_PROMPT_ROWS, HistoryTurn, Prompt, Reference, build_prompt
+from engine.drama3.prompt import MAX_PROMPT_ROWS, Codes, HistoryTurn, Prompt, Reference, build_prompt, checked_codes
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.slots import Slots
 from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, render_take
@@ -139,8 +141,8 @@ class Drama3Engine:
 
     # Inputs -------------------------------------------------------------------
 
-    def encode_reference(self, audio: bytes) -> torch.Tensor:
-        """int64 codes [num_codebooks, frames] of a WAV/FLAC clip; each clip is encoded once (LRU)."""
+    def encode_reference(self, audio: bytes) -> Codes:
+        """Codes [num_codebooks, frames] of a WAV/FLAC clip, read-only; each clip is encoded once (LRU)."""
         if not isinstance(audio, (bytes, bytearray, memoryview)):
             raise RequestError(f"reference audio must be WAV or FLAC bytes; got {type(audio).__name__}")
         return self.codec.encode_reference(bytes(audio))
@@ -195,10 +197,12 @@ class Drama3Engine:
             raise RuntimeError("generate runs one take alone, but takes are in flight; use start and step")
         yield from self.slot_table.generate(self.start(prompt, deadline, cancelled))
 
-    def vocode_take(self, codes: torch.Tensor) -> NDArray[np.int16]:
-        """int16 PCM: exactly the samples the stream of a take with these codes carried."""
+    def vocode_take(self, codes: Codes) -> NDArray[np.int16]:
+        """PCM16: exactly the samples the stream of a take with these codes [num_codebooks,
+        frames] carried."""
+        frames = torch.tensor(checked_codes(codes, "take", self.config, empty=True))  # a copy: may be read-only
         with torch.inference_mode():
-            return render_take(self.codec, codes, self.spec.stream_overlap_frames, self.spec.first_window_frames)
+            return render_take(self.codec, frames, self.spec.stream_overlap_frames, self.spec.first_window_frames)
 
     def warm_up(self) -> dict[str, float | int | list[str] | None]:
         """Capture the decode graphs (CUDA) and run a short take, so first requests do not pay

@@ -22,7 +22,9 @@ Design choices:
 - Every literal is tokenised on its own: tokenising the joined string changes ids at
   the seams. A layout is therefore a list of segments (strings and code tensors), and
   rows are computed per segment.
-- History is codes, never audio: a retake does not re-encode anything.
+- History is codes, never audio: a retake does not re-encode anything. Codes cross the
+  engine's boundary as numpy int64 arrays [num_codebooks, frames] (what the server
+  stores); the rows a prompt becomes are torch, the engine's own.
 - `build_prompt` checks everything a caller can get wrong (text, codes, character
   fields, the row limit), whoever the caller is (the CLI, the studio, the HTTP API).
 - History turns are tokenised separately, so dropping the oldest turns to fit the row
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from tokenizers import Tokenizer
 
 from engine.drama3.config import Drama3Config
@@ -51,14 +54,15 @@ MESSAGE_END = "<|im_end|>\n"
 GENERATION_START = "<|im_start|>assistant\n<|voice|>"
 MAX_PROMPT_ROWS = 8192
 
-Segment = str | torch.Tensor
+Codes = NDArray[np.int64]  # [num_codebooks, frames], host-side
+Segment = str | Codes
 
 
 @dataclass(frozen=True)
 class Reference:
     """A voice reference: the clip's codes [num_codebooks, frames] and its transcript."""
 
-    codes: torch.Tensor
+    codes: Codes
     transcript: str
 
 
@@ -76,7 +80,7 @@ class HistoryTurn:
     """An earlier take of the scene: its text and its codes [num_codebooks, frames]."""
 
     text: str
-    codes: torch.Tensor
+    codes: Codes
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ def segment_rows(segments: list[Segment], tokenizer: Tokenizer, config: Drama3Co
             text_rows[:, 0] = ids
             rows.append(text_rows)
         else:
-            codes = segment.to(device="cpu", dtype=torch.long)  # [10, F]
+            codes = torch.tensor(segment, dtype=torch.long)  # [10, F], a copy: stored arrays may be read-only
             rows.append(torch.cat((codes[:1] + config.semantic_start_token_id, codes)).T)  # [F, 11]
     return torch.cat(rows)
 
@@ -148,21 +152,19 @@ def segment_rows(segments: list[Segment], tokenizer: Tokenizer, config: Drama3Co
 # ─── Checks ───────────────────────────────────────────────────────────────────
 
 
-def checked_codes(codes: object, location: str, config: Drama3Config) -> torch.Tensor:
-    """Codes as CPU int64 [num_codebooks, frames], at least one frame, every code in
-    [0, codebook_size) (sglang-omni checks every codebook against the semantic size)."""
-    if isinstance(codes, np.ndarray):
-        codes = torch.from_numpy(codes)
+def checked_codes(codes: object, location: str, config: Drama3Config, *, empty: bool = False) -> Codes:
+    """Codes as a contiguous int64 array [num_codebooks, frames], at least one frame (unless
+    `empty`), every code in [0, codebook_size) (sglang-omni checks every codebook against
+    the semantic size)."""
     n, size = config.num_codebooks, config.codebook_size
-    if (not isinstance(codes, torch.Tensor) or codes.dtype.is_floating_point or codes.dtype.is_complex
-            or codes.dtype == torch.bool or codes.ndim != 2 or codes.shape[0] != n or codes.shape[1] == 0):
-        shape = tuple(codes.shape) if isinstance(codes, torch.Tensor) else type(codes).__name__
-        raise RequestError(f"{location} codes must be an integer [{n}, frames] array with at least one frame; "
-                           f"got {shape}")
-    codes = codes.to(device="cpu", dtype=torch.long)
-    if codes.min() < 0 or codes.max() >= size:
+    if (not isinstance(codes, np.ndarray) or not np.issubdtype(codes.dtype, np.integer)
+            or codes.ndim != 2 or codes.shape[0] != n or (codes.shape[1] == 0 and not empty)):
+        shape = codes.shape if isinstance(codes, np.ndarray) else type(codes).__name__
+        frames = "" if empty else " with at least one frame"
+        raise RequestError(f"{location} codes must be an integer [{n}, frames] array{frames}; got {shape}")
+    if codes.size and (codes.min() < 0 or codes.max() >= size):
         raise RequestError(f"{location} codes must be in [0, {size})")
-    return codes
+    return np.ascontiguousarray(codes, dtype=np.int64)
 
 
 def checked_character(character: Character) -> Character:

@@ -1,182 +1,90 @@
-"""Sampling a frame's tokens: temperature, top-p, top-k, and repetition-aware resampling.
+"""A take's sampling settings: `Sampling`, the one sampling type, its defaults and its check.
 
 Design choices:
-- One sampler, `sample_top_k_top_p`, for the main token and the codebook heads, with
-  sglang-omni's semantics: fp32 logits / temperature, sorted, cumulative softmax over
-  the whole vocabulary, drop what passes top_p, drop rank >= top_k, always keep rank 0.
-  The main token's draws keep the token that crosses top_p (so end of speech stays
-  reachable); the codebook heads drop it.
-- Temperature 0 is greedy (rank 0 of a stable sort: the lowest id among ties). The
-  noise is drawn anyway so a take's random stream does not depend on its settings.
-- Draws are `argmax(p / Exponential(1))`, equivalent to drawing from p, with no host
-  sync; the sampling parameters are tensors. Together with a per-take
-  `torch.Generator` the step stays capturable as a CUDA graph.
-- Rows of a batch may each have their own generator (one per take in a batched decode
-  step): row i's noise is drawn from generator i alone, the same values a batch of that
-  one row would draw, so a seeded take samples the same frames alone and batched.
-- Repetition-aware sampling (RAS) of the main token: both draws are always made (so
-  the random stream does not depend on the window); a semantic first draw that
-  repeats a main token of the last 16 frame rows (prompt rows included) takes the
-  second draw. Its settings are fixed by the model, not by requests.
-- The codebook heads cap top-k at 30 whatever the request says: wider caps cost
-  speaker similarity (sglang-omni, mlx-audio).
+- One type for every caller (the studio's socket, the speech API, the CLI): it owns the
+  defaults and the one check, `Sampling.from_fields`, whose messages name the field
+  (`where` + name, e.g. `sampling.top_p`) and say what it must be. A missing or null
+  field takes the default; JSON's integral numbers (3.0) count as integers. The studio's
+  wire form is the dataclass's fields (`dataclasses.asdict`).
+- No torch here: the backend's protocol module holds these settings without loading the
+  model code. The draws (sampler.py) turn them into per-slot tensors inside the decoder.
+- Defaults are the seed's: temperature 1.0 (0 is greedy), top_p 0.9, top_k 30, at most
+  1,200 new frames.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-
-import torch
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 
 from engine.errors import RequestError
 
-RAS_WINDOW_FRAMES = 16
-EMPTY_RAS_SLOT = -1  # pads the window of a prompt shorter than 16 rows; matches no id
-RAS_TEMPERATURE = 1.0
-RAS_TOP_P = 0.95
-RAS_TOP_K = 30
-CODEBOOK_TOP_K = 30
-MIN_TEMPERATURE = 1e-5
 MAX_NEW_TOKENS = 1200
-
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 0.9
 DEFAULT_TOP_K = 30  # the seed's default (sglang-omni leaves the main token uncapped)
 
+MAX_TEMPERATURE = 100.0
+MAX_TOP_K = 2**31 - 1
+MAX_SEED = 2**63 - 1
+FIELDS = ("temperature", "top_p", "top_k", "max_new_tokens", "seed")
+
 
 @dataclass(frozen=True)
 class Sampling:
+    """A take's sampling settings. Build from request fields with `from_fields` (checked)."""
+
     temperature: float = DEFAULT_TEMPERATURE  # 0 is greedy
     top_p: float = DEFAULT_TOP_P
     top_k: int = DEFAULT_TOP_K
     max_new_tokens: int = MAX_NEW_TOKENS
-    seed: int | None = None  # a take with a seed is reproducible
-
-    def checked(self) -> Sampling:
-        """These settings if valid, with max_new_tokens capped at MAX_NEW_TOKENS."""
-        t, p, k, n, seed = self.temperature, self.top_p, self.top_k, self.max_new_tokens, self.seed
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise RequestError(f"temperature must be a non-negative number (0 is greedy); got {t!r}")
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise RequestError(f"top_p must be in (0, 1]; got {p!r}")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise RequestError(f"top_k must be a positive integer; got {k!r}")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise RequestError(f"max_new_tokens must be a positive integer; got {n!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-            raise RequestError(f"seed must be an integer in [0, 2**63) or absent; got {seed!r}")
-        return replace(self, temperature=float(t), top_p=float(p), max_new_tokens=min(n, MAX_NEW_TOKENS))
-
-
-@dataclass
-class SamplingTensors:
-    """A take's settings as tensors [B], so one captured step serves every take."""
-
-    temperature: torch.Tensor  # float32 [B]
-    top_k: torch.Tensor  # int64 [B]
-    top_p: torch.Tensor  # float32 [B]
+    seed: int | None = None  # a take with a seed is reproducible; None: fresh entropy
 
     @classmethod
-    def of(cls, sampling: Sampling, device: torch.device | str = "cpu") -> SamplingTensors:
-        return cls(torch.tensor([sampling.temperature], dtype=torch.float32, device=device),
-                   torch.tensor([sampling.top_k], dtype=torch.long, device=device),
-                   torch.tensor([sampling.top_p], dtype=torch.float32, device=device))
+    def from_fields(cls, fields: Mapping[str, object], *, where: str = "",
+                    max_new_tokens: int = MAX_NEW_TOKENS) -> Sampling:
+        """Settings from a request's fields (missing or null: the default), checked: a
+        RequestError names the field as `where` + its name and says what it must be.
+        `max_new_tokens` is the most a take may have (also the default's cap)."""
+        def given(name: str) -> object:
+            value = fields.get(name)
+            return getattr(cls, name) if value is None else value
 
-    def fill(self, sampling: Sampling, row: int | slice = slice(None)) -> None:
-        """Copy new settings into the same tensors (the addresses a graph captured): every
-        row, or one row (a batch slot)."""
-        self.temperature[row] = sampling.temperature
-        self.top_k[row] = sampling.top_k
-        self.top_p[row] = sampling.top_p
+        limit = max_new_tokens
+        n = fields.get("max_new_tokens")
+        seed = fields.get("seed")
+        return cls(temperature=_number(given("temperature"), where + "temperature", 0.0, MAX_TEMPERATURE,
+                                       "a non-negative number, at most 100; 0 is greedy"),
+                   top_p=_number(given("top_p"), where + "top_p", 0.0, 1.0, "in (0, 1]", low_open=True),
+                   top_k=_integer(given("top_k"), where + "top_k", 1, MAX_TOP_K,
+                                  f"a positive integer, at most {MAX_TOP_K}"),
+                   max_new_tokens=_integer(min(MAX_NEW_TOKENS, limit) if n is None else n, where + "max_new_tokens",
+                                           1, limit, f"between 1 and {limit}"),
+                   seed=None if seed is None else _integer(seed, where + "seed", 0, MAX_SEED,
+                                                           "an integer in [0, 2**63)"))
 
-
-Generators = torch.Generator | Sequence[torch.Generator] | None  # one for the batch, or one per row
-
-
-def exponential_noise(like: torch.Tensor, generator: Generators) -> torch.Tensor:
-    """Exponential(1) noise shaped like `like` [B, V]: from one generator, or row i from generator i."""
-    noise = torch.empty_like(like)
-    if generator is None or isinstance(generator, torch.Generator):
-        return noise.exponential_(1.0, generator=generator)
-    for row, row_generator in zip(noise, generator, strict=True):  # a take's draws come from its own stream
-        row.exponential_(1.0, generator=row_generator)
-    return noise
-
-
-def sample_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                       top_p: torch.Tensor, generator: Generators = None, *,
-                       keep_crossing: bool = False, max_k: int | None = None) -> torch.Tensor:
-    """One id per row of logits [B, V]; temperature, top_p float [B], top_k int [B].
-
-    `max_k`, a static bound on top_k, ranks only that many candidates (a top-k instead of
-    a sort of the whole vocabulary); the probabilities are still those of the whole
-    vocabulary, so the kept set and its distribution are the same."""
-    scaled = logits.float() / temperature.float().clamp(min=MIN_TEMPERATURE)[:, None]  # [B, V]
-    if max_k is not None and max_k < scaled.shape[-1]:
-        sorted_logits, sorted_ids = scaled.topk(max_k, dim=-1)  # [B, k], descending
-        probs_sorted = (sorted_logits - scaled.logsumexp(dim=-1, keepdim=True)).exp()
-    else:
-        sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True, stable=True)  # [B, V]
-        probs_sorted = sorted_logits.softmax(dim=-1)
-    cumulative = probs_sorted.cumsum(dim=-1)  # [B, k or V]
-    dropped = cumulative > top_p.float()[:, None]
-    if keep_crossing:  # a token is dropped only if the one before it already passed top_p
-        dropped = torch.cat((torch.zeros_like(dropped[:, :1]), dropped[:, :-1]), dim=-1)
-    ranks = torch.arange(sorted_logits.shape[-1], device=logits.device)  # [k or V]
-    dropped |= ranks >= top_k[:, None]
-    dropped[:, 0] = False
-    probs = sorted_logits.masked_fill(dropped, -math.inf).softmax(dim=-1)  # [B, k or V]
-    # An exponential draw of exactly 0 would turn p / 0 into inf or nan (argmax's pick).
-    noise = exponential_noise(probs, generator).clamp_(min=torch.finfo(probs.dtype).tiny)
-    choice = (probs / noise).argmax(dim=-1, keepdim=True)  # [B, 1]
-    choice = torch.where(temperature[:, None] == 0, torch.zeros_like(choice), choice)
-    return sorted_ids.gather(-1, choice).squeeze(-1)  # [B]
+    def checked(self, max_new_tokens: int = MAX_NEW_TOKENS) -> Sampling:
+        """These settings if valid (the check of `from_fields`)."""
+        return Sampling.from_fields(asdict(self), max_new_tokens=max_new_tokens)
 
 
-def sample_main(candidate_logits: torch.Tensor, candidate_ids: torch.Tensor, ras_window: torch.Tensor,
-                settings: SamplingTensors, semantic_start: int, codebook_size: int,
-                generator: Generators = None) -> torch.Tensor:
-    """The main token ids [B] (end of speech or a semantic token) with RAS.
-
-    candidate_logits [B, C] are the logits of candidate_ids [C]; ras_window [B, 16]
-    holds the main tokens of the last 16 rows, oldest first, padded with -1."""
-    first = candidate_ids[sample_top_k_top_p(candidate_logits, settings.temperature, settings.top_k,
-                                             settings.top_p, generator, keep_crossing=True)]  # [B]
-    fixed = torch.ones_like(settings.temperature)
-    retry = candidate_ids[sample_top_k_top_p(candidate_logits, fixed * RAS_TEMPERATURE,
-                                             torch.full_like(settings.top_k, RAS_TOP_K), fixed * RAS_TOP_P,
-                                             generator, keep_crossing=True, max_k=RAS_TOP_K)]  # [B]
-    repeated = (ras_window == first[:, None]).any(dim=-1)
-    semantic = (first >= semantic_start) & (first < semantic_start + codebook_size)
-    return torch.where(repeated & semantic, retry, first)
+def _number(value: object, name: str, low: float, high: float, span: str, *, low_open: bool = False) -> float:
+    """A float in [low, high] (or (low, high]); out of it, "name must be {span} (got x)"."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{name} must be a finite number")
+    number = float(value)
+    if not (math.isfinite(number) and low <= number <= high) or (low_open and number == low):
+        raise RequestError(f"{name} must be {span} (got {value:g})")
+    return number
 
 
-def sample_code(logits: torch.Tensor, settings: SamplingTensors, generator: Generators = None) -> torch.Tensor:
-    """A codebook head's code [B] from its logits [B, V]: the request's settings, top-k capped."""
-    return sample_top_k_top_p(logits, settings.temperature, settings.top_k.clamp(max=CODEBOOK_TOP_K),
-                              settings.top_p, generator, max_k=CODEBOOK_TOP_K)
-
-
-def ras_window_of(rows: torch.Tensor) -> torch.Tensor:
-    """The RAS window [1, 16] of a prompt's rows [R, width]: the last 16 main tokens,
-    oldest first, left-padded with EMPTY_RAS_SLOT."""
-    window = torch.full((1, RAS_WINDOW_FRAMES), EMPTY_RAS_SLOT, dtype=torch.long, device=rows.device)
-    tail = rows[-RAS_WINDOW_FRAMES:, 0]
-    window[0, RAS_WINDOW_FRAMES - len(tail):] = tail
-    return window
-
-
-def seed_generator(generator: torch.Generator, seed: int | None) -> torch.Generator:
-    """Start a take's random stream: from `seed` if given, else from fresh entropy."""
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
-    return generator
-
-
-def take_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A take's own random stream (see seed_generator)."""
-    return seed_generator(torch.Generator(device=device), seed)
+def _integer(value: object, name: str, low: int, high: int, span: str) -> int:
+    """An int in [low, high] (JSON's 3.0 is 3); out of it, "name must be {span} (got n)"."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{name} must be an integer")
+    if not low <= value <= high:
+        raise RequestError(f"{name} must be {span} (got {value})")
+    return value

@@ -61,7 +61,7 @@ class AudioWindow:
 class Done:
     finish_reason: str  # "stop" | "length" | "deadline" | "cancelled" | "error"
     timings: Timings
-    codes: torch.Tensor  # int64 [num_codebooks, frames], CPU: exactly what the stream carried
+    codes: NDArray[np.int64]  # [num_codebooks, frames]: exactly what the stream carried
     error: str | None = None
 
 
@@ -219,5 +219,5 @@ class Take:
         self.timings.update(frames=self.committed, total_ms=self.since_start_ms(),
                             decode_frames_per_s=round(self.steps / self.step_s, 1) if self.step_s else None)
         events.append(Done(finish_reason=self.finish or "error", timings=self.timings,
-                           codes=torch.from_numpy(self.codes[:, :self.committed].copy()), error=self.error))
+                           codes=self.codes[:, :self.committed].copy(), error=self.error))
         return events

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from engine import checkpoints
+import engine.checkpoints as checkpoints
 from engine.drama3.checkpoint import INDEX_FILE, LM_HEAD, checkpoint_layout, default_dtype
 from engine.drama3.codec_tiny import write_tiny_codec
 from engine.drama3.config import Drama3Config, preset

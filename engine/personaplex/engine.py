@@ -22,6 +22,9 @@ Design choices:
   (voices.py), on a cold-started lockstep (it restarts every slot).
 - No checkpoint means the tiny demo (tiny.py), written on first use; the device and the
   model dtype are engine/device.py's, as for Drama 3.
+- Audio and codes cross the engine's boundary as numpy (user PCM in, `Frame.pcm` float32
+  and `Frame.tokens` out, `step_codes`' codes in); torch stays inside. A `Voice` is the
+  engine's own object: callers get one from `voice` or `clip_voice` and pass it back.
 - Random draws come from the engine's own generator (`Sampling.seed`), greedy when asked.
 - On CUDA the lockstep's model step and Mimi's encode and decode are captured CUDA graphs
   (engine/graphs.py) replayed every tick; the host bookkeeping between them is eager.
@@ -71,7 +74,7 @@ MAX_CLIP_SECONDS = 30.0  # a voice clip given as audio (the released voices are 
 class Frame:
     pcm: NDArray[np.float32]  # [frame_size], the agent's audio for this tick
     text: str | None  # the agent's text piece, None for padding
-    tokens: torch.Tensor  # [K] the de-delayed tokens: text, agent codes, user codes (CPU)
+    tokens: NDArray[np.int64]  # [K] the de-delayed tokens: text, agent codes, user codes
 
 
 class CodecSteps:
@@ -249,17 +252,17 @@ class PersonaPlex:
         self.timings = {"encode_ms": (time.perf_counter() - start) * 1000}
         return self._tick(codes)
 
-    def step_codes(self, codes: torch.Tensor) -> list[Frame | None]:
+    def step_codes(self, codes: NDArray[np.integer[Any]]) -> list[Frame | None]:
         """One tick from precomputed user codes [B, codebooks] (golden replays skip the encoder)."""
-        codes = torch.as_tensor(codes)
         n = self.cfg.lm.codebooks
-        if codes.shape != (self.slots, n) or codes.dtype not in (torch.int32, torch.int64):
-            raise RequestError(f"expected user codes of shape ({self.slots}, {n}) as integers; "
-                               f"got {tuple(codes.shape)} {codes.dtype}")
+        if not isinstance(codes, np.ndarray) or codes.shape != (self.slots, n) \
+                or not np.issubdtype(codes.dtype, np.integer):
+            got = f"{codes.shape} {codes.dtype}" if isinstance(codes, np.ndarray) else type(codes).__name__
+            raise RequestError(f"expected user codes of shape ({self.slots}, {n}) as integers; got {got}")
         if ((codes < 0) | (codes >= self.cfg.lm.card)).any():
             raise RequestError(f"user codes must be in 0..{self.cfg.lm.card - 1}")
         self.timings = {"encode_ms": 0.0}
-        return self._tick(codes.long().to(self.device))
+        return self._tick(torch.tensor(codes, dtype=torch.long, device=self.device))
 
     @torch.no_grad()
     def _tick(self, codes: torch.Tensor) -> list[Frame | None]:
@@ -274,7 +277,7 @@ class PersonaPlex:
             quiet = torch.tensor([not s for s in speaking], device=self.device)[:, None]
             agent = torch.where(quiet, self.silence[None], out.tokens[:, 1:1 + n])  # [B, n]
             pcm = self.codec.decode(agent).cpu().numpy()  # [B, frame_size]
-            tokens = out.tokens.cpu()
+            tokens = out.tokens.cpu().numpy()  # [B, K]
             for b in np.flatnonzero(speaking):
                 frames[b] = Frame(pcm=pcm[b], text=self.text_piece(int(tokens[b, 0])), tokens=tokens[b])
         finished = [steps[b] is not None and not self.queues[b] for b in range(self.slots)]

@@ -34,7 +34,7 @@ import torch
 from numpy.typing import NDArray
 from safetensors.torch import save_file
 
-from engine import checkpoints
+import engine.checkpoints as checkpoints
 from engine.personaplex.checkpoint import lm_shapes, load_lm, load_mimi, mimi_shapes, read_config
 from engine.personaplex.config import PersonaPlexConfig
 from engine.personaplex.lockstep import Lockstep

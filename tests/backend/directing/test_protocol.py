@@ -14,6 +14,7 @@ import pytest
 from backend.directing import protocol as p
 from backend.directing.parse import parse_client_message
 from backend.transport import pack_audio_frame, unpack_audio_frame
+from engine import Sampling
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "protocol"
 LIMITS = p.Limits()
@@ -43,10 +44,8 @@ def test_client_fixture_parses_to_its_fields(sample: dict[str, typing.Any]) -> N
     if isinstance(message, p.TakeStart):
         assert (message.line_id, message.text) == (raw["line_id"], raw["text"])
         assert message.history == ("kept" if "history" not in raw else tuple(raw["history"]))
-        assert dataclasses.asdict(message.sampling) == {
-            name: raw.get("sampling", {}).get(name)
-            for name in ("temperature", "top_p", "top_k", "max_new_tokens", "seed")
-        }
+        # The client's fields over the engine's defaults (a missing seed stays None: the server picks it).
+        assert dataclasses.asdict(message.sampling) == {**dataclasses.asdict(Sampling()), **raw.get("sampling", {})}
         assert message.deadline_ms == raw.get("deadline_ms")
     elif isinstance(message, p.VoiceSet):
         assert [(base64.b64encode(clip.audio).decode(), clip.text) for clip in message.references] == [
@@ -80,6 +79,10 @@ def test_server_fixture_is_what_dump_writes(sample: dict[str, typing.Any]) -> No
     text = p.dump(cls(**fields))
     assert json.loads(text) == raw
     assert next(iter(json.loads(text))) == "type"
+
+
+def test_the_sampling_wire_form_is_the_engines_fields() -> None:
+    assert list(p.SamplingInfo.__annotations__) == [field.name for field in dataclasses.fields(Sampling)]
 
 
 @pytest.mark.parametrize("sample", load("invalid_client_messages.json"), ids=lambda s: s["name"])

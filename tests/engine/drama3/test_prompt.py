@@ -3,6 +3,7 @@ and against sglang-omni 0.1.9's own builder for the layouts it has (stock, refer
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -40,7 +41,7 @@ def text_rows(ids: list[int]) -> torch.Tensor:
     return rows
 
 
-def code_rows(codes: torch.Tensor) -> torch.Tensor:
+def code_rows(codes: np.ndarray) -> torch.Tensor:
     return torch.stack([torch.tensor([SEMANTIC_0 + int(c[0]), *map(int, c)]) for c in codes.T])
 
 
@@ -64,8 +65,8 @@ def config(tokenizer) -> Drama3Config:
     return Drama3Config.from_dict(preset("tiny", **token_ids(tokenizer)))
 
 
-def codes_of(frames: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 4096, (10, frames), generator=torch.Generator().manual_seed(seed))
+def codes_of(frames: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 4096, (10, frames), dtype=np.int64)
 
 
 def rows_of(text, voice, history, tokenizer, config) -> torch.Tensor:
@@ -151,7 +152,7 @@ def test_matches_sglang_omni_builder(tokenizer, config):
     for text, references in cases:
         ours = rows_of(text, [Reference(c, t) for t, c in references] or None, [], tokenizer, config)
         theirs = sglang_prompt.build_prompt_rows(
-            text, [sglang_prompt.ReferencePart(transcript=t, audio_codes=c) for t, c in references],
+            text, [sglang_prompt.ReferencePart(transcript=t, audio_codes=torch.from_numpy(c)) for t, c in references],
             tokenizer, num_codebooks=10, codebook_size=4096)
         assert torch.equal(ours, theirs), text
 

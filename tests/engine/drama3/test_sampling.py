@@ -8,12 +8,11 @@ import math
 
 import torch
 
-from engine.drama3.sampling import (
+from engine.drama3.sampler import (
     CODEBOOK_TOP_K,
     EMPTY_RAS_SLOT,
     RAS_TOP_K,
     RAS_TOP_P,
-    Sampling,
     SamplingTensors,
     ras_window_of,
     sample_code,
@@ -21,6 +20,7 @@ from engine.drama3.sampling import (
     sample_top_k_top_p,
     take_generator,
 )
+from engine.drama3.sampling import Sampling
 
 ROWS = 4000
 

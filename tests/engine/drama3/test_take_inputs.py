@@ -3,8 +3,8 @@ that tells the user what to change."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 
 from engine.drama3.config import Drama3Config, preset
 from engine.drama3.prompt import Character, HistoryTurn, Reference, build_prompt
@@ -23,16 +23,16 @@ def config(tokenizer):
     return Drama3Config.from_dict(preset("tiny", **token_ids(tokenizer)))
 
 
-CODES = torch.zeros((10, 3), dtype=torch.long)
+CODES = np.zeros((10, 3), dtype=np.int64)
 BAD_TAKES = [
-    ("reference codes wrong shape", dict(voice=[Reference(torch.zeros((9, 3), dtype=torch.long), "r")]),
+    ("reference codes wrong shape", dict(voice=[Reference(np.zeros((9, 3), dtype=np.int64), "r")]),
      r"references.0 codes must be an integer \[10, frames\] array"),
-    ("reference codes empty", dict(voice=[Reference(torch.zeros((10, 0), dtype=torch.long), "r")]),
+    ("reference codes empty", dict(voice=[Reference(np.zeros((10, 0), dtype=np.int64), "r")]),
      "with at least one frame"),
-    ("reference codes float", dict(voice=[Reference(torch.zeros((10, 2)), "r")]), "must be an integer"),
-    ("history codes out of range", dict(history=[HistoryTurn("t", torch.full((10, 2), 4096))]),
+    ("reference codes float", dict(voice=[Reference(np.zeros((10, 2)), "r")]), "must be an integer"),
+    ("history codes out of range", dict(history=[HistoryTurn("t", np.full((10, 2), 4096))]),
      r"history.0 codes must be in \[0, 4096\)"),
-    ("history codes negative", dict(history=[HistoryTurn("t", torch.full((10, 2), -1))]),
+    ("history codes negative", dict(history=[HistoryTurn("t", np.full((10, 2), -1))]),
      r"history.0 codes must be in \[0, 4096\)"),
     ("history text empty", dict(history=[HistoryTurn("", CODES)]), "history.0.text is empty"),
     ("reference transcript with speaker 2", dict(voice=[Reference(CODES, "<|speaker:2|>hi")]),

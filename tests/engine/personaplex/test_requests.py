@@ -36,9 +36,9 @@ def test_non_finite_audio_and_bad_codes(engine: PersonaPlex):
     with pytest.raises(RequestError, match="non-finite"):
         engine.step(frame)
     with pytest.raises(RequestError, match=r"user codes of shape \(2, 8\)"):
-        engine.step_codes(torch.zeros(2, 7, dtype=torch.long))
+        engine.step_codes(np.zeros((2, 7), dtype=np.int64))
     with pytest.raises(RequestError, match=r"user codes must be in 0\.\.127"):
-        engine.step_codes(torch.full((2, 8), 128))
+        engine.step_codes(np.full((2, 8), 128))
 
 
 def test_unknown_voice_lists_the_known_ones(engine: PersonaPlex):
