@@ -64,7 +64,7 @@ def test_demo_checkpoint_from_the_cache_directory(tiny_checkpoint, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--top-p", "2", "Hi"], "top_p must be in (0, 1]"),
-    (["--temperature", "nan", "Hi"], "temperature must be a non-negative number"),
+    (["--temperature", "nan", "Hi"], "temperature must be in [0, 100] (got nan)"),
     (["--reference", "clip.wav", "Hi"], "give one --reference-text for each --reference clip"),
     (["--reference", "missing.wav", "--reference-text", "x", "Hi"], "cannot read reference clip missing.wav"),
     (["--character", "Ada", "Hi"], "--character needs --description"),
@@ -85,4 +85,4 @@ def test_bad_request_is_one_line_and_exit_2(tmp_path, capsys, args, message):
 def test_bad_request_from_the_real_command(tmp_path):
     result = say("-o", tmp_path / "x.wav", "--top-k", "0", "Hi")
     assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
-    assert result.stderr.splitlines() == ["retake say: top_k must be a positive integer, at most 2147483647 (got 0)"]
+    assert result.stderr.splitlines() == ["retake say: top_k must be between 1 and 2147483647 (got 0)"]

@@ -54,37 +54,34 @@ class Sampling:
         limit = max_new_tokens
         n = fields.get("max_new_tokens")
         seed = fields.get("seed")
-        return cls(temperature=_number(given("temperature"), where + "temperature", 0.0, MAX_TEMPERATURE,
-                                       "a non-negative number, at most 100; 0 is greedy"),
-                   top_p=_number(given("top_p"), where + "top_p", 0.0, 1.0, "in (0, 1]", low_open=True),
-                   top_k=_integer(given("top_k"), where + "top_k", 1, MAX_TOP_K,
-                                  f"a positive integer, at most {MAX_TOP_K}"),
+        return cls(temperature=_number(given("temperature"), where + "temperature", 0.0, MAX_TEMPERATURE),
+                   top_p=_number(given("top_p"), where + "top_p", 0.0, 1.0, low_open=True),
+                   top_k=_integer(given("top_k"), where + "top_k", 1, MAX_TOP_K),
                    max_new_tokens=_integer(min(MAX_NEW_TOKENS, limit) if n is None else n, where + "max_new_tokens",
-                                           1, limit, f"between 1 and {limit}"),
-                   seed=None if seed is None else _integer(seed, where + "seed", 0, MAX_SEED,
-                                                           "an integer in [0, 2**63)"))
+                                           1, limit),
+                   seed=None if seed is None else _integer(seed, where + "seed", 0, MAX_SEED))
 
     def checked(self, max_new_tokens: int = MAX_NEW_TOKENS) -> Sampling:
         """These settings if valid (the check of `from_fields`)."""
         return Sampling.from_fields(asdict(self), max_new_tokens=max_new_tokens)
 
 
-def _number(value: object, name: str, low: float, high: float, span: str, *, low_open: bool = False) -> float:
-    """A float in [low, high] (or (low, high]); out of it, "name must be {span} (got x)"."""
+def _number(value: object, name: str, low: float, high: float, *, low_open: bool = False) -> float:
+    """A finite float in [low, high] (or (low, high])."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"{name} must be a finite number")
     number = float(value)
     if not (math.isfinite(number) and low <= number <= high) or (low_open and number == low):
-        raise RequestError(f"{name} must be {span} (got {value:g})")
+        raise RequestError(f"{name} must be in {'(' if low_open else '['}{low:g}, {high:g}] (got {value:g})")
     return number
 
 
-def _integer(value: object, name: str, low: int, high: int, span: str) -> int:
-    """An int in [low, high] (JSON's 3.0 is 3); out of it, "name must be {span} (got n)"."""
+def _integer(value: object, name: str, low: int, high: int) -> int:
+    """An int in [low, high]; JSON's 3.0 is 3."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise RequestError(f"{name} must be an integer")
     if not low <= value <= high:
-        raise RequestError(f"{name} must be {span} (got {value})")
+        raise RequestError(f"{name} must be between {low} and {high} (got {value})")
     return value
