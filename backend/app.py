@@ -27,6 +27,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from backend.conversation.info import conversation_info
 from backend.conversation.loop import ConversationLoop
 from backend.conversation.moshi import moshi_socket
 from backend.conversation.ws import conversation_socket
@@ -99,6 +100,12 @@ async def metrics(request: Request) -> Response:
         return unauthorized()
     state: ServerState = request.app.state.retake
     return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def info_route(request: Request) -> Response:
+    if not authorized(request):
+        return unauthorized()
+    return await conversation_info(request)
 
 
 async def export_route(request: Request) -> Response:
@@ -197,6 +204,7 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
         WebSocketRoute("/converse", conversation_socket),
         WebSocketRoute("/api/chat", moshi_socket),
         Route("/health", health),
+        Route("/converse/info", info_route),
         Route("/metrics", metrics),
         Route("/v1/audio/speech", speech_route, methods=["POST"]),
         Route("/sessions/{session_id}/takes/{take_id}.wav", export_route),

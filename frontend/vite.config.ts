@@ -21,7 +21,7 @@ export default defineConfig({
     proxy: {
       "/ws": { ...proxy, ws: true },
       "^/converse(\\?|$)": { ...proxy, ws: true }, // the socket, not converse.html
-      "/sessions": proxy, "/v1": proxy, "/health": proxy,
+      "/sessions": proxy, "/v1": proxy, "/health": proxy, "/converse/info": proxy,
     },
   },
   test: {

@@ -99,6 +99,7 @@ class ConversationLoop(EngineThread[PersonaPlex]):
     def __init__(self, load: Callable[[], PersonaPlex]) -> None:
         super().__init__(load, "conversation-engine")
         self.voices: list[str] = []  # the engine's voice names (set when it is loaded)
+        self.default_voice: str | None = None  # the voice of a converse.open without one (None: no voices)
         self._joins: deque[_Join] = deque()
         self._talks: dict[int, Conversation] = {}  # slot -> conversation
 
@@ -176,6 +177,8 @@ class ConversationLoop(EngineThread[PersonaPlex]):
 
     def _ready(self, engine: PersonaPlex) -> None:
         self.voices = engine.voice_names()
+        default = engine.voice()
+        self.default_voice = None if default is None else default.name
 
     def _serve(self, engine: PersonaPlex) -> None:
         silence = np.zeros((engine.slots, engine.frame_size), dtype=np.float32)

@@ -17,7 +17,8 @@ Design choices:
   so starting a slot never stalls the others. `open` runs every slot's prompt at once
   without Mimi work.
 - Text pieces: EPAD (0) and PAD (3) are hidden (PP-server), and so are SentencePiece's
-  control pieces (`<s>`, `</s>`); "▁" becomes a space.
+  control pieces (`<s>`, `</s>`) and the persona's `<system>` tag (a user-defined piece the
+  model can sample, but never says); "▁" becomes a space.
 - `record_voice` makes a voice bundle from a clip the way the reference saves one
   (voices.py), on a cold-started lockstep (it restarts every slot).
 - No checkpoint means the tiny demo (tiny.py), written on first use; the device and the
@@ -50,7 +51,15 @@ from engine.personaplex.checkpoint import HUB_PATTERNS, load_lm, load_mimi, load
 from engine.personaplex.config import EPAD_TOKEN, PAD_TOKEN, PersonaPlexConfig
 from engine.personaplex.lockstep import Lockstep
 from engine.personaplex.mimi import Mimi
-from engine.personaplex.prompt import PrefillStep, TextTokenizer, Voice, check_fits, persona_tokens, system_prompt
+from engine.personaplex.prompt import (
+    SYSTEM_TAG,
+    PrefillStep,
+    TextTokenizer,
+    Voice,
+    check_fits,
+    persona_tokens,
+    system_prompt,
+)
 from engine.personaplex.sampling import Sampling, sample_token
 from engine.personaplex.tiny import demo_checkpoint
 from engine.personaplex.voices import (
@@ -289,12 +298,16 @@ class PersonaPlex:
         return frames
 
     def text_piece(self, token: int) -> str | None:
-        """The piece of a sampled text token; None for EPAD, PAD, ids past the vocabulary and control pieces."""
+        """The piece of a sampled text token; None for EPAD, PAD, ids past the vocabulary, control pieces
+        and the `<system>` tag."""
         if token in (EPAD_TOKEN, PAD_TOKEN) or token >= min(self.cfg.lm.text_card, self.tokenizer.vocab_size()):
             return None
         if self.tokenizer.is_control(token):  # <s>, </s>: never text
             return None
-        return self.tokenizer.id_to_piece(token).replace("\u2581", " ")
+        piece = self.tokenizer.id_to_piece(token)
+        if piece == SYSTEM_TAG:  # the persona's delimiter (a user-defined piece): never said aloud
+            return None
+        return piece.replace("\u2581", " ")
 
     def record_voice(self, pcm: NDArray[np.floating[Any]], name: str = "recorded") -> Voice:
         """A voice bundle from a clip, as the reference saves one (voices.py `record_voice`).

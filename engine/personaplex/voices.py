@@ -94,8 +94,11 @@ def read_audio(source: Path | bytes, sample_rate: int) -> NDArray[np.float32]:
         data, rate = soundfile.read(io.BytesIO(source) if isinstance(source, bytes) else str(source),
                                     dtype="float32", always_2d=True)
     except Exception as error:  # noqa: BLE001 - soundfile raises several types for bad input
-        name = "audio" if isinstance(source, bytes) else Path(source).name
-        raise RequestError(f"cannot read {name} as audio ({error}); give a WAV or FLAC file") from None
+        name = "the clip" if isinstance(source, bytes) else Path(source).name
+        # libsndfile's reason, without soundfile's "Error opening <_io.BytesIO object at 0x...>: "
+        why = str(error).rpartition(">: ")[2] or type(error).__name__
+        raise RequestError(f"{name} is not a WAV or FLAC file this server can read ({why.rstrip('.')}); "
+                           "give a WAV or FLAC file") from None
     mono = data.mean(axis=1)
     if rate != sample_rate:
         import librosa

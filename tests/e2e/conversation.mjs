@@ -95,12 +95,21 @@ await runSteps(result, args.out, page, async () => {
   await page.locator("#to-conversation").waitFor({ state: "visible" });
   check("the studio shows its Conversation link", true);
 
-  // 1. The page, before any conversation: the server's default is the only voice.
+  // 1. The page, before any conversation, shows what the server offers (GET /converse/info): its
+  //    voices with the default chosen, the demo banner, the persona's limit.
+  const info = await (await fetch(`${args.url}/converse/info`)).json();
   await page.goto(`${args.url}/converse.html`);
   await page.waitForFunction(() => window.conversation !== undefined);
   check("the page starts idle", (await conversation(() => window.conversation.status)) === "idle");
+  await page.waitForFunction((n) => document.querySelectorAll("#voice option").length === n, info.voices.length);
   const before = await page.locator("#voice option").evaluateAll((options) => options.map((o) => o.value));
-  check("before the first conversation the voice is the server's default", JSON.stringify(before) === '[""]', JSON.stringify(before));
+  check("before any conversation the voices are the server's, its default chosen",
+    JSON.stringify(before) === JSON.stringify(info.voices) && (await page.locator("#voice").inputValue()) === info.voice,
+    `${JSON.stringify(before)}; server: ${JSON.stringify(info)}`);
+  check("the demo banner shows before any conversation", (await page.locator("#banner-demo").isVisible()) === info.demo_weights);
+  await page.fill("#persona", "Hello.");
+  check("the persona's limit is shown as it is typed", (await page.locator(".persona-count").textContent()) === `6 / ${info.max_persona_chars} characters`,
+    await page.locator(".persona-count").textContent());
   check("the page links back to the studio", (await page.locator("#to-studio").getAttribute("href")) === "./");
 
   // 2. Start: the mic opens, the socket opens, the system prompt runs, then it listens.
@@ -112,8 +121,8 @@ await runSteps(result, args.out, page, async () => {
   check("Start reaches listening", startState.status === "listening", JSON.stringify(startState));
   result.listeningMs = Math.round(performance.now() - clicked);
   check("one socket, to /converse on the page's host", wire.sockets === 1);
-  check("converse.open carries the persona and leaves the voice to the server",
-    wire.open !== null && wire.open.persona === PERSONA && !("voice" in wire.open), JSON.stringify(wire.open));
+  check("converse.open carries the persona and the chosen voice",
+    wire.open !== null && wire.open.persona === PERSONA && wire.open.voice === info.voice, JSON.stringify(wire.open));
   const ready = wire.ready;
   check("converse.ready came before listening", ready !== null && wire.listeningAt >= 0);
   check("converse.ready: 24 kHz, 1920-sample ticks, our persona",
@@ -193,10 +202,14 @@ await runSteps(result, args.out, page, async () => {
     JSON.stringify([...new Set(up.map((f) => f.bytes))]));
   check("the page counted what it sent", quiet.sent === up.length * FRAME_SAMPLES, `${quiet.sent} vs ${up.length} frames`);
 
-  // 7. A refused start: a persona over the server's 4,000 characters, with the voice now chosen.
+  // 7. A refused start: a persona within the characters but too long for the (tiny) model's
+  //    context; then a clip that is not audio. Each error is shown as the server words it, and
+  //    the voices and the banner stay.
   const sockets = wire.sockets;
   wire.closed = false;
-  await page.fill("#persona", "x".repeat(4001));
+  await page.fill("#persona", "x".repeat(info.max_persona_chars + 10));
+  check("the persona field stops at the server's limit", (await page.locator("#persona").inputValue()).length <= info.max_persona_chars);
+  await page.fill("#persona", "word ".repeat(790));
   await page.click("#start");
   await page.waitForFunction(() => window.conversation.status === "closed");
   await until("the refused socket to close", () => wire.closed, 5000);
@@ -204,9 +217,23 @@ await runSteps(result, args.out, page, async () => {
   check("the second open carries the chosen voice", wire.sockets === sockets + 1 && wire.open.voice === ready.voice,
     JSON.stringify({ ...wire.open, persona: undefined }));
   check("a refused open shows the server's error plainly and ends the conversation",
-    /persona/.test(refused.error ?? "") && /bad_field/.test(refused.error) && !refused.mic
+    /context/.test(refused.error ?? "") && !/bad_field/.test(refused.error) && !refused.mic
       && (await page.locator("#error").textContent()) === refused.error
       && (await page.locator("#start").textContent()) === "Start", JSON.stringify(refused));
+  const after = await page.locator("#voice option").evaluateAll((options) => options.map((o) => o.value));
+  check("after a refusal the voices and the banner stay", JSON.stringify(after) === JSON.stringify(info.voices)
+    && (await page.locator("#banner-demo").isVisible()) === info.demo_weights, JSON.stringify(after));
+  wire.closed = false;
+  await page.fill("#persona", "Be brief.");
+  await page.locator("#voice-clip").setInputFiles({ name: "notes.wav", mimeType: "audio/wav", buffer: Buffer.from("not audio") });
+  await page.locator("#clear-clip").waitFor({ state: "visible" });
+  await page.click("#start");
+  await page.waitForFunction(() => window.conversation.status === "closed" && window.conversation.error !== null);
+  const badClip = await conversation(() => window.conversation.error);
+  check("a clip that is not audio is refused in words", badClip.startsWith("the clip is not a WAV or FLAC file")
+    && !/BytesIO|bad_field/.test(badClip), badClip);
+  await until("the refused socket to close", () => wire.closed, 5000);
+  await page.click("#clear-clip");
 
   // 8. A voice clip becomes the agent's voice (a short persona: the tiny model's context is small).
   wire.closed = false;

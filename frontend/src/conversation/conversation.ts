@@ -16,6 +16,7 @@ import {
   agentFrameProblem, conversationOpen, decodeConversation, encodeConversation, encodePcm16, type ConversationReady,
   type ConversationServerMessage,
 } from "./protocol";
+import { closeWords } from "../shared/close";
 import { ProtocolDecodeError, decodeAudioFrame } from "../shared/wire";
 import { encodeWav, interleave, joinPcm } from "../audio/wav";
 
@@ -121,10 +122,10 @@ export class Conversation {
     };
     socket.onclose = (event) => {
       if (this.socket !== socket) return;
-      const why = `closed ${event.code}${event.reason ? `: ${event.reason}` : ""}`;
+      const why = closeWords(event.code, event.reason);
       const clean = event.code === 1000 || event.code === 1005;
-      const problem = !opened ? `could not reach ${this.url.split("?")[0]} (${why}): is the server up, with --converse, and the token right?`
-        : clean ? null : `the server ended the conversation (${why})`;
+      const problem = !opened ? `could not reach the server (${why}): is it up, with --converse, and the token right?`
+        : clean ? null : `the conversation ended: ${why}`;
       this.end(this.error ?? problem, why);
     };
     this.socket = socket;
@@ -134,10 +135,10 @@ export class Conversation {
   /** End the conversation: close the socket, release the mic, close the context. */
   stop(): void {
     if (!this.active) return;
-    this.end(this.error, "closed by you");
+    this.end(this.error, "you stopped it");
   }
 
-  private end(error: string | null, why = "closed"): void {
+  private end(error: string | null, why = "it ended"): void {
     this.attempt++;
     const socket = this.socket;
     this.socket = null;
@@ -166,10 +167,11 @@ export class Conversation {
         this.text += message.text;
         break;
       case "error":
-        this.error = `${message.message} (${message.code})`;
+        // The message says what to change; the code is for programs, not for the director.
+        this.error = message.message;
         // Refused before it began (a bad persona, an unknown voice): the server would wait for
         // another converse.open; the page ends it instead, so Start is there to try again.
-        if (this.status === "connecting") return this.end(this.error, "refused");
+        if (this.status === "connecting") return this.end(this.error, "the server refused to start it");
         break;
       case "pong":
         return;

@@ -3,9 +3,11 @@
  * `/converse` (docs/protocol.md §9). Conversation owns the socket and the audio; this file
  * only draws it, once per animation frame after anything changed.
  *
- * - The voice list is the server's: it comes with `converse.ready`, so before the first
- *   conversation the only choice is the server's default; after it, the server's voices with
- *   the one it used selected.
+ * - What the server offers comes before any conversation, from `GET /converse/info`: its
+ *   voices (its default selected), its default persona (the placeholder), the persona's length
+ *   limit (a counter under the field), the clip's length limit and the demo-weights banner; a
+ *   server without a conversation engine is said at once and Start is disabled. A refused
+ *   start leaves all of it in place.
  * - The socket goes to the page's own host (ws: or wss: like the page) and carries the page's
  *   `?token=`, as the studio's does; the link back to the studio keeps the token too.
  * - Save downloads the conversation so far as a stereo WAV (Conversation.recording()).
@@ -13,7 +15,8 @@
  */
 import "../shared/style.css";
 import { Conversation, type ConversationStatus } from "./conversation";
-import type { ConversationReady } from "./protocol";
+import type { ConversationInfo } from "./protocol";
+import { decodeInfo } from "./protocol";
 import { base64 } from "../shared/wire";
 import { asMs } from "../audio/jitter_buffer";
 import { byId, download, h, seconds, setText } from "../shared/dom";
@@ -32,6 +35,25 @@ const persona = byId<HTMLTextAreaElement>("persona");
 const button = byId<HTMLButtonElement>("start");
 const statusDot = byId("status");
 const error = byId("error");
+const personaCount = h("span.hint.persona-count");
+persona.after(personaCount);
+persona.addEventListener("input", () => draw());
+/** What the server offers (GET /converse/info); null until it answered, or when it could not. */
+let info: ConversationInfo | null = null;
+let infoProblem: string | null = null;
+const infoUrl = new URL("/converse/info", location.href);
+if (token !== null) infoUrl.searchParams.set("token", token);
+void fetch(infoUrl)
+  .then(async (reply) => {
+    if (!reply.ok) throw new Error(`the server answered ${reply.status} ${reply.statusText}`);
+    info = decodeInfo(await reply.text());
+    if (info.converse) showVoices(info);
+    else infoProblem = "This server runs no conversation engine: start it with retake serve --converse.";
+  })
+  .catch((problem: unknown) => {
+    infoProblem = `Could not ask the server what it offers (${problem instanceof Error ? problem.message : String(problem)}).`;
+  })
+  .finally(() => draw());
 
 const STATUS_CLASS: Record<ConversationStatus, string> = {
   idle: "", starting: "connecting", connecting: "connecting", "system prompt": "connecting", listening: "open",
@@ -79,7 +101,6 @@ save.addEventListener("click", () => {
 });
 
 let frame = 0;
-let shownReady: ConversationReady | null = null;
 conversation.onChange = () => {
   if (frame === 0) frame = requestAnimationFrame(draw);
 };
@@ -92,20 +113,23 @@ function draw(): void {
   const status = c.status;
   statusDot.className = `connection ${STATUS_CLASS[status]}`;
   setText(statusDot.querySelector("span")!, status);
-  const line = status === "closed" && c.closed !== null ? `Closed (${c.closed}).` : STATUS_LINE[status];
-  setText(byId("status-line"), line + (c.frameProblem !== null ? ` Agent audio off protocol: ${c.frameProblem}.` : ""));
+  const line = status === "closed" && c.closed !== null ? `Closed: ${c.closed}.` : STATUS_LINE[status];
+  const offered = status === "idle" && infoProblem !== null ? infoProblem : line;
+  setText(byId("status-line"), offered + (c.frameProblem !== null ? ` Agent audio off protocol: ${c.frameProblem}.` : ""));
   error.hidden = c.error === null;
   setText(error, c.error ?? "");
   setText(button, c.active ? "Stop" : "Start");
   button.className = c.active ? "stop" : "primary";
+  button.disabled = !c.active && info?.converse === false;
+  const limit = info?.converse === true ? info.max_persona_chars : null;
+  if (limit !== null && persona.maxLength !== limit) persona.maxLength = limit;
+  setText(personaCount, limit === null ? "" : `${persona.value.length} / ${limit} characters`);
   const hasClip = clip !== null;
   voice.disabled = persona.disabled = clipInput.disabled = c.active;
   voice.disabled ||= hasClip;
   clearClip.hidden = !hasClip || c.active;
   save.disabled = c.recordedTicks === 0;
-  byId("banner-demo").hidden = c.ready?.demo_weights !== true;
-  if (c.ready !== shownReady && c.ready !== null) showVoices(c.ready);
-  shownReady = c.ready ?? shownReady;
+  byId("banner-demo").hidden = (info?.converse === true ? info.demo_weights : c.ready?.demo_weights) !== true;
 
   const transcript = byId("transcript");
   if (transcript.textContent !== c.text) {
@@ -122,12 +146,13 @@ function draw(): void {
     : String(stats.underruns) + (stats.dropped > 0 ? ` · ${Math.round(asMs(stats.dropped, rate))} ms dropped` : ""));
 }
 
-/** The server's voices with the one it used selected, and its persona as the placeholder. */
-function showVoices(ready: ConversationReady): void {
-  persona.placeholder = ready.persona;
-  if (ready.voices.length === 0) return; // the checkpoint has none: keep "Server default"
-  voice.replaceChildren(...ready.voices.map((name) => h("option", { value: name }, name)));
-  voice.value = ready.voice ?? "";
+/** The server's voices with its default selected, and its default persona as the placeholder. */
+function showVoices(offer: Extract<ConversationInfo, { converse: true }>): void {
+  persona.placeholder = offer.persona;
+  byId("clip-hint").textContent = `(WAV or FLAC, up to ${offer.max_clip_seconds} s: the agent takes its voice)`;
+  if (offer.voices.length === 0) return; // the checkpoint has none: keep "Server default"
+  voice.replaceChildren(...offer.voices.map((name) => h("option", { value: name }, name === offer.voice ? `${name} (default)` : name)));
+  voice.value = offer.voice ?? offer.voices[0]!;
 }
 
 (window as unknown as { conversation: Conversation }).conversation = conversation;

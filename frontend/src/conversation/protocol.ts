@@ -12,7 +12,7 @@
  *   `agentFrameProblem` checks what §9 adds (take 0, one tick per frame, contiguous).
  */
 import {
-  ProtocolDecodeError, bool, decodeTyped, int, list, nullable, record, str, type AudioFrame, type Check,
+  ProtocolDecodeError, bool, decodeTyped, int, list, nullable, num, object, record, str, type AudioFrame, type Check,
 } from "../shared/wire";
 
 // ─── Client → server ─────────────────────────────────────────────────────────
@@ -72,6 +72,33 @@ const decoders: { [T in ConversationServerMessage["type"]]: Check<Body<T>> } = {
 /** A server text frame of `/converse` as a checked message. */
 export function decodeConversation(text: string): ConversationServerMessage {
   return decodeTyped<ConversationServerMessage>(decoders, text, "conversation");
+}
+
+// ─── GET /converse/info ──────────────────────────────────────────────────────
+
+/** What the server offers before any conversation (docs/protocol.md §9). */
+export type ConversationInfo =
+  | {
+      converse: true; voices: string[]; voice: string | null; persona: string; max_persona_chars: number;
+      max_clip_seconds: number; sample_rate: number; frame_samples: number; demo_weights: boolean;
+    }
+  | { converse: false };
+
+const offered = record<Omit<Extract<ConversationInfo, { converse: true }>, "converse">>({
+  voices: list(str), voice: nullable(str), persona: str, max_persona_chars: int, max_clip_seconds: num,
+  sample_rate: int, frame_samples: int, demo_weights: bool,
+});
+
+/** The JSON body of GET /converse/info, checked field by field. */
+export function decodeInfo(text: string): ConversationInfo {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    throw new ProtocolDecodeError("/converse/info must answer JSON");
+  }
+  const converse = bool(object(value, "info")["converse"], "info.converse");
+  return converse ? { converse, ...offered(value, "info") } : { converse };
 }
 
 // ─── Audio ───────────────────────────────────────────────────────────────────

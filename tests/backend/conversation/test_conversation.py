@@ -203,6 +203,24 @@ def test_bad_audio_and_messages_get_errors(talk_server: LiveServer) -> None:
     run(main())
 
 
+def test_the_page_learns_voices_persona_and_limits_before_talking(talk_server: LiveServer, server: LiveServer,
+                                                                  ) -> None:
+    async def main() -> None:
+        info = json.loads(await fetch(f"{talk_server.http}/converse/info"))
+        assert info == {
+            "converse": True, "voices": ["NATF2"], "voice": "NATF2", "persona": DEFAULT_PERSONA,
+            "max_persona_chars": 4000, "max_clip_seconds": 30.0, "sample_rate": 24000, "frame_samples": 1920,
+            "demo_weights": True,
+        }
+        # What converse.ready says once a conversation starts agrees with it.
+        socket, ready = await open_when_free(talk_server.converse)
+        assert (ready["voices"], ready["voice"], ready["persona"]) == (info["voices"], info["voice"], info["persona"])
+        await socket.close()
+        assert json.loads(await fetch(f"{server.http}/converse/info")) == {"converse": False}
+
+    run(main())
+
+
 def test_a_server_without_conversations_says_so(server: LiveServer) -> None:
     async def main() -> None:
         socket = await websockets.connect(server.converse)
@@ -258,12 +276,14 @@ def test_a_voice_clip_becomes_the_agents_voice(talk_server: LiveServer) -> None:
         for fields, says in [
             ({"voice_clip": "%%%"}, "voice_clip must be a WAV or FLAC file, base64-encoded"),
             ({"voice_clip": clip, "voice": "NATF2"}, "give a voice or a voice_clip, not both"),
-            ({"voice_clip": base64.b64encode(b"not audio").decode()}, "cannot read audio as audio"),
+            ({"voice_clip": base64.b64encode(b"not audio").decode()},
+             "the clip is not a WAV or FLAC file this server can read (Format not recognised); give a WAV or FLAC file"),
             ({"voice_clip": wav_file(np.zeros(24000 * 31, np.float32), 24000)},
              "a voice clip must be 80 ms to 30 s long; this one is 31.00 s"),
         ]:
             socket, reply = await open_when_free(talk_server.converse, **fields)
             assert reply["code"] == "bad_field" and says in reply["message"], reply
+            assert "BytesIO" not in reply["message"]  # no Python object in a director's error
             await socket.close()
 
     run(main())

@@ -125,3 +125,16 @@ def test_broken_checkpoints_name_the_problem(personaplex_checkpoint: Path, tmp_p
         PersonaPlex.load(root, device="cpu")
     with pytest.raises(RequestError, match="neither a checkpoint directory nor a Hugging Face repo id"):
         PersonaPlex.load(tmp_path / "nowhere", device="cpu")
+
+
+def test_text_pieces_leave_out_what_is_never_said(engine: PersonaPlex):
+    """Padding, control pieces and the persona's `<system>` tag (which the model can sample) are not
+    text; a word piece is, with SentencePiece's "▁" as a space."""
+    tokenizer = engine.tokenizer
+    system = tokenizer.piece_to_id("<system>")  # type: ignore[attr-defined]
+    assert tokenizer.id_to_piece(system) == "<system>"
+    hidden = [0, 3, system, tokenizer.bos_id(), tokenizer.eos_id()]  # type: ignore[attr-defined]
+    assert [engine.text_piece(token) for token in hidden] == [None] * len(hidden)
+    word = next(t for t in range(tokenizer.vocab_size()) if tokenizer.id_to_piece(t).startswith("\u2581")
+                and len(tokenizer.id_to_piece(t)) > 1 and not tokenizer.is_control(t))
+    assert engine.text_piece(word) == " " + tokenizer.id_to_piece(word)[1:]
