@@ -277,7 +277,8 @@ def test_a_voice_clip_becomes_the_agents_voice(talk_server: LiveServer) -> None:
             ({"voice_clip": "%%%"}, "voice_clip must be a WAV or FLAC file, base64-encoded"),
             ({"voice_clip": clip, "voice": "NATF2"}, "give a voice or a voice_clip, not both"),
             ({"voice_clip": base64.b64encode(b"not audio").decode()},
-             "the clip is not a WAV or FLAC file this server can read (Format not recognised); give a WAV or FLAC file"),
+             "the clip is not a WAV or FLAC file this server can read (Format not recognised); give a WAV or FLAC "
+             "file"),
             ({"voice_clip": wav_file(np.zeros(24000 * 31, np.float32), 24000)},
              "a voice clip must be 80 ms to 30 s long; this one is 31.00 s"),
         ]:
