@@ -10,13 +10,19 @@ Design choices (nano-vllm's capture_cudagraph, moshi's CUDAGraphed):
 - The model never knows about graphs; the caller owns the static buffers.
 - Disabled (plain eager calls, same results) on CPU or when asked, so one code path
   serves tests and the GPU.
-- Buckets are captured largest first so the shared pool is sized once.
+- Buckets are captured largest first so the shared pool is sized once. Several
+  StepGraphs may share a pool (`shared_pool()`) when their graphs never run at once.
 - Warm-up and capture run the step, so they change the static buffers it writes:
   capture before a take starts, then reset those buffers.
+- A bucket that cannot be captured runs eagerly, with the reason logged (never a crash):
+  the last warm-up call runs under CUDA's sync debug mode "error" (the first may compile
+  and autotune, which synchronise), so a step that reads the host (which a capture cannot
+  hold) is found before the capture; a capture that fails anyway is caught the same way.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -26,17 +32,26 @@ import torch
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE  # the type of a graph's memory pool (torch keeps it private)
 
+log = logging.getLogger("retake.engine")
+
+
+def shared_pool() -> _POOL_HANDLE:
+    """A memory pool for graphs that never replay at the same time."""
+    return torch.cuda.graph_pool_handle()
+
 
 class StepGraphs:
     def __init__(self, step: Callable[[int], object], buckets: Iterable[int], *, enabled: bool,
-                 warmup_calls: int = 2, generators: Iterable[torch.Generator] = ()) -> None:
-        self.step = step
+                 warmup_calls: int = 2, generators: Iterable[torch.Generator] = (),
+                 pool: _POOL_HANDLE | None = None, name: str = "step") -> None:
+        self.step, self.name = step, name
         self.generators = tuple(generators)  # non-default generators the step draws from
         self.buckets = sorted(set(buckets))
         self.enabled = enabled and torch.cuda.is_available()
         self.warmup_calls = warmup_calls
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool: _POOL_HANDLE | None = None  # the memory pool the graphs share, once one exists
+        self.eager: dict[int, str] = {}  # buckets that could not be captured, and why
+        self.pool: _POOL_HANDLE | None = pool  # the memory pool the graphs share, once one exists
         self.capture_s: dict[int, float] = {}
 
     def bucket_for(self, length: int) -> int:
@@ -45,30 +60,50 @@ class StepGraphs:
                 return bucket
         raise ValueError(f"length {length} exceeds the largest bucket {self.buckets[-1]}")
 
+    @property
+    def captured(self) -> bool:
+        """Every bucket has its graph or runs eagerly for a logged reason (or graphs are off)."""
+        return not self.enabled or len(self.graphs) + len(self.eager) == len(self.buckets)
+
     def capture(self, buckets: Iterable[int] | None = None) -> None:
         """Capture the given buckets (default: all), largest first."""
         if not self.enabled:
             return
         for bucket in sorted(buckets or self.buckets, reverse=True):
-            if bucket in self.graphs:
+            if bucket in self.graphs or bucket in self.eager:
                 continue
             started = time.perf_counter()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(self.warmup_calls):
-                    self.step(bucket)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            for generator in self.generators:  # replays then advance the generator's own offset
-                graph.register_generator_state(generator)
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.step(bucket)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[bucket] = graph
-            torch.cuda.synchronize()
+            try:
+                self.graphs[bucket] = self.capture_one(bucket)
+            except Exception as error:  # noqa: BLE001 - it reads the host, or the capture failed: run it eagerly
+                torch.cuda.synchronize()
+                self.eager[bucket] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                log.warning("%s: bucket %d runs eagerly (no CUDA graph): %s", self.name, bucket, self.eager[bucket])
+                continue
             self.capture_s[bucket] = time.perf_counter() - started
+
+    def capture_one(self, bucket: int) -> torch.cuda.CUDAGraph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for call in range(self.warmup_calls):
+                # The first call may compile and autotune (they synchronise); a later one must not read the host.
+                checked = 0 < call == self.warmup_calls - 1
+                torch.cuda.set_sync_debug_mode("error" if checked else "default")
+                try:
+                    self.step(bucket)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        for generator in self.generators:  # replays then advance the generator's own offset
+            graph.register_generator_state(generator)
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.step(bucket)
+        if self.pool is None:
+            self.pool = graph.pool()
+        torch.cuda.synchronize()
+        return graph
 
     def __call__(self, length: int) -> None:
         """Run the step for a KV length: replay its bucket's graph, or call it eagerly."""

@@ -10,7 +10,8 @@ import argparse
 import importlib
 
 NAME = "bench"
-HELP = "measure speed: codec, rtf (CPU take real-time factor), slots, decode, prefill, takes, personaplex"
+HELP = ("measure speed: codec, rtf (CPU take real-time factor), slots, decode, prefill, takes, personaplex; "
+        "numerics (compiled vs eager, float32)")
 BENCHES = {
     "codec": "engine.bench.codec",
     "rtf": "engine.bench.rtf",
@@ -19,6 +20,7 @@ BENCHES = {
     "prefill": "engine.bench.drama3",
     "takes": "engine.bench.drama3",
     "personaplex": "engine.bench.personaplex",
+    "numerics": "engine.bench.numerics",
 }
 
 

@@ -8,7 +8,8 @@
   bandwidth (the floor), with the ratio to it. Also the aten ops and GEMMs one eager
   step launches (torch.profiler), before and after `fuse_projections`, and the eager
   step time once fused.
-- prefill: the prompt's backbone and tower prefill for 300, 1,000 and 4,000 rows.
+- prefill: the prompt's backbone and tower prefill for 300, 1,000 and 4,000 rows, launched
+  from Python and replayed from the chunk graphs (prefill.py), beside the targets.
 - takes: all of the above, plus first audio (prefill start to the first PCM window on the
   host) for a 300-row prompt, vocode ms per window length, and peak GPU memory.
 
@@ -48,6 +49,7 @@ Row = dict[str, Any]  # one printed and JSON row of a benchmark
 HELP = "Drama 3 speed: decode step eager vs CUDA graph, prefill, first audio (see docs/perf.md)"
 TARGETS = {"decode_graph_ms": 4.0, "first_audio_ms": 60.0, "graph_speedup": 3.0}
 PREFILL_ROWS = (300, 1000, 4000)
+PREFILL_TARGETS_MS = {300: 30.0, 1000: 80.0, 4000: 300.0}
 WINDOW_FRAMES = (10, 20, 32, 64)
 NOTE = "random weights: routing is near-uniform, so expert reuse across tokens is lower than with real weights"
 
@@ -65,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", type=Path, metavar="FILE",
                         help="write the top kernels of one decode step and one 300-row prefill here")
     parser.add_argument("--steps", type=int, default=200, help="decode steps timed (median reported)")
+    parser.add_argument("--prompt-rows", type=int, nargs="+", default=list(PREFILL_ROWS), metavar="N",
+                        help="prompt sizes prefilled (default 300 1000 4000); the first is first audio's prompt")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
 
 
@@ -307,51 +311,84 @@ def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device,
     return [row, *op_rows], installed
 
 
-def bench_prefill(model: Drama3Model, config: Drama3Config, device: torch.device) -> list[Row]:
+def bench_prefill(model: Drama3Model, config: Drama3Config, device: torch.device,
+                  sizes: list[int] = list(PREFILL_ROWS)) -> list[Row]:  # noqa: B006 - never mutated
+    """Each prompt size prefilled launched from Python (chunks of 512 rows) and, on CUDA,
+    replayed from the chunk graphs (prefill.py); median of 3 after a warm-up."""
     from engine.drama3.decoder import Decoder
 
     rows_out = []
-    max_rows = max(PREFILL_ROWS) + 64
+    max_rows = max(sizes) + 64
     model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
-    decoder = Decoder(model, max_rows)
-    for rows in PREFILL_ROWS:
+    eager = Decoder(model, max_rows)
+    graphed = Decoder(model, max_rows, graphs=True)
+    started = time.perf_counter()
+    graphed.chunked.capture()
+    capture_s = round(time.perf_counter() - started, 1)
+    eager_sizes = sorted(size for size, graphs in graphed.chunked.graphs.items() if graphs.eager)
+    for rows in sizes:
         prompt = synthetic_prompt(config, rows, 16)
-        decoder.prefill(prompt)  # warm-up (autotuning, allocator)
-        ms = timed_ms(functools.partial(decoder.prefill, prompt), device, 3)
-        rows_out.append({"bench": "prefill", "rows": rows, "ms": round(statistics.median(ms), 2),
-                         "rows_per_s": round(rows / statistics.median(ms) * 1000)})
+        row: Row = {"bench": "prefill", "rows": rows}
+        for name, decoder in (("eager", eager), ("graph", graphed)):
+            decoder.prefill(prompt)  # warm-up (autotuning, allocator)
+            ms = statistics.median(timed_ms(functools.partial(decoder.prefill, prompt), device, 3))
+            row[f"{name}_ms"], row[f"{name}_rows_per_s"] = round(ms, 2), round(rows / ms * 1000)
+        row.update(target_ms=PREFILL_TARGETS_MS.get(rows), graphs=graphed.graphs.enabled, capture_s=capture_s,
+                   eager_chunk_sizes=eager_sizes)
+        rows_out.append(row)
     return rows_out
 
 
-def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: torch.device) -> list[Row]:
+def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: torch.device,
+                prompt_rows: int = 300) -> list[Row]:
+    """First audio of a take (its windows vocoded inline, and on a worker thread as the
+    engine and the server do), and vocode time per window launched from Python and
+    replayed from the window graphs (codec_graphs.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.drama3.codec_graphs import WindowGraphs
     from engine.drama3.decoder import Decoder
     from engine.drama3.slots import Slots
-    from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, decode_window
+    from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, decode_window, window_lengths
     from engine.drama3.take import Done
 
     out: list[Row] = []
-    max_rows = 300 + 200 + 64
+    max_rows = prompt_rows + 200 + 64
     model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
     decoder = Decoder(model, max_rows, graphs=True)
     decoder.capture()
+    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, 4))  # covers the seed's windows too
+    graphs.capture()
+    codec.window_graphs = graphs if graphs.graphs.enabled else None
+    vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-vocoder")
     for first_window in (None, 4):
-        firsts: list[float] = []
-        slots = Slots(decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window)
-        for seed in range(4):
-            prompt = synthetic_prompt(config, 300, 48, seed)
-            done = next(e for e in slots.generate(slots.start(prompt)) if isinstance(e, Done))
-            firsts.append(done.timings["first_audio_ms"] or 0.0)
-        out.append({"bench": "first_audio", "prompt_rows": 300, "first_window_frames": first_window or 10,
-                    "first_audio_ms": round(statistics.median(firsts[1:]), 1)})
+        for where, executor in (("inline", None), ("thread", vocoder)):
+            firsts: list[float] = []
+            slots = Slots(decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window,
+                          executor=executor)
+            for seed in range(4):
+                prompt = synthetic_prompt(config, prompt_rows, 48, seed)
+                done = next(e for e in slots.generate(slots.start(prompt)) if isinstance(e, Done))
+                firsts.append(done.timings["first_audio_ms"] or 0.0)
+            out.append({"bench": "first_audio", "prompt_rows": prompt_rows, "first_window_frames": first_window or 10,
+                        "vocoder": where, "first_audio_ms": round(statistics.median(firsts[1:]), 1)})
+    vocoder.shutdown()
     codes = torch.randint(0, 1024, (config.num_codebooks, 512), device=device)
     for frames in WINDOW_FRAMES:
         for context in (0, STREAM_OVERLAP_FRAMES):
             end = context + frames
             window = Window(start=0, emit=context, end=end, last=False)
+            row: Row = {"bench": "vocode", "frames": frames, "context_frames": context}
+            codec.window_graphs = None
             decode_window(codec, codes, window)
-            ms = timed_ms(functools.partial(decode_window, codec, codes, window), device, 5)
-            out.append({"bench": "vocode", "frames": frames, "context_frames": context,
-                        "ms": round(statistics.median(ms), 2)})
+            row["eager_ms"] = round(statistics.median(timed_ms(functools.partial(decode_window, codec, codes, window),
+                                                               device, 5)), 2)
+            if graphs.runs(window):
+                row["graph_frames"] = graphs.graphs.bucket_for(end)  # the graph it replays (padded up)
+                row["graph_ms"] = round(statistics.median(timed_ms(functools.partial(graphs.pcm, codes, window),
+                                                                   device, 5)), 2)
+            out.append(row)
+    codec.window_graphs = graphs if graphs.graphs.enabled else None
     return out
 
 
@@ -405,9 +442,9 @@ def run(args: argparse.Namespace) -> int:
             installed = install_fast_path(model, compile_layers=not args.no_compile,
                                           compile_prefill=args.compile_prefill)
         if args.bench in ("prefill", "takes"):
-            rows += bench_prefill(model, config, device)
+            rows += bench_prefill(model, config, device, args.prompt_rows)
         if args.bench == "takes":
-            rows += bench_takes(model, codec, config, device)
+            rows += bench_takes(model, codec, config, device, args.prompt_rows[0])
         if args.profile:
             args.profile.write_text(profile_tables(model, config, device), encoding="utf-8")
     meta = {"source": source, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -423,10 +460,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"targets: decode graph {decode['graph_ms']} ms (<= {TARGETS['decode_graph_ms']}), "
               f"graph speed-up {decode['graph_speedup']}x (>= {TARGETS['graph_speedup']}x), "
               f"{decode['ratio_to_floor']}x the {decode['floor_ms']} ms floor")
+    prefill = [r for r in rows if r["bench"] == "prefill"]
+    if prefill:
+        print("targets: prefill " + ", ".join(f"{r['rows']} rows {r['graph_ms']} ms (<= {r['target_ms']}, eager "
+                                              f"{r['eager_ms']})" for r in prefill))
     first = [r for r in rows if r["bench"] == "first_audio"]
     if first:
         print("targets: first audio " + ", ".join(f"{r['first_audio_ms']} ms (first window "
-                                                 f"{r['first_window_frames']})" for r in first)
+                                                 f"{r['first_window_frames']}, {r['vocoder']})" for r in first)
               + f" (<= {TARGETS['first_audio_ms']})")
     if meta["peak_memory_gib"] is not None:
         print(f"peak GPU memory {meta['peak_memory_gib']} GiB")

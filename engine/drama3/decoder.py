@@ -1,7 +1,7 @@
 """The decode state of N slots and the batched step that advances every slot by one frame.
 
     decoder = Decoder(model, max_rows, slots=N, graphs=True)  # static state [N, ...]; caches by model.setup_caches
-    decoder.capture()                             # CUDA: one graph per KV bucket, before the first take
+    decoder.capture()                             # CUDA: step and prefill graphs, before the first take
     decoder.prefill(prompt, slot)                 # a take's prompt into a free slot; the slot turns active
     decoder.step(max_position, rows)              # one frame for the slots (graph replay or eager)
     finite, *frame = decoder.read_status()[slot]  # on CUDA: pinned copy, event polled (engine/readback.py)
@@ -37,10 +37,10 @@ Design choices:
 - Each slot's draws come from its own generator (sampling.py draws noise per row), which
   a prefill re-seeds in place (a captured graph holds these objects): a seeded take
   samples the same frames alone and batched with other takes.
-- Prefill runs one prompt through the backbone in chunks of 512 rows (the rows and
-  their causal attention are the same whatever the chunking), teacher-forcing the
-  tower with each row's next row as its label; the last prompt row's tower slot is
-  written by the first decode step at that position. Other slots are untouched.
+- Prefill (prefill.py) runs one prompt through the backbone in chunks, teacher-forcing
+  the tower with each row's next row as its label (the last row's label is a placeholder
+  the first decode step overwrites); on CUDA each chunk is a graph replay. Other slots
+  are untouched.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import math
 import torch
 
 from engine.drama3.model import Drama3Model
+from engine.drama3.prefill import ChunkedPrefill
 from engine.drama3.prompt import Prompt
 from engine.drama3.sampler import (
     RAS_WINDOW_FRAMES,
@@ -63,7 +64,6 @@ from engine.drama3.sampler import (
 from engine.graphs import StepGraphs
 from engine.readback import pinned_like, to_device, to_host
 
-PREFILL_CHUNK_ROWS = 512
 KV_BUCKET_ROWS = 256  # eager steps attend over a whole number of these (graphs: one per bucket)
 
 
@@ -92,28 +92,18 @@ class Decoder:
         buckets = [KV_BUCKET_ROWS << i for i in range(16) if KV_BUCKET_ROWS << i < max_rows] + [max_rows]
         # Disabled on a CPU: then `step` runs `advance` eagerly.
         self.graphs = StepGraphs(self.advance, buckets, enabled=graphs and device.type == "cuda",
-                                 generators=self.generators)
+                                 generators=self.generators, name="decode step")
+        self.chunked = ChunkedPrefill(model, max_rows, graphs=graphs and device.type == "cuda")
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, slot: int = 0) -> None:
         """Fill `slot`'s caches with the prompt's rows, set its state for the first step, activate it."""
-        model, tower = self.model, self.model.tower
         rows = to_device(prompt.rows, self.device)  # [R, 11]
         count = len(rows)
         if count < 2 or count + prompt.sampling.max_new_tokens > self.max_rows:
             raise ValueError(f"a prompt of {count} rows and {prompt.sampling.max_new_tokens} new frames does not "
                              f"fit the {self.max_rows} cache rows")
-        slots = self.slots[slot:slot + 1]  # [1]
-        positions = torch.arange(count, device=self.device)[None]  # [1, R]
-        for start in range(0, count, PREFILL_CHUNK_ROWS):
-            end = min(start + PREFILL_CHUNK_ROWS, count)
-            chunk = rows[None, start:end]  # [1, T, 11]
-            hidden = model.backbone(model.embed(chunk), positions[:, start:end], slots, end)  # [1, T, D]
-            labelled = min(end, count - 1) - start  # rows of this chunk that have a next row
-            if labelled > 0:
-                tower.prefill(hidden[:, :labelled], positions[:, start:start + labelled], chunk[:, :labelled],
-                              rows[None, start + 1:start + 1 + labelled], slots, end)
-        self.hidden[slot] = hidden[0, -1]
+        self.hidden[slot] = self.chunked.run(rows, slot)
         self.position[slot] = count - 1
         self.frame[slot] = rows[-1]
         self.ras_window[slot] = ras_window_of(rows)[0]
@@ -134,16 +124,19 @@ class Decoder:
 
     @property
     def captured(self) -> bool:
-        """Every bucket has its graph (or graphs are off)."""
-        return not self.graphs.enabled or len(self.graphs.graphs) == len(self.graphs.buckets)
+        """Every bucket of the step and of the prefill chunks has its graph or runs eagerly
+        for a logged reason (or graphs are off)."""
+        return self.graphs.captured and self.chunked.captured
 
     def capture(self, up_to_rows: int | None = None) -> None:
-        """Capture the graphs of the buckets up to `up_to_rows` (default: all); nothing when
-        graphs are off. Scrambles the decode state: call before a take's prefill."""
+        """Capture the step's graphs of the buckets up to `up_to_rows` (default: all) and the
+        prefill chunks' graphs; nothing when graphs are off. Scrambles the decode state and
+        slot 0's caches: call before a take's prefill."""
         limit = up_to_rows or self.max_rows
         self.position.zero_()
         self.active.zero_()
         self.graphs.capture([b for b in self.graphs.buckets if b <= self.graphs.bucket_for(limit)])
+        self.chunked.capture()
 
     def step(self, position: int, rows: list[int] | None = None) -> None:
         """One frame for the decoding slots `rows` (default all), the furthest at `position`
@@ -151,9 +144,9 @@ class Decoder:
         position's KV bucket; without, an eager `advance` of `rows` only."""
         if self.graphs.enabled:
             bucket = self.graphs.bucket_for(position + 2)
-            if bucket not in self.graphs.graphs:
+            if bucket not in self.graphs.graphs and bucket not in self.graphs.eager:
                 raise RuntimeError(f"no graph captured for {bucket} cache rows; capture it before the take")
-            self.graphs(position + 2)
+            self.graphs(position + 2)  # a replay, or the same step eagerly where it could not be captured
         else:
             self.advance(self.kv_len(position), rows)
 

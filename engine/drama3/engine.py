@@ -50,6 +50,7 @@ from engine.device import model_dtype, pick_device
 from engine.drama3.audio import MAX_REFERENCE_SECONDS
 from engine.drama3.checkpoint import HUB_PATTERNS, load_model
 from engine.drama3.codec import Codec, load_codec
+from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.config import Drama3Config
 from engine.drama3.decoder import Decoder
 from engine.drama3.fast import install_fast_path
@@ -58,7 +59,7 @@ from engine.drama3.moe import GATHER_MAX_PAIRS
 from engine.drama3.prompt import MAX_PROMPT_ROWS, Codes, HistoryTurn, Prompt, Reference, build_prompt, checked_codes
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.slots import Slots
-from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, render_take
+from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, render_take, window_lengths
 from engine.drama3.take import AudioWindow, Done, Take
 from engine.drama3.tiny import demo_checkpoint
 from engine.errors import CheckpointError, RequestError
@@ -134,6 +135,9 @@ class Drama3Engine:
         # On CUDA: fla prefill, compiled decode layers, and the step replayed from CUDA graphs.
         self.fast_path = install_fast_path(model) if self.device.type == "cuda" else []
         self.decoder = Decoder(model, max_rows, self.slots, graphs=True)
+        if self.device.type == "cuda":  # a window decodes as a graph replay of its length
+            codec.window_graphs = WindowGraphs(codec, window_lengths(spec.stream_overlap_frames,
+                                                                     spec.first_window_frames))
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
         self.slot_table = Slots(self.decoder, codec, overlap=spec.stream_overlap_frames,
@@ -173,12 +177,25 @@ class Drama3Engine:
         Its events come from `step`."""
         if not isinstance(prompt, Prompt):
             raise TypeError(f"start takes a Prompt from engine.prompt; got {type(prompt).__name__}")
-        if not self.decoder.captured:
+        if not self.captured:
             if not self.slot_table.idle:
                 raise RuntimeError("the decode graphs must be captured (warm_up) before takes run together")
-            with torch.inference_mode():
-                self.decoder.capture()  # normally done by warm_up; safe here, with no take in flight
+            self.capture()  # normally done by warm_up; safe here, with no take in flight
         return self.slot_table.start(prompt, deadline, cancelled)
+
+    @property
+    def captured(self) -> bool:
+        """The decode step's, the prefill chunks' and the codec windows' graphs are captured
+        (or run eagerly for a logged reason; always on a CPU)."""
+        graphs = self.codec.window_graphs
+        return self.decoder.captured and (graphs is None or graphs.captured)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every CUDA graph (scrambles the decode state: no take may be in flight)."""
+        self.decoder.capture()
+        if self.codec.window_graphs is not None:
+            self.codec.window_graphs.capture()
 
     def step(self) -> list[tuple[Take, list[AudioWindow | Done]]]:
         """One batched decode step: each take's new windows, and Done for each that ended
@@ -210,8 +227,7 @@ class Drama3Engine:
         started = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-            with torch.inference_mode():
-                self.decoder.capture()
+            self.capture()
         prompt = self.prompt("Places, everyone.", None, [], Sampling(max_new_tokens=24, seed=0))
         done = next(event for event in self.generate(prompt) if isinstance(event, Done))
         if done.finish_reason == "error":
@@ -219,6 +235,8 @@ class Drama3Engine:
         rate = done.timings["decode_frames_per_s"]
         return {"warm_up_s": round(time.perf_counter() - started, 2), "fast_path": self.fast_path,
                 "slots": self.slots, "graphs": len(self.decoder.graphs.graphs),
+                "prefill_graphs": sum(len(g.graphs) for g in self.decoder.chunked.graphs.values()),
+                "codec_graphs": len(self.codec.window_graphs.graphs.graphs) if self.codec.window_graphs else 0,
                 "decode_step_ms": round(1000 / rate, 2) if rate else None,
                 "peak_memory_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
                 if self.device.type == "cuda" else None}

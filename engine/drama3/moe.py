@@ -19,7 +19,9 @@ Design choices:
 - On a GPU, FP8 experts run as released instead: W8A8 (activations quantised per token
   and 128-channel group), the Triton kernel of engine/kernels/fp8_moe.py, which reads the
   same buffers (graph-safe for a few rows). The plain paths above are its CPU stand-in
-  (weights dequantised, activations not quantised).
+  (weights dequantised, activations not quantised); `w8a8 = False` runs them on a GPU
+  too, for numerics checks: a float8 rounding of the activations turns a one-ulp
+  difference upstream into a ~1e-3 one (engine/bench/numerics.py).
 - Linears that read the same input have a `project` method: the router `gate` with
   `shared_expert_gate`, and the shared expert's gate_proj with up_proj. The fast path
   (fast.py `fuse_projections`) replaces each with one GEMM over the stacked weights.
@@ -49,6 +51,7 @@ class Experts(nn.Module):
         super().__init__()
         E, I, D = config.num_experts, config.moe_intermediate_size, config.hidden_size  # noqa: E741 - the paper's I
         self.fp8 = fp8
+        self.w8a8 = True  # FP8 experts on CUDA: the W8A8 kernel (False: dequantised weights, float activations)
         if fp8:
             block_rows, block_cols = FP8_BLOCK
             fp8_dtype = torch.float8_e4m3fn
@@ -71,7 +74,7 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, D], experts and weights [N, k] -> [N, D]."""
-        if self.fp8 and x.is_cuda:  # as released: W8A8 block-FP8 GEMMs on the tensor cores
+        if self.fp8 and self.w8a8 and x.is_cuda:  # as released: W8A8 block-FP8 GEMMs on the tensor cores
             from engine.kernels.fp8_moe import fp8_moe
 
             return fp8_moe(x, self.w13, self.w13_scale_inv, self.w2, self.w2_scale_inv, experts, weights)

@@ -13,7 +13,8 @@ Design choices:
 - A window is always decoded the same way from the same codes, so `render_take` (the
   WAV export) reproduces the streamed PCM16 sample for sample by replaying the schedule.
 - PCM16 is engine/pcm.py's rule (rounded, clipped), converted on the codec's device so
-  only int16 crosses to the host.
+  only int16 crosses to the host. On CUDA a window decodes as the replay of a CUDA graph
+  of its length (codec_graphs.py; `window_lengths` lists the lengths to capture).
 """
 
 from __future__ import annotations
@@ -128,9 +129,28 @@ def window_pcm(codec: Codec, codes: torch.Tensor, window: Window) -> torch.Tenso
 
 
 def decode_window(codec: Codec, codes: torch.Tensor, window: Window) -> NDArray[np.int16]:
-    """window_pcm on the host, as numpy int16 (read without blocking other threads' launches)."""
+    """window_pcm on the host, as numpy int16 (read without blocking other threads' launches);
+    replayed from the codec's window graphs when it has them (codec_graphs.py)."""
+    graphs = codec.window_graphs
+    if graphs is not None and window.frames > 0 and graphs.runs(window):
+        return graphs.pcm(codes, window)
     pcm: NDArray[np.int16] = to_host(window_pcm(codec, codes, window)).numpy()
     return pcm
+
+
+def window_lengths(overlap: int = STREAM_OVERLAP_FRAMES, first_window: int | None = None) -> list[int]:
+    """The frames a stream's windows decode (left context + new frames), every length they
+    take until it repeats: 4, 10, 20, 32, 64, 128, 192, 256, 320, 384 for the seed's windows
+    with a first window of 4 and 320 frames of context. A take's last window is shorter."""
+    lengths: list[int] = []
+    emitted = 0
+    for end in window_ends(first_window):
+        length = end - max(0, emitted - overlap)
+        if lengths and length == lengths[-1] and emitted > overlap:
+            return lengths
+        lengths.append(length)
+        emitted = end
+    raise AssertionError("window_ends is endless")
 
 
 def render_take(codec: Codec, codes: torch.Tensor, overlap: int = STREAM_OVERLAP_FRAMES,

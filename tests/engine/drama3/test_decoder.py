@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-import engine.drama3.decoder as decoder_module
+import engine.drama3.prefill as prefill_module
 from engine import AudioWindow, Done, EngineSpec, HistoryTurn, Sampling, load_engine
 from engine.drama3.sampler import ras_window_of
 
@@ -124,10 +124,10 @@ def test_stop_rules(tiny, monkeypatch, script, kept, reason):
 def test_chunked_prefill_equals_one_chunk(tiny, monkeypatch):
     codes = torch.randint(0, 1024, (10, 1000), generator=torch.Generator().manual_seed(0)).numpy()
     prompt = tiny.prompt("After a long take.", None, [HistoryTurn("Long.", codes)], Sampling(max_new_tokens=3, seed=1))
-    assert len(prompt.rows) > 2 * decoder_module.PREFILL_CHUNK_ROWS
+    assert len(prompt.rows) > 2 * prefill_module.EAGER_CHUNK_ROWS
     chunked = run(tiny, prompt)[1]
     hidden = tiny.decoder.hidden.clone()
-    monkeypatch.setattr(decoder_module, "PREFILL_CHUNK_ROWS", 10_000)
+    monkeypatch.setattr(prefill_module, "EAGER_CHUNK_ROWS", 10_000)
     whole = run(tiny, prompt)[1]
     torch.testing.assert_close(tiny.decoder.hidden, hidden, rtol=1e-4, atol=1e-4)
     assert np.array_equal(chunked.codes, whole.codes)

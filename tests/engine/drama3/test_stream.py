@@ -10,13 +10,16 @@ import pytest
 import torch
 
 from engine.drama3.codec import load_codec
+from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.codec_tiny import write_tiny_codec
 from engine.drama3.stream import (
+    STREAM_OVERLAP_FRAMES,
     StreamSchedule,
     decode_window,
     render_take,
     take_windows,
     window_ends,
+    window_lengths,
     window_pcm,
 )
 from engine.errors import RequestError
@@ -150,3 +153,34 @@ def test_render_take_is_what_the_stream_carried(codec) -> None:
 
 def test_empty_take_renders_no_samples(codec) -> None:
     assert render_take(codec, torch.zeros((10, 0), dtype=torch.long)).shape == (0,)
+
+
+# ─── Window lengths and their graphs ──────────────────────────────────────────
+
+
+@pytest.mark.parametrize(("overlap", "first_window"), [(320, 4), (320, None), (32, None), (0, 4)])
+def test_window_lengths_are_every_length_the_windows_take(overlap: int, first_window: int | None) -> None:
+    lengths = window_lengths(overlap, first_window)
+    windows = take_windows(2000, overlap, first_window)
+    scheduled = {w.end - w.start for w in windows[:-1]}  # the last window is whatever is left
+    assert scheduled == set(lengths)
+    assert all((w.end - w.start) <= max(lengths) for w in windows)
+    assert window_lengths(320, 4) == [4, 10, 20, 32, 64, 128, 192, 256, 320, 384]
+
+
+def test_a_window_padded_to_a_longer_graph_keeps_its_samples(codec, take) -> None:
+    """WindowGraphs' path (codes padded with zeros up to the next captured length, PCM16 of
+    the window's frames kept), run eagerly on a CPU: the codec is causal, so it gives the
+    window's own samples (to a rounding step) for every window of a take, the last included."""
+    codes, _ = take
+    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, 4))
+    assert not graphs.graphs.enabled  # a CPU: the graphed windows' code runs eagerly
+    padded = 0
+    for window in take_windows(TAKE_FRAMES - 3, STREAM_OVERLAP_FRAMES, 4):
+        if window.frames == 0:
+            continue
+        padded += graphs.graphs.bucket_for(window.end - window.start) > window.end - window.start
+        got = graphs.pcm(codes, window)
+        expected = window_pcm(codec, codes, window).numpy()
+        assert got.shape == expected.shape and np.abs(got.astype(int) - expected).max() <= 1
+    assert padded >= 1

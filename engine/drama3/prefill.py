@@ -1,0 +1,140 @@
+"""A prompt's rows into one slot's caches, chunk by chunk; on CUDA each chunk a graph replay.
+
+    chunked = ChunkedPrefill(model, max_rows, graphs=True)
+    chunked.capture()                           # CUDA: a graph per (chunk rows, KV bucket)
+    hidden = chunked.run(rows, slot, start=0)   # rows [R, 11] on the device -> the last row's hidden [D]
+
+Eager prefill is host-bound: a 300-row prompt launched ~6,000 small kernels from Python
+(152 ms on the H200, of which its kernels took 35.5 ms). Replaying each chunk as a CUDA
+graph leaves only the kernels.
+
+Design choices:
+- A chunk runs the backbone over its rows and teacher-forces the tower over the same rows,
+  each labelled by the prompt's next row. The prompt's last row has no next row: it is
+  labelled by itself, a placeholder the first decode step overwrites (that step writes
+  every tower layer's cache at the last row's position before attending it). So a chunk
+  is one function of fixed shapes: its rows and labels, its first position and slot
+  (device tensors), and the cache rows its attention reads.
+- With graphs, a prompt is cut into powers of two from 512 down (300 rows: 256 + 32 + 8
+  + 4), each chunk the replay of its size's graph: no padding, so every row, cache and
+  DeltaNet state is exactly what the chunk computes eagerly (the attention and the
+  states do not depend on where chunks end). Without graphs (a CPU), chunks of 512 rows:
+  the fewest launches.
+- A chunk's attention reads a static number of cache rows (its KV bucket: 1,024, 4,096 or
+  all of them), at least its last position + 1; rows past a query's position are masked.
+  With 10 chunk sizes that is 30 graphs at the full size, captured once at warm-up, all
+  in one memory pool (they never run at once: the engine thread replays them).
+- A chunk size whose code cannot be captured (a host sync: a MoE path that reads counts on
+  the host, say) runs eagerly instead, with the reason logged once; so does every chunk
+  when graphs are off. Warm-up runs under CUDA's sync debug mode "error" to find those
+  before a capture would fail (engine/graphs.py).
+- The slot's DeltaNet state starts from zero when the first chunk starts at position 0,
+  and carries on from the slot's state otherwise (`start` > 0: a prefix already in it).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine.drama3.model import Drama3Model
+from engine.graphs import StepGraphs, shared_pool
+from engine.readback import to_device
+
+EAGER_CHUNK_ROWS = 512  # without graphs
+GRAPH_CHUNK_ROWS = tuple(512 >> i for i in range(10))  # 512, 256, ..., 1: a graph each
+PREFILL_KV_ROWS = (1024, 4096)  # KV buckets of graphed chunks, then the whole cache
+
+
+def power_chunks(start: int, end: int, sizes: tuple[int, ...] = GRAPH_CHUNK_ROWS) -> list[tuple[int, int]]:
+    """[start, end) cut into chunks of the given sizes, largest first, each as large as fits."""
+    chunks, position = [], start
+    while position < end:
+        size = next(s for s in sizes if s <= end - position)
+        chunks.append((position, position + size))
+        position += size
+    return chunks
+
+
+def even_chunks(start: int, end: int) -> list[tuple[int, int]]:
+    """[start, end) cut into chunks of EAGER_CHUNK_ROWS (the last one shorter)."""
+    return [(s, min(s + EAGER_CHUNK_ROWS, end)) for s in range(start, end, EAGER_CHUNK_ROWS)]
+
+
+class ChunkedPrefill:
+    """Prefill of one slot at a time, over a model whose caches are set up."""
+
+    def __init__(self, model: Drama3Model, max_rows: int, *, graphs: bool) -> None:
+        self.model, self.max_rows = model, max_rows
+        device = self.device = model.candidate_head.device
+        self.graphed = graphs
+        width, largest = model.config.frame_width, max(GRAPH_CHUNK_ROWS)
+        # Static inputs and output of the graphed chunks.
+        self.rows = torch.zeros((largest, width), dtype=torch.long, device=device)
+        self.labels = torch.zeros((largest, width), dtype=torch.long, device=device)
+        self.start = torch.zeros(1, dtype=torch.long, device=device)
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        self.offsets = torch.arange(largest, device=device)  # [512]: positions from start
+        self.last = torch.zeros(model.config.text.hidden_size, dtype=model.candidate_head.dtype, device=device)
+        self.buckets = sorted({b for b in PREFILL_KV_ROWS if b < max_rows} | {max_rows})
+        pool = shared_pool() if graphs and device.type == "cuda" else None
+        self.graphs = {size: StepGraphs(functools.partial(self.static_chunk, size), self.buckets, enabled=graphs,
+                                        pool=pool, name=f"prefill {size} rows")
+                       for size in GRAPH_CHUNK_ROWS} if graphs else {}
+
+    def chunks(self, start: int, end: int) -> list[tuple[int, int]]:
+        return power_chunks(start, end) if self.graphed else even_chunks(start, end)
+
+    @property
+    def captured(self) -> bool:
+        return all(graphs.captured for graphs in self.graphs.values())
+
+    def capture(self) -> None:
+        """Capture every chunk size's graphs (CUDA, graphs on). Writes the caches of slot 0:
+        call before a take starts."""
+        self.slot.zero_()
+        self.start.zero_()
+        for graphs in self.graphs.values():
+            graphs.capture()
+
+    def forward(self, rows: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                kv_len: int) -> torch.Tensor:
+        """One chunk: rows and labels [1, T, 11] at positions [1, T] of slots [1] -> hidden [1, T, D]."""
+        model = self.model
+        hidden: torch.Tensor = model.backbone(model.embed(rows), positions, slots, kv_len)  # [1, T, D]
+        model.tower.prefill(hidden, positions, rows, labels, slots, kv_len)
+        return hidden
+
+    def static_chunk(self, size: int, kv_len: int) -> None:
+        """The chunk a graph captures: the first `size` static rows; the last row's hidden into `last`."""
+        positions = self.start[:, None] + self.offsets[None, :size]  # [1, T]
+        hidden = self.forward(self.rows[None, :size], self.labels[None, :size], positions, self.slot, kv_len)
+        self.last.copy_(hidden[0, -1])
+
+    def kv_bucket(self, end: int) -> int:
+        return next(b for b in self.buckets if b >= end)
+
+    def run(self, rows: torch.Tensor, slot: int, start: int = 0) -> torch.Tensor:
+        """Rows [start, R) of `rows` [R, 11] (on the device) into `slot`'s caches at their
+        positions; the last row's hidden state [D] (a view of a buffer the next run overwrites)."""
+        count = len(rows)
+        if not 0 <= start < count <= self.max_rows:
+            raise ValueError(f"rows {start}..{count} do not fit the {self.max_rows} cache rows")
+        labels = torch.cat((rows[1:], rows[-1:]))  # [R, 11]: the next row; the last row its own placeholder
+        hidden = self.last
+        for first, end in self.chunks(start, count):
+            size = end - first
+            graphs = self.graphs.get(size)
+            if graphs is None:  # no graphs: attend over exactly the rows so far
+                positions = torch.arange(first, end, device=self.device)[None]  # [1, T]
+                slots = to_device(torch.tensor([slot]), self.device)
+                hidden = self.forward(rows[None, first:end], labels[None, first:end], positions, slots, end)[0, -1]
+                continue
+            self.rows[:size].copy_(rows[first:end])
+            self.labels[:size].copy_(labels[first:end])
+            self.start.fill_(first)
+            self.slot.fill_(slot)
+            graphs(end)  # the replay of its KV bucket's graph, or the same chunk eagerly
+            hidden = self.last
+        return hidden

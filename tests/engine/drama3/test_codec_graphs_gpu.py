@@ -1,0 +1,50 @@
+"""On a GPU: a window's PCM16 replayed from the CUDA graph of its length (codec_graphs.py)
+equals the same padded window decoded eagerly, sample for sample, and the unpadded window to
+rounding, for every window of a take (the last, padded one included), with the tiny codec
+and with a random codec of the release's size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.drama3.codec import CodecConfig, load_codec, ready
+from engine.drama3.codec_graphs import WindowGraphs
+from engine.drama3.codec_tiny import random_codec
+from engine.drama3.stream import STREAM_OVERLAP_FRAMES, take_windows, window_lengths, window_pcm
+from engine.pcm import pcm16
+
+pytestmark = pytest.mark.gpu
+
+
+def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
+    reference, other = reference.astype(np.float64), other.astype(np.float64)
+    return float(10 * np.log10((reference**2).sum() / max(((reference - other) ** 2).sum(), 1e-12)))
+
+
+@pytest.mark.parametrize("size", ["tiny", "release"])
+def test_window_graphs_equal_eager_windows(tiny_checkpoint, size: str) -> None:
+    codec = load_codec(tiny_checkpoint, "cuda") if size == "tiny" else \
+        ready(random_codec(CodecConfig.from_dict(), seed=0, device="cuda"), "cuda")
+    frames = 500
+    g = torch.Generator().manual_seed(4)
+    codes = torch.stack([torch.randint(0, n, (frames,), generator=g) for n in codec.codebook_sizes]).cuda()
+    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, 4))
+    with torch.inference_mode():
+        graphs.capture()
+        assert not graphs.graphs.eager, graphs.graphs.eager
+        assert set(graphs.graphs.graphs) == set(window_lengths(STREAM_OVERLAP_FRAMES, 4))
+        fs = codec.frame_samples
+        for window in take_windows(frames - 5, STREAM_OVERLAP_FRAMES, 4):
+            if window.frames == 0:
+                continue
+            assert graphs.runs(window)
+            replayed = graphs.pcm(codes, window)
+            length, span = graphs.graphs.bucket_for(window.end - window.start), window.end - window.start
+            padded = torch.zeros((codec.num_codebooks, length), dtype=torch.long, device="cuda")
+            padded[:, :span] = codes[:, window.start:window.end]
+            eager = pcm16(codec.decode(padded))[(window.emit - window.start) * fs:span * fs].cpu().numpy()
+            assert np.array_equal(replayed, eager), window
+            plain = window_pcm(codec, codes, window).cpu().numpy()
+            assert snr_db(plain, replayed) > 30, (window, snr_db(plain, replayed))

@@ -1,0 +1,61 @@
+"""Chunked prefill (engine/drama3/prefill.py) on the CPU: the graphed plan (chunks of powers
+of two over static buffers, each attending its KV bucket) leaves the same caches and states
+as the eager plan (chunks of 512 rows, attending the rows so far); the chunk plans cover a
+prompt exactly. (Graph replays against the same chunks run eagerly: test_prefill_gpu.py.)"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from engine.drama3.prefill import GRAPH_CHUNK_ROWS, ChunkedPrefill, even_chunks, power_chunks
+from engine.drama3.prompt import HistoryTurn, build_prompt
+from engine.drama3.sampling import Sampling
+
+
+@pytest.mark.parametrize("start", [0, 7, 300])
+def test_the_chunk_plans_cover_the_rows_exactly(start: int) -> None:
+    assert power_chunks(0, 300) == [(0, 256), (256, 288), (288, 296), (296, 300)]
+    for end in range(start + 1, start + 1300, 37):
+        for plan in (power_chunks(start, end), even_chunks(start, end)):
+            assert plan[0][0] == start and plan[-1][1] == end
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(plan))
+        assert all(e - s in GRAPH_CHUNK_ROWS for s, e in power_chunks(start, end))
+
+
+def slot_state(model, slot: int, rows: int) -> dict[str, torch.Tensor]:
+    """Every cache row and state a prefill of `rows` rows writes in `slot`."""
+    state = {}
+    for name, module in model.named_modules():
+        cache = getattr(module, "kv_cache", None)
+        if cache is not None:
+            state[f"{name}.k"], state[f"{name}.v"] = cache.k[slot, :rows], cache.v[slot, :rows]
+        if hasattr(module, "recurrent_state") and module.recurrent_state is not None:
+            state[f"{name}.recurrent"] = module.recurrent_state[slot]
+            state[f"{name}.conv"] = module.conv_state[slot]
+    return state
+
+
+@torch.inference_mode()
+def test_the_graphed_plan_leaves_the_eager_plans_state(tiny_model) -> None:
+    model, config, tokenizer = tiny_model
+    codes = torch.randint(0, 1024, (10, 640), generator=torch.Generator().manual_seed(5))
+    prompt = build_prompt("Graphed or not.", None, [HistoryTurn("Before.", codes)], Sampling(seed=1), tokenizer,
+                          config)
+    rows, count = prompt.rows, len(prompt.rows)
+    assert count > 600 and len(power_chunks(0, count)) > 3 and len(even_chunks(0, count)) == 2
+    max_rows = count + 64
+    model.setup_caches(2, max_rows, "cpu", torch.float32)
+    eager = ChunkedPrefill(model, max_rows, graphs=False)
+    graphed = ChunkedPrefill(model, max_rows, graphs=True)  # on a CPU its graphs' chunks run eagerly
+    assert graphed.chunks(0, count) == power_chunks(0, count) and eager.chunks(0, count) == even_chunks(0, count)
+    expected = eager.run(rows, 0).clone()
+    got = graphed.run(rows, 1).clone()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    first, second = slot_state(model, 0, count), slot_state(model, 1, count)
+    assert first.keys() == second.keys() and len(first) == 2 * (len(config.text.full_attention_layers) + 13) \
+        + 2 * len(config.text.linear_attention_layers)
+    for name in first:
+        torch.testing.assert_close(second[name], first[name], rtol=1e-4, atol=1e-4, msg=name)
