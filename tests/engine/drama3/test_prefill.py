@@ -41,7 +41,7 @@ def slot_state(model, slot: int, rows: int) -> dict[str, torch.Tensor]:
 @torch.inference_mode()
 def test_the_graphed_plan_leaves_the_eager_plans_state(tiny_model) -> None:
     model, config, tokenizer = tiny_model
-    codes = torch.randint(0, 1024, (10, 640), generator=torch.Generator().manual_seed(5))
+    codes = torch.randint(0, 1024, (10, 640), generator=torch.Generator().manual_seed(5)).numpy()
     prompt = build_prompt("Graphed or not.", None, [HistoryTurn("Before.", codes)], Sampling(seed=1), tokenizer,
                           config)
     rows, count = prompt.rows, len(prompt.rows)

@@ -31,7 +31,7 @@ def test_prefill_graphs_equal_the_same_chunks_eagerly(tiny_checkpoint, dtype) ->
     from engine.drama3.checkpoint import load_model
 
     model, config, tokenizer = load_model(tiny_checkpoint, device="cuda", dtype=dtype)
-    codes = torch.randint(0, 1024, (10, 1100), generator=torch.Generator().manual_seed(2))
+    codes = torch.randint(0, 1024, (10, 1100), generator=torch.Generator().manual_seed(2)).numpy()
     prompt = build_prompt("Replayed, not launched.", None, [HistoryTurn("Before.", codes)], Sampling(seed=1),
                           tokenizer, config)
     count = len(prompt.rows)
