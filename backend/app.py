@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
@@ -89,10 +90,13 @@ def unauthorized() -> JSONResponse:
 
 
 async def health(request: Request) -> Response:
+    """For people and for the balancer: 200 once warm (uvicorn listens only then), 503 while draining."""
     state: ServerState = request.app.state.retake
-    return JSONResponse({"status": "ok", "engine": state.engine.name, "demo_weights": state.engine.demo_weights,
-                         "sessions": state.sockets, "queue": state.engine_loop.depth,
-                         "converse": state.conversations is not None})
+    return JSONResponse({"status": "draining" if state.draining else "ok", "engine": state.engine.name,
+                         "demo_weights": state.engine.demo_weights, "sessions": state.sockets,
+                         "queue": state.engine_loop.depth, "converse": state.conversations is not None,
+                         "replica": state.store.replica.id, "pid": os.getpid()},
+                        status_code=503 if state.draining else 200)
 
 
 async def metrics(request: Request) -> Response:
@@ -184,6 +188,7 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
         state = ServerState(served, store, running, info, Metrics(lambda: running.depth, lambda: 0),
                             conversations=talking)
         state.metrics.sessions = lambda: state.sockets
+        state.metrics.draining = lambda: state.draining
         if (live := talking) is not None:
             state.metrics.conversations = lambda: live.active
         app.state.retake = state

@@ -48,6 +48,7 @@ class Metrics:
         self.queue_depth = queue_depth
         self.sessions = sessions
         self.conversations: Callable[[], int] = lambda: 0  # live conversations (`retake serve --converse`)
+        self.draining: Callable[[], bool] = lambda: False  # SIGTERM came: no new takes (backend/draining.py)
         self.takes: dict[str, int] = dict.fromkeys(FINISH_REASONS, 0)
         self.retries = 0
         self.first_audio = Histogram(
@@ -76,6 +77,8 @@ class Metrics:
                   "# HELP retake_sessions Open directing sockets.", "# TYPE retake_sessions gauge",
                   f"retake_sessions {self.sessions()}",
                   "# HELP retake_conversations Live conversations on /converse.", "# TYPE retake_conversations gauge",
-                  f"retake_conversations {self.conversations()}"]
+                  f"retake_conversations {self.conversations()}",
+                  "# HELP retake_draining 1 while the replica drains (SIGTERM): no new takes, sockets move away.",
+                  "# TYPE retake_draining gauge", f"retake_draining {int(self.draining())}"]
         lines += self.first_audio.lines() + self.decode_fps.lines()
         return "\n".join(lines) + "\n"

@@ -40,6 +40,9 @@ class SessionSocket(Protocol):
     def take_ended(self, take_id: int) -> None:
         """The take ended (its take.done is in an outbox): it is no longer the socket's active take."""
 
+    def idle(self) -> bool:
+        """No take of this socket is queued or running (draining closes it then)."""
+
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -56,10 +59,15 @@ class ServerState:
     engine_loop: EngineLoop
     engine: EngineInfo
     metrics: Metrics
-    sockets: int = 0  # open directing sockets (limits.max_sessions)
+    directing: set[SessionSocket] = field(default_factory=set)  # open directing sockets (limits.max_sessions)
+    draining: bool = False  # SIGTERM: no new sockets or takes, running takes finish (backend/draining.py)
     closing: bool = False  # the server is stopping: late engine events are dropped, the store is closing
     sessions: dict[str, SessionSocket] = field(default_factory=dict)  # session id -> the socket that holds it
     conversations: ConversationLoop | None = None  # the PersonaPlex engine (`retake serve --converse`)
+
+    @property
+    def sockets(self) -> int:
+        return len(self.directing)
 
     async def call(self, fn: Callable[[Drama3Engine], T]) -> T:
         """Run `fn(engine)` on the engine thread (raises QueueFull when the queue is full)."""

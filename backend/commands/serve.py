@@ -78,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "directory or repo id; without DIR: the tiny demo checkpoint with random weights)")
     parser.add_argument("--converse-slots", type=int, default=2,
                         help="conversations at once, ticked together in one batch (default 2)")
+    parser.add_argument("--drain-seconds", type=float, default=60.0,
+                        help="on SIGTERM, how long running takes may go on while the replica drains (no new "
+                             "takes; /health 503; sockets closed with 1012 to reconnect elsewhere) before it "
+                             "stops (default 60); a second SIGTERM or SIGINT stops at once")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
 
 
@@ -92,6 +96,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if args.slots is not None and args.slots < 1:
         raise UsageError("--slots must be at least 1")
+    if not args.drain_seconds >= 0:
+        raise UsageError("--drain-seconds must be at least 0")
     if args.converse_slots < 1:
         raise UsageError("--converse-slots must be at least 1")
     if args.threads is not None and args.threads < 1:
@@ -137,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
     from backend.app import build_app, log_ready, start_conversation_loop, start_engine_loop
     from backend.cli import UsageError
+    from backend.draining import DrainingServer
     from backend.store import NewerSchema, Unreachable, check_schema, describe
 
     settings = settings_from(args)
@@ -173,12 +180,12 @@ def run(args: argparse.Namespace) -> int:
         if not (settings.static_dir / "index.html").is_file():
             log.warning("the studio is not built (%s is missing): run npm run build", settings.static_dir)
         log.info("serving on http://%s:%d", args.host, args.port)
+        app = build_app(settings, engine_loop, conversations)
         config = uvicorn.Config(
-            build_app(settings, engine_loop, conversations), host=args.host, port=args.port,
-            log_level=args.log_level,
+            app, host=args.host, port=args.port, log_level=args.log_level,
             ws="websockets-sansio", ws_per_message_deflate=False,
             ws_max_size=settings.limits.max_message_bytes + 2**20, lifespan="on")
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, app, args.drain_seconds)
         server.run()
     finally:
         engine_loop.stop()

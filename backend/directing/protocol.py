@@ -50,6 +50,7 @@ ErrorCode = Literal[
     "take_not_usable",  # keep (or use as history) a take without audio (error, or 0 frames)
     "too_many_takes",  # the session holds limits.max_takes_per_session takes
     "busy",  # the engine queue is full; retry after retry_after_ms
+    "draining",  # the replica is draining (SIGTERM): reconnect (close 1012 follows) and start the take there
     "bad_reference",  # the engine refused a reference clip (format, length, transcript)
     "internal",  # a server fault; the socket stays usable
 ]

@@ -103,6 +103,9 @@ class Session:
         if self.active is not None and self.active.take_id == take_id:
             self.active = None
 
+    def idle(self) -> bool:
+        return self.active is None
+
     def detach(self) -> None:
         """The socket is closing (or its session moved): stop its take, let go of the session."""
         self.supersede()
@@ -205,6 +208,9 @@ class Session:
     def start_take(self, message: p.TakeStart) -> None:
         session_id = self.require_open()
         state, store, limits = self.state, self.state.store, self.limits
+        if state.draining:
+            raise p.ProtocolError("draining", "this replica is draining (restarting): reconnect, and start the "
+                                              "take again on the replica you reach")
         self.supersede()
         if message.history == "kept":
             history_ids = store.kept_history(session_id, message.line_id)  # the lines above this one

@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from backend.directing import protocol as p
 from backend.directing.parse import parse_client_message
 from backend.directing.session import Session
+from backend.draining import REASON, RECONNECT
 from backend.state import ServerState
 from backend.transport import Stop, admit, send_loop
 
@@ -36,14 +37,17 @@ async def directing_socket(websocket: WebSocket) -> None:
     settings = state.settings
     if not await admit(websocket, settings):
         return
+    if state.draining:  # the balancer has not noticed yet: off to another replica
+        await websocket.close(RECONNECT, REASON)
+        return
     if state.sockets >= settings.limits.max_sessions:
         await websocket.send_text(p.dump(p.Error(
             "too_many_sessions", f"{settings.limits.max_sessions} sessions are open, the most this server takes; "
                                  "try again later")))
         await websocket.close(status.WS_1013_TRY_AGAIN_LATER)
         return
-    state.sockets += 1
     session = Session(state)
+    state.directing.add(session)
     commands: asyncio.Queue[p.ClientMessage] = asyncio.Queue(COMMAND_BACKLOG)
     try:
         async with asyncio.TaskGroup() as tasks:
@@ -59,7 +63,7 @@ async def directing_socket(websocket: WebSocket) -> None:
         except Exception:  # noqa: BLE001 - the socket may already be gone
             pass
     finally:
-        state.sockets -= 1
+        state.directing.discard(session)
         session.outbox.closed = True
         session.detach()
 
@@ -101,8 +105,8 @@ async def receive(websocket: WebSocket, session: Session, commands: asyncio.Queu
                     session.cancel(message)
                 case _:
                     session.require_open()
-                    if isinstance(message, p.TakeStart):
-                        session.supersede()
+                    if isinstance(message, p.TakeStart) and not session.state.draining:
+                        session.supersede()  # (draining: refused, and the running take goes on)
                     await commands.put(message)
         except p.ProtocolError as error:
             error.ref = message.ref

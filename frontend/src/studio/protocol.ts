@@ -86,7 +86,7 @@ export type ErrorCode =
   | "bad_json" | "unknown_type" | "bad_field" | "binary_not_supported" | "message_too_big"
   | "session_not_open" | "session_already_open" | "unknown_session" | "session_taken_over"
   | "too_many_sessions" | "unknown_take" | "unknown_line" | "too_many_lines" | "take_not_finished" | "take_not_usable"
-  | "too_many_takes" | "busy" | "bad_reference" | "internal";
+  | "too_many_takes" | "busy" | "draining" | "bad_reference" | "internal";
 
 /** prompt_rows, prompt_ms, prefill_ms, first_audio_ms, frames, decode_frames_per_s, total_ms, queue_ms, ... */
 export type Timings = Record<string, number | null>;

@@ -22,9 +22,10 @@ from backend.store import STOPPED_DURING_TAKE
 from backend.tools.client import AudioFrame, Director
 
 
-def serve(checkpoint: Path, data_dir: Path, port: int) -> subprocess.Popen[str]:
+def serve(checkpoint: Path, data_dir: Path, port: int, *options: str) -> subprocess.Popen[str]:
+    """`retake serve` in its own process on the tiny checkpoint, once /health answers."""
     process = subprocess.Popen([*RETAKE, "serve", "--checkpoint", str(checkpoint), "--device", "cpu", "--port",
-                                str(port), "--data-dir", str(data_dir), "--silence-retries", "0"],
+                                str(port), "--data-dir", str(data_dir), "--silence-retries", "0", *options],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 120
