@@ -241,6 +241,14 @@ class Store:
                 self.replica.forget(owner)
         return finished
 
+    def takes_elsewhere(self, session_id: str) -> list[int]:
+        """The session's takes that another replica has queued or running."""
+        with self._transaction() as conn:
+            return list(conn.execute(sa.select(takes.c.take_id).where(
+                takes.c.session_id == session_id, takes.c.state != "done",
+                sa.or_(takes.c.replica.is_(None), takes.c.replica != self.replica.id))
+                .order_by(takes.c.take_id)).scalars())
+
     # Sessions -----------------------------------------------------------------
 
     def create_session(self) -> str:

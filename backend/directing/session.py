@@ -8,6 +8,10 @@ Design choices:
 - A session has at most one active (queued or running) take; a newer take.start supersedes
   it. The active take's events come from the engine thread to its `LiveTake`
   (backend/directing/live_take.py), which stores and forwards them.
+- A session resumed here while another replica still runs one of its takes (the director
+  reconnected through the balancer before that replica noticed, or that replica died a moment
+  ago) is watched: the store is polled every `WATCH_S` and the take's `take.done` comes to this
+  socket when it ends there, or when that replica is found dead (finished as heard).
 - The script is the server's: line.set / line.delete / line.order each answer with the whole
   script (`script`). So is the directing history (backend/directing/script.py): one kept
   take per line, and a take of a line with history "kept" hears the kept takes of the lines
@@ -33,6 +37,8 @@ from backend.store import StoredReference, StoredTake, StoredVoice, audio_url
 from backend.transport import Outbox
 from engine import Character, Drama3Engine, HistoryTurn, Prompt, Reference, RequestError, Sampling
 
+WATCH_S = 0.5  # how often a take another replica runs is looked up in the store
+
 
 def engine_voice(voice: StoredVoice | None) -> list[Reference] | Character | None:
     if voice is None:
@@ -53,6 +59,7 @@ class Session:
         self.session_id: str | None = None
         self.active: LiveTake | None = None
         self.protocol_errors = 0
+        self.watcher: asyncio.Task[None] | None = None  # takes of this session on another replica
 
     # Handlers that act as soon as a message arrives ------------------------------
 
@@ -86,6 +93,24 @@ class Session:
             voice=None if voice is None else voice.info(), lines=lines,
             takes=[take.info() for take in store.takes(session_id)], history=kept.history, hears=kept.hears,
             ref=message.ref))
+        if elsewhere := store.takes_elsewhere(session_id):
+            self.watcher = asyncio.get_running_loop().create_task(self.watch(session_id, set(elsewhere)))
+
+    async def watch(self, session_id: str, pending: set[int]) -> None:
+        """Send take.done for each of these takes (run by another replica) once it ends."""
+        store = self.state.store
+        while pending:
+            await asyncio.sleep(WATCH_S)
+            store.finish_orphaned_takes(session_id)
+            for take_id in sorted(pending):
+                take = store.take(session_id, take_id)
+                if take is None or take.state != "done":
+                    continue
+                pending.discard(take_id)
+                assert take.finish_reason is not None
+                self.outbox.message(p.TakeDone(take.take_id, take.finish_reason, take.timings, take.frames,
+                                               take.samples, take.attempts, audio_url(session_id, take_id),
+                                               take.error))
 
     def cancel(self, message: p.TakeCancel) -> None:
         session_id = self.require_open()
@@ -109,6 +134,8 @@ class Session:
     def detach(self) -> None:
         """The socket is closing (or its session moved): stop its take, let go of the session."""
         self.supersede()
+        if self.watcher is not None:
+            self.watcher.cancel()
         if self.session_id is not None and self.state.sessions.get(self.session_id) is self:
             del self.state.sessions[self.session_id]
 

@@ -49,7 +49,7 @@ def test_sigterm_drains_the_replica(tiny_checkpoint, tmp_path) -> None:
             talker, idle = await Director.connect(url), await Director.connect(url)
             await talker.open()
             await idle.open()
-            take = await talker.start("l1", "A long speech that goes on.", sampling={"seed": 11, "max_new_tokens": 400})
+            take = await talker.start("l1", "A long speech that goes on.", sampling={"seed": 11, "max_new_tokens": 120})
             while not isinstance(await talker.receive(), AudioFrame):  # it runs
                 pass
             server.send_signal(signal.SIGTERM)

@@ -1,6 +1,6 @@
 """Replicas sharing one store (backend/replicas.py), on SQLite and on PostgreSQL: a live replica's
 takes are left alone; the takes of one killed with SIGKILL are finished by another, with the
-windows its director heard."""
+windows its director heard; a session resumed on another replica hears how its take ended."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from live_server import run
 
+from backend.directing.jobs import SilenceGuard
 from backend.directing.protocol import SamplingInfo
 from backend.store import STOPPED_DURING_TAKE, Store
+from backend.tools.client import Director
 
 SAMPLING: SamplingInfo = {"temperature": 1.0, "top_p": 0.9, "top_k": 30, "max_new_tokens": 20, "seed": 5}
 # A replica in its own process: a session with a running take that has sent one window, then it
@@ -65,3 +68,29 @@ def test_the_takes_of_a_killed_replica_are_finished_as_heard(database: Path | st
     queued = survivor.take(mine.session_id, mine.take_id)
     assert queued is not None and queued.state == "queued"
     survivor.close()
+
+
+def test_a_session_resumed_on_another_replica_hears_how_its_take_ended(make_server, database: Path | str) -> None:
+    """Two live servers on one store (SQLite file or PostgreSQL): the session moves to B while A
+    still runs its take; B says take.done when A finishes it."""
+    where: dict[str, object] = {"database_url": database} if isinstance(database, str) else {
+        "data_dir": database.parent}
+    first, second = make_server(**where, silence=SilenceGuard(retries=0)), make_server(**where)
+
+    async def main() -> None:
+        on_a = await Director.connect(first.ws)
+        session = (await on_a.open())["session_id"]
+        take = await on_a.start("l1", "A long speech that goes on.", sampling={"seed": 11, "max_new_tokens": 100})
+        await on_a.expect("take.started")
+        on_b = await Director.connect(second.ws)
+        ready = await on_b.open(str(session))
+        [stored] = ready["takes"]  # type: ignore[misc]
+        assert stored["take_id"] == take.take_id and stored["state"] in ("queued", "running")
+        finished = await on_a.finish(take)  # A never heard of B: its director hears the take to the end
+        done = await on_b.expect("take.done")
+        assert done["take_id"] == take.take_id and done["finish_reason"] == finished.done["finish_reason"] == "length"
+        assert done["frames"] == finished.done["frames"] == 100
+        await on_a.close()
+        await on_b.close()
+
+    run(main())
