@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from backend.settings import Settings
+    from backend.supervisor import Replica
 
 NAME = "serve"
 HELP = "run the directing studio: the web page, /ws sessions and POST /v1/audio/speech"
@@ -82,6 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on SIGTERM, how long running takes may go on while the replica drains (no new "
                              "takes; /health 503; sockets closed with 1012 to reconnect elsewhere) before it "
                              "stops (default 60); a second SIGTERM or SIGINT stops at once")
+    parser.add_argument("--gpus", metavar="LIST",
+                        help="one replica per GPU of this host (e.g. 0,1,2,3): a `retake serve` process each, "
+                             "with its own engine, on --port, --port+1, ...; all share the store (use "
+                             "--database for more than one host); put a load balancer in front (deploy/)")
+    parser.add_argument("--replicas", type=int, metavar="N",
+                        help="N replicas on this host's device, on --port, --port+1, ... (on the CPU: to try "
+                             "the deployment without GPUs)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
 
 
@@ -96,6 +104,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if args.slots is not None and args.slots < 1:
         raise UsageError("--slots must be at least 1")
+    if args.gpus is not None and args.replicas is not None:
+        raise UsageError("give --gpus or --replicas, not both")
+    if args.replicas is not None and args.replicas < 1:
+        raise UsageError("--replicas must be at least 1")
     if not args.drain_seconds >= 0:
         raise UsageError("--drain-seconds must be at least 0")
     if args.converse_slots < 1:
@@ -125,6 +137,28 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     conversation=args.converse, conversation_slots=args.converse_slots)
 
 
+def replicas_from(args: argparse.Namespace) -> list[Replica] | None:
+    """The replicas --gpus or --replicas asks for (None: serve in this process)."""
+    from backend.cli import UsageError
+    from backend.supervisor import Replica
+
+    if args.replicas is not None:
+        return [Replica(k, None, args.port + k) for k in range(args.replicas)]
+    if args.gpus is None:
+        return None
+    gpus = [g.strip() for g in args.gpus.split(",")]
+    if not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus):
+        raise UsageError(f"--gpus {args.gpus}: give distinct GPU indexes separated by commas, e.g. 0,1,2,3")
+    import torch
+
+    count = torch.cuda.device_count()
+    if max(int(g) for g in gpus) >= count:
+        have = "no CUDA GPU" if count == 0 else f"{count} CUDA GPU{'s' if count > 1 else ''} (0-{count - 1})"
+        raise UsageError(f"--gpus {args.gpus}: this machine has {have}"
+                         + ("; to try replicas on the CPU use --replicas N" if count == 0 else ""))
+    return [Replica(k, gpu, args.port + k) for k, gpu in enumerate(gpus)]
+
+
 def check_port(host: str, port: int) -> str | None:
     """Why the server could not listen on host:port, or None. Checked before the engine loads (minutes
     on a GPU), with the SO_REUSEADDR uvicorn sets, so only a port really in use is refused."""
@@ -148,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     database = settings.database
+    replicas = replicas_from(args)
     try:  # before the engine loads: a database this version cannot use is a one-line error
         if isinstance(database, Path):
             database.parent.mkdir(parents=True, exist_ok=True)
@@ -158,10 +193,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--data-dir {settings.data_dir} cannot be used: {error.strerror or error}") from None
     if isinstance(database, Path) and not os.access(database.parent, os.W_OK):
         raise UsageError(f"--data-dir {database.parent} is not writable")
-    if (why := check_port(args.host, args.port)) is not None:
-        raise UsageError(f"cannot listen on {args.host}:{args.port} ({why}); pick another --port or --host")
-    logging.basicConfig(level=args.log_level.upper(), format="[retake] %(message)s")
+    for port in [args.port] if replicas is None else [r.port for r in replicas]:
+        if (why := check_port(args.host, port)) is not None:
+            raise UsageError(f"cannot listen on {args.host}:{port} ({why}); pick another --port or --host")
+    name = "retake" if (index := os.environ.get("RETAKE_REPLICA")) is None else f"retake {index}"
+    logging.basicConfig(level=args.log_level.upper(), format=f"[{name}] %(message)s")
     log = logging.getLogger("retake")
+    if replicas is not None:
+        from backend.supervisor import serve_argv, supervise
+
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        return supervise(replicas, serve_argv(parser, args), args.host)
     what = (str(settings.checkpoint) if settings.checkpoint else
             f"random weights of the {settings.random_weights} preset (DEMO/RANDOM: its audio is noise)"
             if settings.random_weights else "the tiny demo checkpoint (random weights)")
