@@ -14,7 +14,7 @@ import importlib
 import sys
 from types import ModuleType
 
-COMMANDS = ("serve", "say", "make_checkpoint", "bench", "converse", "loadtest")
+COMMANDS = ("serve", "deploy", "say", "make_checkpoint", "bench", "converse", "loadtest")
 
 
 class UsageError(Exception):

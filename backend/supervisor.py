@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
@@ -65,12 +66,16 @@ def serve_argv(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
     return argv
 
 
-def die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent dies (Linux; elsewhere nothing)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-    except OSError:
-        pass
+def dies_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A subprocess preexec_fn: the child gets `sig` when its parent dies (Linux; elsewhere nothing).
+    Only for a parent without threads (preexec_fn runs between fork and exec)."""
+    def ask() -> None:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # 1: PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+    return ask
 
 
 def start(replica: Replica, argv: list[str], host: str) -> None:
@@ -78,7 +83,7 @@ def start(replica: Replica, argv: list[str], host: str) -> None:
     if replica.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = replica.gpu
     command = [sys.executable, "-m", "backend.cli", "serve", *argv, "--host", host, "--port", str(replica.port)]
-    replica.process = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    replica.process = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=dies_with_parent())
     replica.restart_at = None
     where = "the CPU" if replica.gpu is None else f"GPU {replica.gpu}"
     log.info("replica %d on %s: http://%s:%d (pid %d)", replica.index, where, host, replica.port, replica.process.pid)

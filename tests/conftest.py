@@ -1,13 +1,19 @@
 """Shared fixtures: the tiny Drama 3 and PersonaPlex checkpoints, written once per test session,
-and a real PostgreSQL server (tests/postgres_server.py) for the store's tests."""
+and a real PostgreSQL server (backend/tools/postgres.py) for the store's tests."""
 
 from __future__ import annotations
 
+import itertools
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from postgres_server import MISSING, PostgresServer, binaries
+
+from backend.tools.postgres import MISSING, LocalPostgres, binaries
+
+DATABASES = itertools.count()  # names of the tests' PostgreSQL databases
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -66,14 +72,16 @@ def personaplex_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """One PostgreSQL server for the test session (skipped, saying why, without the binaries)."""
-    bindir = binaries()
-    if bindir is None:
-        pytest.skip(MISSING)
-    server = PostgresServer(bindir)
+def postgres() -> Iterator[LocalPostgres]:
+    """One throwaway PostgreSQL server for the test session (skipped, saying why, without the binaries).
+    Its folder is under /tmp itself: the `postgres` user cannot enter pytest's root-only folders."""
+    if binaries() is None:
+        pytest.skip(f"{MISSING}; scripts/test installs it when run as root")
+    folder = Path(tempfile.mkdtemp(prefix="retake-postgres-"))
+    server = LocalPostgres(folder, durable=False)
     yield server
     server.stop()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -81,5 +89,5 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
     """An empty store database: a SQLite file, or a new database on the PostgreSQL server (its URL)."""
     if request.param == "sqlite":
         return tmp_path / "retake.sqlite3"
-    server: PostgresServer = request.getfixturevalue("postgres")
-    return server.database()
+    server: LocalPostgres = request.getfixturevalue("postgres")
+    return server.create_database(f"test_{next(DATABASES)}")

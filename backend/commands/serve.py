@@ -198,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot listen on {args.host}:{port} ({why}); pick another --port or --host")
     name = "retake" if (index := os.environ.get("RETAKE_REPLICA")) is None else f"retake {index}"
     logging.basicConfig(level=args.log_level.upper(), format=f"[{name}] %(message)s")
+    # The balancer asks /health every second: not worth a log line each.
+    logging.getLogger("uvicorn.access").addFilter(lambda record: "/health" not in record.getMessage())
     log = logging.getLogger("retake")
     if replicas is not None:
         from backend.supervisor import serve_argv, supervise
