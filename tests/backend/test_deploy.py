@@ -7,6 +7,7 @@ killed replica again, and SIGTERM stops the whole deployment."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -23,7 +24,7 @@ import pytest
 import soundfile as sf
 from live_server import fetch, run
 from test_commands import RETAKE
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from backend.store import STOPPED_DURING_TAKE
 from backend.tools.client import AudioFrame, Director
@@ -57,6 +58,19 @@ def replica_of(director: Director) -> str:
     """The replica HAProxy sent the socket to (deploy/haproxy.cfg adds X-Retake-Replica)."""
     assert director.socket.response is not None
     return str(director.socket.response.headers["X-Retake-Replica"])
+
+
+async def reconnect(url: str) -> Director:
+    """Connect as a client does after losing its socket: try again (after a pause) while the
+    balancer answers 502/503 (it may not have noticed the dead replica yet)."""
+    for attempt in range(20):
+        try:
+            return await Director.connect(url)
+        except InvalidStatus:
+            if attempt == 19:
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.slow
@@ -102,7 +116,7 @@ def test_a_replica_killed_mid_take_leaves_its_director_on_the_other(tiny_checkpo
                     await first.receive()
             assert gone.value.rcvd is None
 
-            again = await Director.connect(url)
+            again = await reconnect(url)
             assert replica_of(again) != victim
             ready = await again.open(scene)
             takes = {take["take_id"]: take for take in ready["takes"]}  # type: ignore[union-attr, index]
