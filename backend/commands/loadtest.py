@@ -1,9 +1,10 @@
-"""`retake loadtest`: directing sessions (`--sessions N`) or live conversations (`--converse`) at once
-against a running server, measured on the client.
+"""`retake loadtest`: directing sessions (`--sessions N`), live conversations (`--converse`) or
+reconnects and resumes (`--resume`) at once against a running server (or a balancer), measured
+on the client.
 
 The clients and their measurements live apart from the server, in backend/tools/
-(loadtest.py for directing sessions, conversation_load.py for conversations); this module is
-the command line.
+(loadtest.py for directing sessions, conversation_load.py for conversations, resume_load.py for
+resumes); this module is the command line.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--converse", action="store_true",
                         help="run --sessions live conversations on /converse instead (retake serve --converse), "
                              "each a user talking in real time for --seconds")
+    parser.add_argument("--resume", action="store_true",
+                        help="measure reconnect and resume instead: make --sessions scenes of --takes kept takes, "
+                             "then resume each --resumes times over, all at once; print resumes per second")
+    parser.add_argument("--resumes", type=int, default=50, help="with --resume: resumes per scene (default 50)")
     parser.add_argument("--seconds", type=float, default=10.0, help="with --converse: how long each user talks "
                                                                     "(default 10)")
 
@@ -36,6 +41,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sessions < 1 or args.takes < 1 or args.max_new_tokens < 1:
         raise UsageError("--sessions, --takes and --max-new-tokens must be at least 1")
+    if args.resume:
+        from backend.tools import resume_load
+
+        if args.resumes < 1:
+            raise UsageError("--resumes must be at least 1")
+        return resume_load.run(args.url, args.sessions, args.takes, args.resumes, args.token)
     if args.converse:
         from backend.tools import conversation_load
 

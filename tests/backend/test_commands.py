@@ -49,6 +49,17 @@ def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys:
     assert all(takes[1]["prompt_rows"] > takes[0]["prompt_rows"] for takes in by_session.values())
 
 
+def test_loadtest_resume_reports_resumes_per_second(server: LiveServer, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    loadtest.add_arguments(parser)
+    args = parser.parse_args(["--url", server.ws, "--resume", "--sessions", "2", "--takes", "2", "--resumes", "3"])
+    assert loadtest.run(args) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("2 scenes of 2 kept takes made in ")
+    assert printed[1].startswith("6 resumes (2 at once) in ") and printed[1].endswith(" resumes per second")
+    assert printed[3].startswith("reconnect and resume ")
+
+
 RETAKE = [sys.executable, "-c", "import sys; from backend.cli import main; sys.exit(main())"]  # the console script
 
 
