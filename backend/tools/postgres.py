@@ -5,7 +5,7 @@ Design choices:
 - `initdb` once into `folder/data`, then `postgres` as a child process listening only on a
   unix socket in `folder` (no TCP port to collide with anything, nothing reachable from
   outside). PostgreSQL refuses to run as root, so as root it runs as the package's `postgres`
-  user, which owns the folder.
+  user (or `nobody` where the package's scripts never ran), which owns the folder.
 - `durable=False` (tests) turns fsync and full page writes off: a test server only has to
   survive its clients dying, not the machine.
 """
@@ -45,7 +45,10 @@ class LocalPostgres:
         folder.mkdir(parents=True, exist_ok=True)
         user = None
         if os.geteuid() == 0:
-            account = pwd.getpwnam("postgres")  # the Debian package's user
+            try:
+                account = pwd.getpwnam("postgres")  # the Debian package's user
+            except KeyError:  # the binaries unpacked without the package's scripts
+                account = pwd.getpwnam("nobody")
             os.chown(folder, account.pw_uid, account.pw_gid)
             user = account.pw_name
         data = folder / "data"
