@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import uvicorn
@@ -18,6 +22,7 @@ from backend.directing.loop import EngineLoop
 from backend.settings import Settings
 
 T = TypeVar("T")
+RETAKE = [sys.executable, "-c", "import sys; from backend.cli import main; sys.exit(main())"]  # the console script
 
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -65,3 +70,19 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+def serve(checkpoint: Path, data_dir: Path, port: int, *options: str) -> subprocess.Popen[str]:
+    """`retake serve` in its own process on the tiny checkpoint, once /health answers."""
+    process = subprocess.Popen([*RETAKE, "serve", "--checkpoint", str(checkpoint), "--device", "cpu", "--port",
+                                str(port), "--data-dir", str(data_dir), "--silence-retries", "0", *options],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                return process
+        except OSError:
+            assert process.poll() is None and time.monotonic() < deadline, "retake serve did not come up"
+            time.sleep(0.25)

@@ -9,13 +9,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from live_server import LiveServer
+from live_server import RETAKE, LiveServer
 
 from backend.commands import loadtest
 from backend.tools.client import Director
@@ -60,9 +59,6 @@ def test_loadtest_resume_reports_resumes_per_second(server: LiveServer, capsys: 
     assert printed[3].startswith("reconnect and resume ")
 
 
-RETAKE = [sys.executable, "-c", "import sys; from backend.cli import main; sys.exit(main())"]  # the console script
-
-
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -100,8 +96,9 @@ def stop(process: subprocess.Popen[str]) -> str:
 def test_serve_warms_up_logs_and_serves(tiny_checkpoint: Path, tmp_path: Path) -> None:
     process, _, health = serve(["--checkpoint", str(tiny_checkpoint), "--device", "cpu"], tmp_path)
     try:
+        assert isinstance(health["replica"], int) and health["replica"] > 0  # its id in the store
         assert health == {"status": "ok", "engine": "drama3", "demo_weights": True, "sessions": 0, "queue": 0,
-                          "converse": False}
+                          "converse": False, "pid": process.pid, "replica": health["replica"]}
     finally:
         output = stop(process)
     assert "one decode step" in output and "DEMO WEIGHTS" in output

@@ -22,10 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from live_server import fetch, run
-from test_commands import RETAKE
+import torch
+from live_server import RETAKE, fetch, run
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from backend.cli import main
 from backend.store import STOPPED_DURING_TAKE
 from backend.tools.client import AudioFrame, Director
 from backend.tools.postgres import binaries
@@ -157,3 +158,22 @@ def test_a_replica_killed_mid_take_leaves_its_director_on_the_other(tiny_checkpo
             deployment.kill()  # its parts get SIGTERM from the kernel (PR_SET_PDEATHSIG)
         deployment.wait(timeout=60)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_what_the_deployment_cannot_use_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["deploy", "--replicas", "1", "--port", str(port), "--state-dir", str(tmp_path)]) == 2
+        assert capsys.readouterr().err.startswith(f"retake deploy: cannot listen on 127.0.0.1:{port} (")
+        assert main(["serve", "--replicas", "2", "--port", str(port), "--data-dir", str(tmp_path)]) == 2
+        assert capsys.readouterr().err.startswith(f"retake serve: cannot listen on 127.0.0.1:{port} (")
+    assert main(["serve", "--replicas", "0"]) == 2
+    assert capsys.readouterr().err == "retake serve: --replicas must be at least 1\n"
+    assert main(["serve", "--gpus", "0", "--replicas", "2"]) == 2
+    assert capsys.readouterr().err == "retake serve: give --gpus or --replicas, not both\n"
+    if not torch.cuda.is_available():
+        assert main(["serve", "--gpus", "0,1", "--data-dir", str(tmp_path)]) == 2
+        assert capsys.readouterr().err == ("retake serve: --gpus 0,1: this machine has no CUDA GPU; to try replicas "
+                                           "on the CPU use --replicas N\n")

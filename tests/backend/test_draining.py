@@ -11,9 +11,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from live_server import run
+from live_server import fetch, run, serve
 from test_commands import free_port
-from test_crash import serve
 from websockets.exceptions import ConnectionClosed
 
 from backend.tools.client import AudioFrame, Director
@@ -56,6 +55,7 @@ def test_sigterm_drains_the_replica(tiny_checkpoint, tmp_path) -> None:
             assert await close_code(idle) == 1012
             status, body = await asyncio.to_thread(health, port)
             assert (status, body["status"]) == (503, "draining")
+            assert "retake_draining 1" in (await fetch(f"http://127.0.0.1:{port}/metrics")).decode()
             newcomer = await Director.connect(url)
             assert await close_code(newcomer) == 1012
             refused = await talker.start("l2", "One more?")

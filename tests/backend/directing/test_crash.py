@@ -5,37 +5,18 @@ with exactly the samples that arrived."""
 from __future__ import annotations
 
 import io
-import os
 import signal
-import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
-from live_server import run
-from test_commands import RETAKE, free_port
+from live_server import run, serve
+from test_commands import free_port
 
 from backend.store import STOPPED_DURING_TAKE
 from backend.tools.client import AudioFrame, Director
-
-
-def serve(checkpoint: Path, data_dir: Path, port: int, *options: str) -> subprocess.Popen[str]:
-    """`retake serve` in its own process on the tiny checkpoint, once /health answers."""
-    process = subprocess.Popen([*RETAKE, "serve", "--checkpoint", str(checkpoint), "--device", "cpu", "--port",
-                                str(port), "--data-dir", str(data_dir), "--silence-retries", "0", *options],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                return process
-        except OSError:
-            assert process.poll() is None and time.monotonic() < deadline, "retake serve did not come up"
-            time.sleep(0.25)
 
 
 @pytest.mark.slow
