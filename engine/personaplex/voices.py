@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,9 @@ def read_audio(source: Path | bytes, sample_rate: int) -> NDArray[np.float32]:
                                     dtype="float32", always_2d=True)
     except Exception as error:  # noqa: BLE001 - soundfile raises several types for bad input
         name = "the clip" if isinstance(source, bytes) else Path(source).name
-        # libsndfile's reason, without soundfile's "Error opening <_io.BytesIO object at 0x...>: "
-        why = str(error).rpartition(">: ")[2] or type(error).__name__
+        # libsndfile's reason, without soundfile's "Error opening <_io.BytesIO object at 0x...>: " or
+        # "Error opening '/server/path': " (neither is the user's business)
+        why = re.sub(r"^Error opening .*?: (?=[^:]*$)", "", str(error)) or type(error).__name__
         raise RequestError(f"{name} is not a WAV or FLAC file this server can read ({why.rstrip('.')}); "
                            "give a WAV or FLAC file") from None
     mono = data.mean(axis=1)

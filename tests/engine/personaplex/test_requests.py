@@ -91,7 +91,8 @@ def test_bad_voice_files(engine: PersonaPlex, tmp_path: Path):
     with pytest.raises(RequestError, match="must hold 'embeddings' and 'cache'"):
         engine.voice(str(tmp_path / "half.pt"))
     (tmp_path / "noise.wav").write_bytes(b"RIFF not really a wav")
-    with pytest.raises(RequestError, match=r"cannot read noise\.wav as audio"):
+    with pytest.raises(RequestError, match=r"^noise\.wav is not a WAV or FLAC file this server can read "
+                                          r"\(Format not recognised\); give a WAV or FLAC file$"):
         engine.voice(str(tmp_path / "noise.wav"))
     import soundfile
 
