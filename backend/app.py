@@ -1,8 +1,9 @@
 """The Starlette app: routes, and a lifespan that loads and warms the engine before serving.
 
 Routes: `/ws` (directing sessions, backend/directing/ws.py), `POST /v1/audio/speech`
-(backend/directing/speech.py), `GET /sessions/{session_id}/takes/{take_id}.wav` (a take
-vocoded from its stored codes, backend/directing/export.py), `/converse` (live
+(backend/directing/speech.py), `/v1/audio/voices` (saved voices, backend/directing/voices.py),
+`GET /sessions/{session_id}/takes/{take_id}.wav` (a take vocoded from its stored codes,
+backend/directing/export.py), `/converse` (live
 conversations, backend/conversation/ws.py), `/api/chat` (the same conversations in the Moshi
 protocol of the official PersonaPlex and moshi clients, backend/conversation/moshi.py),
 `/health`, `/metrics`, and the studio's built files at `/`. The HTTP routes check the token
@@ -35,6 +36,7 @@ from backend.conversation.ws import conversation_socket
 from backend.directing.export import export_take
 from backend.directing.loop import EngineLoop
 from backend.directing.speech import speech
+from backend.directing.voices import delete_voice, voices
 from backend.directing.ws import directing_socket
 from backend.metrics import Metrics
 from backend.settings import Settings
@@ -122,6 +124,12 @@ async def speech_route(request: Request) -> Response:
     if not authorized(request):
         return unauthorized()
     return await speech(request)
+
+
+async def voices_route(request: Request) -> Response:
+    if not authorized(request):
+        return unauthorized()
+    return await (delete_voice(request) if request.method == "DELETE" else voices(request))
 
 
 def log_ready(engine_loop: EngineLoop) -> None:
@@ -212,6 +220,8 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
         Route("/converse/info", info_route),
         Route("/metrics", metrics),
         Route("/v1/audio/speech", speech_route, methods=["POST"]),
+        Route("/v1/audio/voices", voices_route, methods=["GET", "POST"]),
+        Route("/v1/audio/voices/{voice}", voices_route, methods=["DELETE"]),
         Route("/sessions/{session_id}/takes/{take_id}.wav", export_route),
     ]
     if (settings.static_dir / "index.html").is_file():

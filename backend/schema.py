@@ -97,6 +97,24 @@ take_windows = sa.Table(
 )
 
 
+saved_voices = sa.Table(
+    "saved_voices", metadata,
+    sa.Column("voice_id", sa.Text, primary_key=True),  # voice_ and 16 hex digits
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("character", sa.Text),  # JSON {name, description, scene}; NULL for clips
+    sa.Column("consent", sa.Text),  # OpenAI's consent recording id, as given
+    sa.Column("created_ms", sa.BigInteger, nullable=False),
+)
+sa.Index("saved_voices_by_name", saved_voices.c.name, unique=True)
+saved_voice_clips = sa.Table(
+    "saved_voice_clips", metadata,
+    sa.Column("voice_id", sa.Text, sa.ForeignKey("saved_voices.voice_id"), primary_key=True),
+    sa.Column("idx", sa.Integer, primary_key=True),
+    sa.Column("text", sa.Text, nullable=False),  # the transcript
+    sa.Column("audio", sa.LargeBinary, nullable=False),  # the WAV or FLAC file as uploaded
+)
+
+
 class NewerSchema(RuntimeError):
     """The database was written by a newer Retake; this one cannot use it."""
 
@@ -167,8 +185,24 @@ def replica_column(conn: Connection) -> None:
     conn.execute(sa.text("CREATE INDEX takes_unfinished ON takes (replica) WHERE state != 'done'"))
 
 
+def saved_voice_tables(conn: Connection) -> None:
+    """4: voices saved by name (backend/directing/voices.py): clips as uploaded with their
+    transcripts, or a described character."""
+    frozen = sa.MetaData()
+    voices_table = sa.Table(
+        "saved_voices", frozen, sa.Column("voice_id", sa.Text, primary_key=True),
+        sa.Column("name", sa.Text, nullable=False), sa.Column("character", sa.Text), sa.Column("consent", sa.Text),
+        sa.Column("created_ms", sa.BigInteger, nullable=False))
+    sa.Index("saved_voices_by_name", voices_table.c.name, unique=True)
+    sa.Table("saved_voice_clips", frozen,
+             sa.Column("voice_id", sa.Text, sa.ForeignKey("saved_voices.voice_id"), primary_key=True),
+             sa.Column("idx", sa.Integer, primary_key=True), sa.Column("text", sa.Text, nullable=False),
+             sa.Column("audio", sa.LargeBinary, nullable=False))
+    frozen.create_all(conn)
+
+
 # Migration n brings a database from version n - 1 to n, on either kind of database.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {3: replica_column}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {3: replica_column, 4: saved_voice_tables}
 VERSION = BASELINE_VERSION + len(MIGRATIONS)
 MIGRATION_LOCK = 0x5245_5441  # "RETA": the advisory lock that serializes migrations on PostgreSQL
 

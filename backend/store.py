@@ -23,6 +23,9 @@ Design choices:
   rewritten whenever the order changes (a script is at most a thousand short rows). A deleted
   line without takes is gone; one with takes stays, marked with `deleted_ms`, so its takes keep
   their line, and setting that line again brings it back with its takes.
+- Saved voices (`saved_voices`, `saved_voice_clips`) are the server's, not a session's: their
+  clips are kept as uploaded (WAV or FLAC bytes, so they outlive a checkpoint), with their
+  transcripts; a session that uses one stores its own copy as codes, like any voice.
 """
 
 from __future__ import annotations
@@ -50,9 +53,20 @@ from backend.directing.protocol import (
     TakeState,
     VoiceInfo,
 )
-from backend.schema import NewerSchema, Unreachable, lines, sessions, take_windows, takes, voice_references, voices
+from backend.schema import (
+    NewerSchema,
+    Unreachable,
+    lines,
+    saved_voice_clips,
+    saved_voices,
+    sessions,
+    take_windows,
+    takes,
+    voice_references,
+    voices,
+)
 
-__all__ = ["STOPPED_DURING_TAKE", "NewerSchema", "Store", "StoredReference", "StoredTake", "StoredVoice",
+__all__ = ["STOPPED_DURING_TAKE", "NewerSchema", "SavedVoice", "Store", "StoredReference", "StoredTake", "StoredVoice",
            "Unreachable", "audio_url", "check_schema"]
 STOPPED_DURING_TAKE = "the server stopped during this take"
 
@@ -121,6 +135,23 @@ class StoredVoice:
             character = {"name": c.name, "description": c.description, "scene": c.scene}
         return {"voice_id": self.voice_id, "character": character,
                 "references": [{"text": r.text, "frames": int(r.codes.shape[1])} for r in self.references]}
+
+
+@dataclass(frozen=True)
+class SavedVoice:
+    """A voice saved by name: clips (WAV or FLAC files as uploaded) with their transcripts, or a character."""
+
+    voice_id: str  # voice_ and 16 hex digits
+    name: str
+    created_ms: int
+    transcripts: list[str]
+    audio: list[bytes]  # one file per transcript; empty in `saved_voices()` (the listing)
+    character: CharacterSpec | None
+    consent: str | None  # OpenAI's consent recording id, as given
+
+    @property
+    def clips(self) -> list[tuple[bytes, str]]:
+        return list(zip(self.audio, self.transcripts))
 
 
 @dataclass(frozen=True)
@@ -369,6 +400,58 @@ class Store:
             references = [StoredReference(r.text, blob_to_codes(r.codebooks, r.codes)) for r in clips]
         character = None if row.character is None else CharacterSpec(**json.loads(row.character))
         return StoredVoice(voice_id, references, character)
+
+    # Saved voices ---------------------------------------------------------------
+
+    def save_voice(self, name: str, clips: list[tuple[bytes, str]], character: CharacterSpec | None,
+                   consent: str | None) -> SavedVoice | None:
+        """Save a voice under a new name (None: the name is taken)."""
+        voice_id, created = f"voice_{secrets.token_hex(8)}", now_ms()
+        spec = None if character is None else json.dumps(
+            {"name": character.name, "description": character.description, "scene": character.scene})
+        try:
+            with self._transaction() as conn:
+                conn.execute(saved_voices.insert().values(voice_id=voice_id, name=name, character=spec,
+                                                          consent=consent, created_ms=created))
+                if clips:
+                    conn.execute(saved_voice_clips.insert(), [{"voice_id": voice_id, "idx": index, "text": text,
+                                                               "audio": audio}
+                                                              for index, (audio, text) in enumerate(clips)])
+        except sa.exc.IntegrityError:
+            return None
+        return SavedVoice(voice_id, name, created, [text for _, text in clips], [audio for audio, _ in clips],
+                          character, consent)
+
+    @staticmethod
+    def _saved_voice(conn: Connection, row: Row[Any], with_audio: bool) -> SavedVoice:
+        columns = [saved_voice_clips.c.text] + ([saved_voice_clips.c.audio] if with_audio else [])
+        clips = conn.execute(sa.select(*columns).where(saved_voice_clips.c.voice_id == row.voice_id)
+                             .order_by(saved_voice_clips.c.idx)).all()
+        character = None if row.character is None else CharacterSpec(**json.loads(row.character))
+        return SavedVoice(row.voice_id, row.name, int(row.created_ms), [c.text for c in clips],
+                          [bytes(c.audio) for c in clips] if with_audio else [], character, row.consent)
+
+    def saved_voices(self) -> list[SavedVoice]:
+        """Every saved voice, oldest first, without the clips' audio."""
+        with self._transaction() as conn:
+            rows = conn.execute(sa.select(saved_voices).order_by(saved_voices.c.created_ms, saved_voices.c.name)).all()
+            return [self._saved_voice(conn, row, with_audio=False) for row in rows]
+
+    def saved_voice(self, key: str) -> SavedVoice | None:
+        """The saved voice with this id or name, with its clips."""
+        with self._transaction() as conn:
+            row = conn.execute(sa.select(saved_voices).where(
+                sa.or_(saved_voices.c.voice_id == key, saved_voices.c.name == key))).first()
+            return None if row is None else self._saved_voice(conn, row, with_audio=True)
+
+    def delete_saved_voice(self, key: str) -> SavedVoice | None:
+        """Delete the saved voice with this id or name; None if there is none. Sessions keep their copies."""
+        voice = self.saved_voice(key)
+        if voice is not None:
+            with self._transaction() as conn:
+                conn.execute(saved_voice_clips.delete().where(saved_voice_clips.c.voice_id == voice.voice_id))
+                conn.execute(saved_voices.delete().where(saved_voices.c.voice_id == voice.voice_id))
+        return voice
 
     # Takes --------------------------------------------------------------------
 

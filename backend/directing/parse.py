@@ -163,6 +163,9 @@ def _voice(obj: JsonObject, limits: Limits, ref: str | None) -> VoiceSet:
     references = raw_references or []
     if references and character is not None:
         raise ProtocolError("bad_field", "give either references or a character, not both")
+    saved_voice = _string(obj, "saved_voice", limits.max_id_chars, required=False)
+    if saved_voice is not None and (references or character is not None):
+        raise ProtocolError("bad_field", "give a saved_voice alone: it is the voice's clips or character")
     if len(references) > limits.max_references:
         raise _bad("references", f"at most {limits.max_references} clips (got {len(references)})")
     clips = []
@@ -187,7 +190,7 @@ def _voice(obj: JsonObject, limits: Limits, ref: str | None) -> VoiceSet:
         scene = _string(character, "scene", limits.max_text_chars, required=False, path="character.")
         assert name is not None and description is not None
         spec = CharacterSpec(name, description, scene)
-    return VoiceSet(tuple(clips), spec, ref)
+    return VoiceSet(tuple(clips), spec, ref, saved_voice)
 
 
 def parse_client_message(text: str | bytes, limits: Limits) -> ClientMessage:

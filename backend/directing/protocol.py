@@ -103,6 +103,7 @@ class VoiceSet:
     references: tuple[ReferenceClip, ...] = ()
     character: CharacterSpec | None = None  # never together with references; neither = default voice
     ref: str | None = None
+    saved_voice: str | None = None  # a saved voice's name or id (backend/directing/voices.py), alone
     type: Literal["voice.set"] = "voice.set"
 
 

@@ -150,6 +150,13 @@ class Session:
         session_id = self.require_open()
         references = [(clip.audio, clip.text) for clip in message.references]
         character = message.character
+        if message.saved_voice is not None:  # a copy of the saved voice: deleting it later changes nothing here
+            saved = self.state.store.saved_voice(message.saved_voice)
+            if saved is None:
+                names = ", ".join(voice.name for voice in self.state.store.saved_voices()) or "none yet"
+                raise p.ProtocolError("bad_field", f"saved_voice: unknown voice {message.saved_voice!r}; the saved "
+                                                   f"voices are {names}")
+            references, character = saved.clips, saved.character
 
         def encode(engine: Drama3Engine) -> list[np.ndarray]:
             """Encode the clips and check the voice the way a take will use it."""

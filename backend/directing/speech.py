@@ -39,8 +39,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from backend.audio_formats import Encoder
 from backend.directing.jobs import TakeJob, TakeOutcome
 from backend.directing.loop import QueueFull
-from backend.directing.speech_options import DEFAULT_VOICE, SavedVoice, parse_speech_options, with_voice
+from backend.directing.speech_options import parse_speech_options, with_voice
 from backend.directing.speech_request import SpeechRequest, parse_speech_request
+from backend.directing.voices import find_voice
 from backend.metrics import Metrics
 from backend.state import ServerState
 from engine import AudioWindow, Drama3Engine, HistoryTurn, Prompt, Reference, RequestError, Sampling
@@ -86,15 +87,6 @@ def speech_prompt(engine: Drama3Engine, request: SpeechRequest, sampling: Sampli
     history = [HistoryTurn(clip.text, engine.encode_reference(clip.audio)) for clip in request.history]
     prompt = engine.prompt(request.text, request.character or voice or None, history, sampling)
     return dataclasses.replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
-
-
-def find_voice(state: ServerState, name: str | None) -> SavedVoice | None:
-    """The saved voice of that name or id; None for none given or the engine's own voice."""
-    if name is None or name == DEFAULT_VOICE:
-        return None
-    names = [DEFAULT_VOICE]
-    raise RequestError(f"unknown voice {name!r}; the voices are {', '.join(names)} (save one with POST "
-                       "/v1/audio/voices)")
 
 
 async def speech(request: Request) -> Response:

@@ -40,6 +40,7 @@ from typing import Literal
 
 from backend.audio_formats import FORMATS
 from backend.directing.speech_request import Clip, SpeechRequest
+from backend.store import SavedVoice
 from engine import Character, RequestError, checked_character
 
 DEFAULT_VOICE = "default"  # the engine's own voice, by name
@@ -54,16 +55,6 @@ class SpeechOptions:
     stream_format: Literal["audio", "sse"]
     voice: str | None  # a voice's name or id as given; None: none given
     instructions: str | None
-
-
-@dataclass(frozen=True)
-class SavedVoice:
-    """A voice saved by name (backend/directing/voices.py): reference clips, or a described character."""
-
-    voice_id: str
-    name: str
-    references: list[Clip]
-    character: Character | None
 
 
 def _choice(body: Mapping[str, object], name: str, choices: tuple[str, ...], default: str) -> str:
@@ -115,7 +106,10 @@ def with_voice(request: SpeechRequest, instructions: str | None, saved: SavedVoi
         if request.references or request.character:
             raise RequestError(f"voice {saved.name!r} and the body's own voice (references or an envelope "
                                "character) are two voices; give one")
-        request = dataclasses.replace(request, references=saved.references, character=saved.character)
+        character = None if saved.character is None else Character(
+            saved.character.name, saved.character.description, saved.character.scene)
+        request = dataclasses.replace(request, references=[Clip(audio, text) for audio, text in saved.clips],
+                                      character=character)
     if instructions is None:
         return request
     if request.references:

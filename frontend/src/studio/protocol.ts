@@ -43,7 +43,8 @@ export interface CharacterSpec {
 
 export type ClientMessage =
   | { type: "session.open"; session_id?: string; ref?: string }
-  | { type: "voice.set"; references?: ReferenceClip[]; character?: CharacterSpec; ref?: string }
+  /** `saved_voice`: a voice saved with POST /v1/audio/voices, by name or id (alone). */
+  | { type: "voice.set"; references?: ReferenceClip[]; character?: CharacterSpec; saved_voice?: string; ref?: string }
   /** Create or edit a line; `after` moves it after that line (null: to the top). */
   | { type: "line.set"; line_id: string; text: string; after?: string | null; ref?: string }
   | { type: "line.delete"; line_id: string; ref?: string }
