@@ -1,7 +1,7 @@
 """`retake bench WHAT ...`: benchmarks that print a table and optionally write JSON.
 
-Each benchmark lives in engine/bench/ and exposes `add_arguments(parser)` and
-`run(args) -> int`. Benchmarks print numbers; tests never assert on time.
+Each benchmark lives in engine/bench/ (the speech API's formats in backend/tools/) and exposes
+`add_arguments(parser)` and `run(args) -> int`. Benchmarks print numbers; tests never assert on time.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import argparse
 import importlib
 
 NAME = "bench"
-HELP = ("measure speed: codec, rtf (CPU take real-time factor), slots, decode, prefill, takes, personaplex; "
-        "numerics (compiled vs eager, float32)")
+HELP = ("measure speed: codec, rtf (CPU take real-time factor), slots, decode, prefill, takes, personaplex, "
+        "formats (the speech API's encoders); numerics (compiled vs eager, float32)")
 BENCHES = {
     "codec": "engine.bench.codec",
     "rtf": "engine.bench.rtf",
@@ -21,6 +21,7 @@ BENCHES = {
     "takes": "engine.bench.drama3",
     "personaplex": "engine.bench.personaplex",
     "numerics": "engine.bench.numerics",
+    "formats": "backend.tools.formats_bench",
 }
 
 
