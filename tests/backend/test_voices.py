@@ -172,3 +172,26 @@ def test_openais_client_without_a_transcript_is_told_how_to_add_one(voice_server
     with pytest.raises(openai.BadRequestError, match="extra_body"):
         client_of(voice_server).audio.voices.create(name="Cue", audio_sample=("cue.wav", wav(), "audio/wav"),
                                                     consent="cons_1")
+
+
+def test_the_store_keeps_saved_voices_on_either_database(database: Path | str) -> None:
+    """SQLite and PostgreSQL: the clips' bytes come back as saved, names are unique, deletes are whole."""
+    from backend.directing.protocol import CharacterSpec
+    from backend.store import Store
+
+    store = Store(database)
+    clip = wav()
+    ada = store.save_voice("Ada", [(clip, "A low hum."), (b"fLaC...", "Two.")], None, "cons_1")
+    mara = store.save_voice("Mara", [], CharacterSpec("Mara", "a tired keeper", None), None)
+    assert ada is not None and mara is not None
+    assert store.save_voice("Ada", [], CharacterSpec("Ada", "again", None), None) is None  # the name is taken
+    assert [(v.name, v.transcripts, v.audio, v.character) for v in store.saved_voices()] == [
+        ("Ada", ["A low hum.", "Two."], [], None), ("Mara", [], [], CharacterSpec("Mara", "a tired keeper", None))]
+    for key in ("Ada", ada.voice_id):
+        found = store.saved_voice(key)
+        assert found is not None and found.clips == [(clip, "A low hum."), (b"fLaC...", "Two.")]
+        assert found.consent == "cons_1"
+    deleted = store.delete_saved_voice(ada.voice_id)
+    assert deleted is not None and deleted.name == "Ada" and store.saved_voice("Ada") is None
+    assert store.delete_saved_voice("Ada") is None and [v.name for v in store.saved_voices()] == ["Mara"]
+    store.close()
