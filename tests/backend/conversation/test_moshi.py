@@ -257,7 +257,7 @@ async def next_error(websocket: aiohttp.ClientWebSocketResponse) -> bytes:
 
 def test_busy_bad_audio_text_frames_and_close(talk_server: LiveServer, conversations: ConversationLoop) -> None:
     async def main() -> None:
-        async with aiohttp.ClientSession() as session:
+        async with asyncio.timeout(240), aiohttp.ClientSession() as session:  # a stall fails where it stalls
             first, second = await asyncio.gather(  # together: alone, a system prompt ticks as fast as it can
                 handshaken(session, chat_url(talk_server)),
                 handshaken(session, chat_url(talk_server, seed="-1", voice_prompt="")))
