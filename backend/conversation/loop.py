@@ -101,6 +101,7 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         self.voices: list[str] = []  # the engine's voice names (set when it is loaded)
         self.default_voice: str | None = None  # the voice of a converse.open without one (None: no voices)
         self._joins: deque[_Join] = deque()
+        self._starting: set[int] = set()  # slots of joins the engine thread took and is starting
         self._talks: dict[int, Conversation] = {}  # slot -> conversation
 
     @property
@@ -120,7 +121,8 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         """A slot for a new conversation, once its system prompt is queued (RequestError: a bad
         persona or voice; NoFreeSlot: no slot is free)."""
         with self._condition:
-            used = set(self._talks) | {j.conversation.slot for j in self._joins}
+            # A join the engine thread is starting is in neither _joins nor _talks yet: its slot is taken too.
+            used = set(self._talks) | self._starting | {j.conversation.slot for j in self._joins}
             free = [slot for slot in range(self.slots) if slot not in used]
             if not free:
                 raise NoFreeSlot(f"all {self.slots} conversation slots are in use; try again later")
@@ -191,6 +193,7 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                     return
                 joins = list(self._joins)
                 self._joins.clear()
+                self._starting.update(join.conversation.slot for join in joins)
                 if joins:  # start them first: a slot's system prompt begins at the next tick
                     user = None
                 else:
@@ -240,6 +243,13 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         return max(0.0, min(due) - now)
 
     def _start(self, engine: PersonaPlex, join: _Join) -> None:
+        try:
+            self._start_slot(engine, join)
+        finally:  # after the conversation is in _talks (or refused): its slot is never free in between
+            with self._condition:
+                self._starting.discard(join.conversation.slot)
+
+    def _start_slot(self, engine: PersonaPlex, join: _Join) -> None:
         talk = join.conversation
         if not join.done.set_running_or_notify_cancel():  # the socket's handler was cancelled meanwhile
             return
