@@ -29,15 +29,20 @@ Design choices:
   so it is sample-exact, and so is `wav`; `flac` is lossless.
 - Bit rates are fixed per format (mp3 128 kb/s, opus 64 kb/s, aac 128 kb/s): the API has no
   field for them.
+- PyAV is imported when an encoder is made, not with the server: a server that is never
+  asked for an encoded format runs without it (scripts/gpu carries no FFmpeg to the GPU).
 """
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import av
 import numpy as np
+
+if TYPE_CHECKING:
+    import av
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,8 @@ class Encoder:
             return
         self._output: _Sink | io.BytesIO = _Sink() if streamed else io.BytesIO()
         options = {"page_duration": str(OGG_PAGE_US[streamed])} if self.format.container == "ogg" else {}
+        import av
+
         self._container = av.open(self._output, "w", format=self.format.container, options=options)
         rate = self.format.sample_rate or sample_rate
         assert self.format.codec is not None
@@ -115,6 +122,8 @@ class Encoder:
             return samples.tobytes()
         if samples.size == 0:
             return b""
+        import av
+
         frame = av.AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")  # [1, N]
         frame.sample_rate = self.sample_rate
         self._encode(frame)

@@ -39,7 +39,6 @@ import asyncio
 from collections.abc import Mapping
 
 import numpy as np
-import sphn
 from starlette import status
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -86,6 +85,8 @@ class MoshiSink:
     """The engine thread's callbacks (run on the event loop): Moshi messages into the outbox."""
 
     def __init__(self, sample_rate: int) -> None:
+        import sphn  # Opus in Ogg: only for this protocol, so a server runs without it
+
         self.writer = sphn.OpusStreamWriter(sample_rate)
         self.outbox: Outbox[bytes] = Outbox(lambda data: data, MAX_AUDIO_FRAMES)
 
@@ -143,6 +144,8 @@ async def moshi_socket(websocket: WebSocket) -> None:
 
 async def receive(websocket: WebSocket, conversations: ConversationLoop, talk: Conversation,
                   outbox: Outbox[bytes]) -> None:
+    import sphn
+
     reader = sphn.OpusStreamReader(conversations.sample_rate)
     while True:
         frame = await websocket.receive()

@@ -1,0 +1,458 @@
+"""The stages of `scripts/gpu OUTDIR`: every GPU measurement of Retake in one run, one JSON summary.
+
+    scripts/gpu OUT                     # on the GPU machine (wheels from .whl/ installed first)
+    scripts/gpu OUT --smoke             # on a CPU: every stage's command at the tiny size, to catch typos
+    scripts/gpu OUT --stages serve,takes --budget 500 --slots 64
+
+Stages, in this order (each within its own time limit and what is left of --budget; a stage
+that fails or runs out of time is recorded and the next one runs):
+
+- env: torch, CUDA, the GPU, package versions
+- pytest: `pytest -m gpu` over every test file with GPU tests (verbose; junit once it ends)
+- serve: `retake serve --random-weights --preset full`, then `retake loadtest` at 1 session
+  (first audio at client and server, gaps) and at 8, 32, 64 (the concurrency table)
+- takes: `retake bench takes --random-weights --preset full --device cuda --profile FILE`:
+  decode, prefill, first audio, vocode
+- numerics: `retake bench numerics`: compiled vs eager in float32, per experts path and TF32
+- kernels: `retake bench kernels` (when the kernels exist)
+- personaplex: `retake bench personaplex --size released` at 1, 8, 32, 64 slots
+- converse: `retake serve --converse --random-weights --size released` + `retake loadtest
+  --converse` (when serve has --size)
+
+OUT gets at most 4 files: summary.json (everything measured, per stage), log.txt (each
+stage's output, its tail when long), server.log (the served engine's log), profile.txt
+(the kernel tables of `bench takes --profile`). Work files live in /tmp/retake-gpu.
+
+Design choices:
+- Python orchestrates (subprocesses, time limits, the server's life); scripts/gpu only
+  installs the wheels and sets the environment. Standard library only.
+- Every command runs in its own process with a time limit: SIGINT first (uvicorn and
+  pytest stop cleanly and still write what they have), then a kill.
+- --smoke runs the same stages on the CPU at the tiny preset with short settings; a stage
+  that needs CUDA is skipped there with a note. So a GPU run never fails on a typo.
+- torch.compile and Triton caches are shared by the stages (/tmp), so a later process
+  finds the kernels an earlier one compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+WORK = Path("/tmp/retake-gpu")
+PY = sys.executable
+CLI = [PY, "-m", "backend.cli"]
+STAGES = ("env", "pytest", "serve", "takes", "numerics", "kernels", "personaplex", "converse")
+LIMITS_S = {"env": 30, "pytest": 200, "serve": 240, "takes": 200, "numerics": 120, "kernels": 90,
+            "personaplex": 120, "converse": 150}
+SMOKE_LIMITS_S = {name: 900 for name in STAGES}
+LOG_TAIL = 120_000  # characters of each stage's output kept in log.txt
+LOADS = ((1, 5), (8, 2), (32, 2), (64, 2))  # (sessions, takes each) against the full-size server
+SMOKE_LOADS = ((1, 2), (2, 1))
+Json = dict[str, Any]
+
+
+@dataclass
+class Stage:
+    name: str
+    status: str = "skipped"  # ok | failed | timeout | skipped
+    seconds: float = 0.0
+    commands: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.out, self.smoke, self.slots = args.out, args.smoke, args.slots
+        self.deadline: float = time.monotonic() + float(args.budget)
+        self.started = time.monotonic()
+        self.limits = SMOKE_LIMITS_S if self.smoke else LIMITS_S
+        self.summary: Json = {"smoke": self.smoke, "budget_s": args.budget, "stages": []}
+        self.logs: list[str] = []
+        self.current: Stage | None = None
+        self.cuda = False
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def command(self, argv: list[str], limit: float, log: Path, env: dict[str, str] | None = None) -> int | None:
+        """Run argv to completion within `limit` s (output to `log`); its exit code, None on timeout."""
+        assert self.current is not None
+        self.current.commands.append(" ".join(argv))
+        with log.open("a") as sink:
+            process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+            return wait(process, limit)
+
+    def stage(self, name: str, body: Callable[[Stage, Path], Json | None], needs_cuda: bool = False) -> None:
+        stage = self.current = Stage(name)
+        self.summary["stages"].append(stage)
+        log = WORK / f"{name}.log"
+        log.write_text("")
+        limit = min(self.limits[name], self.left() - 15)
+        if needs_cuda and not self.cuda:
+            stage.note = "needs CUDA" + (" (smoke run)" if self.smoke else "")
+        elif limit < 20:
+            stage.note = "out of time (--budget)"
+        else:
+            started = time.monotonic()
+            stage_deadline = started + limit
+            try:
+                data = body(stage, log) if body is not None else None
+                if data is not None:
+                    self.summary[name] = data
+                if stage.status == "skipped":
+                    stage.status = "ok"
+            except StageTimeout:
+                stage.status = "timeout"
+            except Exception as error:  # noqa: BLE001 - recorded; the next stage runs
+                stage.status, stage.note = "failed", f"{type(error).__name__}: {error}"
+            stage.seconds = round(time.monotonic() - started, 1)
+            if time.monotonic() > stage_deadline + 30:
+                stage.note += " (ran past its limit)"
+        text = log.read_text(errors="replace")
+        self.logs.append(f"===== {name}: {stage.status} in {stage.seconds} s {stage.note}\n"
+                         + "\n".join(f"$ {c}" for c in stage.commands) + "\n"
+                         + (text if len(text) <= LOG_TAIL else f"[... {len(text) - LOG_TAIL} characters ...]\n"
+                            + text[-LOG_TAIL:]))
+        print(f"[gpu] {name}: {stage.status} in {stage.seconds} s {stage.note}", flush=True)
+
+    def limit(self, stage: Stage) -> float:
+        return max(1.0, min(self.limits[stage.name], self.left() - 15))
+
+    def finish(self) -> None:
+        self.summary["stages"] = [asdict(s) for s in self.summary["stages"]]
+        self.summary["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1, default=str) + "\n")
+        (self.out / "log.txt").write_text("\n\n".join(self.logs) + "\n")
+
+
+class StageTimeout(Exception):
+    pass
+
+
+def wait(process: subprocess.Popen[bytes], limit: float) -> int | None:
+    try:
+        return process.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        return None
+
+
+def checked(run: Run, stage: Stage, argv: list[str], log: Path, limit: float | None = None) -> None:
+    """Run a command; a non-zero exit fails the stage, a timeout times it out."""
+    rc = run.command(argv, run.limit(stage) if limit is None else limit, log)
+    if rc is None:
+        raise StageTimeout
+    if rc != 0:
+        stage.status, stage.note = "failed", f"exit code {rc}"
+
+
+def read_json(path: Path) -> Json | None:
+    try:
+        data: Json = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return None
+
+
+def percentiles(values: list[float], scale: float = 1000.0) -> Json | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def at(q: float) -> float:  # linear interpolation, as numpy's default
+        position = q * (len(ordered) - 1)
+        low = int(position)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+    return {k: round(at(q) * scale, 1) for k, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))}
+
+
+# ─── Stages ───────────────────────────────────────────────────────────────────
+
+
+def env_stage(run: Run, stage: Stage, log: Path) -> Json:
+    import importlib.metadata as metadata
+
+    probe = ("import json, torch; c = torch.cuda.is_available(); print(json.dumps({'torch': torch.__version__, "
+             "'cuda': c, 'cuda_version': torch.version.cuda, 'gpu': torch.cuda.get_device_name() if c else None, "
+             "'memory_gib': round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if c else None, "
+             "'capability': list(torch.cuda.get_device_capability()) if c else None}))")
+    found = subprocess.run([PY, "-c", probe], capture_output=True, text=True, timeout=run.limit(stage))
+    stage.commands.append("python3 -c <torch probe>")
+    data: Json = json.loads(found.stdout.strip().splitlines()[-1]) if found.returncode == 0 else {"error": found.stderr}
+    run.cuda = bool(data.get("cuda"))
+    versions: dict[str, str | None] = {}
+    for name in ("triton", "fla-core", "numpy", "starlette", "uvicorn", "websockets", "sqlalchemy", "tokenizers",
+                 "safetensors", "pytest"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    data.update(python=sys.version.split()[0], packages=versions, smoke=run.smoke)
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        data["nvidia_smi"] = smi.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        data["nvidia_smi"] = None
+    log.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def gpu_test_files() -> list[str]:
+    return sorted(str(p) for p in Path("tests").rglob("test_*.py")
+                  if re.search(r"pytest\.mark\.gpu|pytestmark = pytest\.mark\.gpu", p.read_text(errors="replace")))
+
+
+def pytest_stage(run: Run, stage: Stage, log: Path) -> Json:
+    junit = WORK / "pytest.xml"
+    junit.unlink(missing_ok=True)
+    files = gpu_test_files()
+    rc = run.command([PY, "-m", "pytest", "-m", "gpu", "-vv", "-p", "no:cacheprovider", "-o", "timeout=240",
+                      f"--junitxml={junit}", *files], run.limit(stage), log)
+    if rc is None:
+        stage.status = "timeout"
+    elif rc not in (0, 5):  # 5: nothing collected / all deselected
+        stage.status, stage.note = "failed", f"exit code {rc}"
+    data: Json = {"files": files, "exit_code": rc}
+    text = log.read_text(errors="replace")
+    outcomes = re.findall(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", text, re.MULTILINE)
+    data["results"] = {test: outcome for test, outcome in outcomes}
+    data["counts"] = {o: sum(1 for _, x in outcomes if x == o) for o in ("PASSED", "FAILED", "SKIPPED", "ERROR")}
+    if junit.exists():  # complete once pytest ends: it replaces what the output showed
+        failures, results = [], {}
+        for case in ElementTree.parse(junit).getroot().iter("testcase"):
+            test = f"{case.get('classname')}::{case.get('name')}"
+            problems = (*case.findall("failure"), *case.findall("error"))
+            results[test] = "FAILED" if problems else "SKIPPED" if case.findall("skipped") else "PASSED"
+            for problem in problems:
+                message = (problem.get("message") or "").strip()
+                failures.append({"test": test, "message": message[:2000], "detail": (problem.text or "")[-3000:]})
+        data["results"], data["failures"] = results, failures
+        data["counts"] = {o: sum(1 for x in results.values() if x == o) for o in ("PASSED", "FAILED", "SKIPPED")}
+    return data
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def health(port: int) -> Json | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            data: Json = json.loads(response.read())
+            return data
+    except (OSError, ValueError):
+        return None
+
+
+def load_summary(report: Json) -> Json:
+    takes = report.get("takes", [])
+    first = [t["first_audio_s"] for t in takes if t.get("first_audio_s") is not None]
+    server = [t["server_first_audio_ms"] / 1000 for t in takes if t.get("server_first_audio_ms") is not None]
+    gaps = [t["longest_gap_s"] for t in takes if t.get("first_audio_s") is not None]
+    audio, wall = sum(t.get("audio_s", 0.0) for t in takes), report.get("wall_s") or 0.0
+    reasons: dict[str, int] = {}
+    for t in takes:
+        reasons[t["finish_reason"]] = reasons.get(t["finish_reason"], 0) + 1
+    return {"sessions": report.get("sessions"), "takes_per_session": report.get("takes_per_session"),
+            "takes": len(takes), "wall_s": round(wall, 1), "audio_s": round(audio, 1),
+            "audio_per_s": round(audio / wall, 2) if wall else None,
+            "first_audio_client_ms": percentiles(first), "first_audio_server_ms": percentiles(server),
+            "longest_gap_ms": percentiles(gaps), "gaps_over_100ms": sum(g > 0.1 for g in gaps),
+            "real_time": bool(gaps) and (percentiles(gaps) or {}).get("p99", 1e9) <= 100.0,
+            "prompt_rows_p50": statistics.median([t["prompt_rows"] for t in takes]) if takes else None,
+            "finish_reasons": reasons, "failures": report.get("failures", [])}
+
+
+def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Json:
+    """A server of random weights; load tests against it while time allows; its log."""
+    port = free_port()
+    data_dir = WORK / f"data-{port}"
+    if converse:
+        argv = [*CLI, "serve", "--converse", "--random-weights", "--size", "tiny" if run.smoke else "released",
+                "--device", "cpu" if run.smoke else "cuda"]
+    else:
+        argv = [*CLI, "serve", "--random-weights", "--preset", "tiny" if run.smoke else "full",
+                "--device", "cpu" if run.smoke else "cuda"]
+        if run.slots:
+            argv += ["--slots", str(run.slots)]
+    argv += ["--port", str(port), "--data-dir", str(data_dir), "--max-sessions", "256", "--max-queue", "512"]
+    server_log = WORK / ("converse-server.log" if converse else "server.log")
+    stage.commands.append(" ".join(argv))
+    stage_end = time.monotonic() + run.limit(stage)
+    with server_log.open("w") as sink:
+        server = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ})
+    data: Json = {"command": " ".join(argv), "loads": []}
+    try:
+        started = time.monotonic()
+        while (found := health(port)) is None:
+            if server.poll() is not None:
+                raise RuntimeError(f"the server exited with {server.returncode} before it served")
+            if time.monotonic() > stage_end:
+                raise StageTimeout
+            time.sleep(1)
+        data["health"], data["ready_s"] = found, round(time.monotonic() - started, 1)
+        if converse:
+            loads = [(1, 10.0), (8, 10.0)] if not run.smoke else [(1, 3.0)]
+            for sessions, seconds in loads:
+                left = stage_end - time.monotonic()
+                if left < 30:
+                    data["loads"].append({"sessions": sessions, "skipped": "out of time"})
+                    continue
+                talked = run.command([*CLI, "loadtest", "--converse", "--url", f"ws://127.0.0.1:{port}/ws",
+                                      "--sessions", str(sessions), "--seconds", str(seconds)], left - 10, log)
+                data["loads"].append({"sessions": sessions, "seconds": seconds, "exit_code": talked})
+        else:
+            tokens = "12" if run.smoke else "200"
+            for sessions, takes in SMOKE_LOADS if run.smoke else LOADS:
+                left = stage_end - time.monotonic()
+                if left < 30:
+                    data["loads"].append({"sessions": sessions, "skipped": "out of time"})
+                    continue
+                report = WORK / f"load-{sessions}.json"
+                report.unlink(missing_ok=True)
+                rc = run.command([*CLI, "loadtest", "--url", f"ws://127.0.0.1:{port}/ws", "--sessions", str(sessions),
+                                  "--takes", str(takes), "--max-new-tokens", tokens, "--json", str(report)],
+                                 left - 10, log)
+                found_report = read_json(report)
+                row: Json = load_summary(found_report) if found_report else {"sessions": sessions}
+                row["exit_code"] = rc
+                data["loads"].append(row)
+                if rc is None:
+                    break
+    finally:
+        server.send_signal(signal.SIGINT)
+        wait(server, 30)
+        text = server_log.read_text(errors="replace")
+        (run.out / server_log.name).write_text(text[-2_000_000:])
+        data["server_exit_code"] = server.returncode
+        data["log"] = [line for line in text.splitlines()
+                       if re.search(r"ready on|DEMO|loading|bucket \d+ runs eagerly|slots|Traceback|Error", line)][:60]
+        ready = re.search(r"one decode step ([\d.?]+) ms, (\d+) slots?, peak memory ([\d.]+) GiB", text)
+        if ready:
+            data["decode_step_ms"], data["slots"], data["peak_memory_gib"] = ready.groups()
+    failed = [load for load in data["loads"] if load.get("exit_code") not in (0, None) or load.get("failures")]
+    if failed:
+        stage.status, stage.note = "failed", f"{len(failed)} load tests failed"
+    return data
+
+
+def bench_stage(run: Run, stage: Stage, log: Path, argv: list[str], report: Path,
+                extra: Callable[[], Json] | None = None) -> Json:
+    report.unlink(missing_ok=True)
+    checked(run, stage, argv, log)
+    data = read_json(report) or {}
+    if extra is not None:
+        data.update(extra())
+    return data
+
+
+def takes_stage(run: Run, stage: Stage, log: Path) -> Json:
+    report, profile = WORK / "takes.json", run.out / "profile.txt"
+    size = ["--preset", "tiny", "--device", "cpu", "--no-compile", "--steps", "3", "--prompt-rows", "24", "40"] \
+        if run.smoke else ["--preset", "full", "--device", "cuda", "--steps", "100"]
+    return bench_stage(run, stage, log, [*CLI, "bench", "takes", "--random-weights", *size, "--json", str(report),
+                                         "--profile", str(profile)], report)
+
+
+def numerics_stage(run: Run, stage: Stage, log: Path) -> Json:
+    report = WORK / "numerics.json"
+    device = ["--device", "cpu", "--steps", "3"] if run.smoke else ["--device", "cuda"]
+    return bench_stage(run, stage, log, [*CLI, "bench", "numerics", *device, "--json", str(report)], report)
+
+
+def bench_has(name: str, option: str | None = None) -> bool:
+    """Whether `retake bench NAME` (or `retake serve` with `option`) exists in this checkout."""
+    argv = [*CLI, "bench", "--help"] if option is None else [*CLI, name, "--help"]
+    found = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return (name in found.stdout) if option is None else (option in found.stdout)
+
+
+def kernels_stage(run: Run, stage: Stage, log: Path) -> Json | None:
+    if not bench_has("kernels"):
+        stage.note = "retake bench kernels is not in this checkout"
+        return None
+    report = WORK / "kernels.json"
+    return bench_stage(run, stage, log, [*CLI, "bench", "kernels", "--json", str(report)], report)
+
+
+def personaplex_stage(run: Run, stage: Stage, log: Path) -> Json:
+    size = ["--size", "tiny", "--device", "cpu", "--slots", "1", "--ticks", "3", "--warmup", "1"] if run.smoke \
+        else ["--size", "released", "--device", "cuda", "--slots", "1", "8", "32", "64", "--ticks", "50", "--warmup",
+              "5"]
+    checked(run, stage, [*CLI, "bench", "personaplex", *size], log)
+    return {"output": log.read_text(errors="replace")[-4000:]}
+
+
+def converse_stage(run: Run, stage: Stage, log: Path) -> Json | None:
+    if not bench_has("serve", "--size"):
+        stage.note = "retake serve has no --size (random PersonaPlex weights) in this checkout"
+        return None
+    return serve_stage(run, stage, log, converse=True)
+
+
+BODIES: dict[str, tuple[Callable[[Run, Stage, Path], Json | None], bool]] = {
+    "env": (env_stage, False), "pytest": (pytest_stage, False), "serve": (serve_stage, False),
+    "takes": (takes_stage, False), "numerics": (numerics_stage, False), "kernels": (kernels_stage, True),
+    "personaplex": (personaplex_stage, False), "converse": (converse_stage, False),
+}
+
+
+def call(body: Callable[[Run, Stage, Path], Json | None], run: Run, stage: Stage, log: Path) -> Json | None:
+    return body(run, stage, log)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="scripts/gpu", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="where summary.json and the logs go")
+    parser.add_argument("--smoke", action="store_true", help="the tiny preset on the CPU: check every command line")
+    parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds for the whole run (default 530 on a GPU, 3600 with --smoke)")
+    parser.add_argument("--slots", type=int, default=None, help="retake serve --slots (default: the server's)")
+    args = parser.parse_args()
+    args.budget = args.budget or (3600.0 if args.smoke else 530.0)
+    wanted = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in STAGES]
+    if unknown:
+        parser.error(f"unknown stages {unknown}; choose from {', '.join(STAGES)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    run = Run(args)
+    try:
+        for name in ("env", *(s for s in STAGES if s in wanted and s != "env")):
+            body, needs_cuda = BODIES[name]
+            run.stage(name, functools.partial(call, body, run), needs_cuda)
+    finally:
+        run.finish()
+    print(f"[gpu] summary in {args.out / 'summary.json'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
