@@ -140,6 +140,7 @@ def log_ready(engine_loop: EngineLoop) -> None:
     log.info("engine %s ready on %s after a %ss warm-up take: one decode step %s ms, %d slot%s, peak memory %s",
              engine.name, engine.device, warm.get("warm_up_s", "?"), "?" if step is None else step, engine.slots,
              "" if engine.slots == 1 else "s", "n/a (CPU)" if peak is None else f"{peak} GiB")
+    log.info("slots: %s", engine.slots_why)
     if engine.demo_weights:
         log.warning("DEMO WEIGHTS (RANDOM): %s; its audio is noise", engine.weights)
 

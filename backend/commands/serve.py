@@ -57,9 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-window-frames", type=int,
                         help="frames in a take's first audio window (default 4; the seed's is 10; smaller: earlier "
                              "first audio)")
-    parser.add_argument("--slots", type=int, help="takes that decode together in one batched step (default: 4 on a "
-                                                  "GPU, 2 on a CPU; at most 64 / experts per token, 8 for the "
-                                                  "released model)")
+    parser.add_argument("--slots", type=int, help="takes that decode together in one batched step (default: as many as "
+                                                  "the GPU's free memory holds, at most 64; 2 on a CPU); caps the "
+                                                  "number on a GPU")
     parser.add_argument("--threads", type=int, help="CPU threads for torch (default: half the cores on a CPU, so the "
                                                     "decode loop and the vocoder each have their own)")
     parser.add_argument("--max-sessions", type=int, default=64, help="open directing sockets at once (default 64)")

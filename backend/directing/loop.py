@@ -63,7 +63,7 @@ class EngineLoop(EngineThread[Drama3Engine]):
         super().__init__(load, "engine-loop")
         self.max_queue = max_queue
         self.slots = 1  # the engine's, once loaded
-        self.warm_up: dict[str, float | int | list[str] | None] = {}
+        self.warm_up: dict[str, float | int | str | list[str] | None] = {}
         self._queue: collections.deque[Job] = collections.deque()  # waiting, bounded by max_queue
         self._retries: list[TakeJob] = []  # between attempts, waiting for a slot
         self._running: dict[Take, TakeJob] = {}  # the engine's takes in flight and their jobs

@@ -255,7 +255,6 @@ def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device,
     from engine.drama3.fast import fuse_projections, install_fast_path
 
     max_rows = 300 + steps + 64
-    model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
     prompt = synthetic_prompt(config, 300, steps + 32)
     eager = Decoder(model, max_rows)
     eager.prefill(prompt)
@@ -319,7 +318,6 @@ def bench_prefill(model: Drama3Model, config: Drama3Config, device: torch.device
 
     rows_out = []
     max_rows = max(sizes) + 64
-    model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
     eager = Decoder(model, max_rows)
     graphed = Decoder(model, max_rows, graphs=True)
     started = time.perf_counter()
@@ -354,7 +352,6 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
 
     out: list[Row] = []
     max_rows = prompt_rows + 200 + 64
-    model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
     decoder = Decoder(model, max_rows, graphs=True)
     decoder.capture()
     graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, 4))  # covers the seed's windows too
@@ -401,7 +398,6 @@ def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.devic
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     max_rows = 300 + 64
-    model.setup_caches(1, max_rows, device, model.candidate_head.dtype)
     prompt = synthetic_prompt(config, 300, 32)
     decoder = Decoder(model, max_rows)  # eager steps: the profiler sees each kernel
     decoder.prefill(prompt)

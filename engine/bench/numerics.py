@@ -118,7 +118,6 @@ def variant(experts: str, tf32: str, device: torch.device, steps: int) -> Row:
     prompts = [build_prompt(text, None, [], Sampling(max_new_tokens=steps + 8, seed=4), tokenizer, config)
                for text in ("The fast path, checked.", "A second prompt, of another length than the first.")]
     max_rows = max(len(p.rows) for p in prompts) + steps + 64
-    model.setup_caches(1, max_rows, device, torch.float32)
     started = time.perf_counter()
     install_fast_path(model, compile_layers=False)  # fused projections, fla prefill: in both runs
     decoder = Decoder(model, max_rows)

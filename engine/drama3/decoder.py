@@ -1,8 +1,10 @@
 """The decode state of N slots and the batched step that advances every slot by one frame.
 
-    decoder = Decoder(model, max_rows, slots=N, graphs=True)  # static state [N, ...]; caches by model.setup_caches
+    decoder = Decoder(model, max_rows, slots=N, graphs=True)  # static state [N, ...]; the model's caches for N + 1
     decoder.capture()                             # CUDA: step and prefill graphs, before the first take
     decoder.prefill(prompt, slot)                 # a take's prompt into a free slot; the slot turns active
+    prefill = decoder.begin_prefill(prompt, slot) # or a few chunks at a time, between steps:
+    while not decoder.prefill_more(prefill, rows=256): decoder.step(...)
     decoder.step(max_position, rows)              # one frame for the slots (graph replay or eager)
     finite, *frame = decoder.read_status()[slot]  # on CUDA: pinned copy, event polled (engine/readback.py)
     decoder.release(slot)                         # the take ended: the slot is free
@@ -27,11 +29,12 @@ Design choices:
   (capturing runs the step, which would scramble a take in flight). A take's random
   stream must be the one the graph captured: each slot keeps one generator for its
   lifetime, re-seeded in place per take and registered with every graph.
-- Every row computes, active or not (fixed shapes); an inactive row's results are
-  ignored and its inputs are held (`where` on the active mask), so its position stays
-  put and never runs past the cache. Its cache writes land in its own free slot, where
-  a new take's prefill overwrites them: a prefill starts at position 0, which also
-  starts that slot's DeltaNet state from zero, and attention masks rows by position.
+- The decoder owns the model's caches: N slots plus one scratch slot (`setup_caches(N +
+  1)` when it is made; one Decoder per model at a time). Every row computes, active or
+  not (fixed shapes); an inactive row's results are ignored and its inputs are held
+  (`where` on the active mask), so its position stays put, and its row points at the
+  scratch slot (`slots[i]`), so its cache and DeltaNet writes land there: a free slot,
+  or one whose prompt is being prefilled between steps, is never written by a step.
 - The KV bucket of a step is the one of the furthest active row (the host knows every
   take's position, so choosing it needs no sync).
 - Each slot's draws come from its own generator (sampling.py draws noise per row), which
@@ -40,7 +43,9 @@ Design choices:
 - Prefill (prefill.py) runs one prompt through the backbone in chunks, teacher-forcing
   the tower with each row's next row as its label (the last row's label is a placeholder
   the first decode step overwrites); on CUDA each chunk is a graph replay. Other slots
-  are untouched.
+  are untouched. `begin_prefill` and `prefill_more` run it a few chunks at a time, so
+  the slot table interleaves a new prompt with the steps of the takes playing; the slot
+  turns active when its last chunk has run.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ import math
 import torch
 
 from engine.drama3.model import Drama3Model
-from engine.drama3.prefill import ChunkedPrefill
+from engine.drama3.prefill import ChunkedPrefill, Prefill
 from engine.drama3.prompt import Prompt
 from engine.drama3.sampler import (
     RAS_WINDOW_FRAMES,
@@ -77,7 +82,9 @@ class Decoder:
         self.eos = config.eos_token_id
         device = self.device = model.candidate_head.device
         N = slots
-        self.slots = torch.arange(N, device=device)  # [N]: row i is cache slot i
+        model.setup_caches(N + 1, max_rows, device, model.candidate_head.dtype)  # slot N: the scratch slot
+        self.scratch = N
+        self.slots = torch.full((N,), N, device=device)  # [N]: row i's cache slot, i when active, else scratch
         self.hidden = torch.zeros((N, config.text.hidden_size), dtype=model.candidate_head.dtype, device=device)
         self.position = torch.zeros(N, dtype=torch.long, device=device)  # of the input frame
         self.frame = torch.zeros((N, config.frame_width), dtype=torch.long, device=device)  # the input frame
@@ -94,22 +101,43 @@ class Decoder:
         self.graphs = StepGraphs(self.advance, buckets, enabled=graphs and device.type == "cuda",
                                  generators=self.generators, name="decode step")
         self.chunked = ChunkedPrefill(model, max_rows, graphs=graphs and device.type == "cuda")
+        self.prompts: dict[int, Prompt] = {}  # slots being prefilled, and their prompts
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, slot: int = 0) -> None:
         """Fill `slot`'s caches with the prompt's rows, set its state for the first step, activate it."""
+        self.prefill_more(self.begin_prefill(prompt, slot))
+
+    @torch.inference_mode()
+    def begin_prefill(self, prompt: Prompt, slot: int) -> Prefill:
+        """A prefill of `prompt` into `slot` (inactive until its last chunk has run)."""
         rows = to_device(prompt.rows, self.device)  # [R, 11]
         count = len(rows)
         if count < 2 or count + prompt.sampling.max_new_tokens > self.max_rows:
             raise ValueError(f"a prompt of {count} rows and {prompt.sampling.max_new_tokens} new frames does not "
                              f"fit the {self.max_rows} cache rows")
-        self.hidden[slot] = self.chunked.run(rows, slot)
-        self.position[slot] = count - 1
-        self.frame[slot] = rows[-1]
-        self.ras_window[slot] = ras_window_of(rows)[0]
+        self.release(slot)
+        prefill = self.chunked.begin(rows, slot)
+        self.prompts[slot] = prompt
+        return prefill
+
+    @torch.inference_mode()
+    def prefill_more(self, prefill: Prefill, rows: int | None = None) -> bool:
+        """Run about `rows` rows of the prefill's chunks (None: all); True once it is done and
+        its slot active."""
+        hidden = self.chunked.run(prefill, rows)
+        if hidden is None:
+            return False
+        slot, prompt = prefill.slot, self.prompts.pop(prefill.slot)
+        self.hidden[slot] = hidden
+        self.position[slot] = len(prefill.rows) - 1
+        self.frame[slot] = prefill.rows[-1]
+        self.ras_window[slot] = ras_window_of(prefill.rows)[0]
         self.settings.fill(prompt.sampling, slot)
         seed_generator(self.generators[slot], prompt.sampling.seed)  # in place: a captured graph holds it
+        self.slots[slot] = slot
         self.active[slot] = True
+        return True
 
     def read_status(self) -> list[list[int]]:
         """The status rows of the last step on the host ([N][finite, main, code0..9]), read
@@ -118,9 +146,12 @@ class Decoder:
         return status
 
     def release(self, slot: int) -> None:
-        """The slot's take ended: its row is ignored from now on, held at position 0."""
+        """The slot's take ended: its row is ignored from now on, held at position 0, its
+        writes sent to the scratch slot."""
         self.active[slot] = False
         self.position[slot] = 0
+        self.slots[slot] = self.scratch
+        self.prompts.pop(slot, None)
 
     @property
     def captured(self) -> bool:
@@ -130,13 +161,14 @@ class Decoder:
 
     def capture(self, up_to_rows: int | None = None) -> None:
         """Capture the step's graphs of the buckets up to `up_to_rows` (default: all) and the
-        prefill chunks' graphs; nothing when graphs are off. Scrambles the decode state and
-        slot 0's caches: call before a take's prefill."""
+        prefill chunks' graphs; nothing when graphs are off. Capturing runs them (into the
+        scratch slot), which would advance a take in flight: call before a take starts."""
         limit = up_to_rows or self.max_rows
         self.position.zero_()
         self.active.zero_()
+        self.slots.fill_(self.scratch)
         self.graphs.capture([b for b in self.graphs.buckets if b <= self.graphs.bucket_for(limit)])
-        self.chunked.capture()
+        self.chunked.capture(self.scratch)
 
     def step(self, position: int, rows: list[int] | None = None) -> None:
         """One frame for the decoding slots `rows` (default all), the furthest at `position`

@@ -14,10 +14,12 @@ Design choices:
   each sized for the longest prompt plus the longest take, so a take never allocates
   cache memory. Inside, one worker thread vocodes windows while the loop decodes the
   next frames; callers never see it.
-- Takes in different slots decode together, one frame each per step (slots.py). The
-  default slot count is per device (`default_slots`, see docs/perf.md). Slots times
-  experts per token stay within the graph-safe expert path (64 pairs: 8 slots for the
-  released model).
+- Takes in different slots decode together, one frame each per step (slots.py). On a
+  GPU the slots are sized at load from the free memory (`sized_slots`: caches for the
+  longest prompt plus the longest take each, 0.47 GiB at full size, 15% of the GPU kept
+  free), at most 64 and capped by `--slots`; the log says how many and why. Off the
+  GPU's FP8 kernel, slots times experts per token stay within the gathered expert path
+  (64 pairs); on a CPU the default is 2.
 - `prompt` does everything that can refuse a request (text, codes, character, sampling,
   the row limit) before the accelerator is touched; `generate` only fails on the model.
 - Codes and PCM cross this API as numpy arrays (codes int64 [num_codebooks, frames], PCM
@@ -54,7 +56,7 @@ from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.config import Drama3Config
 from engine.drama3.decoder import Decoder
 from engine.drama3.fast import install_fast_path
-from engine.drama3.model import Drama3Model
+from engine.drama3.model import Drama3Model, cache_bytes
 from engine.drama3.moe import GATHER_MAX_PAIRS
 from engine.drama3.prompt import MAX_PROMPT_ROWS, Codes, HistoryTurn, Prompt, Reference, build_prompt, checked_codes
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
@@ -71,7 +73,7 @@ class EngineSpec:
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     stream_overlap_frames: int = STREAM_OVERLAP_FRAMES  # left context per streamed window
     first_window_frames: int | None = None  # None: FIRST_WINDOW_FRAMES (10 is the seed's schedule)
-    slots: int | None = None  # takes that decode together; None: default_slots(device)
+    slots: int | None = None  # takes that decode together; None: as many as the GPU's memory holds (sized_slots)
     threads: int | None = None  # CPU threads for torch; None: default_threads() on a CPU, untouched on a GPU
     random_weights: str | None = None  # a preset ("full", "tiny") with random weights made on the device
 
@@ -92,19 +94,48 @@ def default_threads() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
-def default_slots(device: torch.device) -> int:
-    """4 on a GPU (not measured: a step is bound by reading the weights, so a few more rows
-    should cost little); 2 on a CPU (measured with the tiny model on 2 cores: 1.5-2.4x the
-    audio per second of one slot, and each take still decodes well above real time)."""
-    return 4 if device.type == "cuda" else 2
+MAX_SLOTS = 64  # the most takes one decode step serves (its graphs' row buckets reach 64)
+GPU_RESERVE = 0.15  # of the GPU's memory kept free of caches: graph pools, activations, the codec, compiled code
 
 
-def check_slots(slots: int, config: Drama3Config) -> int:
-    most = max(1, GATHER_MAX_PAIRS // config.text.num_experts_per_tok)
+def most_slots(config: Drama3Config, device: torch.device) -> int:
+    """The most slots a step can serve: 64 where the FP8 experts run the Triton kernel (CUDA),
+    whose layouts need no host sync at any token count; elsewhere as many as keep the pairs
+    of a step (slots x experts per token) within the gathered path (moe.py)."""
+    if device.type == "cuda" and config.fp8_experts:
+        return MAX_SLOTS
+    return max(1, GATHER_MAX_PAIRS // config.text.num_experts_per_tok)
+
+
+def sized_slots(config: Drama3Config, device: torch.device, max_rows: int, dtype: torch.dtype,
+                cap: int | None) -> tuple[int, str]:
+    """The slots to serve, and why, in words for the log. On a GPU: as many as the free memory
+    holds caches for (the longest prompt plus the longest take each, and a scratch slot),
+    keeping GPU_RESERVE of the memory, at most `most_slots`, capped by `cap` (--slots). On a
+    CPU: `cap`, or 2 (measured with the tiny model on 2 cores: 1.5-2.4x the audio per second
+    of one slot, and each take still decodes well above real time)."""
+    most = most_slots(config, device)
+    if device.type != "cuda":
+        slots = check_slots(2 if cap is None else cap, most)
+        return slots, f"{slots} slots" + (" (--slots)" if cap is not None else "")
+    per_slot = cache_bytes(config, max_rows, dtype)
+    free, total = torch.cuda.mem_get_info(device)
+    fits = int((free - GPU_RESERVE * total) // per_slot) - 1  # one scratch slot (decoder.py)
+    if fits < 1:
+        raise RuntimeError(f"the GPU has {free / 2**30:.1f} GiB free: not enough for one slot's caches "
+                           f"({per_slot / 2**30:.2f} GiB) beside a reserve of {GPU_RESERVE:.0%}")
+    slots = min(fits, most) if cap is None else min(check_slots(cap, most), fits)
+    why = (f"{slots} slots: {free / 2**30:.1f} GiB free holds the caches of {fits} "
+           f"({per_slot / 2**30:.2f} GiB each, {GPU_RESERVE:.0%} of {total / 2**30:.0f} GiB kept free); "
+           f"at most {most}" + (f", --slots {cap}" if cap is not None else ""))
+    return slots, why
+
+
+def check_slots(slots: int, most: int) -> int:
     if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= most:
-        raise RequestError(f"slots must be a whole number from 1 to {most} for this checkpoint (a decode step "
-                           f"keeps slots x {config.text.num_experts_per_tok} experts per token within "
-                           f"{GATHER_MAX_PAIRS}); got {slots!r}")
+        raise RequestError(f"slots must be a whole number from 1 to {most} for this checkpoint on this device (a "
+                           f"decode step serves at most {MAX_SLOTS} takes, and off the GPU's FP8 kernel "
+                           f"{GATHER_MAX_PAIRS} expert pairs); got {slots!r}")
     return slots
 
 
@@ -129,12 +160,12 @@ class Drama3Engine:
         self.limits = {"max_prompt_rows": MAX_PROMPT_ROWS, "max_new_tokens": MAX_NEW_TOKENS,
                        "max_reference_seconds": MAX_REFERENCE_SECONDS, "num_codebooks": config.num_codebooks,
                        "codebook_size": config.codebook_size}
-        self.slots = check_slots(default_slots(self.device) if spec.slots is None else spec.slots, config)
         max_rows = MAX_PROMPT_ROWS + MAX_NEW_TOKENS
-        model.setup_caches(self.slots, max_rows, self.device, model.candidate_head.dtype)
+        self.slots, self.slots_why = sized_slots(config, self.device, max_rows, model.candidate_head.dtype,
+                                                 spec.slots)
         # On CUDA: fla prefill, compiled decode layers, and the step replayed from CUDA graphs.
         self.fast_path = install_fast_path(model) if self.device.type == "cuda" else []
-        self.decoder = Decoder(model, max_rows, self.slots, graphs=True)
+        self.decoder = Decoder(model, max_rows, self.slots, graphs=True)  # allocates the caches
         if self.device.type == "cuda":  # a window decodes as a graph replay of its length
             codec.window_graphs = WindowGraphs(codec, window_lengths(spec.stream_overlap_frames,
                                                                      spec.first_window_frames))
@@ -221,7 +252,7 @@ class Drama3Engine:
         with torch.inference_mode():
             return render_take(self.codec, frames, self.spec.stream_overlap_frames, self.spec.first_window_frames)
 
-    def warm_up(self) -> dict[str, float | int | list[str] | None]:
+    def warm_up(self) -> dict[str, float | int | str | list[str] | None]:
         """Capture the decode graphs (CUDA) and run a short take, so first requests do not pay
         for compilation or lazy initialisation; time its steps."""
         started = time.perf_counter()
@@ -234,7 +265,7 @@ class Drama3Engine:
             raise RuntimeError(f"the warm-up take failed: {done.error}")
         rate = done.timings["decode_frames_per_s"]
         return {"warm_up_s": round(time.perf_counter() - started, 2), "fast_path": self.fast_path,
-                "slots": self.slots, "graphs": len(self.decoder.graphs.graphs),
+                "slots": self.slots, "slots_why": self.slots_why, "graphs": len(self.decoder.graphs.graphs),
                 "prefill_graphs": sum(len(g.graphs) for g in self.decoder.chunked.graphs.values()),
                 "codec_graphs": len(self.codec.window_graphs.graphs.graphs) if self.codec.window_graphs else 0,
                 "decode_step_ms": round(1000 / rate, 2) if rate else None,

@@ -1,6 +1,7 @@
 """Drama3Model: the backbone, the tower and the candidate head, as the generation loop uses them.
 
     model.setup_caches(slots, max_rows, device, dtype)     # static caches of every layer
+    cache_bytes(config, max_rows, dtype)                  # what one slot of them holds
     embeds = model.embed(frames)                          # frames int64 [B, T, 11] -> [B, T, D]
     hidden = model.backbone(embeds, input_pos, slots, kv_len)   # [B, T, D], final-normed; prefill or decode
     logits = model.candidate_logits(hidden)               # [..., 4097] float32: EOS + the semantic band
@@ -38,6 +39,19 @@ def candidate_ids(config: Drama3Config) -> torch.Tensor:
     """EOS and the semantic band, sorted: the main-token ids the sampler draws from."""
     band = torch.arange(config.semantic_start_token_id, config.semantic_end_token_id + 1)
     return torch.cat((torch.tensor([config.eos_token_id]), band)).sort().values
+
+
+def cache_bytes(config: Drama3Config, max_rows: int, dtype: torch.dtype) -> int:
+    """The bytes `setup_caches` allocates per slot: the KV rows of every backbone attention and
+    tower layer, and each Gated DeltaNet layer's recurrent (float32) and conv states."""
+    text, tower = config.text, config.tower
+    size = torch.empty(0, dtype=dtype).element_size()
+    kv = len(text.full_attention_layers) * text.num_key_value_heads * text.head_dim \
+        + (tower.n_layer + tower.residual_layers) * tower.n_local_heads * tower.head_dim
+    conv_channels = 2 * text.linear_key_dim + text.linear_value_dim
+    deltanet = text.linear_num_value_heads * text.linear_key_head_dim * text.linear_value_head_dim * 4 \
+        + conv_channels * (text.linear_conv_kernel_dim - 1) * size
+    return 2 * kv * max_rows * size + len(text.linear_attention_layers) * deltanet
 
 
 class Drama3Model(nn.Module):

@@ -2,7 +2,8 @@
 
     chunked = ChunkedPrefill(model, max_rows, graphs=True)
     chunked.capture()                           # CUDA: a graph per (chunk rows, KV bucket)
-    hidden = chunked.run(rows, slot, start=0)   # rows [R, 11] on the device -> the last row's hidden [D]
+    prefill = chunked.begin(rows, slot, start=0)          # rows [R, 11] on the device
+    hidden = chunked.run(prefill, rows=256)     # about 256 rows of chunks; the last row's hidden [D] once done
 
 Eager prefill is host-bound: a 300-row prompt launched ~6,000 small kernels from Python
 (152 ms on the H200, of which its kernels took 35.5 ms). Replaying each chunk as a CUDA
@@ -30,11 +31,16 @@ Design choices:
   before a capture would fail (engine/graphs.py).
 - The slot's DeltaNet state starts from zero when the first chunk starts at position 0,
   and carries on from the slot's state otherwise (`start` > 0: a prefix already in it).
+- A prefill runs a few chunks at a time (`run(prefill, rows)`), so the slot table can put
+  a new prompt's chunks between the decode steps of the takes already playing instead of
+  stalling them for the whole prompt.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -60,6 +66,16 @@ def power_chunks(start: int, end: int, sizes: tuple[int, ...] = GRAPH_CHUNK_ROWS
 def even_chunks(start: int, end: int) -> list[tuple[int, int]]:
     """[start, end) cut into chunks of EAGER_CHUNK_ROWS (the last one shorter)."""
     return [(s, min(s + EAGER_CHUNK_ROWS, end)) for s in range(start, end, EAGER_CHUNK_ROWS)]
+
+
+@dataclass
+class Prefill:
+    """One prompt's prefill in progress: its rows and labels on the device, its chunks to run."""
+
+    rows: torch.Tensor  # [R, 11]
+    labels: torch.Tensor  # [R, 11]: each row's next row (the last row: itself)
+    slot: int
+    chunks: collections.deque[tuple[int, int]]  # [start, end) row ranges still to run, in order
 
 
 class ChunkedPrefill:
@@ -90,10 +106,10 @@ class ChunkedPrefill:
     def captured(self) -> bool:
         return all(graphs.captured for graphs in self.graphs.values())
 
-    def capture(self) -> None:
-        """Capture every chunk size's graphs (CUDA, graphs on). Writes the caches of slot 0:
-        call before a take starts."""
-        self.slot.zero_()
+    def capture(self, slot: int = 0) -> None:
+        """Capture every chunk size's graphs (CUDA, graphs on), writing `slot`'s caches (a
+        scratch slot, or one no take is using)."""
+        self.slot.fill_(slot)
         self.start.zero_()
         for graphs in self.graphs.values():
             graphs.capture()
@@ -112,29 +128,39 @@ class ChunkedPrefill:
         hidden = self.forward(self.rows[None, :size], self.labels[None, :size], positions, self.slot, kv_len)
         self.last.copy_(hidden[0, -1])
 
-    def kv_bucket(self, end: int) -> int:
-        return next(b for b in self.buckets if b >= end)
-
-    def run(self, rows: torch.Tensor, slot: int, start: int = 0) -> torch.Tensor:
-        """Rows [start, R) of `rows` [R, 11] (on the device) into `slot`'s caches at their
-        positions; the last row's hidden state [D] (a view of a buffer the next run overwrites)."""
+    def begin(self, rows: torch.Tensor, slot: int, start: int = 0) -> Prefill:
+        """A prefill of rows [start, R) of `rows` [R, 11] (on the device) into `slot`, at their
+        positions; `run` does the chunks."""
         count = len(rows)
         if not 0 <= start < count <= self.max_rows:
             raise ValueError(f"rows {start}..{count} do not fit the {self.max_rows} cache rows")
         labels = torch.cat((rows[1:], rows[-1:]))  # [R, 11]: the next row; the last row its own placeholder
-        hidden = self.last
-        for first, end in self.chunks(start, count):
-            size = end - first
-            graphs = self.graphs.get(size)
-            if graphs is None:  # no graphs: attend over exactly the rows so far
-                positions = torch.arange(first, end, device=self.device)[None]  # [1, T]
-                slots = to_device(torch.tensor([slot]), self.device)
-                hidden = self.forward(rows[None, first:end], labels[None, first:end], positions, slots, end)[0, -1]
-                continue
-            self.rows[:size].copy_(rows[first:end])
-            self.labels[:size].copy_(labels[first:end])
-            self.start.fill_(first)
-            self.slot.fill_(slot)
-            graphs(end)  # the replay of its KV bucket's graph, or the same chunk eagerly
-            hidden = self.last
-        return hidden
+        return Prefill(rows, labels, slot, collections.deque(self.chunks(start, count)))
+
+    def run(self, prefill: Prefill, rows: int | None = None) -> torch.Tensor | None:
+        """Run the prefill's next chunks, about `rows` rows of them (at least one chunk; None:
+        all). Once its last chunk has run: the last row's hidden state [D] (a view the next
+        chunk overwrites), else None."""
+        done = 0
+        hidden: torch.Tensor | None = None
+        while prefill.chunks and (rows is None or done < rows):
+            first, end = prefill.chunks.popleft()
+            hidden = self.chunk(prefill, first, end)
+            done += end - first
+        return hidden if not prefill.chunks else None
+
+    def chunk(self, prefill: Prefill, first: int, end: int) -> torch.Tensor:
+        """Rows [first, end) of the prefill: a graph replay, or launched; the last row's hidden [D]."""
+        size = end - first
+        graphs = self.graphs.get(size)
+        if graphs is None:  # no graphs: attend over exactly the rows so far
+            positions = torch.arange(first, end, device=self.device)[None]  # [1, T]
+            slots = to_device(torch.tensor([prefill.slot]), self.device)
+            rows, labels = prefill.rows[None, first:end], prefill.labels[None, first:end]
+            return self.forward(rows, labels, positions, slots, end)[0, -1]
+        self.rows[:size].copy_(prefill.rows[first:end])
+        self.labels[:size].copy_(prefill.labels[first:end])
+        self.start.fill_(first)
+        self.slot.fill_(prefill.slot)
+        graphs(end)  # the replay of its KV bucket's graph, or the same chunk launched
+        return self.last

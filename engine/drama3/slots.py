@@ -2,14 +2,18 @@
 batched step at a time.
 
     slots = Slots(decoder, codec, overlap=320, first_window=None, executor=vocoder)
-    take = slots.start(prompt, deadline, cancelled)   # prefill into a free slot
-    for take, events in slots.step(): ...             # one frame for every decoding take
+    take = slots.start(prompt, deadline, cancelled)   # into a free slot; its prefill runs in the steps
+    for take, events in slots.step(): ...             # prefill chunks, then one frame for every decoding take
     for event in slots.generate(take): ...            # one take alone: its events to Done
 
 Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed slots):
-- Fixed slots, one per Decoder row. `start` takes the lowest free slot and prefills it
-  at once (a prompt is one prefill, between two steps); which take to start, and when,
-  is the caller's choice (the backend loop picks earliest deadline first).
+- Fixed slots, one per Decoder row. `start` takes the lowest free slot; which take to
+  start, and when, is the caller's choice (the backend loop picks earliest deadline
+  first). Its prompt is prefilled by the next steps, a few chunks per step
+  (`prefill_rows`, about 256 rows) while other takes decode, so a new director does not
+  give everyone else a playback gap as long as the whole prompt; with no take decoding,
+  a step runs the whole prefill at once. Prompts waiting for their prefill go in start
+  order.
 - `step` polls every decoding take's stop rules (cancel, deadline), runs one decode
   step for all slots at the KV bucket of the furthest take, reads the status of every
   slot in one host read (pinned, event polled: it never holds up the vocoder thread's
@@ -30,21 +34,24 @@ import torch
 
 from engine.drama3.codec import Codec
 from engine.drama3.decoder import Decoder
+from engine.drama3.prefill import Prefill
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule
 from engine.drama3.take import AudioWindow, Done, Take
 
 Events = list[AudioWindow | Done]
+PREFILL_ROWS_PER_STEP = 256  # prompt rows prefilled between two decode steps while takes decode
 
 
 class Slots:
     """Takes in the slots of one Decoder; owned by one thread."""
 
     def __init__(self, decoder: Decoder, codec: Codec, *, overlap: int, first_window: int | None,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, prefill_rows: int = PREFILL_ROWS_PER_STEP) -> None:
         self.decoder, self.codec, self.executor = decoder, codec, executor
-        self.overlap, self.first_window = overlap, first_window
-        self.takes: list[Take | None] = [None] * decoder.num_slots  # the decoding take of each slot
+        self.overlap, self.first_window, self.prefill_rows = overlap, first_window, prefill_rows
+        self.takes: list[Take | None] = [None] * decoder.num_slots  # the take of each slot (prefilling or decoding)
+        self.prefills: dict[Take, Prefill] = {}  # takes whose prompt is not all prefilled yet, in start order
         self.closing: list[Take] = []  # ended, slot free, last windows still to hand out
 
     @property
@@ -61,13 +68,19 @@ class Slots:
         return self.in_flight == 0
 
     def decoding(self) -> list[Take]:
+        """The takes whose prompt is prefilled and whose frames are decoding."""
+        return [take for take in self.takes if take is not None and take not in self.prefills]
+
+    def started(self) -> list[Take]:
+        """Every take in a slot: prefilling or decoding."""
         return [take for take in self.takes if take is not None]
 
     @torch.inference_mode()
     def start(self, prompt: Prompt, deadline: float | None = None,
               cancelled: Callable[[], bool] | None = None) -> Take:
-        """Prefill `prompt` into the lowest free slot. A take already cancelled or past its
-        deadline ends without a slot; a prefill that fails ends the take as an error."""
+        """Start `prompt` in the lowest free slot (the next steps prefill it). A take already
+        cancelled or past its deadline ends without a slot; a prompt that cannot be prefilled
+        ends the take as an error."""
         if self.free_slots == 0:
             raise RuntimeError(f"all {len(self.takes)} slots are decoding; start a take when one is free")
         slot = self.takes.index(None)
@@ -80,15 +93,33 @@ class Slots:
             return take
         self.takes[slot] = take
         try:
-            decoder.prefill(prompt, slot)
+            self.prefills[take] = decoder.begin_prefill(prompt, slot)
         except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the others
             self.end(take, "error", f"{type(exc).__name__}: {exc}")
-        else:
-            take.prefilled()
         return take
 
+    def prefill(self) -> None:
+        """Run waiting prompts' prefill chunks, in start order: about `prefill_rows` rows of them
+        while takes decode; with none decoding, the first prompt's whole prefill (nobody is
+        stalled by it). A take whose prefill is done decodes from this step on."""
+        budget = self.prefill_rows
+        for take, prefill in list(self.prefills.items()):
+            left = sum(end - start for start, end in prefill.chunks)
+            try:
+                done = self.decoder.prefill_more(prefill, budget if self.decoding() else None)
+            except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the others
+                self.end(take, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            if done:
+                del self.prefills[take]
+                take.prefilled()
+            budget -= left - sum(end - start for start, end in prefill.chunks)
+            if budget <= 0:
+                return
+
     def end(self, take: Take, reason: str, error: str | None = None) -> None:
-        """Stop a decoding take: free its slot, send its last window."""
+        """Stop a take in a slot (prefilling or decoding): free its slot, send its last window."""
+        self.prefills.pop(take, None)
         if self.takes[take.slot] is take:
             self.takes[take.slot] = None
             self.decoder.release(take.slot)
@@ -97,10 +128,13 @@ class Slots:
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Take, Events]]:
-        """One decode step for every decoding take; every take's new events (windows, Done)."""
-        for take in self.decoding():
+        """Prefill chunks of the waiting prompts, then one decode step for every decoding take;
+        every take's new events (windows, Done)."""
+        for take in self.started():
             if (reason := take.stopped()) is not None:
                 self.end(take, reason)
+        if self.prefills:
+            self.prefill()
         stepping = self.decoding()
         if stepping:
             timer = time.perf_counter()
@@ -115,7 +149,7 @@ class Slots:
                 for take in stepping:
                     if (reason := take.advance(status[take.slot], step_s)) is not None:
                         self.end(take, reason)
-        wait = not self.decoding()  # nothing to step next: wait for the closing takes' windows
+        wait = not self.started()  # nothing to step next: wait for the closing takes' windows
         out: list[tuple[Take, Events]] = []
         for take in self.decoding() + self.closing:
             if events := take.ready(wait):

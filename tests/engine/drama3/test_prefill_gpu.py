@@ -47,8 +47,8 @@ def test_prefill_graphs_equal_the_same_chunks_eagerly(tiny_checkpoint, dtype) ->
         assert set(graphed.graphs) == set(GRAPH_CHUNK_ROWS)
         eager = ChunkedPrefill(model, max_rows, graphs=True)  # never captured: the same chunks, eagerly
         rows = prompt.rows.cuda()
-        replayed = graphed.run(rows, 0).clone()
-        launched = eager.run(rows, 1).clone()
+        replayed = graphed.run(graphed.begin(rows, 0)).clone()
+        launched = eager.run(eager.begin(rows, 1)).clone()
         torch.cuda.synchronize()
     assert torch.equal(replayed, launched)
     first, second = slot_state(model, 0, count), slot_state(model, 1, count)

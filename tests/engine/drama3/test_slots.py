@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import engine.drama3.prefill as prefill_module
 from engine import AudioWindow, Done, EngineSpec, HistoryTurn, RequestError, Sampling, load_engine
 
 
@@ -151,21 +152,65 @@ def test_one_take_failing_leaves_the_others_intact(batched, prompts, solo, monke
     assert same(takes["b"], solo["b"])
 
 
+def slot_caches(model, slot: int) -> list[torch.Tensor]:
+    """Copies of every cache and state of one slot."""
+    out = []
+    for module in model.modules():
+        if getattr(module, "kv_cache", None) is not None:
+            out += [module.kv_cache.k[slot].clone(), module.kv_cache.v[slot].clone()]
+        if getattr(module, "recurrent_state", None) is not None:
+            out += [module.recurrent_state[slot].clone(), module.conv_state[slot].clone()]
+    return out
+
+
 @torch.inference_mode()
 def test_an_inactive_row_is_held(batched, prompts):
-    """A free slot's row computes in every step but keeps its inputs: its position never
-    moves towards the end of the cache."""
+    """A free slot's row computes in every step (a graph's fixed shapes) but keeps its inputs,
+    so its position never moves towards the end of the cache, and writes only the scratch
+    slot: its own caches (a prompt being prefilled into it, say) are untouched."""
     decoder = batched.decoder
+    decoder.prefill(prompts["b"], 2)
+    decoder.release(2)  # slot 2 keeps b's caches, now free
     decoder.prefill(prompts["a"], 1)
     held = decoder.hidden[[0, 2]].clone(), decoder.frame[[0, 2]].clone(), decoder.ras_window[[0, 2]].clone()
+    caches = slot_caches(decoder.model, 2)
     start = len(prompts["a"].rows) - 1
     for k in range(3):
-        decoder.step(start + k)
+        decoder.advance(decoder.kv_len(start + k))  # every row, as a graph runs them
     assert decoder.position.tolist() == [0, start + 3, 0]
+    assert decoder.slots.tolist() == [decoder.scratch, 1, decoder.scratch]
     for before, after in zip(held, (decoder.hidden[[0, 2]], decoder.frame[[0, 2]], decoder.ras_window[[0, 2]])):
         assert torch.equal(before, after)
+    assert all(torch.equal(a, b) for a, b in zip(caches, slot_caches(decoder.model, 2), strict=True))
     decoder.release(1)
     assert decoder.position.tolist() == [0, 0, 0] and not decoder.active.any()
+
+
+def test_a_long_prompt_is_prefilled_between_the_steps_of_a_take_playing(batched, prompts, solo, single):
+    """A take started while another decodes is prefilled a chunk per step (the other keeps
+    decoding a frame each step meanwhile), and both takes are the ones they are alone."""
+    history = torch.randint(0, 1024, (10, 1100), generator=torch.Generator().manual_seed(3)).numpy()
+    long = batched.prompt("A long scene behind this line.", None, [HistoryTurn("Before.", history)],
+                          Sampling(max_new_tokens=12, seed=8))
+    assert len(long.rows) > 2 * prefill_module.EAGER_CHUNK_ROWS
+    first = batched.start(prompts["b"])
+    events: dict[object, list] = {first: [], "long": []}
+    for _ in range(3):
+        for take, new in batched.step():
+            events[take] += new
+    second = batched.start(long)
+    events[second] = events.pop("long")
+    playing, prefill_steps = first.steps, 0
+    while batched.slot_table.prefills:
+        for take, new in batched.step():
+            events[take] += new
+        prefill_steps += 1
+    assert prefill_steps >= 2 and first.steps - playing >= 2  # chunks between frames, not one stall
+    while batched.in_flight:
+        for take, new in batched.step():
+            events[take] += new
+    assert same(checked(batched, events[first]), solo["b"])
+    assert same(checked(batched, events[second]), alone(single, long))
 
 
 def test_slots_are_checked(batched, prompts, tiny_checkpoint):
