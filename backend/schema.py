@@ -21,6 +21,8 @@ Design choices:
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -235,7 +237,9 @@ def connect(database: Path | str) -> Engine:
     @event.listens_for(engine, "connect")
     def configure(dbapi: Any, _record: Any) -> None:
         dbapi.isolation_level = None  # the driver's own transactions off: BEGIN comes from `begin` below
-        for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=30000"):
+        dbapi.execute("PRAGMA busy_timeout=30000")
+        wal(dbapi)
+        for pragma in ("synchronous=NORMAL", "foreign_keys=ON"):
             dbapi.execute(f"PRAGMA {pragma}")
 
     @event.listens_for(engine, "begin")
@@ -243,6 +247,21 @@ def connect(database: Path | str) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def wal(dbapi: Any) -> None:
+    """Switch a SQLite file to WAL. The switch needs the file to itself and SQLite answers
+    "database is locked" at once, without its busy handler, while another process opens the
+    file in the same instant (replicas starting together): retry it for up to 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            dbapi.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def version(conn: Connection) -> int:
