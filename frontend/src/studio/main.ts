@@ -6,12 +6,13 @@
  * stops its take, ↑/↓ select a line, Esc cancels its running take; with two takes marked for
  * A/B, A and B play either from where the other is and X switches. In a line's text field
  * Enter takes the line and Shift+Enter adds a line below, focused at once (keys typed right
- * after land in the new line).
+ * after land in the new line). Ctrl+Z (⌘Z) outside text fields undoes the last deletion,
+ * drop or replaced keep (undo.ts).
  */
 import "../shared/style.css";
 import { Studio } from "./studio";
 import { byId } from "../shared/dom";
-import { ExportPanel, HistoryPanel, SamplingPanel, TopBar } from "./ui/panels";
+import { ExportPanel, HistoryPanel, NoticeBar, SamplingPanel, TopBar } from "./ui/panels";
 import { ScriptView } from "./ui/script_view";
 import { VoicePanel } from "./ui/voice_panel";
 
@@ -42,6 +43,7 @@ const voice = new VoicePanel(studio);
 const sampling = new SamplingPanel(studio);
 const history = new HistoryPanel(studio);
 const exporter = new ExportPanel(studio);
+const notice = new NoticeBar(studio);
 
 let frame = 0;
 let metersOnly = true;
@@ -60,6 +62,7 @@ studio.onChange = (what) => {
     sampling.update();
     history.update();
     exporter.update();
+    notice.update();
   });
 };
 
@@ -91,6 +94,11 @@ document.addEventListener("keydown", (event) => {
   const target = event.target as HTMLElement;
   const inLine = target.classList.contains("line-text");
   const typing = inLine || target.matches("input, textarea, select, [contenteditable]");
+  if ((event.ctrlKey || event.metaKey) && !event.shiftKey && event.key.toLowerCase() === "z" && !typing) {
+    event.preventDefault();
+    studio.undo();
+    return;
+  }
   if (event.ctrlKey || event.metaKey || event.altKey) return;
   const lineId = selectedLine();
   if (inLine && event.key === "Enter") {

@@ -123,6 +123,12 @@ export class Script {
     if (this.line(id) !== undefined) this.edit({ kind: "delete", lineId: id });
   }
 
+  /** Bring back a deleted line (same id, so the server returns its takes) after `after` (null: first). */
+  restore(id: string, text: string, after: string | null): void {
+    const known = after === null || this.line(after) !== undefined;
+    this.edit({ kind: "set", lineId: id, text, after: known ? after : undefined });
+  }
+
   // ─── the wire ──────────────────────────────────────────────────────────────
 
   /**

@@ -29,6 +29,7 @@ import {
 import { Scene, readStoredScene, type StoredScene, type Take } from "./scene";
 import { StudioSocket, type ConnectionState } from "./socket";
 import { TakeAudio, type WavFile } from "./take_audio";
+import { UndoStack, type UndoEntry } from "./undo";
 
 export type Change = "script" | "takes" | "connection" | "voice" | "errors" | "meter" | "session";
 /** Where an error is shown: `line:<id>`, `take:<id>`, `voice`, or `session`. */
@@ -71,6 +72,9 @@ export class Studio {
   lastLatencyMs: number | null = null;
   report: PlayerReport | null = null;
   takenOver = false;
+  /** The last destructive actions, to undo (undo.ts); `notice` is the latest, shown with its Undo button. */
+  readonly undoStack = new UndoStack();
+  notice: { text: string; undo: boolean; at: number } | null = null;
   /** Takes that were queued or streaming when the connection went. */
   readonly interrupted = new Set<number>();
   onChange: (what: Change) => void = () => {};
@@ -214,13 +218,67 @@ export class Studio {
     this.send({ type: "take.cancel", take_id: takeId, ref: this.nextRef(`take:${takeId}`) });
   }
 
-  /** Keep a take: the server makes it its line's kept take, in place of the one before. */
+  /** Keep a take: the server makes it its line's kept take, in place of the one before (undoable). */
   keep(takeId: number): void {
-    this.send({ type: "take.keep", take_id: takeId, ref: this.nextRef(`take:${takeId}`) });
+    const take = this.scene.takes.get(takeId);
+    const replaced = take === undefined ? undefined : this.scene.keptTake(take.lineId);
+    if (!this.send({ type: "take.keep", take_id: takeId, ref: this.nextRef(`take:${takeId}`) })) return;
+    if (replaced !== undefined && replaced.id !== takeId) {
+      this.remember(`Kept take ${this.takeNumber(takeId)} in place of take ${this.takeNumber(replaced.id)}`,
+                    () => this.keepAgain(replaced.id));
+    }
   }
 
+  /** Drop a take from the directing history (un-keep it); undoable. */
   drop(takeId: number): void {
-    this.send({ type: "take.drop", take_id: takeId, ref: this.nextRef(`take:${takeId}`) });
+    const kept = this.scene.takes.get(takeId)?.kept === true;
+    if (!this.send({ type: "take.drop", take_id: takeId, ref: this.nextRef(`take:${takeId}`) })) return;
+    if (kept) this.remember(`Dropped take ${this.takeNumber(takeId)} from the history`, () => this.keepAgain(takeId));
+  }
+
+  /** Delete a line (its takes stay on the server and come back with it); undoable. */
+  deleteLine(lineId: string): void {
+    const lines = this.scene.lines;
+    const at = lines.findIndex((l) => l.id === lineId);
+    const line = lines[at];
+    if (line === undefined) return;
+    const after = at > 0 ? lines[at - 1]!.id : null;
+    this.scene.deleteLine(lineId);
+    this.scriptEdited("structure");
+    const text = line.text;
+    const words = text.length > 30 ? `${text.slice(0, 30)}…` : text;
+    this.remember(`Deleted line ${at + 1}${words === "" ? "" : ` “${words}”`}`, () => {
+      this.scene.script.restore(lineId, text, after);
+      this.scene.selectedLineId = lineId;
+      this.scriptEdited("structure");
+      return true;
+    });
+  }
+
+  /** Undo the last destructive action (Ctrl+Z, or the notice's Undo). */
+  undo(): void {
+    const done = this.undoStack.undo();
+    if (done !== undefined) this.showNotice(`Undone: ${done.label[0]!.toLowerCase()}${done.label.slice(1)}`, false);
+  }
+
+  private keepAgain(takeId: number): boolean {
+    return this.send({ type: "take.keep", take_id: takeId, ref: this.nextRef(`take:${takeId}`) });
+  }
+
+  private remember(label: string, undo: UndoEntry["undo"]): void {
+    this.undoStack.push({ label, undo });
+    this.showNotice(label, true);
+  }
+
+  private showNotice(text: string, undo: boolean): void {
+    this.notice = { text, undo, at: performance.now() };
+    this.onChange("errors");
+  }
+
+  /** A take's number on its line (1, 2, …), as its row shows it. */
+  private takeNumber(takeId: number): number {
+    const take = this.scene.takes.get(takeId);
+    return take === undefined ? 0 : this.shownTakes(take.lineId).findIndex((t) => t.id === takeId) + 1;
   }
 
   /** A take has something to play: it is streaming, or it ended with audio. */

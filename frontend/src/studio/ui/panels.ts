@@ -8,6 +8,7 @@ import type { Studio } from "../studio";
 import { byId, download, h, ms, placeChildren, seconds, setText } from "../../shared/dom";
 
 const SAMPLING_KEY = "retake.sampling";
+const NOTICE_MS = 8000;
 /** Until session.ready says the server's limit (backend/directing/protocol.py Limits.max_new_tokens). */
 const DEFAULT_MAX_FRAMES = 1200;
 const CONNECTION_LABELS = { connecting: "connecting", open: "connected", reconnecting: "reconnecting", closed: "disconnected" };
@@ -198,6 +199,30 @@ export class HistoryPanel {
       note = `Its last take left out ${latest.dropped.length} oldest turn(s) to fit the prompt.`;
     }
     setText(this.note, `${note}${note ? " " : ""}${kept} kept take${kept === 1 ? "" : "s"} in the scene.`);
+  }
+}
+
+/** The notice after a destructive action: what was done, with Undo, for NOTICE_MS. */
+export class NoticeBar {
+  private readonly el = byId("notice");
+  private readonly text = byId("notice-text");
+  private readonly undo = byId<HTMLButtonElement>("notice-undo");
+  private timer: number | undefined;
+
+  constructor(private readonly studio: Studio) {
+    this.undo.addEventListener("click", () => studio.undo());
+  }
+
+  update(): void {
+    const notice = this.studio.notice;
+    const left = notice === null ? 0 : NOTICE_MS - (performance.now() - notice.at);
+    this.el.hidden = left <= 0;
+    if (notice === null || left <= 0) return;
+    setText(this.text, notice.text);
+    this.undo.hidden = !notice.undo;
+    this.undo.title = "Undo (Ctrl+Z)";
+    window.clearTimeout(this.timer);
+    this.timer = window.setTimeout(() => this.update(), left + 10);
   }
 }
 

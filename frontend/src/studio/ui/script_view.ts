@@ -47,10 +47,7 @@ class LineView {
     }, "✕");
     up.addEventListener("click", () => this.move(-1));
     down.addEventListener("click", () => this.move(1));
-    remove.addEventListener("click", () => {
-      scene.deleteLine(lineId);
-      studio.scriptEdited("structure");
-    });
+    remove.addEventListener("click", () => studio.deleteLine(lineId));
     this.takeButton.addEventListener("click", () => (this.select(), studio.takeLine(lineId)));
     const playA = h("button.compare-a", { title: "Play take A from where B is (key A)" }, "▶ A");
     const playB = h("button.compare-b", { title: "Play take B from where A is (key B)" }, "▶ B");
