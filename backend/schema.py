@@ -97,6 +97,12 @@ take_windows = sa.Table(
     sa.Column("codes", sa.LargeBinary, nullable=False),
     sa.Column("samples", sa.Integer, nullable=False),
 )
+take_audio = sa.Table(
+    "take_audio", metadata,
+    sa.Column("take_id", sa.Integer, sa.ForeignKey("takes.take_id"), primary_key=True),
+    sa.Column("sample_rate", sa.Integer, nullable=False),
+    sa.Column("pcm", sa.LargeBinary, nullable=False),  # PCM16 little-endian mono: the samples that streamed
+)
 
 
 saved_voices = sa.Table(
@@ -203,8 +209,18 @@ def saved_voice_tables(conn: Connection) -> None:
     frozen.create_all(conn)
 
 
+def take_audio_table(conn: Connection) -> None:
+    """5: an ended take keeps its audio (the PCM that streamed), so playing, reloading and
+    exporting it never calls the engine again."""
+    frozen = sa.MetaData()
+    sa.Table("takes", frozen, sa.Column("take_id", sa.Integer, primary_key=True))  # exists: what the key refers to
+    sa.Table("take_audio", frozen, sa.Column("take_id", sa.Integer, sa.ForeignKey("takes.take_id"), primary_key=True),
+             sa.Column("sample_rate", sa.Integer, nullable=False),
+             sa.Column("pcm", sa.LargeBinary, nullable=False)).create(conn)
+
+
 # Migration n brings a database from version n - 1 to n, on either kind of database.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {3: replica_column, 4: saved_voice_tables}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {3: replica_column, 4: saved_voice_tables, 5: take_audio_table}
 VERSION = BASELINE_VERSION + len(MIGRATIONS)
 MIGRATION_LOCK = 0x5245_5441  # "RETA": the advisory lock that serializes migrations on PostgreSQL
 

@@ -60,6 +60,7 @@ from backend.schema import (
     saved_voice_clips,
     saved_voices,
     sessions,
+    take_audio,
     take_windows,
     takes,
     voice_references,
@@ -503,10 +504,22 @@ class Store:
 
     def finish_take(self, take_id: int, finish_reason: FinishReason, *, error: str | None,
                     timings: dict[str, float | int | None], samples: int, attempts: int,
-                    codes: np.ndarray | None) -> None:
+                    codes: np.ndarray | None, pcm: np.ndarray | None = None, sample_rate: int = 0) -> None:
+        """The take ended; `pcm` (int16 [samples], at `sample_rate`) is the audio that streamed, kept
+        with it so that playing and exporting it never need the engine."""
         with self._transaction() as conn:
             self._finish(conn, take_id, finish_reason, error=error, timings=timings, samples=samples,
                          attempts=attempts, codes=codes)
+            if pcm is not None and len(pcm) > 0:
+                conn.execute(take_audio.insert().values(
+                    take_id=take_id, sample_rate=sample_rate, pcm=np.ascontiguousarray(pcm, dtype="<i2").tobytes()))
+
+    def take_audio(self, take_id: int) -> tuple[np.ndarray, int] | None:
+        """The take's kept audio (int16 [samples], sample rate), or None (an older or interrupted take)."""
+        with self._transaction() as conn:
+            row = conn.execute(sa.select(take_audio.c.pcm, take_audio.c.sample_rate)
+                               .where(take_audio.c.take_id == take_id)).first()
+        return None if row is None else (np.frombuffer(row.pcm, dtype="<i2").astype(np.int16), int(row.sample_rate))
 
     @staticmethod
     def _finish(conn: Connection, take_id: int, finish_reason: FinishReason, *, error: str | None,

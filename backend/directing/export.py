@@ -1,9 +1,11 @@
-"""A take as a WAV file: `GET /sessions/{session_id}/takes/{take_id}.wav`, vocoded from its stored codes.
+"""A take as a WAV file: `GET /sessions/{session_id}/takes/{take_id}.wav`, from its kept audio.
 
 Design choices:
-- The export is made from the stored codes, never from audio kept on the side, so it equals
-  the streamed samples and survives restarts; the vocoding runs on the engine thread between
-  two decode steps (a `CallJob`), like any other engine call.
+- An ended take keeps the audio that streamed (backend/directing/live_take.py), so its export
+  is that audio: instant, and never competing with live takes for the engine. A take without
+  kept audio (stored by an older Retake, or one a stopped server interrupted) is vocoded from
+  its stored codes on the engine thread between two decode steps (a `CallJob`), which equals
+  the streamed samples too.
 - A full engine queue is HTTP 503 with `Retry-After`, as on `/v1/audio/speech`.
 """
 
@@ -39,8 +41,9 @@ async def export_take(request: Request) -> Response:
         return JSONResponse({"error": f"no take {raw_id} in session {session_id}"}, status_code=404)
     if take.state != "done":
         return JSONResponse({"error": f"take {take.take_id} is still {take.state}"}, status_code=409)
-    codes = state.store.take_codes(take.take_id)
-    pcm = np.zeros(0, dtype=np.int16)
+    kept = state.store.take_audio(take.take_id)
+    codes = None if kept is not None else state.store.take_codes(take.take_id)
+    pcm = np.zeros(0, dtype=np.int16) if kept is None else kept[0]
     if codes is not None:
         try:
             pcm = await state.call(lambda engine: engine.vocode_take(codes))

@@ -9,6 +9,8 @@ Design choices:
   ended). It reaches those sockets through `SessionSocket` (backend/state.py), so it needs
   nothing of the handlers.
 - A full outbox stops the take (the client is not reading its audio).
+- The take's audio is gathered as it streams and kept with the take when it ends (PCM16 in
+  the store), so playing, reloading and exporting it never call the engine again.
 - While the server stops (`state.closing`) events are dropped: the next start finishes the
   take as an error, with the windows it stored.
 """
@@ -46,6 +48,7 @@ class LiveTake:
         self.take_id = take.take_id
         self.requested_history = history
         self.seq = 0
+        self.pcm: list[np.ndarray] = []  # the current attempt's audio, kept with the take when it ends
         self.job: TakeJob | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.finished = False
@@ -74,6 +77,7 @@ class LiveTake:
         info = sampling_info(sampling)
         self.state.store.start_take(self.take_id, attempt, info)
         self.seq = 0
+        self.pcm = []
         self.session.outbox.message(p.TakeStarted(self.take_id, attempt, info))
 
     def history(self, used: int) -> None:
@@ -89,6 +93,7 @@ class LiveTake:
             return
         if window.frames:  # written before it is sent: a crash keeps what the director heard
             self.state.store.add_take_window(self.take_id, self.seq, window.codes, len(window.pcm))
+        self.pcm.append(np.asarray(window.pcm, dtype=np.int16))
         frame = pack_audio_frame(self.take_id, self.seq, window.start_sample,
                                    np.ascontiguousarray(window.pcm, dtype="<i2").tobytes(), last=window.last)
         self.seq += 1
@@ -107,9 +112,14 @@ class LiveTake:
         self.finished = True
         if self.timer is not None:
             self.timer.cancel()
+        pcm = np.concatenate(self.pcm) if self.pcm else None
+        if pcm is not None and len(pcm) != outcome.samples:  # not the whole take: the export vocodes its codes
+            pcm = None
         self.state.store.finish_take(self.take_id, outcome.finish_reason,
                                      error=outcome.error, timings=outcome.timings, samples=outcome.samples,
-                                     attempts=outcome.attempts, codes=outcome.codes)
+                                     attempts=outcome.attempts, codes=outcome.codes, pcm=pcm,
+                                     sample_rate=self.state.engine.sample_rate)
+        self.pcm = []
         self.state.metrics.take_done(outcome.finish_reason, outcome.timings)
         frames = 0 if outcome.codes is None else int(outcome.codes.shape[1])
         message = p.TakeDone(self.take_id, outcome.finish_reason, outcome.timings, frames, outcome.samples,

@@ -281,6 +281,11 @@ export class Studio {
     return take === undefined ? 0 : this.shownTakes(take.lineId).findIndex((t) => t.id === takeId) + 1;
   }
 
+  /** The take's audio is still coming from the server (after a reload). */
+  audioLoading(takeId: number): boolean {
+    return this.audio.isFetching(takeId);
+  }
+
   /** A take has something to play: it is streaming, or it ended with audio. */
   playable(take: Take): boolean {
     return take.phase !== "done" || take.samples > 0;

@@ -3,12 +3,16 @@
  * WAV export of the take, and the WAV files the studio downloads (a take, the scene).
  *
  * - A take heard on this page keeps its streamed PCM in the scene; after a reload the
- *   audio comes from `take.audioUrl`, fetched at most once at a time per take.
+ *   audio comes from `take.audioUrl` (the audio the server kept when the take ended), fetched
+ *   at most once at a time per take; the take's row says "loading audio" meanwhile.
  * - The scene export is the kept take of every line, in script order, with a gap of
  *   silence between them.
  */
 import type { Scene, Take } from "./scene";
 import { decodeWav, encodeWav, joinPcm } from "../audio/wav";
+
+/** Take audio fetched at once after a reload. */
+const FETCHES_AT_ONCE = 4;
 
 export interface WavFile {
   name: string;
@@ -51,18 +55,30 @@ export class TakeAudio {
     return { name, wav: encodeWav(joinPcm(parts, gap), this.sampleRate()) };
   }
 
-  /** After a reload: fetch the audio of kept and latest takes, one at a time, for waveforms. */
+  /** The take's audio is on its way from the server (its row says so). */
+  isFetching(takeId: number): boolean {
+    return this.fetching.has(takeId);
+  }
+
+  /**
+   * After a reload: fetch the audio of every take of the script for its waveform, the kept and
+   * latest of each line first, FETCHES_AT_ONCE at a time (the server answers from the audio it
+   * kept, without the engine).
+   */
   async loadWaveforms(): Promise<void> {
-    const wanted = new Set<Take>();
+    const first = new Set<Take>();
     for (const line of this.scene.lines) {
       const kept = this.scene.keptTake(line.id);
       const latest = this.scene.latestTake(line.id);
-      if (kept !== undefined) wanted.add(kept);
-      if (latest !== undefined) wanted.add(latest);
+      if (kept !== undefined) first.add(kept);
+      if (latest !== undefined) first.add(latest);
     }
-    for (const take of wanted) {
-      if (take.phase === "done" && take.samples > 0 && this.scene.pcmOf(take) === null) await this.fetch(take);
-    }
+    const rest = this.scene.lines.flatMap((line) => this.scene.takesOf(line.id)).filter((t) => !first.has(t));
+    const queue = [...first, ...rest].filter((t) => t.phase === "done" && t.samples > 0 && this.scene.pcmOf(t) === null);
+    const worker = async (): Promise<void> => {
+      for (let take = queue.shift(); take !== undefined; take = queue.shift()) await this.fetch(take);
+    };
+    await Promise.all(Array.from({ length: FETCHES_AT_ONCE }, worker));
   }
 
   /** The server's WAV export of a finished take, decoded and kept in the scene. */

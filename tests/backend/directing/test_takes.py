@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import io
 import urllib.request
+from typing import Any
 
 import numpy as np
 import pytest
 import soundfile as sf
 from live_server import LiveServer, run
 
+from backend.directing.jobs import SilenceGuard
+from backend.schema import takes
+from backend.store import Store
 from backend.tools.client import Director, TakeResult
 
 SHORT = {"max_new_tokens": 24}
@@ -173,3 +177,29 @@ def test_history_past_the_row_limit_drops_the_oldest_turns(server: LiveServer) -
         await director.close()
 
     run(main())
+
+
+def test_an_ended_take_keeps_its_audio_and_exports_it_without_the_engine(make_server: Any) -> None:
+    """The audio that streamed is stored with the take when it ends; the export is that audio, read
+    back from the store: it does not need the codes (here erased), so it never vocodes again."""
+    server = make_server(silence=SilenceGuard(retries=0))
+
+    async def main() -> tuple[str, TakeResult]:
+        director = await Director.connect(server.ws)
+        ready = await director.open()
+        take = await director.take("line-1", "Places, everyone.", sampling={**SHORT, "seed": 4})
+        await director.close()
+        return str(ready["session_id"]), take
+
+    session_id, take = run(main())
+    store = Store(server.settings.database)
+    try:
+        kept = store.take_audio(take.take_id)
+        assert kept is not None
+        np.testing.assert_array_equal(kept[0], take.pcm)
+        assert kept[1] == 44100
+        with store.engine.begin() as conn:  # without codes, only the kept audio can answer
+            conn.execute(takes.update().where(takes.c.take_id == take.take_id).values(codes=None, codebooks=None))
+    finally:
+        store.close()
+    np.testing.assert_array_equal(export(server, session_id, take.take_id), take.pcm)

@@ -143,6 +143,8 @@ export class ScriptView {
   constructor(private readonly studio: Studio, private readonly list: HTMLElement) {}
 
   update(): void {
+    // Until the server's script is here the panel says so (lines typed meanwhile show under it).
+    document.getElementById("lines-loading")?.toggleAttribute("hidden", this.studio.ready !== null);
     const lines = this.studio.scene.lines;
     const nodes = lines.map((line, k) => {
       let view = this.views.get(line.id);

@@ -42,6 +42,7 @@ export class TakeView {
   private readonly play = h("button.icon.play", { title: "Play / stop (Space)", "aria-label": "play" }, "▶");
   private readonly label = h("span.take-label");
   private readonly canvas = h("canvas.wave");
+  private readonly waveNote = h("span.wave-note");
   private readonly status = h("span.status");
   private readonly duration = h("span.num", { title: "duration" });
   private readonly heard = h("span.num", { title: "first audio as heard: from the click to the first sample out of the speaker" });
@@ -59,7 +60,7 @@ export class TakeView {
 
   constructor(private readonly studio: Studio, readonly take: Take) {
     this.el = h("div.take", { "data-take": take.id },
-      h("div.take-main", {}, this.play, this.label, this.canvas,
+      h("div.take-main", {}, this.play, this.label, h("div.wave-cell", {}, this.canvas, this.waveNote),
         h("div.take-actions", {}, this.keep, this.compare, this.save)),
       h("div.take-stats", {}, this.status, this.duration, this.heard, this.server, this.speed, this.voice, this.settings),
       this.error);
@@ -97,6 +98,9 @@ export class TakeView {
     this.label.title = `take ${t.id}${t.history.length > 0 ? ` · heard takes ${t.history.join(", ")}` : ""}`
       + (t.dropped.length > 0 ? ` (left out ${t.dropped.join(", ")})` : "");
     const status = takeStatus(studio, t);
+    const loading = studio.audioLoading(t.id) && t.peaks.length === 0;
+    setText(this.waveNote, loading ? "loading audio…" : "");
+    this.waveNote.hidden = !loading;
     setText(this.status, status.text);
     this.status.className = `status ${status.kind}`;
     setText(this.duration, seconds(t.phase === "done" ? t.samples : t.received, rate));
