@@ -38,6 +38,9 @@ sessions = sa.Table(
     sa.Column("session_id", sa.Text, primary_key=True),
     sa.Column("created_ms", sa.BigInteger, nullable=False),
     sa.Column("voice_id", sa.Integer),
+    sa.Column("name", sa.Text),  # the scene's name (NULL: unnamed)
+    sa.Column("updated_ms", sa.BigInteger),  # the last change to its script, cast or takes (NULL: created_ms)
+    sa.Column("deleted_ms", sa.BigInteger),  # deleted (restorable) since then; NULL: live
 )
 voices = sa.Table(
     "voices", metadata,
@@ -62,6 +65,7 @@ lines = sa.Table(
     sa.Column("text", sa.Text, nullable=False),
     sa.Column("position", sa.Integer, nullable=False),
     sa.Column("deleted_ms", sa.BigInteger),
+    sa.Column("character_id", sa.Text),  # the cast member who says the line (NULL: the scene's first)
 )
 takes = sa.Table(
     "takes", metadata,
@@ -84,6 +88,10 @@ takes = sa.Table(
     sa.Column("codes", sa.LargeBinary),
     sa.Column("created_ms", sa.BigInteger, nullable=False),
     sa.Column("replica", sa.Integer),  # the server process that queued or runs it (backend/replicas.py)
+    sa.Column("character_id", sa.Text),  # the cast member it was a take of (NULL: none, the session's voice)
+    sa.Column("note", sa.Text),  # the director's note (NULL: none)
+    sa.Column("rating", sa.Integer),  # 1..5 (NULL: not rated)
+    sa.Column("guard_frames", sa.Integer),  # the length guard's cap on its frames (NULL: no guard)
     sqlite_autoincrement=True,
 )
 sa.Index("takes_by_session", takes.c.session_id, takes.c.take_id)
@@ -96,6 +104,14 @@ take_windows = sa.Table(
     sa.Column("codebooks", sa.Integer, nullable=False),
     sa.Column("codes", sa.LargeBinary, nullable=False),
     sa.Column("samples", sa.Integer, nullable=False),
+)
+cast_members = sa.Table(
+    "cast_members", metadata,
+    sa.Column("session_id", sa.Text, sa.ForeignKey("sessions.session_id"), primary_key=True),
+    sa.Column("character_id", sa.Text, primary_key=True),  # chosen by the client, like line ids
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("voice_id", sa.Integer),  # its voice (voices.voice_id); NULL: the engine's default voice
+    sa.Column("position", sa.Integer, nullable=False),  # the cast's order (0 is the scene's first character)
 )
 take_audio = sa.Table(
     "take_audio", metadata,
@@ -209,18 +225,32 @@ def saved_voice_tables(conn: Connection) -> None:
     frozen.create_all(conn)
 
 
-def take_audio_table(conn: Connection) -> None:
-    """5: an ended take keeps its audio (the PCM that streamed), so playing, reloading and
-    exporting it never calls the engine again."""
+def scene_studio(conn: Connection) -> None:
+    """5: the studio for a whole scene (docs/protocol.md): scenes have a name, a last change and
+    a restorable deletion; a cast of characters, each line said by one; a take keeps its
+    character, note, rating, the length guard's cap, and its audio (the PCM that streamed, so
+    playing, reloading and exporting it never call the engine again)."""
+    added = [("sessions", "name", sa.Text), ("sessions", "updated_ms", sa.BigInteger),
+             ("sessions", "deleted_ms", sa.BigInteger), ("lines", "character_id", sa.Text),
+             ("takes", "character_id", sa.Text), ("takes", "note", sa.Text), ("takes", "rating", sa.Integer),
+             ("takes", "guard_frames", sa.Integer)]
+    for table, name, kind in added:
+        add_column(conn, table, sa.Column(name, kind))
     frozen = sa.MetaData()
-    sa.Table("takes", frozen, sa.Column("take_id", sa.Integer, primary_key=True))  # exists: what the key refers to
+    # The tables the new ones refer to (they exist; only their keys are named here).
+    sa.Table("sessions", frozen, sa.Column("session_id", sa.Text, primary_key=True))
+    sa.Table("takes", frozen, sa.Column("take_id", sa.Integer, primary_key=True))
+    sa.Table("cast_members", frozen,
+             sa.Column("session_id", sa.Text, sa.ForeignKey("sessions.session_id"), primary_key=True),
+             sa.Column("character_id", sa.Text, primary_key=True), sa.Column("name", sa.Text, nullable=False),
+             sa.Column("voice_id", sa.Integer), sa.Column("position", sa.Integer, nullable=False)).create(conn)
     sa.Table("take_audio", frozen, sa.Column("take_id", sa.Integer, sa.ForeignKey("takes.take_id"), primary_key=True),
              sa.Column("sample_rate", sa.Integer, nullable=False),
              sa.Column("pcm", sa.LargeBinary, nullable=False)).create(conn)
 
 
 # Migration n brings a database from version n - 1 to n, on either kind of database.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {3: replica_column, 4: saved_voice_tables, 5: take_audio_table}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {3: replica_column, 4: saved_voice_tables, 5: scene_studio}
 VERSION = BASELINE_VERSION + len(MIGRATIONS)
 MIGRATION_LOCK = 0x5245_5441  # "RETA": the advisory lock that serializes migrations on PostgreSQL
 

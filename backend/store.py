@@ -53,6 +53,7 @@ from backend.directing.protocol import (
     TakeState,
     VoiceInfo,
 )
+from backend.scene_store import SceneRecords
 from backend.schema import (
     NewerSchema,
     Unreachable,
@@ -173,6 +174,10 @@ class StoredTake:
     samples: int
     attempts: int
     created_ms: int
+    character_id: str | None = None
+    note: str = ""
+    rating: int = 0
+    guard_frames: int | None = None
 
     @property
     def usable(self) -> bool:
@@ -186,12 +191,15 @@ class StoredTake:
             "finish_reason": self.finish_reason, "error": self.error, "timings": self.timings,
             "frames": self.frames, "samples": self.samples, "attempts": self.attempts,
             "audio_url": audio_url(self.session_id, self.take_id), "created_ms": self.created_ms,
+            "character_id": self.character_id, "note": self.note, "rating": self.rating,
+            "guard_frames": self.guard_frames,
         }
 
 
 TAKE_COLUMNS = (takes.c.take_id, takes.c.session_id, takes.c.line_id, takes.c.text, takes.c.voice_id,
                 takes.c.sampling, takes.c.history, takes.c.kept, takes.c.state, takes.c.finish_reason, takes.c.error,
-                takes.c.timings, takes.c.frames, takes.c.samples, takes.c.attempts, takes.c.created_ms)
+                takes.c.timings, takes.c.frames, takes.c.samples, takes.c.attempts, takes.c.created_ms,
+                takes.c.character_id, takes.c.note, takes.c.rating, takes.c.guard_frames)
 SCRIPT = (lines.c.position, lines.c.line_id)  # the script's order (positions are unique; the id is a tiebreak)
 
 
@@ -202,6 +210,7 @@ def _take(row: Row[Any]) -> StoredTake:
         history=json.loads(row.history), kept=bool(row.kept), state=row.state,
         finish_reason=row.finish_reason, error=row.error, timings=json.loads(row.timings),
         frames=row.frames, samples=row.samples, attempts=row.attempts, created_ms=row.created_ms,
+        character_id=row.character_id, note=row.note or "", rating=row.rating or 0, guard_frames=row.guard_frames,
     )
 
 
@@ -215,8 +224,9 @@ def _live(session_id: str) -> sa.ColumnElement[bool]:
     return sa.and_(lines.c.session_id == session_id, lines.c.deleted_ms.is_(None))
 
 
-class Store:
-    """The session store; every method is one transaction, committed when it returns.
+class Store(SceneRecords):
+    """The session store; every method is one transaction, committed when it returns. The cast
+    and the notes are in backend/scene_store.py.
 
     `database`: a SQLite file (Path) or a database URL (str, `postgresql://user@host/db`)."""
 
@@ -299,9 +309,10 @@ class Store:
     def lines(self, session_id: str) -> list[LineInfo]:
         """The script in order (deleted lines left out)."""
         with self._transaction() as conn:
-            rows = conn.execute(sa.select(lines.c.line_id, lines.c.text).where(_live(session_id))
+            rows = conn.execute(sa.select(lines.c.line_id, lines.c.text, lines.c.character_id).where(_live(session_id))
                                 .order_by(*SCRIPT)).all()
-        return [{"line_id": r.line_id, "text": r.text, "position": k} for k, r in enumerate(rows)]
+        return [{"line_id": r.line_id, "text": r.text, "position": k, "character_id": r.character_id}
+                for k, r in enumerate(rows)]
 
     def line_ids(self, session_id: str) -> list[str]:
         return [line["line_id"] for line in self.lines(session_id)]
@@ -372,17 +383,32 @@ class Store:
             with self._transaction() as conn:
                 conn.execute(sessions.update().where(this).values(voice_id=None))
             return None
-        spec = None if character is None else json.dumps(
-            {"name": character.name, "description": character.description, "scene": character.scene})
         with self._transaction() as conn:
-            voice_id = conn.execute(voices.insert().values(session_id=session_id, character=spec,
-                                                           created_ms=now_ms())).inserted_primary_key[0]
-            for index, reference in enumerate(references):
-                codebooks, blob = codes_to_blob(reference.codes)
-                conn.execute(voice_references.insert().values(voice_id=voice_id, idx=index, text=reference.text,
-                                                              codebooks=codebooks, codes=blob))
+            voice_id = self._add_voice(conn, session_id, references, character)
             conn.execute(sessions.update().where(this).values(voice_id=voice_id))
         return StoredVoice(int(voice_id), references, character)
+
+    def add_voice(self, session_id: str, references: list[StoredReference],
+                  character: CharacterSpec | None) -> StoredVoice:
+        """Store a voice of the session (a cast member's) without making it the session's voice."""
+        with self._transaction() as conn:
+            voice_id = self._add_voice(conn, session_id, references, character)
+        return StoredVoice(voice_id, references, character)
+
+    @staticmethod
+    def _add_voice(conn: Connection, session_id: str, references: list[StoredReference],
+                   character: CharacterSpec | None) -> int:
+        spec = None if character is None else json.dumps(
+            {"name": character.name, "description": character.description, "scene": character.scene})
+        key = conn.execute(voices.insert().values(session_id=session_id, character=spec,
+                                                  created_ms=now_ms())).inserted_primary_key
+        assert key is not None
+        voice_id = int(key[0])
+        for index, reference in enumerate(references):
+            codebooks, blob = codes_to_blob(reference.codes)
+            conn.execute(voice_references.insert().values(voice_id=voice_id, idx=index, text=reference.text,
+                                                          codebooks=codebooks, codes=blob))
+        return voice_id
 
     def session_voice(self, session_id: str) -> StoredVoice | None:
         with self._transaction() as conn:
@@ -457,7 +483,8 @@ class Store:
     # Takes --------------------------------------------------------------------
 
     def add_take(self, session_id: str, line_id: str, text: str, voice_id: int | None,
-                 sampling: SamplingInfo) -> StoredTake:
+                 sampling: SamplingInfo, *, character_id: str | None = None,
+                 guard_frames: int | None = None) -> StoredTake:
         """A queued take (of this replica). Its line takes the take's text; a line not in the
         script (new, or deleted) goes last."""
         with self._transaction() as conn:
@@ -470,7 +497,8 @@ class Store:
                                           else_=insert.excluded.position)}))
             take_id = conn.execute(takes.insert().values(
                 session_id=session_id, line_id=line_id, text=text, voice_id=voice_id, sampling=json.dumps(sampling),
-                created_ms=now_ms(), replica=self.replica.id)).inserted_primary_key[0]
+                created_ms=now_ms(), replica=self.replica.id, character_id=character_id,
+                guard_frames=guard_frames)).inserted_primary_key[0]
             row = conn.execute(sa.select(*TAKE_COLUMNS).where(takes.c.take_id == take_id)).one()
         return _take(row)
 

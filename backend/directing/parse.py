@@ -19,6 +19,9 @@ import math
 from typing import Literal, TypeAlias
 
 from backend.directing.protocol import (
+    CastDelete,
+    CastSet,
+    CastVoice,
     CharacterSpec,
     ClientMessage,
     Limits,
@@ -32,6 +35,7 @@ from backend.directing.protocol import (
     TakeCancel,
     TakeDrop,
     TakeKeep,
+    TakeNote,
     TakeStart,
     VoiceSet,
 )
@@ -127,7 +131,9 @@ def _line_set(obj: JsonObject, limits: Limits, ref: str | None) -> LineSet:
     after = _string(obj, "after", limits.max_id_chars, required=False) if place else None
     if after == line_id:
         raise _bad("after", "another line's id (a line cannot follow itself)")
-    return LineSet(line_id, text, after, place, ref)
+    cast = "character_id" in obj
+    character_id = _string(obj, "character_id", limits.max_id_chars, required=False) if cast else None
+    return LineSet(line_id, text, after, place, ref, character_id, cast)
 
 
 def _sampling(obj: JsonObject | None, limits: Limits) -> Sampling:
@@ -155,22 +161,16 @@ def _history(value: object, limits: Limits) -> Literal["kept"] | tuple[int, ...]
     return tuple(ids)
 
 
-def _voice(obj: JsonObject, limits: Limits, ref: str | None) -> VoiceSet:
-    raw_references = obj.get("references")
-    character = _object(obj, "character")
+def _clips(raw_references: object, limits: Limits, path: str = "") -> tuple[ReferenceClip, ...]:
+    """Reference clips: a list of {audio: base64 WAV or FLAC, text: transcript}."""
     if raw_references is not None and not isinstance(raw_references, list):
-        raise _bad("references", "a list of {audio, text} objects")
+        raise _bad(path + "references", "a list of {audio, text} objects")
     references = raw_references or []
-    if references and character is not None:
-        raise ProtocolError("bad_field", "give either references or a character, not both")
-    saved_voice = _string(obj, "saved_voice", limits.max_id_chars, required=False)
-    if saved_voice is not None and (references or character is not None):
-        raise ProtocolError("bad_field", "give a saved_voice alone: it is the voice's clips or character")
     if len(references) > limits.max_references:
-        raise _bad("references", f"at most {limits.max_references} clips (got {len(references)})")
+        raise _bad(path + "references", f"at most {limits.max_references} clips (got {len(references)})")
     clips = []
     for index, item in enumerate(references):
-        path = f"references.{index}."
+        path = f"{path}references.{index}."
         if not isinstance(item, dict):
             raise _bad(f"references.{index}", "an object {audio, text}")
         encoded = _string(item, "audio", 2 * limits.max_reference_bytes, path=path)
@@ -183,6 +183,17 @@ def _voice(obj: JsonObject, limits: Limits, ref: str | None) -> VoiceSet:
         if len(audio) > limits.max_reference_bytes:
             raise _bad(path + "audio", f"at most {limits.max_reference_bytes} bytes (got {len(audio)})")
         clips.append(ReferenceClip(audio, text))
+    return tuple(clips)
+
+
+def _voice(obj: JsonObject, limits: Limits, ref: str | None) -> VoiceSet:
+    character = _object(obj, "character")
+    clips = _clips(obj.get("references"), limits)
+    if clips and character is not None:
+        raise ProtocolError("bad_field", "give either references or a character, not both")
+    saved_voice = _string(obj, "saved_voice", limits.max_id_chars, required=False)
+    if saved_voice is not None and (clips or character is not None):
+        raise ProtocolError("bad_field", "give a saved_voice alone: it is the voice's clips or character")
     spec = None
     if character is not None:
         name = _string(character, "name", limits.max_id_chars, path="character.")
@@ -190,7 +201,38 @@ def _voice(obj: JsonObject, limits: Limits, ref: str | None) -> VoiceSet:
         scene = _string(character, "scene", limits.max_text_chars, required=False, path="character.")
         assert name is not None and description is not None
         spec = CharacterSpec(name, description, scene)
-    return VoiceSet(tuple(clips), spec, ref, saved_voice)
+    return VoiceSet(clips, spec, ref, saved_voice)
+
+
+def _cast_set(obj: JsonObject, limits: Limits, ref: str | None) -> CastSet:
+    character_id = _string(obj, "character_id", limits.max_id_chars)
+    name = _string(obj, "name", limits.max_name_chars)
+    assert character_id is not None and name is not None
+    if ":" in name or "\n" in name:
+        raise _bad("name", "a single line without ':' (the script writes 'name: line')")
+    raw = _object(obj, "voice")
+    if raw is None:
+        return CastSet(character_id, name.strip(), None, ref)
+    clips = _clips(raw.get("references"), limits, "voice.")
+    description = _string(raw, "description", limits.max_text_chars, required=False, path="voice.")
+    scene = _string(raw, "scene", limits.max_text_chars, required=False, path="voice.")
+    if clips and description is not None:
+        raise ProtocolError("bad_field", "voice: give either references or a description, not both")
+    if scene is not None and description is None:
+        raise _bad("voice.scene", "given with a description (a scene sets a described character)")
+    return CastSet(character_id, name.strip(), CastVoice(clips, description, scene), ref)
+
+
+def _take_note(obj: JsonObject, limits: Limits, ref: str | None) -> TakeNote:
+    note = obj.get("note")
+    if note is not None and not isinstance(note, str):
+        raise _bad("note", "a string (empty to clear it)")
+    if note is not None and len(note) > limits.max_note_chars:
+        raise _bad("note", f"at most {limits.max_note_chars} characters (got {len(note)})")
+    rating = _integer(obj, "rating", 0, 5, required=False)
+    if note is None and rating is None:
+        raise ProtocolError("bad_field", "give a note, a rating (1 to 5, 0 clears it), or both")
+    return TakeNote(_take_id(obj), note, rating, ref)
 
 
 def parse_client_message(text: str | bytes, limits: Limits) -> ClientMessage:
@@ -234,14 +276,25 @@ def _parse(obj: JsonObject, limits: Limits, ref: str | None) -> ClientMessage:
         text = _string(obj, "text", limits.max_text_chars)
         assert line_id is not None and text is not None
         deadline_ms = _integer(obj, "deadline_ms", 1, limits.max_deadline_ms, required=False)
+        guard = obj.get("length_guard", True)
+        if not isinstance(guard, bool):
+            raise _bad("length_guard", "true or false")
         return TakeStart(line_id, text, _sampling(_object(obj, "sampling"), limits),
-                         _history(obj.get("history"), limits), deadline_ms, ref)
+                         _history(obj.get("history"), limits), deadline_ms, ref, guard)
     if kind == "take.cancel":
         return TakeCancel(_take_id(obj), ref)
     if kind == "take.keep":
         return TakeKeep(_take_id(obj), ref)
     if kind == "take.drop":
         return TakeDrop(_take_id(obj), ref)
+    if kind == "cast.set":
+        return _cast_set(obj, limits, ref)
+    if kind == "cast.delete":
+        character_id = _string(obj, "character_id", limits.max_id_chars)
+        assert character_id is not None
+        return CastDelete(character_id, ref)
+    if kind == "take.note":
+        return _take_note(obj, limits, ref)
     if kind == "ping":
         return Ping(_number(obj, "t", -1e300, 1e300), ref)
     if not isinstance(kind, str):

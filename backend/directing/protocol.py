@@ -45,6 +45,8 @@ ErrorCode = Literal[
     "too_many_sessions",  # limits.max_sessions sockets are open; the socket is closed
     "unknown_take",  # a take_id that is not a take of this session
     "unknown_line",  # a line_id (or `after`) that is not a line of this session's script
+    "unknown_character",  # a character_id that is not a member of this session's cast
+    "too_many_characters",  # the cast holds limits.max_cast characters
     "too_many_lines",  # the script holds limits.max_lines_per_session lines
     "take_not_finished",  # keep (or use as history) a take that is still queued or running
     "take_not_usable",  # keep (or use as history) a take without audio (error, or 0 frames)
@@ -115,6 +117,7 @@ class TakeStart:
     history: Literal["kept"] | tuple[int, ...] = "kept"
     deadline_ms: int | None = None  # None = limits.default_deadline_ms
     ref: str | None = None
+    length_guard: bool = True  # cap the take's frames by its line's length (backend/directing/length_guard.py)
     type: Literal["take.start"] = "take.start"
 
 
@@ -141,14 +144,56 @@ class TakeDrop:
 
 @dataclass(frozen=True)
 class LineSet:
-    """Create a line or change its text; with `place`, also move it after `after` (None: to the top)."""
+    """Create a line or change its text; with `place`, also move it after `after` (None: to the top);
+    with `cast`, also give it to `character_id` (None: the scene's first character)."""
 
     line_id: str
     text: str  # may be empty: a line being written
     after: str | None = None
     place: bool = False  # whether the message gave `after`; without it a new line goes last, a known one stays
     ref: str | None = None
+    character_id: str | None = None
+    cast: bool = False  # whether the message gave `character_id`; without it the line's character stays
     type: Literal["line.set"] = "line.set"
+
+
+@dataclass(frozen=True)
+class CastVoice:
+    """A cast member's voice: reference clips, or a description (a described character), or
+    neither (the engine's default voice)."""
+
+    references: tuple[ReferenceClip, ...] = ()
+    description: str | None = None
+    scene: str | None = None
+
+
+@dataclass(frozen=True)
+class CastSet:
+    """Add a character to the cast, or rename it; with `voice`, also give it that voice."""
+
+    character_id: str
+    name: str
+    voice: CastVoice | None = None  # None: the member's voice stays (a new member: the default voice)
+    ref: str | None = None
+    type: Literal["cast.set"] = "cast.set"
+
+
+@dataclass(frozen=True)
+class CastDelete:
+    character_id: str
+    ref: str | None = None
+    type: Literal["cast.delete"] = "cast.delete"
+
+
+@dataclass(frozen=True)
+class TakeNote:
+    """The director's note and rating of a take; a field left out stays as it is."""
+
+    take_id: int
+    note: str | None = None  # "" clears it
+    rating: int | None = None  # 1..5; 0 clears it
+    ref: str | None = None
+    type: Literal["take.note"] = "take.note"
 
 
 @dataclass(frozen=True)
@@ -174,6 +219,7 @@ class Ping:
 
 ClientMessage: TypeAlias = (
     SessionOpen | VoiceSet | LineSet | LineDelete | LineOrder | TakeStart | TakeCancel | TakeKeep | TakeDrop | Ping
+    | CastSet | CastDelete | TakeNote
 )
 
 
@@ -196,6 +242,9 @@ class Limits:
     max_new_tokens: int = 1200
     max_prompt_rows: int = 8192
     max_protocol_errors: int = 20
+    max_cast: int = 16  # characters in a scene's cast (Drama 3 has 16 speaker tags)
+    max_name_chars: int = 64  # a character's name
+    max_note_chars: int = 2000  # a take's note
 
     def to_json(self) -> dict[str, int | float]:
         return dataclasses.asdict(self)
@@ -225,6 +274,14 @@ class LineInfo(TypedDict):
     line_id: str
     text: str  # set by line.set, or by the line's latest take.start
     position: int  # 0, 1, ... in script order
+    character_id: str | None  # the cast member who says it (None: the scene's first)
+
+
+class CastInfo(TypedDict):
+    character_id: str
+    name: str
+    position: int  # 0, 1, ... in cast order; 0 says every line not given to another
+    voice: VoiceInfo | None  # None: the engine's default voice
 
 
 class SamplingInfo(TypedDict):
@@ -255,6 +312,10 @@ class TakeInfo(TypedDict):
     attempts: int
     audio_url: str
     created_ms: int  # Unix time in milliseconds
+    character_id: str | None  # the cast member it is a take of (None: no cast, the session's voice)
+    note: str  # the director's note ("" none)
+    rating: int  # 1..5, 0: not rated
+    guard_frames: int | None  # the length guard's cap on its frames (None: not guarded)
 
 
 @dataclass(frozen=True)
@@ -271,6 +332,8 @@ class SessionReady:
     takes: list[TakeInfo]  # every take, those of deleted lines too
     history: list[int]  # every kept take of the script, in script order
     hears: dict[str, int]  # line id -> how many of `history` (its first ones) a new take of the line hears
+    cast: list[CastInfo]  # the scene's characters, in cast order
+    name: str  # the scene's name ("" unnamed)
     protocol: int = PROTOCOL_VERSION
     ref: str | None = None
     type: Literal["session.ready"] = "session.ready"
@@ -303,6 +366,8 @@ class TakeQueued:
     audio_url: str  # the take's WAV export once it is done
     voice_id: int | None  # the voice the take speaks with (null: the engine's default)
     sampling: SamplingInfo  # what the take asked for, the seed included (picked here when not given)
+    character_id: str | None  # the cast member whose take it is (None: no cast)
+    guard_frames: int | None  # the length guard's cap on its frames (None: not guarded)
     ref: str | None = None
     type: Literal["take.queued"] = "take.queued"
 
@@ -370,8 +435,29 @@ class Pong:
     type: Literal["pong"] = "pong"
 
 
+@dataclass(frozen=True)
+class Cast:
+    """The cast after a cast.set or cast.delete (the reply to each)."""
+
+    characters: list[CastInfo]  # in cast order
+    ref: str | None = None
+    type: Literal["cast"] = "cast"
+
+
+@dataclass(frozen=True)
+class TakeNoted:
+    """A take's note and rating as stored (the reply to take.note)."""
+
+    take_id: int
+    note: str
+    rating: int
+    ref: str | None = None
+    type: Literal["take.noted"] = "take.noted"
+
+
 ServerMessage: TypeAlias = (
     SessionReady | VoiceReady | Script | TakeQueued | TakeStarted | TakeRetry | TakeDone | History | Error | Pong
+    | Cast | TakeNoted
 )
 
 

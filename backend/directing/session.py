@@ -1,4 +1,4 @@
-"""A directing session on one socket: the handlers of voice, lines, takes and keep/drop.
+"""A directing session on one socket: the handlers of voice, cast, lines, takes, keep/drop and notes.
 
 Design choices:
 - `Session` is the state of one socket (which session it holds, its queued or running take,
@@ -12,6 +12,9 @@ Design choices:
   reconnected through the balancer before that replica noticed, or that replica died a moment
   ago) is watched: the store is polled every `WATCH_S` and the take's `take.done` comes to this
   socket when it ends there, or when that replica is found dead (finished as heard).
+- The cast (backend/directing/cast.py) says who says each line and with which voice; a
+  take's note and rating are the director's, stored as given; the length guard
+  (backend/directing/length_guard.py) caps a take's frames by its line's length.
 - The script is the server's: line.set / line.delete / line.order each answer with the whole
   script (`script`). So is the directing history (backend/directing/script.py): one kept
   take per line, and a take of a line with history "kept" hears the kept takes of the lines
@@ -25,28 +28,27 @@ import dataclasses
 import secrets
 import time
 
-import numpy as np
-
 from backend.directing import protocol as p
+from backend.directing.cast import (
+    cast_info,
+    check_character,
+    delete_member,
+    encode_voice,
+    history_turns,
+    set_member,
+    take_voice,
+)
 from backend.directing.jobs import TakeJob, TakeOutcome
+from backend.directing.length_guard import guard_frames
 from backend.directing.live_take import LiveTake, sampling_info
 from backend.directing.loop import QueueFull
 from backend.directing.script import keep, kept_history
 from backend.state import ServerState
-from backend.store import StoredReference, StoredTake, StoredVoice, audio_url
+from backend.store import StoredTake, audio_url
 from backend.transport import Outbox
-from engine import Character, Drama3Engine, HistoryTurn, Prompt, Reference, RequestError, Sampling
+from engine import Drama3Engine, Prompt, Sampling
 
 WATCH_S = 0.5  # how often a take another replica runs is looked up in the store
-
-
-def engine_voice(voice: StoredVoice | None) -> list[Reference] | Character | None:
-    if voice is None:
-        return None
-    if voice.character is not None:
-        c = voice.character
-        return Character(name=c.name, description=c.description, scene=c.scene)
-    return [Reference(codes=r.codes, transcript=r.text) for r in voice.references]
 
 
 class Session:
@@ -92,7 +94,7 @@ class Session:
             frame_samples=engine.frame_samples, demo_weights=engine.demo_weights, limits=self.limits.to_json(),
             voice=None if voice is None else voice.info(), lines=lines,
             takes=[take.info() for take in store.takes(session_id)], history=kept.history, hears=kept.hears,
-            ref=message.ref))
+            cast=cast_info(store, session_id), name=store.scene_name(session_id), ref=message.ref))
         if elsewhere := store.takes_elsewhere(session_id):
             self.watcher = asyncio.get_running_loop().create_task(self.watch(session_id, set(elsewhere)))
 
@@ -147,6 +149,7 @@ class Session:
     # Handlers run in message order ---------------------------------------------
 
     async def set_voice(self, message: p.VoiceSet) -> None:
+        """The session's voice: the voice of a scene without a cast."""
         session_id = self.require_open()
         references = [(clip.audio, clip.text) for clip in message.references]
         character = message.character
@@ -157,30 +160,30 @@ class Session:
                 raise p.ProtocolError("bad_field", f"saved_voice: unknown voice {message.saved_voice!r}; the saved "
                                                    f"voices are {names}")
             references, character = saved.clips, saved.character
-
-        def encode(engine: Drama3Engine) -> list[np.ndarray]:
-            """Encode the clips and check the voice the way a take will use it."""
-            codes = []
-            for index, (audio, _text) in enumerate(references):
-                try:
-                    codes.append(engine.encode_reference(audio))
-                except RequestError as error:
-                    raise RequestError(f"references.{index}: {error}") from None
-            voice: list[Reference] | Character | None = (
-                Character(character.name, character.description, character.scene) if character
-                else [Reference(codes=c, transcript=t) for c, (_a, t) in zip(codes, references)] or None)
-            engine.prompt("Check.", voice, [], Sampling(max_new_tokens=1, seed=0))
-            return codes
-
-        try:
-            codes = await self.state.call(encode)
-        except QueueFull as error:
-            raise p.ProtocolError("busy", str(error), retry_after_ms=error.retry_after_ms) from None
-        except RequestError as error:
-            raise p.ProtocolError("bad_reference" if references else "bad_field", str(error)) from None
-        stored = self.state.store.set_voice(
-            session_id, [StoredReference(text, c) for (_a, text), c in zip(references, codes)], character)
+        stored = self.state.store.set_voice(session_id, await encode_voice(self.state, references, character),
+                                            character)
         self.outbox.message(p.VoiceReady(None if stored is None else stored.info(), message.ref))
+
+    # The cast and the notes ----------------------------------------------------
+
+    async def set_cast(self, message: p.CastSet) -> None:
+        session_id = self.require_open()
+        await set_member(self.state, session_id, message)
+        self.outbox.message(p.Cast(cast_info(self.state.store, session_id), message.ref))
+
+    def delete_cast(self, message: p.CastDelete) -> None:
+        session_id = self.require_open()
+        delete_member(self.state.store, session_id, message.character_id)
+        self.outbox.message(p.Cast(cast_info(self.state.store, session_id), message.ref))
+        self.outbox.message(self.script(session_id, None))  # its lines went back to the first character
+
+    def note(self, message: p.TakeNote) -> None:
+        session_id = self.require_open()
+        if self.state.store.take(session_id, message.take_id) is None:
+            raise p.ProtocolError("unknown_take", f"take {message.take_id} is not a take of this session",
+                                  take_id=message.take_id)
+        note, rating = self.state.store.set_note(message.take_id, message.note, message.rating)
+        self.outbox.message(p.TakeNoted(message.take_id, note, rating, message.ref))
 
     # The script -----------------------------------------------------------------
 
@@ -202,7 +205,11 @@ class Session:
         self.check_new_line(message.line_id, script)
         if message.after is not None and message.after not in script:
             raise p.ProtocolError("unknown_line", f"after: {message.after[:64]!r} is not a line of the script")
+        if message.cast:
+            check_character(store, session_id, message.character_id)
         store.set_line(session_id, message.line_id, message.text, after=message.after, place=message.place)
+        if message.cast:
+            store.set_line_character(session_id, message.line_id, message.character_id)
         self.outbox.message(self.script(session_id, message.ref))
 
     def delete_line(self, message: p.LineDelete) -> None:
@@ -261,12 +268,16 @@ class Session:
         sampling = message.sampling  # checked, with the engine's defaults, by parse
         if sampling.seed is None:  # the server picks the seed and stores it: every take can be reproduced
             sampling = dataclasses.replace(sampling, seed=secrets.randbelow(2**31))
-        voice = store.session_voice(session_id)
-        turns = [HistoryTurn(text=take.text, codes=codes)
-                 for take_id in history_ids
-                 if (take := store.take(session_id, take_id)) is not None
-                 and (codes := store.take_codes(take_id)) is not None]
-        text, engine_voice_value = message.text, engine_voice(voice)
+        capped: int | None = None  # the length guard's cap, when it is below the take's max_new_tokens
+        if message.length_guard:
+            engine = state.engine
+            cap = guard_frames(message.text, engine.sample_rate / engine.frame_samples, sampling.max_new_tokens)
+            if cap < sampling.max_new_tokens:
+                capped, sampling = cap, dataclasses.replace(sampling, max_new_tokens=cap)
+        member, voice, engine_voice_value = take_voice(store, session_id, message.line_id)
+        heard = [take for take_id in history_ids if (take := store.take(session_id, take_id)) is not None]
+        turns = history_turns(store, session_id, heard, engine_voice_value)
+        text = message.text
 
         def build_prompt(engine: Drama3Engine, attempt_sampling: Sampling) -> Prompt:
             return engine.prompt(text, engine_voice_value, turns, attempt_sampling, drop_oldest_history=True)
@@ -274,7 +285,8 @@ class Session:
         deadline_ms = message.deadline_ms or limits.default_deadline_ms
         received = time.monotonic()
         take = store.add_take(session_id, message.line_id, message.text, None if voice is None else voice.voice_id,
-                              sampling_info(sampling))
+                              sampling_info(sampling), character_id=None if member is None else member.character_id,
+                              guard_frames=capped)
         live = LiveTake(state, self, take, history_ids)
         loop = asyncio.get_running_loop()
         guard = state.settings.silence if state.settings.silence.retries > 0 else None
@@ -288,7 +300,7 @@ class Session:
         live.timer = loop.call_at(loop.time() + deadline_ms / 1000, live.expire)
         self.outbox.message(p.TakeQueued(take.take_id, take.line_id, position, deadline_ms,
                                          audio_url(session_id, take.take_id), take.voice_id, take.sampling,
-                                         message.ref))
+                                         take.character_id, take.guard_frames, message.ref))
 
     def keep(self, message: p.TakeKeep) -> None:
         """Keep the take: it replaces its line's kept take, if any (`unkept`)."""
@@ -323,6 +335,12 @@ class Session:
                 self.keep(message)
             case p.TakeDrop():
                 self.drop(message)
+            case p.CastSet():
+                await self.set_cast(message)
+            case p.CastDelete():
+                self.delete_cast(message)
+            case p.TakeNote():
+                self.note(message)
             case _:
                 raise AssertionError(f"{message.type} is handled on arrival")
 

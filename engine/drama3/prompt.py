@@ -10,13 +10,14 @@ described-character and directing-history layouts of the Drama 3 Space):
       stock:      convert the provided text to speech
       references: convert the provided text to speech reference to the following:
                   \\n\\n[Reference i]\\nText: <|speaker:0|> transcript\\nSpeech: <codes>   (each)
-      character:  [Scene: scene\\n]Characters:\\n- name: description\\n<scene instruction>
+      character:  [Scene: scene\\n]Characters:\\n- name: description (each of the cast)\\n<scene instruction>
     <|im_end|>\\n
     history, oldest first (each):
       <|im_start|>user\\n  turn text  <|im_end|>\\n  <|im_start|>assistant\\n<|voice|>  <codes>  <|im_end|>\\n
     <|im_start|>user\\n  text  <|im_end|>\\n  <|im_start|>assistant\\n<|voice|>
 
-Turn text is `<|speaker:0|> text` (stock and references) or `name: text` (character).
+Turn text is `<|speaker:0|> text` (stock and references) or `name: text` (character: the
+turn's own speaker's name, else the take's).
 
 Design choices:
 - Every literal is tokenised on its own: tokenising the joined string changes ids at
@@ -29,6 +30,11 @@ Design choices:
   fields, the row limit), whoever the caller is (the CLI, the studio, the HTTP API).
 - History turns are tokenised separately, so dropping the oldest turns to fit the row
   limit costs no re-tokenising.
+- A scene with several described characters is one layout: the system lists the whole cast
+  (`Character.cast`, the same list for every character's take, so their prompts share that
+  prefix), each history turn is `speaker: text` with its own speaker, and the line is the
+  take's character's. That is the Drama 3 Space's scene layout; the reference layout has one
+  speaker (speaker 0, as sglang-omni allows), so there every turn is that speaker's.
 """
 
 from __future__ import annotations
@@ -68,11 +74,13 @@ class Reference:
 
 @dataclass(frozen=True)
 class Character:
-    """A described character (instead of references): single-line fields."""
+    """A described character (instead of references): single-line fields. `cast`: every described
+    character of the scene, this one included, in the scene's order (empty: this one alone)."""
 
     name: str
     description: str
     scene: str | None = None
+    cast: tuple[Character, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,7 @@ class HistoryTurn:
 
     text: str
     codes: Codes
+    speaker: str | None = None  # a described character's name: who said it (None: the take's character)
 
 
 @dataclass(frozen=True)
@@ -97,15 +106,15 @@ Voice = list[Reference] | Character | None
 # ─── Layout ───────────────────────────────────────────────────────────────────
 
 
-def turn_text(text: str, character: Character | None) -> str:
-    return f"{character.name}: {text}" if character is not None else with_speaker_tag(text)
+def turn_text(text: str, character: Character | None, speaker: str | None = None) -> str:
+    return f"{speaker or character.name}: {text}" if character is not None else with_speaker_tag(text)
 
 
 def system_segments(voice: Voice) -> list[Segment]:
     segments: list[Segment] = [SYSTEM_START]
     if isinstance(voice, Character):
         lines = [f"Scene: {voice.scene}"] if voice.scene else []
-        lines += ["Characters:", f"- {voice.name}: {voice.description}", SCENE_INSTRUCTION]
+        lines += ["Characters:", *(f"- {c.name}: {c.description}" for c in voice.cast or (voice,)), SCENE_INSTRUCTION]
         segments.append("\n".join(lines))
     else:
         segments.append(REFERENCE_INSTRUCTION if voice else TTS_INSTRUCTION)
@@ -117,7 +126,8 @@ def system_segments(voice: Voice) -> list[Segment]:
 
 
 def history_segments(turn: HistoryTurn, character: Character | None) -> list[Segment]:
-    return [USER_START, turn_text(turn.text, character), MESSAGE_END, GENERATION_START, turn.codes, MESSAGE_END]
+    return [USER_START, turn_text(turn.text, character, turn.speaker), MESSAGE_END, GENERATION_START, turn.codes,
+            MESSAGE_END]
 
 
 def line_segments(text: str, character: Character | None) -> list[Segment]:
@@ -167,13 +177,21 @@ def checked_codes(codes: object, location: str, config: Drama3Config, *, empty: 
     return np.ascontiguousarray(codes, dtype=np.int64)
 
 
-def checked_character(character: Character) -> Character:
-    name = check_line(character.name, "character.name")
+def checked_name(name: object, location: str) -> str:
+    name = check_line(name, location)
     if ":" in name:
-        raise RequestError("character.name must not contain ':' (the script writes 'name: line'); remove it")
-    description = check_line(character.description, "character.description")
-    scene = None if character.scene is None else check_line(character.scene, "character.scene")
-    return Character(name=name, description=description, scene=scene)
+        raise RequestError(f"{location} must not contain ':' (the script writes 'name: line'); remove it")
+    return name
+
+
+def checked_character(character: Character, location: str = "character") -> Character:
+    name = checked_name(character.name, f"{location}.name")
+    description = check_line(character.description, f"{location}.description")
+    scene = None if character.scene is None else check_line(character.scene, f"{location}.scene")
+    cast = tuple(checked_character(c, f"{location}.cast.{i}") for i, c in enumerate(character.cast))
+    if cast and name not in [c.name for c in cast]:
+        raise RequestError(f"{location}.cast must hold the character itself ({name!r})")
+    return Character(name=name, description=description, scene=scene, cast=cast)
 
 
 def checked_voice(voice: object, config: Drama3Config) -> Voice:
@@ -200,7 +218,8 @@ def build_prompt(text: str, voice: object, history: list[HistoryTurn], sampling:
     if not all(isinstance(turn, HistoryTurn) for turn in history):
         raise RequestError("history must be a list of (text, codes) turns")
     history = [HistoryTurn(text=check_text(turn.text, f"history.{i}.text"),
-                           codes=checked_codes(turn.codes, f"history.{i}", config))
+                           codes=checked_codes(turn.codes, f"history.{i}", config),
+                           speaker=None if turn.speaker is None else checked_name(turn.speaker, f"history.{i}.speaker"))
                for i, turn in enumerate(history)]
     character = voice if isinstance(voice, Character) else None
     head = segment_rows(system_segments(voice), tokenizer, config)

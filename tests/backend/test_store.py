@@ -48,8 +48,8 @@ def test_takes_lines_and_codes_survive_reopening(database: Path | str) -> None:
     assert store.has_session(session) and not store.has_session("f" * 32)
     # Line text follows the latest take; a take of a new line puts it last.
     assert store.lines(session) == [
-        {"line_id": "line-a", "text": "Hello there!", "position": 0},
-        {"line_id": "line-b", "text": "Who is it?", "position": 1},
+        {"line_id": "line-a", "text": "Hello there!", "position": 0, "character_id": None},
+        {"line_id": "line-b", "text": "Who is it?", "position": 1, "character_id": None},
     ]
     done = store.take(session, first.take_id)
     assert done is not None and done.usable and done.kept
@@ -130,11 +130,11 @@ def test_the_script_survives_reopening(database: Path | str) -> None:
 
     store = Store(database)
     assert store.lines(session) == [
-        {"line_id": "a", "text": "First.", "position": 0},
-        {"line_id": "b", "text": "Second, edited.", "position": 1},
-        {"line_id": "c", "text": "Third.", "position": 2},
-        {"line_id": "d", "text": "", "position": 3},
-        {"line_id": "e", "text": "Fifth.", "position": 4},
+        {"line_id": "a", "text": "First.", "position": 0, "character_id": None},
+        {"line_id": "b", "text": "Second, edited.", "position": 1, "character_id": None},
+        {"line_id": "c", "text": "Third.", "position": 2, "character_id": None},
+        {"line_id": "d", "text": "", "position": 3, "character_id": None},
+        {"line_id": "e", "text": "Fifth.", "position": 4, "character_id": None},
     ]
     store.set_order(session, ["e", "d", "c", "b", "a"])
     store.set_line(session, "a", "First.", after="e", place=True)
@@ -165,9 +165,9 @@ def test_a_database_from_before_the_script_opens_with_its_data(tmp_path: Path) -
     assert store.interrupted == 2  # l3's and the other session's take were left queued
     # The lines keep their order (first use) and text (latest take's); takes, codes, keeps and voices stay.
     assert store.lines(scene) == [
-        {"line_id": "l1", "text": "The lamp is out!", "position": 0},
-        {"line_id": "l2", "text": "Then light it.", "position": 1},
-        {"line_id": "l3", "text": "Who is there?", "position": 2},
+        {"line_id": "l1", "text": "The lamp is out!", "position": 0, "character_id": None},
+        {"line_id": "l2", "text": "Then light it.", "position": 1, "character_id": None},
+        {"line_id": "l3", "text": "Who is there?", "position": 2, "character_id": None},
     ]
     takes = store.takes(scene)
     assert [(t.take_id, t.line_id, t.kept, t.finish_reason, t.frames) for t in takes] == [

@@ -22,7 +22,7 @@ from backend.directing.jobs import SilenceGuard
 from backend.directing.loop import EngineLoop
 from backend.tools.client import Director
 
-LONG = {"sampling": {"seed": 11}}
+LONG = {"sampling": {"seed": 11}, "length_guard": False}  # runs to max_new_tokens (the demo weights never stop)
 
 
 def http_status(url: str, headers: dict[str, str] | None = None, data: bytes | None = None) -> int:
@@ -235,7 +235,7 @@ def test_a_client_that_does_not_read_gets_its_take_stopped(make_server: Any, tmp
         await client.send(json.dumps({"type": "session.open"}))
         await client.recv()
         await client.send(json.dumps({"type": "take.start", "line_id": "a", "text": "A long speech that goes on.",
-                                      "sampling": {"seed": 11}}))
+                                      "sampling": {"seed": 11}, "length_guard": False}))
         # Without reading the socket, watch the take in the server's SQLite file until it ends.
         database = sqlite3.connect(tmp_path / "retake.sqlite3")
         for _ in range(1200):

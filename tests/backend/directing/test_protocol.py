@@ -47,6 +47,7 @@ def test_client_fixture_parses_to_its_fields(sample: dict[str, typing.Any]) -> N
         # The client's fields over the engine's defaults (a missing seed stays None: the server picks it).
         assert dataclasses.asdict(message.sampling) == {**dataclasses.asdict(Sampling()), **raw.get("sampling", {})}
         assert message.deadline_ms == raw.get("deadline_ms")
+        assert message.length_guard == raw.get("length_guard", True)
     elif isinstance(message, p.VoiceSet):
         assert [(base64.b64encode(clip.audio).decode(), clip.text) for clip in message.references] == [
             (clip["audio"], clip["text"]) for clip in raw.get("references", [])
@@ -57,6 +58,21 @@ def test_client_fixture_parses_to_its_fields(sample: dict[str, typing.Any]) -> N
     elif isinstance(message, p.LineSet):
         assert (message.line_id, message.text) == (raw["line_id"], raw["text"])
         assert (message.place, message.after) == ("after" in raw, raw.get("after"))
+        assert (message.cast, message.character_id) == ("character_id" in raw, raw.get("character_id"))
+    elif isinstance(message, p.CastSet):
+        assert (message.character_id, message.name) == (raw["character_id"], raw["name"])
+        voice = raw.get("voice")
+        if voice is None:
+            assert message.voice is None
+        else:
+            assert message.voice is not None
+            assert [(base64.b64encode(clip.audio).decode(), clip.text) for clip in message.voice.references] == [
+                (clip["audio"], clip["text"]) for clip in voice.get("references", [])]
+            assert (message.voice.description, message.voice.scene) == (voice.get("description"), voice.get("scene"))
+    elif isinstance(message, p.CastDelete):
+        assert message.character_id == raw["character_id"]
+    elif isinstance(message, p.TakeNote):
+        assert (message.take_id, message.note, message.rating) == (raw["take_id"], raw.get("note"), raw.get("rating"))
     elif isinstance(message, p.LineDelete):
         assert message.line_id == raw["line_id"]
     elif isinstance(message, p.LineOrder):

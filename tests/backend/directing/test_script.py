@@ -38,9 +38,9 @@ async def write_script(director: Director) -> None:
     assert script["lines"] == SCRIPT and script["history"] == []
 
 
-SCRIPT = [{"line_id": "a", "text": "The lamp is out.", "position": 0},
-          {"line_id": "draft", "text": "", "position": 1},
-          {"line_id": "b", "text": "Then light it!", "position": 2}]
+SCRIPT = [{"line_id": "a", "text": "The lamp is out.", "position": 0, "character_id": None},
+          {"line_id": "draft", "text": "", "position": 1, "character_id": None},
+          {"line_id": "b", "text": "Then light it!", "position": 2, "character_id": None}]
 
 
 def test_lines_without_takes_survive_a_reconnect_and_a_restart(make_server: Any, tmp_path: Any) -> None:

@@ -92,8 +92,8 @@ def check_resumed(ready: dict[str, Any], session_id: str, scene: dict[str, Any])
     first, second = scene["takes"]
     assert ready["session_id"] == session_id and ready["resumed"] is True
     assert ready["voice"]["character"] == {"name": "Mara", "description": "a tired keeper", "scene": None}
-    assert ready["lines"] == [{"line_id": "l1", "text": "The lamp is out.", "position": 0},
-                              {"line_id": "l2", "text": "Then light it.", "position": 1}]
+    assert ready["lines"] == [{"line_id": "l1", "text": "The lamp is out.", "position": 0, "character_id": None},
+                              {"line_id": "l2", "text": "Then light it.", "position": 1, "character_id": None}]
     takes = ready["takes"]
     assert [t["take_id"] for t in takes] == [first.take_id, second.take_id]
     assert [t["kept"] for t in takes] == [True, False]

@@ -3,6 +3,8 @@ and against sglang-omni 0.1.9's own builder for the layouts it has (stock, refer
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -129,6 +131,38 @@ def test_history_in_stock_and_character_layouts(tokenizer, config):
     want = expected(head, USER, byte_ids("Bo: Two."), END, ASSISTANT, code_rows(second), END,
                     USER, byte_ids("Bo: Three."), END, ASSISTANT)
     assert torch.equal(rows, want)
+
+
+def test_a_scene_of_described_characters(tokenizer, config):
+    """The whole cast in the system (the same for each character's take), each turn said by its
+    own speaker, the line by the take's character."""
+    ada, bo = Character("Ada", "a tired detective", "A rainy office."), Character("Bo", "a sailor")
+    cast = (ada, bo)
+    first, second = codes_of(4, 2), codes_of(1, 3)
+    history = [HistoryTurn("Who are you?", first, speaker="Ada"), HistoryTurn("A friend.", second, speaker="Bo")]
+    rows = rows_of("Prove it.", Character("Ada", ada.description, ada.scene, cast), history, tokenizer, config)
+    instruction = [*byte_ids("Voice every line of the script in order, with "), AUDIO_SEPARATOR,
+                   *byte_ids(" between consecutive lines.")]
+    system = expected(SYSTEM, [*byte_ids("Scene: A rainy office.\nCharacters:\n- Ada: a tired detective\n"
+                                         "- Bo: a sailor\n"), *instruction], END)
+    want = expected(system, USER, byte_ids("Ada: Who are you?"), END, ASSISTANT, code_rows(first), END,
+                    USER, byte_ids("Bo: A friend."), END, ASSISTANT, code_rows(second), END,
+                    USER, byte_ids("Ada: Prove it."), END, ASSISTANT)
+    assert torch.equal(rows, want)
+    # Bo's take of the next line starts with the same rows up to its own line.
+    bo_rows = rows_of("Gladly.", Character("Bo", bo.description, ada.scene, cast), history, tokenizer, config)
+    shared = len(want) - len(expected(USER, byte_ids("Ada: Prove it."), END, ASSISTANT))
+    assert torch.equal(bo_rows[:shared], want[:shared])
+    assert torch.equal(bo_rows[shared:], expected(USER, byte_ids("Bo: Gladly."), END, ASSISTANT))
+
+
+    for voice, turns, says in [
+        (Character("Ada", "x", None, (bo,)), [], "character.cast must hold the character itself ('Ada')"),
+        (Character("Ada", "x", None, (ada, Character("C:3", "y"))), [], "character.cast.1.name must not contain ':'"),
+        (ada, [HistoryTurn("Hi.", first, speaker="")], "history.0.speaker must be a non-empty string"),
+    ]:
+        with pytest.raises(RequestError, match=re.escape(says)):
+            rows_of("Go.", voice, turns, tokenizer, config)
 
 
 def test_every_literal_is_tokenised_on_its_own(tokenizer, config):
