@@ -45,19 +45,27 @@ export type ClientMessage =
   | { type: "session.open"; session_id?: string; ref?: string }
   /** `saved_voice`: a voice saved with POST /v1/audio/voices, by name or id (alone). */
   | { type: "voice.set"; references?: ReferenceClip[]; character?: CharacterSpec; saved_voice?: string; ref?: string }
-  /** Create or edit a line; `after` moves it after that line (null: to the top). */
-  | { type: "line.set"; line_id: string; text: string; after?: string | null; ref?: string }
+  /** Create or edit a line; `after` moves it after that line (null: to the top); `character_id` gives it to
+   * a cast member (null: the scene's first). */
+  | { type: "line.set"; line_id: string; text: string; after?: string | null; character_id?: string | null; ref?: string }
   | { type: "line.delete"; line_id: string; ref?: string }
   /** Every line of the script, once, top first. */
   | { type: "line.order"; line_ids: string[]; ref?: string }
   | {
       type: "take.start"; line_id: string; text: string; sampling?: SamplingSpec;
-      history?: "kept" | number[]; deadline_ms?: number; ref?: string;
+      history?: "kept" | number[]; deadline_ms?: number; length_guard?: boolean; ref?: string;
     }
   | { type: "take.cancel"; take_id: number; ref?: string }
   | { type: "take.keep"; take_id: number; ref?: string }
   | { type: "take.drop"; take_id: number; ref?: string }
+  /** The director's note and/or rating of a take ("" and 0 clear them; a field left out stays). */
+  | { type: "take.note"; take_id: number; note?: string; rating?: number; ref?: string }
+  /** Add or rename a cast member; with `voice`, give it clips, a description, or ({}) the default voice. */
+  | { type: "cast.set"; character_id: string; name: string; voice?: CastVoiceSpec; ref?: string }
+  | { type: "cast.delete"; character_id: string; ref?: string }
   | { type: "ping"; t?: number; ref?: string };
+
+export type CastVoiceSpec = { references: ReferenceClip[] } | { description: string; scene?: string } | Record<string, never>;
 
 /** The JSON text frame of a client message; optional fields left undefined are not sent. */
 export function encodeClient(message: ClientMessage): string {
@@ -66,7 +74,7 @@ export function encodeClient(message: ClientMessage): string {
 
 /** take.start with only the fields that differ from the server's defaults. */
 export function takeStart(lineId: string, text: string, options: {
-  sampling?: SamplingSpec; history?: "kept" | number[]; deadlineMs?: number; ref?: string;
+  sampling?: SamplingSpec; history?: "kept" | number[]; deadlineMs?: number; lengthGuard?: boolean; ref?: string;
 } = {}): ClientMessage {
   const sampling = Object.fromEntries(
     Object.entries(options.sampling ?? {}).filter(([, v]) => v !== undefined && Number.isFinite(v)));
@@ -75,6 +83,7 @@ export function takeStart(lineId: string, text: string, options: {
     ...(Object.keys(sampling).length > 0 ? { sampling } : {}),
     ...(options.history !== undefined && options.history !== "kept" ? { history: options.history } : {}),
     ...(options.deadlineMs !== undefined ? { deadline_ms: options.deadlineMs } : {}),
+    ...(options.lengthGuard === false ? { length_guard: false } : {}),
     ...(options.ref !== undefined ? { ref: options.ref } : {}),
   };
 }
@@ -87,7 +96,7 @@ export type ErrorCode =
   | "bad_json" | "unknown_type" | "bad_field" | "binary_not_supported" | "message_too_big"
   | "session_not_open" | "session_already_open" | "unknown_session" | "session_taken_over"
   | "too_many_sessions" | "unknown_take" | "unknown_line" | "too_many_lines" | "take_not_finished" | "take_not_usable"
-  | "too_many_takes" | "busy" | "draining" | "bad_reference" | "internal";
+  | "too_many_takes" | "busy" | "draining" | "bad_reference" | "internal" | "unknown_character" | "too_many_characters";
 
 /** prompt_rows, prompt_ms, prefill_ms, first_audio_ms, frames, decode_frames_per_s, total_ms, queue_ms, ... */
 export type Timings = Record<string, number | null>;
@@ -103,6 +112,17 @@ export interface LineInfo {
   text: string;
   /** 0, 1, … in script order. */
   position: number;
+  /** The cast member who says it; null: the scene's first. */
+  character_id: string | null;
+}
+
+export interface CastInfo {
+  character_id: string;
+  name: string;
+  /** 0, 1, … in cast order; 0 says every line not given to another. */
+  position: number;
+  /** null: the engine's default voice. */
+  voice: VoiceInfo | null;
 }
 
 export interface SamplingInfo {
@@ -130,6 +150,12 @@ export interface TakeInfo {
   attempts: number;
   audio_url: string;
   created_ms: number;
+  character_id: string | null;
+  note: string;
+  /** 1..5; 0: not rated. */
+  rating: number;
+  /** The length guard's cap on its frames; null: it did not bind. */
+  guard_frames: number | null;
 }
 
 export interface SessionReady {
@@ -147,6 +173,9 @@ export interface SessionReady {
   history: number[];
   /** Line id -> how many of `history` (its first ones) a new take of the line hears: the server's count. */
   hears: Record<string, number>;
+  cast: CastInfo[];
+  /** The scene's name ("" unnamed). */
+  name: string;
   protocol: number;
   ref: string | null;
 }
@@ -159,7 +188,8 @@ export type ServerMessage =
   | { type: "script"; lines: LineInfo[]; history: number[]; hears: Record<string, number>; ref: string | null }
   | {
       type: "take.queued"; take_id: number; line_id: string; position: number; deadline_ms: number; audio_url: string;
-      voice_id: number | null; sampling: SamplingInfo; ref: string | null;
+      voice_id: number | null; sampling: SamplingInfo; character_id: string | null; guard_frames: number | null;
+      ref: string | null;
     }
   | { type: "take.started"; take_id: number; attempt: number; sampling: SamplingInfo }
   | { type: "take.retry"; take_id: number; attempt: number; reason: string; message: string }
@@ -174,6 +204,8 @@ export type ServerMessage =
       hears: Record<string, number> | null; unkept: number[];
     }
   | { type: "error"; code: ErrorCode; message: string; take_id: number | null; ref: string | null; retry_after_ms: number | null }
+  | { type: "cast"; characters: CastInfo[]; ref: string | null }
+  | { type: "take.noted"; take_id: number; note: string; rating: number; ref: string | null }
   | { type: "pong"; t: number | null; ref: string | null };
 
 export type ServerMessageOf<T extends ServerMessage["type"]> = Extract<ServerMessage, { type: T }>;
@@ -189,9 +221,11 @@ const takeInfo = record<TakeInfo>({
   take_id: int, line_id: str, text: str, voice_id: nullable(int), sampling: samplingInfo,
   history: list(int), kept: bool, state: oneOf<TakeState>("queued", "running", "done"),
   finish_reason: nullable(finishReason), error: nullable(str), timings: numbers, frames: int, samples: int,
-  attempts: int, audio_url: str, created_ms: int,
+  attempts: int, audio_url: str, created_ms: int, character_id: nullable(str), note: str, rating: int,
+  guard_frames: nullable(int),
 });
-const lineInfo = record<LineInfo>({ line_id: str, text: str, position: int });
+const lineInfo = record<LineInfo>({ line_id: str, text: str, position: int, character_id: nullable(str) });
+const castInfo = record<CastInfo>({ character_id: str, name: str, position: int, voice: nullable(voiceInfo) });
 const counts: Check<Record<string, number>> = (v, p) => {
   const o = object(v, p);
   const out: Record<string, number> = {};
@@ -204,13 +238,13 @@ const decoders: { [T in ServerMessage["type"]]: Check<Omit<ServerMessageOf<T>, "
     session_id: str, resumed: bool, engine: str, sample_rate: int, frame_samples: int, demo_weights: bool,
     limits: numbers as Check<Record<string, number>>, voice: nullable(voiceInfo),
     lines: list(lineInfo), takes: list(takeInfo),
-    history: list(int), hears: counts, protocol: int, ref: nullable(str),
+    history: list(int), hears: counts, cast: list(castInfo), name: str, protocol: int, ref: nullable(str),
   }),
   "voice.ready": record({ voice: nullable(voiceInfo), ref: nullable(str) }),
   script: record({ lines: list(lineInfo), history: list(int), hears: counts, ref: nullable(str) }),
   "take.queued": record({
     take_id: int, line_id: str, position: int, deadline_ms: int, audio_url: str, voice_id: nullable(int),
-    sampling: samplingInfo, ref: nullable(str),
+    sampling: samplingInfo, character_id: nullable(str), guard_frames: nullable(int), ref: nullable(str),
   }),
   "take.started": record({ take_id: int, attempt: int, sampling: samplingInfo }),
   "take.retry": record({ take_id: int, attempt: int, reason: str, message: str }),
@@ -226,6 +260,8 @@ const decoders: { [T in ServerMessage["type"]]: Check<Omit<ServerMessageOf<T>, "
     retry_after_ms: nullable(int),
   }),
   pong: record({ t: nullable(num), ref: nullable(str) }),
+  cast: record({ characters: list(castInfo), ref: nullable(str) }),
+  "take.noted": record({ take_id: int, note: str, rating: int, ref: nullable(str) }),
 };
 
 /** A server text frame as a checked message; ProtocolDecodeError names what is wrong. */

@@ -21,11 +21,14 @@ import type { ClientMessage, LineInfo } from "./protocol";
 export interface Line {
   id: string;
   text: string;
+  /** The cast member who says it; null: the scene's first. */
+  characterId: string | null;
 }
 
 export type ScriptEdit =
-  /** `after`: undefined = a new line goes last and a known one stays; null = top; else after that line. */
-  | { kind: "set"; lineId: string; text: string; after?: string | null }
+  /** `after`: undefined = a new line goes last and a known one stays; null = top; else after that line.
+   * `characterId`: undefined = the line's character stays (a new line: the scene's first). */
+  | { kind: "set"; lineId: string; text: string; after?: string | null; characterId?: string | null }
   | { kind: "delete"; lineId: string }
   | { kind: "order"; lineIds: string[] };
 
@@ -46,8 +49,9 @@ export function newLineId(): string {
 export function applyEdit(lines: readonly Line[], edit: ScriptEdit): Line[] {
   switch (edit.kind) {
     case "set": {
-      const line = { id: edit.lineId, text: edit.text };
       const at = lines.findIndex((l) => l.id === edit.lineId);
+      const characterId = edit.characterId !== undefined ? edit.characterId : lines[at]?.characterId ?? null;
+      const line = { id: edit.lineId, text: edit.text, characterId };
       if (edit.after === undefined && at >= 0) return lines.map((l, k) => (k === at ? line : l));
       const rest = lines.filter((l) => l.id !== edit.lineId);
       const after = edit.after === undefined || edit.after === null ? -1 : rest.findIndex((l) => l.id === edit.after);
@@ -107,6 +111,13 @@ export class Script {
     }
   }
 
+  /** Give a line to a cast member (null: the scene's first). */
+  setCharacter(id: string, characterId: string | null): void {
+    const line = this.line(id);
+    if (line === undefined || line.characterId === characterId) return;
+    this.edit({ kind: "set", lineId: id, text: line.text, characterId });
+  }
+
   /** Move a line up (-1) or down (+1); false at either end. */
   move(id: string, delta: -1 | 1): boolean {
     const ids = this.lines.map((l) => l.id);
@@ -124,9 +135,9 @@ export class Script {
   }
 
   /** Bring back a deleted line (same id, so the server returns its takes) after `after` (null: first). */
-  restore(id: string, text: string, after: string | null): void {
+  restore(id: string, text: string, after: string | null, characterId: string | null = null): void {
     const known = after === null || this.line(after) !== undefined;
-    this.edit({ kind: "set", lineId: id, text, after: known ? after : undefined });
+    this.edit({ kind: "set", lineId: id, text, after: known ? after : undefined, characterId });
   }
 
   // ─── the wire ──────────────────────────────────────────────────────────────
@@ -160,7 +171,10 @@ export class Script {
     switch (edit.kind) {
       case "set": {
         const placed = edit.after === null || (edit.after !== undefined && has(edit.after));
-        return { type: "line.set", line_id: edit.lineId, text: edit.text, ...(placed ? { after: edit.after } : {}) };
+        return {
+          type: "line.set", line_id: edit.lineId, text: edit.text, ...(placed ? { after: edit.after } : {}),
+          ...(edit.characterId !== undefined ? { character_id: edit.characterId } : {}),
+        };
       }
       case "delete":
         return has(edit.lineId) ? { type: "line.delete", line_id: edit.lineId } : null;
@@ -213,5 +227,6 @@ export class Script {
 }
 
 function fromInfo(lines: readonly LineInfo[]): Line[] {
-  return [...lines].sort((a, b) => a.position - b.position).map((l) => ({ id: l.line_id, text: l.text }));
+  return [...lines].sort((a, b) => a.position - b.position)
+    .map((l) => ({ id: l.line_id, text: l.text, characterId: l.character_id }));
 }

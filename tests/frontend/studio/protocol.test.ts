@@ -23,8 +23,8 @@ describe("server messages", () => {
   it("covers every server message type", () => {
     const types = new Set(serverMessages.map((f) => f.message["type"]));
     expect([...types].sort()).toEqual([
-      "error", "history", "pong", "script", "session.ready", "take.done", "take.queued", "take.retry", "take.started",
-      "voice.ready",
+      "cast", "error", "history", "pong", "script", "session.ready", "take.done", "take.noted", "take.queued",
+      "take.retry", "take.started", "voice.ready",
     ]);
   });
 

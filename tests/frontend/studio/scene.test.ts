@@ -11,7 +11,7 @@ const sampling = { temperature: 0.8, top_p: 0.9, top_k: 30, max_new_tokens: 200,
 function queued(scene: Scene, takeId: number, lineId: string): void {
   scene.takeQueued({
     type: "take.queued", take_id: takeId, line_id: lineId, position: 0, deadline_ms: 1000, audio_url: url(takeId),
-    voice_id: 2, sampling, ref: null,
+    voice_id: 2, sampling, character_id: null, guard_frames: null, ref: null,
   }, "x", 0);
 }
 
@@ -140,7 +140,7 @@ describe("Scene", () => {
       heard: { "17": 250.5 },
     });
     expect(scene.lines).toEqual([
-      { id: "draft", text: "not sent yet" }, { id: "line-2", text: "Not taken yet." }, { id: "line-1", text: "Places, everyone!" },
+      { id: "draft", text: "not sent yet", characterId: null }, { id: "line-2", text: "Not taken yet.", characterId: null }, { id: "line-1", text: "Places, everyone!", characterId: null },
     ]);
     expect(scene.selectedLineId).toBe("line-1");
     expect(scene.takesOf("line-1").map((t) => [t.id, t.kept, t.phase])).toEqual([[17, true, "done"], [18, false, "running"]]);
@@ -151,7 +151,7 @@ describe("Scene", () => {
 
     const fresh = new Scene(); // another browser: nothing stored, the server's script as it is
     fresh.applyReady(resumed, null);
-    expect(fresh.lines).toEqual([{ id: "line-2", text: "Not taken yet." }, { id: "line-1", text: "Places, everyone." }]);
+    expect(fresh.lines).toEqual([{ id: "line-2", text: "Not taken yet.", characterId: null }, { id: "line-1", text: "Places, everyone.", characterId: null }]);
     expect(fresh.selectedLineId).toBe("line-2");
     expect(fresh.historyFor("line-2")).toEqual([]);
   });
@@ -161,7 +161,7 @@ describe("Scene", () => {
     scene.applyReady(resumed, null);
     scene.selectedLineId = "line-1";
     const script = (lines: string[], history: number[], hears: Record<string, number>) => scene.scriptReply({
-      type: "script", lines: lines.map((id, position) => ({ line_id: id, text: id, position })), history, hears,
+      type: "script", lines: lines.map((id, position) => ({ line_id: id, text: id, position, character_id: null })), history, hears,
       ref: null,
     });
     script(["line-1", "line-2"], [17], { "line-1": 0, "line-2": 1 });
@@ -179,7 +179,7 @@ describe("Scene", () => {
 
   it("reads what an older studio stored (the whole script) as edits to send", () => {
     const stored = readStoredScene({
-      lines: [{ id: "draft", text: "typed here only" }, { id: "line-1", text: "Places, everyone!" }],
+      lines: [{ id: "draft", text: "typed here only", characterId: null }, { id: "line-1", text: "Places, everyone!", characterId: null }],
       selectedLineId: "draft", heard: { "17": 99 }, deleted: ["old"],
     });
     expect(stored).toEqual({

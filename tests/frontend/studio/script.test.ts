@@ -34,7 +34,7 @@ class Server {
   }
 
   info(): LineInfo[] {
-    return this.lines.map((id, position) => ({ line_id: id, text: this.texts.get(id)!, position }));
+    return this.lines.map((id, position) => ({ line_id: id, text: this.texts.get(id)!, position, character_id: null }));
   }
 }
 
@@ -55,17 +55,21 @@ function roundTrip(script: Script, server: Server): string[] {
 }
 
 describe("applyEdit", () => {
-  const lines = [{ id: "a", text: "A" }, { id: "b", text: "B" }, { id: "c", text: "C" }];
+  const lines = [{ id: "a", text: "A", characterId: null }, { id: "b", text: "B", characterId: "bo" },
+    { id: "c", text: "C", characterId: null }];
   it.each<[string, ScriptEdit, string[]]>([
-    ["a text edit leaves the line in place", { kind: "set", lineId: "b", text: "b!" }, ["a:A", "b:b!", "c:C"]],
-    ["a new line goes last", { kind: "set", lineId: "d", text: "" }, ["a:A", "b:B", "c:C", "d:"]],
-    ["after: null puts it first", { kind: "set", lineId: "c", text: "C", after: null }, ["c:C", "a:A", "b:B"]],
-    ["after another line", { kind: "set", lineId: "a", text: "A", after: "b" }, ["b:B", "a:A", "c:C"]],
-    ["an unknown after means last", { kind: "set", lineId: "d", text: "D", after: "zz" }, ["a:A", "b:B", "c:C", "d:D"]],
+    ["a text edit leaves the line in place", { kind: "set", lineId: "b", text: "b!" }, ["a:A", "b:b!@bo", "c:C"]],
+    ["a new line goes last", { kind: "set", lineId: "d", text: "" }, ["a:A", "b:B@bo", "c:C", "d:"]],
+    ["after: null puts it first", { kind: "set", lineId: "c", text: "C", after: null }, ["c:C", "a:A", "b:B@bo"]],
+    ["after another line", { kind: "set", lineId: "a", text: "A", after: "b" }, ["b:B@bo", "a:A", "c:C"]],
+    ["an unknown after means last", { kind: "set", lineId: "d", text: "D", after: "zz" }, ["a:A", "b:B@bo", "c:C", "d:D"]],
     ["delete", { kind: "delete", lineId: "b" }, ["a:A", "c:C"]],
-    ["order, lines it did not list after", { kind: "order", lineIds: ["c", "zz", "a"] }, ["c:C", "a:A", "b:B"]],
+    ["order, lines it did not list after", { kind: "order", lineIds: ["c", "zz", "a"] }, ["c:C", "a:A", "b:B@bo"]],
+    ["a character for a line", { kind: "set", lineId: "c", text: "C", characterId: "bo" }, ["a:A", "b:B@bo", "c:C@bo"]],
+    ["back to the first character", { kind: "set", lineId: "b", text: "B", characterId: null }, ["a:A", "b:B", "c:C"]],
   ])("%s", (_name, edit, expected) => {
-    expect(applyEdit(lines, edit).map((l) => `${l.id}:${l.text}`)).toEqual(expected);
+    expect(applyEdit(lines, edit).map((l) => `${l.id}:${l.text}${l.characterId === null ? "" : `@${l.characterId}`}`))
+      .toEqual(expected);
     expect(lines.map((l) => l.id)).toEqual(["a", "b", "c"]); // never changed in place
   });
 });
@@ -167,11 +171,11 @@ describe("Script", () => {
 
   it("adopts a stored draft and can rebase onto a new session", () => {
     const script = new Script();
-    script.resync([{ line_id: "a", text: "A", position: 0 }], [{ kind: "set", lineId: "b", text: "B", after: null }]);
+    script.resync([{ line_id: "a", text: "A", position: 0, character_id: null }], [{ kind: "set", lineId: "b", text: "B", after: null }]);
     expect(shown(script)).toEqual(["b:B", "a:A"]);
     script.rebase();
     const server = new Server();
     expect(roundTrip(script, server)).toEqual([]);
-    expect(server.info()).toEqual([{ line_id: "b", text: "B", position: 0 }, { line_id: "a", text: "A", position: 1 }]);
+    expect(server.info()).toEqual([{ line_id: "b", text: "B", position: 0, character_id: null }, { line_id: "a", text: "A", position: 1, character_id: null }]);
   });
 });

@@ -28,17 +28,17 @@ describe("undo", () => {
   it("brings a deleted line back in its place, with its id, so the server returns its takes", () => {
     const script = new Script();
     script.resync([
-      { line_id: "a", text: "One.", position: 0 }, { line_id: "b", text: "Two.", position: 1 },
-      { line_id: "c", text: "Three.", position: 2 },
+      { line_id: "a", text: "One.", position: 0, character_id: null }, { line_id: "b", text: "Two.", position: 1, character_id: null },
+      { line_id: "c", text: "Three.", position: 2, character_id: null },
     ]);
     script.delete("b");
     let sent: ClientMessage[] = script.send(() => "r1");
     expect(sent).toEqual([{ type: "line.delete", line_id: "b", ref: "r1" }]);
-    script.confirm([{ line_id: "a", text: "One.", position: 0 }, { line_id: "c", text: "Three.", position: 1 }], "r1");
+    script.confirm([{ line_id: "a", text: "One.", position: 0, character_id: null }, { line_id: "c", text: "Three.", position: 1, character_id: null }], "r1");
     script.restore("b", "Two.", "a");
     expect(script.lines.map((l) => l.id)).toEqual(["a", "b", "c"]);
     sent = script.send(() => "r2");
-    expect(sent).toEqual([{ type: "line.set", line_id: "b", text: "Two.", after: "a", ref: "r2" }]);
+    expect(sent).toEqual([{ type: "line.set", line_id: "b", text: "Two.", after: "a", character_id: null, ref: "r2" }]);
     script.restore("z", "Gone first.", null);
     expect(script.lines.map((l) => l.id)).toEqual(["z", "a", "b", "c"]);
   });
