@@ -51,6 +51,7 @@ class Metrics:
         self.draining: Callable[[], bool] = lambda: False  # SIGTERM came: no new takes (backend/draining.py)
         self.takes: dict[str, int] = dict.fromkeys(FINISH_REASONS, 0)
         self.retries = 0
+        self.exports = {"kept": 0, "vocoded": 0}  # take exports served from kept audio, or vocoded on the engine
         self.first_audio = Histogram(
             "retake_first_audio_seconds", "Time from take.start to the first audio window on the engine.",
             (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0))
@@ -79,6 +80,9 @@ class Metrics:
                   "# HELP retake_conversations Live conversations on /converse.", "# TYPE retake_conversations gauge",
                   f"retake_conversations {self.conversations()}",
                   "# HELP retake_draining 1 while the replica drains (SIGTERM): no new takes, sockets move away.",
-                  "# TYPE retake_draining gauge", f"retake_draining {int(self.draining())}"]
+                  "# TYPE retake_draining gauge", f"retake_draining {int(self.draining())}",
+                  "# HELP retake_take_exports_total Take exports, by where the audio came from (kept when the take "
+                  "ended, or vocoded again on the engine).", "# TYPE retake_take_exports_total counter"]
+        lines += [f'retake_take_exports_total{{audio="{source}"}} {count}' for source, count in self.exports.items()]
         lines += self.first_audio.lines() + self.decode_fps.lines()
         return "\n".join(lines) + "\n"

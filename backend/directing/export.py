@@ -43,6 +43,7 @@ async def export_take(request: Request) -> Response:
         return JSONResponse({"error": f"take {take.take_id} is still {take.state}"}, status_code=409)
     kept = state.store.take_audio(take.take_id)
     codes = None if kept is not None else state.store.take_codes(take.take_id)
+    state.metrics.exports["kept" if kept is not None or codes is None else "vocoded"] += 1
     pcm = np.zeros(0, dtype=np.int16) if kept is None else kept[0]
     if codes is not None:
         try:

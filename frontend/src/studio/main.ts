@@ -14,7 +14,7 @@ import { Studio } from "./studio";
 import { byId } from "../shared/dom";
 import { ExportPanel, HistoryPanel, NoticeBar, SamplingPanel, TopBar } from "./ui/panels";
 import { ScriptView } from "./ui/script_view";
-import { VoicePanel } from "./ui/voice_panel";
+import { CastPanel } from "./ui/cast_panel";
 
 const params = new URLSearchParams(location.search);
 const socketUrl = new URL("/ws", location.href);
@@ -39,7 +39,7 @@ void fetch(new URL("/health", location.href))
 const studio = new Studio(socketUrl.href, params.has("tap"));
 const script = new ScriptView(studio, byId("lines"));
 const topBar = new TopBar(studio);
-const voice = new VoicePanel(studio);
+const cast = new CastPanel(studio);
 const sampling = new SamplingPanel(studio);
 const history = new HistoryPanel(studio);
 const exporter = new ExportPanel(studio);
@@ -58,7 +58,7 @@ studio.onChange = (what) => {
     script.update(); // cheap: text is only set when it changed, canvases only redrawn when they moved
     if (onlyMeters) return;
     topBar.update();
-    voice.update();
+    cast.update();
     sampling.update();
     history.update();
     exporter.update();

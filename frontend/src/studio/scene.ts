@@ -13,7 +13,7 @@
  *   does not show them.
  */
 import type { AudioFrame } from "../shared/wire";
-import type { FinishReason, SamplingInfo, ServerMessageOf, TakeInfo, Timings } from "./protocol";
+import type { CastInfo, FinishReason, SamplingInfo, ServerMessageOf, TakeInfo, Timings } from "./protocol";
 import { Script, type Line, type ScriptEdit } from "./script";
 import { Peaks } from "./waveform";
 
@@ -41,6 +41,13 @@ export interface Take {
   sampling: SamplingInfo | null;
   /** The voice it speaks with (null: the engine's default). */
   voiceId: number | null;
+  /** The cast member whose take it is (null: no cast). */
+  characterId: string | null;
+  note: string;
+  /** 1..5; 0 not rated. */
+  rating: number;
+  /** The length guard's cap on its frames (null: it did not bind). */
+  guardFrames: number | null;
   audioUrl: string | null;
   /** PCM windows as they arrived (of the current attempt). */
   windows: Int16Array[];
@@ -93,6 +100,10 @@ export type History = number[];
 export class Scene {
   readonly script = new Script();
   readonly takes = new Map<number, Take>();
+  /** The scene's characters, in cast order (the server's). */
+  cast: CastInfo[] = [];
+  /** The scene's name ("" unnamed). */
+  name = "";
   selectedLineId: string | null = null;
   /** Every kept take of the script in script order, as the server last said (session.ready, history, script). */
   serverHistory: number[] = [];
@@ -158,6 +169,25 @@ export class Scene {
     if (next !== undefined) this.selectedLineId = next.id;
   }
 
+  // ─── the cast ────────────────────────────────────────────────────────────
+
+  /** The member who says the line: its own, else the cast's first; undefined without a cast. */
+  characterOf(lineId: string): CastInfo | undefined {
+    const chosen = this.line(lineId)?.characterId ?? null;
+    return this.cast.find((c) => c.character_id === chosen) ?? this.cast[0];
+  }
+
+  castReply(message: ServerMessageOf<"cast">): void {
+    this.cast = [...message.characters];
+  }
+
+  noted(message: ServerMessageOf<"take.noted">): void {
+    const take = this.takes.get(message.take_id);
+    if (take === undefined) return;
+    take.note = message.note;
+    take.rating = message.rating;
+  }
+
   // ─── takes and history ───────────────────────────────────────────────────
 
   takesOf(lineId: string): Take[] {
@@ -191,6 +221,8 @@ export class Scene {
    */
   applyReady(ready: ServerMessageOf<"session.ready">, stored: StoredScene | null): void {
     this.script.resync(ready.lines, stored?.draft ?? []);
+    this.cast = [...ready.cast];
+    this.name = ready.name;
     const previous = this.takes;
     const fresh = new Map<number, Take>();
     for (const info of ready.takes) {
@@ -221,6 +253,8 @@ export class Scene {
     take.audioUrl = message.audio_url;
     take.sampling = message.sampling;
     take.voiceId = message.voice_id;
+    take.characterId = message.character_id;
+    take.guardFrames = message.guard_frames;
     take.requestedAt = requestedAt;
     this.takes.set(take.id, take);
     return take;
@@ -351,7 +385,8 @@ function clearAudio(take: Take): void {
 function blankTake(id: number, lineId: string, text: string): Take {
   return {
     id, lineId, text, phase: "queued", queuePosition: 0, finishReason: null, error: null, timings: {},
-    frames: 0, samples: 0, attempts: 1, kept: false, history: [], dropped: [], sampling: null, voiceId: null, audioUrl: null,
+    frames: 0, samples: 0, attempts: 1, kept: false, history: [], dropped: [], sampling: null, voiceId: null, characterId: null, note: "",
+    rating: 0, guardFrames: null, audioUrl: null,
     windows: [], received: 0, peaks: new Peaks(), requestedAt: null, heardLatencyMs: null, streamProblem: null,
   };
 }
@@ -369,6 +404,10 @@ function fromInfo(info: TakeInfo): Take {
   take.history = [...info.history];
   take.sampling = info.sampling;
   take.voiceId = info.voice_id;
+  take.characterId = info.character_id;
+  take.note = info.note;
+  take.rating = info.rating;
+  take.guardFrames = info.guard_frames;
   take.audioUrl = info.audio_url;
   return take;
 }

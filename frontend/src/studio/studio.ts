@@ -23,8 +23,8 @@
  */
 import { Player, type PlayerReport } from "../audio/player";
 import {
-  takeStart, type CharacterSpec, type ClientMessage, type ReferenceClip, type SamplingSpec, type ServerMessage,
-  type ServerMessageOf, type VoiceInfo,
+  takeStart, type CastVoiceSpec, type ClientMessage, type SamplingSpec,
+  type ServerMessage, type ServerMessageOf, type VoiceInfo,
 } from "./protocol";
 import { Scene, readStoredScene, type StoredScene, type Take } from "./scene";
 import { StudioSocket, type ConnectionState } from "./socket";
@@ -52,9 +52,12 @@ export class Studio {
   ready: ServerMessageOf<"session.ready"> | null = null;
   connection: { state: ConnectionState; detail: string } = { state: "connecting", detail: "" };
   voice: VoiceInfo | null = null;
-  voicePending = false;
   readonly errors = new Map<ErrorTarget, string>();
   sampling: SamplingSpec = {};
+  /** Whether new takes are capped by their line's length (the server's length guard; on by default). */
+  lengthGuard = true;
+  /** A cast.set or cast.delete is on its way (the cast panel waits for the `cast` reply). */
+  castPending = false;
   /** Sampling fields that hold a value the server would refuse (the panel shows each at its field). */
   readonly samplingErrors = new Map<keyof SamplingSpec, string>();
   playingTakeId: number | null = null;
@@ -194,8 +197,9 @@ export class Studio {
 
   // ─── directing actions ─────────────────────────────────────────────────────
 
-  /** Start a take of a line (a retake if it has takes): it plays as it streams. */
-  takeLine(lineId: string): void {
+  /** Start a take of a line (a retake if it has takes): it plays as it streams. `lengthGuard`
+   * false lets this one take run past the line's length cap. */
+  takeLine(lineId: string, lengthGuard = this.lengthGuard): void {
     const line = this.scene.line(lineId);
     if (line === undefined) return;
     this.errors.delete(`line:${lineId}`);
@@ -208,7 +212,7 @@ export class Studio {
     this.flushScript(); // the line is on the server, in its place, before its take
     const ref = this.nextRef(`line:${lineId}`);
     // History "kept": the server gives the take the kept takes of the lines above it (what Scene.historyFor shows).
-    const sent = this.send(takeStart(lineId, text, { sampling: this.sampling, ref }));
+    const sent = this.send(takeStart(lineId, text, { sampling: this.sampling, lengthGuard, ref }));
     if (sent) this.pendingTakes.set(ref, { lineId, text, requestedAt: performance.now() });
     this.saveScene();
     this.onChange("errors");
@@ -245,14 +249,50 @@ export class Studio {
     const after = at > 0 ? lines[at - 1]!.id : null;
     this.scene.deleteLine(lineId);
     this.scriptEdited("structure");
-    const text = line.text;
+    const { text, characterId } = line;
     const words = text.length > 30 ? `${text.slice(0, 30)}…` : text;
     this.remember(`Deleted line ${at + 1}${words === "" ? "" : ` “${words}”`}`, () => {
-      this.scene.script.restore(lineId, text, after);
+      this.scene.script.restore(lineId, text, after, characterId);
       this.scene.selectedLineId = lineId;
       this.scriptEdited("structure");
       return true;
     });
+  }
+
+  // ─── the cast, and notes ───────────────────────────────────────────────────
+
+  /** Add or rename a cast member; with `voice`, give it that voice (errors go to the cast panel). */
+  setCastMember(characterId: string, name: string, voice?: CastVoiceSpec): void {
+    this.errors.delete("cast");
+    if (this.send({ type: "cast.set", character_id: characterId, name, ...(voice !== undefined ? { voice } : {}),
+                    ref: this.nextRef("cast") })) this.castPending = true;
+    this.onChange("voice");
+  }
+
+  removeCastMember(characterId: string): void {
+    if (this.send({ type: "cast.delete", character_id: characterId, ref: this.nextRef("cast") })) this.castPending = true;
+    this.onChange("voice");
+  }
+
+  /** Give a line to a cast member (null: the scene's first). */
+  setLineCharacter(lineId: string, characterId: string | null): void {
+    this.scene.script.setCharacter(lineId, characterId);
+    this.scriptEdited("structure");
+  }
+
+  /** The director's note and/or rating of a take. */
+  noteTake(takeId: number, change: { note?: string; rating?: number }): void {
+    const take = this.scene.takes.get(takeId);
+    if (take === undefined) return;
+    if (change.note !== undefined) take.note = change.note; // shown at once; take.noted confirms
+    if (change.rating !== undefined) take.rating = change.rating;
+    this.send({ type: "take.note", take_id: takeId, ...change, ref: this.nextRef(`take:${takeId}`) });
+    this.onChange("takes");
+  }
+
+  /** The name of the cast member whose take it is (null: none, or no longer in the cast). */
+  characterName(characterId: string | null): string | null {
+    return this.scene.cast.find((c) => c.character_id === characterId)?.name ?? null;
   }
 
   /** Undo the last destructive action (Ctrl+Z, or the notice's Undo). */
@@ -368,13 +408,6 @@ export class Studio {
     else void this.play(takeId);
   }
 
-  setVoice(voice: { references: ReferenceClip[] } | { character: CharacterSpec } | null): void {
-    this.errors.delete("voice");
-    const ref = this.nextRef("voice");
-    if (this.send({ type: "voice.set", ...(voice ?? {}), ref })) this.voicePending = true;
-    this.onChange("voice");
-  }
-
   async exportTake(takeId: number): Promise<WavFile | null> {
     const take = this.scene.takes.get(takeId);
     return take === undefined ? null : this.audio.exportTake(take);
@@ -422,7 +455,6 @@ export class Studio {
       case "voice.ready":
         this.voice = message.voice;
         if (message.voice !== null) this.voices.set(message.voice.voice_id, message.voice);
-        this.voicePending = false;
         return this.onChange("voice");
       case "script":
         this.scene.scriptReply(message);
@@ -465,6 +497,15 @@ export class Studio {
         return this.onChange("takes");
       case "error":
         return this.serverError(message);
+      case "cast":
+        this.scene.castReply(message);
+        for (const member of message.characters) if (member.voice !== null) this.voices.set(member.voice.voice_id, member.voice);
+        this.castPending = false;
+        this.onChange("voice");
+        return this.onChange("script");
+      case "take.noted":
+        this.scene.noted(message);
+        return this.onChange("takes");
       case "pong":
         return;
     }
@@ -480,6 +521,7 @@ export class Studio {
     this.live = true;
     this.voice = ready.voice;
     if (ready.voice !== null) this.voices.set(ready.voice.voice_id, ready.voice);
+    for (const member of ready.cast) if (member.voice !== null) this.voices.set(member.voice.voice_id, member.voice);
     this.scene.applyReady(ready, stored);
     if (this.compare !== null && ![this.compare.a, this.compare.b].every((id) => id === null || this.scene.takes.has(id))) {
       this.compare = null;
@@ -522,7 +564,7 @@ export class Studio {
       this.saveScene();
       this.onChange("script");
     }
-    if (target === "voice") this.voicePending = false;
+    if (target === "cast") this.castPending = false;
     const retry = error.retry_after_ms === null ? "" : ` (retry in ${(error.retry_after_ms / 1000).toFixed(1)} s)`;
     this.setError(target, `${error.message}${retry}`);
     this.onChange("voice");

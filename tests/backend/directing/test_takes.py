@@ -203,3 +203,7 @@ def test_an_ended_take_keeps_its_audio_and_exports_it_without_the_engine(make_se
     finally:
         store.close()
     np.testing.assert_array_equal(export(server, session_id, take.take_id), take.pcm)
+    with urllib.request.urlopen(f"{server.http}/metrics", timeout=30) as response:
+        metrics = response.read().decode()
+    assert 'retake_take_exports_total{audio="kept"} 1\n' in metrics
+    assert 'retake_take_exports_total{audio="vocoded"} 0\n' in metrics

@@ -9,6 +9,7 @@ import { byId, download, h, ms, placeChildren, seconds, setText } from "../../sh
 
 const SAMPLING_KEY = "retake.sampling";
 const NOTICE_MS = 8000;
+const GUARD_KEY = "retake.lengthGuard";
 /** Until session.ready says the server's limit (backend/directing/protocol.py Limits.max_new_tokens). */
 const DEFAULT_MAX_FRAMES = 1200;
 const CONNECTION_LABELS = { connecting: "connecting", open: "connected", reconnecting: "reconnecting", closed: "disconnected" };
@@ -96,6 +97,7 @@ export class SamplingPanel {
   };
   private readonly errors = new Map<SamplingKey, HTMLElement>();
   private readonly maxHint = byId("s-max-hint");
+  private readonly guard = byId<HTMLInputElement>("s-guard");
   private checkedLimit: number | null = null;
 
   constructor(private readonly studio: Studio) {
@@ -103,6 +105,12 @@ export class SamplingPanel {
     try {
       stored = JSON.parse(localStorage.getItem(SAMPLING_KEY) ?? "{}") as SamplingSpec;
     } catch { /* a broken entry: start from the defaults */ }
+    this.guard.checked = localStorage.getItem(GUARD_KEY) !== "off";
+    studio.lengthGuard = this.guard.checked;
+    this.guard.addEventListener("change", () => {
+      studio.lengthGuard = this.guard.checked;
+      localStorage.setItem(GUARD_KEY, this.guard.checked ? "on" : "off");
+    });
     for (const [key, input] of this.entries()) {
       const value = stored[key];
       if (typeof value === "number") input.value = String(value);
@@ -187,7 +195,8 @@ export class HistoryPanel {
       drop.addEventListener("click", () => this.studio.drop(id));
       return h("li", { "data-take": id },
         h("span.order", {}, String(k + 1)),
-        h("span.history-text", { title: take.text }, `L${line + 1} · ${take.text}`),
+        h("span.history-text", { title: take.text },
+          `L${line + 1} · ${this.studio.characterName(take.characterId) ?? ""}${take.characterId !== null ? ": " : ""}${take.text}`),
         h("span.num", {}, seconds(take.samples, this.studio.sampleRate)), drop);
     });
     placeChildren(this.list, rows);

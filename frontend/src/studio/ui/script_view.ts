@@ -20,6 +20,7 @@ class LineView {
   readonly el: HTMLElement;
   readonly input: HTMLInputElement;
   private readonly number = h("span.line-num");
+  private readonly character = h("select.line-character", { title: "Who says the line", "aria-label": "character" });
   private readonly takeButton = h("button.primary.take-button", { title: "Take the line (Enter); again for a retake (R)" });
   private readonly takes = h("div.takes");
   private readonly error = h("div.line-error");
@@ -49,6 +50,7 @@ class LineView {
     down.addEventListener("click", () => this.move(1));
     remove.addEventListener("click", () => studio.deleteLine(lineId));
     this.takeButton.addEventListener("click", () => (this.select(), studio.takeLine(lineId)));
+    this.character.addEventListener("change", () => studio.setLineCharacter(lineId, this.character.value));
     const playA = h("button.compare-a", { title: "Play take A from where B is (key A)" }, "▶ A");
     const playB = h("button.compare-b", { title: "Play take B from where A is (key B)" }, "▶ B");
     const swap = h("button", { title: "Switch to the other take at the same moment (key X)" }, "⇄ Switch");
@@ -60,7 +62,7 @@ class LineView {
     this.compareStrip = h("div.compare-strip", {}, this.compareLabel, playA, playB, swap, done);
     this.more.addEventListener("click", () => this.select());
     this.el = h("li.line", { "data-line": lineId },
-      h("div.line-head", {}, this.number, this.input, this.takeButton, h("div.line-tools", {}, up, down, remove)),
+      h("div.line-head", {}, this.number, this.character, this.input, this.takeButton, h("div.line-tools", {}, up, down, remove)),
       this.error, this.compareStrip, this.takes, this.more);
     this.el.addEventListener("mousedown", () => this.select());
   }
@@ -86,6 +88,15 @@ class LineView {
     this.el.classList.toggle("selected", selected);
     setText(this.number, String(index + 1));
     if (document.activeElement !== this.input && this.input.value !== line.text) this.input.value = line.text;
+    const cast = scene.cast;
+    this.character.hidden = cast.length === 0;
+    const options = cast.map((c) => `${c.character_id}\u0000${c.name}`).join("\u0001");
+    if (this.character.dataset["options"] !== options) {
+      this.character.replaceChildren(...cast.map((c) => h("option", { value: c.character_id }, c.name)));
+      this.character.dataset["options"] = options;
+    }
+    const speaker = scene.characterOf(this.lineId);
+    if (speaker !== undefined && this.character.value !== speaker.character_id) this.character.value = speaker.character_id;
     const maxChars = studio.ready?.limits["max_text_chars"];
     if (maxChars !== undefined && this.input.maxLength !== maxChars) this.input.maxLength = maxChars;
     const takes = studio.shownTakes(this.lineId);

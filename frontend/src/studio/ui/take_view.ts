@@ -28,12 +28,18 @@ function style(): WaveStyle {
 }
 
 /** The status word of a take. */
+/** The take ran into the length guard's cap (docs/protocol.md §4). */
+export function stoppedByGuard(t: Take): boolean {
+  return t.phase === "done" && t.finishReason === "length" && t.guardFrames !== null && t.frames >= t.guardFrames;
+}
+
 export function takeStatus(studio: Studio, t: Take): { text: string; kind: string } {
   const interrupted = studio.interrupted.has(t.id)
     && (t.phase !== "done" || t.finishReason === "cancelled" || t.finishReason === "error");
   if (interrupted) return { text: "interrupted", kind: "interrupted" };
   if (t.phase === "queued") return { text: `queued${t.queuePosition > 0 ? ` #${t.queuePosition + 1}` : ""}`, kind: "queued" };
   if (t.phase === "running") return { text: t.attempts > 1 ? `streaming (attempt ${t.attempts})` : "streaming", kind: "running" };
+  if (stoppedByGuard(t)) return { text: "length guard", kind: "guard" };
   return { text: FINISH_LABELS[t.finishReason ?? ""] ?? "done", kind: t.finishReason ?? "" };
 }
 
@@ -49,6 +55,13 @@ export class TakeView {
   private readonly server = h("span.num", { title: "first audio on the server (from the take's start on the engine)" });
   private readonly speed = h("span.num", { title: "decode speed: frames per second, and times real time" });
   private readonly voice = h("span.take-voice", { title: "the voice the take spoke with" });
+  private readonly stars: HTMLButtonElement[] = [1, 2, 3, 4, 5].map((n) =>
+    h("button.star", { title: `Rate ${n} of 5 (again to clear)`, "aria-label": `rate ${n}` }, "★"));
+  private readonly rating = h("span.rating", {}, ...this.stars);
+  private readonly noteButton = h("button.icon.note-button", { title: "Write a note on the take", "aria-label": "note" }, "✎");
+  private readonly noteText = h("div.take-note");
+  private readonly noteInput = h("input.note-input", { type: "text", placeholder: "A note on this take (Enter to save)", maxlength: 2000 });
+  private readonly unguard = h("button.link", { title: "Take the line again without the length guard" }, "retake without the guard");
   private readonly settings = h("span.num.take-settings", {
     title: "the settings the take sampled with: seed, temperature, top-p, top-k, max length in frames",
   });
@@ -62,8 +75,35 @@ export class TakeView {
     this.el = h("div.take", { "data-take": take.id },
       h("div.take-main", {}, this.play, this.label, h("div.wave-cell", {}, this.canvas, this.waveNote),
         h("div.take-actions", {}, this.keep, this.compare, this.save)),
-      h("div.take-stats", {}, this.status, this.duration, this.heard, this.server, this.speed, this.voice, this.settings),
-      this.error);
+      h("div.take-stats", {}, this.status, this.duration, this.heard, this.server, this.speed, this.voice, this.settings,
+        this.rating, this.noteButton),
+      this.noteText, this.noteInput, this.error);
+    this.noteInput.hidden = true;
+    this.stars.forEach((star, k) => star.addEventListener("click", (e) => {
+      e.stopPropagation();
+      studio.noteTake(take.id, { rating: this.take.rating === k + 1 ? 0 : k + 1 });
+    }));
+    const editNote = (e: Event) => {
+      e.stopPropagation();
+      this.noteInput.value = this.take.note;
+      this.noteInput.hidden = false;
+      this.noteInput.focus();
+    };
+    this.noteButton.addEventListener("click", editNote);
+    this.noteText.addEventListener("click", editNote);
+    this.noteInput.addEventListener("click", (e) => e.stopPropagation());
+    const saveNote = () => {
+      if (this.noteInput.hidden) return;
+      this.noteInput.hidden = true;
+      if (this.noteInput.value.trim() !== this.take.note) studio.noteTake(take.id, { note: this.noteInput.value.trim() });
+    };
+    this.noteInput.addEventListener("keydown", (e) => {
+      if (e.key === "Enter") (e.preventDefault(), saveNote());
+      if (e.key === "Escape") (e.stopPropagation(), (this.noteInput.hidden = true));
+    });
+    this.noteInput.addEventListener("blur", saveNote);
+    this.unguard.addEventListener("click", (e) => (e.stopPropagation(), studio.takeLine(take.lineId, false)));
+    this.error.after(this.unguard);
     this.el.addEventListener("click", () => this.select());
     this.play.addEventListener("click", (e) => (e.stopPropagation(), this.select(), studio.togglePlay(take.id)));
     this.keep.addEventListener("click", (e) => {
@@ -109,7 +149,17 @@ export class TakeView {
     const fps = t.timings["decode_frames_per_s"];
     const frameSamples = studio.ready?.frame_samples ?? 2048;
     setText(this.speed, typeof fps === "number" ? `${fps.toFixed(1)} fr/s · ${(fps * frameSamples / rate).toFixed(1)}×` : "— fr/s");
-    setText(this.voice, studio.voiceWords(t.voiceId));
+    const character = studio.characterName(t.characterId);
+    setText(this.voice, character ?? studio.voiceWords(t.voiceId));
+    this.voice.title = character === null ? "the voice the take spoke with" : `${character}, with ${studio.voiceWords(t.voiceId)}`;
+    this.stars.forEach((star, k) => star.classList.toggle("on", k < t.rating));
+    this.rating.title = t.rating === 0 ? "not rated" : `rated ${t.rating} of 5`;
+    setText(this.noteText, t.note);
+    this.noteText.hidden = t.note === "" || !this.noteInput.hidden;
+    const guarded = stoppedByGuard(t);
+    this.unguard.hidden = !guarded || !selected;
+    this.status.title = guarded ? `The length guard stopped it at ${t.guardFrames} frames `
+      + `(${seconds(t.samples, rate)}): about three times as long as the line takes to say. Retake without the guard to let it run.` : "";
     const s = t.sampling;
     setText(this.settings, s === null ? "" : `seed ${s.seed} · T ${s.temperature} · p ${s.top_p} · k ${s.top_k} · ≤${s.max_new_tokens} fr`);
     setText(this.play, studio.isSounding(t.id) ? "■" : "▶");

@@ -1,12 +1,15 @@
 /**
- * The voice panel: reference clips (uploaded or recorded, each with its transcript) or a
- * described character (name, description, scene), sent with `voice.set`; the voice in use
- * comes back in `voice.ready`.
+ * Reference clips being gathered for a character's voice: uploaded or recorded, each with its
+ * transcript, listed with a player. The cast panel owns one and sends its clips with cast.set.
  *
- * The server reads WAV and FLAC. Those files go as they are; anything else the browser can
- * decode (MP3, Ogg, the recorder's WebM) is decoded here and sent as a 16-bit mono WAV.
+ * Design choices:
+ * - The server reads WAV and FLAC. Those files go as they are; anything else the browser can
+ *   decode (MP3, Ogg, the recorder's WebM) is decoded here and sent as a 16-bit mono WAV.
+ * - The server's limits (session.ready: clips, seconds, bytes) are checked as a clip is added,
+ *   so a clip that cannot be used is refused here, with the limit in the message.
  */
 import { base64 } from "../../shared/wire";
+import type { ReferenceClip } from "../protocol";
 import type { Studio } from "../studio";
 import { encodeWav } from "../../audio/wav";
 import { byId, h, setText } from "../../shared/dom";
@@ -40,71 +43,43 @@ async function toWav(bytes: ArrayBuffer): Promise<{ seconds: number; wav: ArrayB
   return { seconds: audio.duration, wav: encodeWav(pcm, audio.sampleRate) };
 }
 
-export class VoicePanel {
+export class ClipList {
   private clips: Clip[] = [];
   private recorder: MediaRecorder | null = null;
   private recordTimer: number | undefined;
-  private readonly clipList = byId("clips");
-  private readonly current = byId("voice-current");
-  private readonly error = byId("voice-error");
+  private readonly list = byId("clips");
   private readonly recordButton = byId<HTMLButtonElement>("record-clip");
-  private readonly useClips = byId<HTMLButtonElement>("use-clips");
-  private readonly name = byId<HTMLInputElement>("character-name");
-  private readonly description = byId<HTMLTextAreaElement>("character-description");
-  private readonly scene = byId<HTMLTextAreaElement>("character-scene");
+  /** Something changed (a clip came or went, a transcript was typed). */
+  onChange: () => void = () => {};
 
-  constructor(private readonly studio: Studio) {
+  constructor(private readonly studio: Studio, private readonly fail: (message: string) => void) {
     const upload = byId<HTMLInputElement>("upload-clip");
     upload.addEventListener("change", () => {
       for (const file of Array.from(upload.files ?? [])) void this.addFile(file.name, file);
       upload.value = "";
     });
     this.recordButton.addEventListener("click", () => void this.toggleRecording());
-    this.useClips.addEventListener("click", () => this.sendClips());
-    byId("use-character").addEventListener("click", () => this.sendCharacter());
-    byId("voice-default").addEventListener("click", () => studio.setVoice(null));
-    for (const tab of document.querySelectorAll<HTMLButtonElement>("#voice .tabs button")) {
-      tab.addEventListener("click", () => this.showTab(tab.dataset["tab"] ?? "clips"));
-    }
   }
 
-  update(): void {
-    const voice = this.studio.voice;
-    let text = "Default voice";
-    if (this.studio.voicePending) text = "Encoding the voice…";
-    else if (voice?.character) text = `Character: ${voice.character.name}`;
-    else if (voice && voice.references.length > 0) {
-      const frames = voice.references.reduce((n, r) => n + r.frames, 0);
-      const rate = (this.studio.ready?.sample_rate ?? 44100) / (this.studio.ready?.frame_samples ?? 2048);
-      text = `${voice.references.length} reference clip${voice.references.length > 1 ? "s" : ""} · ${(frames / rate).toFixed(1)} s`;
-    }
-    setText(this.current, text);
-    this.current.title = voice?.character?.description ?? voice?.references.map((r) => r.text).join(" / ") ?? "";
-    const error = this.studio.errors.get("voice");
-    setText(this.error, error ?? "");
-    this.error.hidden = error === undefined;
-    this.useClips.disabled = this.clips.length === 0 || this.studio.voicePending;
-    if (voice?.character && document.activeElement?.closest("#voice") == null && this.name.value === "") {
-      this.name.value = voice.character.name;
-      this.description.value = voice.character.description;
-      this.scene.value = voice.character.scene ?? "";
-    }
+  get count(): number {
+    return this.clips.length;
   }
 
-  private showTab(tab: string): void {
-    for (const button of document.querySelectorAll<HTMLButtonElement>("#voice .tabs button")) {
-      button.classList.toggle("on", button.dataset["tab"] === tab);
-    }
-    for (const pane of document.querySelectorAll<HTMLElement>("#voice .tab")) pane.hidden = pane.dataset["tab"] !== tab;
+  clear(): void {
+    for (const clip of this.clips) URL.revokeObjectURL(clip.url);
+    this.clips = [];
+    this.render();
   }
 
-  private fail(message: string): void {
-    this.studio.errors.set("voice", message);
-    this.update();
+  /** The clips as cast.set sends them, or a message saying what is missing. */
+  references(): ReferenceClip[] | string {
+    const missing = this.clips.findIndex((c) => c.transcript.trim() === "");
+    if (missing >= 0) return `clip ${missing + 1} needs its transcript`;
+    return this.clips.map((c) => ({ audio: base64(c.audio), text: c.transcript.trim() }));
   }
 
   private async addFile(name: string, blob: Blob): Promise<void> {
-    this.studio.clearError("voice");
+    this.studio.clearError("cast");
     const limits = this.studio.ready?.limits ?? {};
     const maxClips = limits["max_references"] ?? 4;
     if (this.clips.length >= maxClips) return this.fail(`at most ${maxClips} reference clips`);
@@ -126,39 +101,25 @@ export class VoicePanel {
     }
     const url = URL.createObjectURL(new Blob([audio], { type: isWavOrFlac(bytes) ? blob.type || "audio/wav" : "audio/wav" }));
     this.clips.push({ name, audio, seconds: converted.seconds, transcript: "", url });
-    this.renderClips();
+    this.render();
   }
 
-  private renderClips(): void {
-    this.clipList.replaceChildren(...this.clips.map((clip, k) => {
+  private render(): void {
+    this.list.replaceChildren(...this.clips.map((clip, k) => {
       const transcript = h("input.clip-text", { type: "text", placeholder: "Transcript: exactly what the clip says", value: clip.transcript });
-      transcript.addEventListener("input", () => (clip.transcript = transcript.value));
+      transcript.addEventListener("input", () => ((clip.transcript = transcript.value), this.onChange()));
       const remove = h("button.icon.danger", { title: "Remove the clip", "aria-label": "remove clip" }, "✕");
       remove.addEventListener("click", () => {
         URL.revokeObjectURL(clip.url);
         this.clips.splice(k, 1);
-        this.renderClips();
+        this.render();
       });
       return h("div.clip", {},
         h("div.clip-head", {}, h("span.clip-name", { title: clip.name }, clip.name), h("span.num", {}, `${clip.seconds.toFixed(1)} s`),
           h("audio", { src: clip.url, controls: true, preload: "none" }), remove),
         transcript);
     }));
-    this.update();
-  }
-
-  private sendClips(): void {
-    const missing = this.clips.findIndex((c) => c.transcript.trim() === "");
-    if (missing >= 0) return this.fail(`clip ${missing + 1} needs its transcript`);
-    this.studio.setVoice({ references: this.clips.map((c) => ({ audio: base64(c.audio), text: c.transcript.trim() })) });
-  }
-
-  private sendCharacter(): void {
-    const name = this.name.value.trim();
-    const description = this.description.value.trim();
-    const scene = this.scene.value.trim();
-    if (name === "" || description === "") return this.fail("a character needs a name and a description");
-    this.studio.setVoice({ character: { name, description, ...(scene !== "" ? { scene } : {}) } });
+    this.onChange();
   }
 
   private async toggleRecording(): Promise<void> {
