@@ -8,12 +8,15 @@
 // takes the next line, checks the history, reloads and finds the scene, exports the scene WAV,
 // types a line it never takes and reorders the script (the history panel follows), opens the
 // session's URL in a second browser with a fresh profile (nothing in its localStorage) and
-// finds the same script there, sets a character and then an uploaded and a recorded reference
-// clip as the voice, and saves a screenshot. It writes DIR/result.json, the export and the wire PCM of each take
-// for the Python side to check the WAV independently. Exit status 0 = all checks passed.
+// finds the same script there; then directs a scene with two characters (tests/e2e/scene.mjs: a
+// cast, takes for both, a note and rating, A/B, Undo of a deletion, a reload where nothing is
+// vocoded again, a server restart mid-take, three screen sizes) with no console errors, and saves
+// screenshots. It writes DIR/result.json, the export and the wire PCM of each take for the Python
+// side to check the WAV independently. Exit status 0 = all checks passed.
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { browser, checker, commandLine, runSteps, serverControl, sineWav } from "./lib.mjs";
+import { browser, checker, commandLine, runSteps } from "./lib.mjs";
+import { sceneSteps } from "./scene.mjs";
 
 const FADE_SAMPLES = 128; // frontend/src/audio/jitter_buffer.ts
 const HEADER_BYTES = 16; // docs/protocol.md §5
@@ -59,11 +62,11 @@ page.on("websocket", (socket) => socket.on("framereceived", ({ payload }) => onF
 // Console errors and warnings, and uncaught page errors: there must be none, but for the
 // browser's own report of a socket that cannot connect while the server is down on purpose.
 const consoleProblems = [];
-let serverDown = false;
+const state = { serverDown: false }; // scene.mjs stops the server on purpose
 page.on("console", (message) => {
   if (message.type() !== "error" && message.type() !== "warning") return;
   console.log(`page ${message.type()}: ${message.text()}`);
-  if (!(serverDown && /WebSocket connection to .* failed/.test(message.text()))) consoleProblems.push(message.text());
+  if (!(state.serverDown && /WebSocket connection to .* failed/.test(message.text()))) consoleProblems.push(message.text());
 });
 page.on("pageerror", (error) => (console.log(`page error: ${error.message}`), consoleProblems.push(error.message)));
 
@@ -354,117 +357,9 @@ await runSteps(result, args.out, page, async () => {
   await other.close();
   other = null;
 
-  // 7. A described character becomes the voice (the first page took the session back).
-  await studio(() => (window.oldReady = window.retake.ready));
-  await page.locator("#reclaim").click();
-  await page.waitForFunction(() => window.retake.ready !== window.oldReady && window.retake.connection.state === "open");
-  await page.locator('#voice .tabs button[data-tab="character"]').click();
-  await page.locator("#character-name").fill("Mara");
-  await page.locator("#character-description").fill("a tired lighthouse keeper, low and slow");
-  await page.locator("#character-scene").fill("A storm at night.");
-  await page.locator("#use-character").click();
-  await page.waitForFunction(() => window.retake.voice?.character?.name === "Mara");
-  await page.waitForFunction(() => document.getElementById("voice-current").textContent === "Character: Mara");
-  check("the character is the voice", true, "voice.ready came back with it and the panel shows it");
-
-  // 8. Reference clips: a file that is not audio is refused in the panel; an uploaded WAV and a
-  //    recording from the (fake) microphone, each with its transcript, become the voice.
-  await page.locator('#voice .tabs button[data-tab="clips"]').click();
-  await page.locator("#upload-clip").setInputFiles({ name: "notes.txt", mimeType: "audio/wav", buffer: Buffer.from("not audio") });
-  await page.waitForFunction(() => document.getElementById("voice-error").textContent.includes("cannot read this audio"));
-  check("a file that is not audio is refused in the voice panel", true);
-  await page.locator("#upload-clip").setInputFiles({ name: "line.wav", mimeType: "audio/wav", buffer: sineWav(1.5) });
-  await page.locator("#clips .clip").first().waitFor();
-  await page.locator("#use-clips").click();
-  await page.waitForFunction(() => document.getElementById("voice-error").textContent === "clip 1 needs its transcript");
-  check("a clip without its transcript is refused in the voice panel", true);
-  await page.locator("#clips .clip-text").first().fill("Places, everyone.");
-  await page.locator("#record-clip").click();
-  await page.waitForFunction(() => parseFloat(document.getElementById("record-clip").textContent.replace("■ Stop", "")) >= 1.2);
-  await page.locator("#record-clip").click();
-  await page.locator("#clips .clip").nth(1).waitFor();
-  const seconds = await page.locator("#clips .clip .num").allTextContents();
-  check("the recording became a clip of about its length", seconds.length === 2 && parseFloat(seconds[1]) >= 1 && parseFloat(seconds[1]) < 4, JSON.stringify(seconds));
-  await page.locator("#clips .clip-text").nth(1).fill("Then light it.");
-  await page.locator("#use-clips").click();
-  await page.waitForFunction(() => window.retake.voice?.references.length === 2 && !window.retake.voicePending);
-  const frames = await studio(() => window.retake.voice.references.map((r) => [r.frames, r.text]));
-  check("both clips are the voice, encoded by the server", frames.every(([n]) => n > 0) && frames[0][1] === "Places, everyone." && frames[1][1] === "Then light it.", JSON.stringify(frames));
-  await page.waitForFunction(() => document.getElementById("voice-current").textContent.startsWith("2 reference clips"));
-
-  // 9. A/B: two takes of a line, A then B marked; B plays from the moment A was at.
-  await page.locator("#s-max").fill("120"); // long enough to switch in the middle
-  const lineA = await takeLine(1, "Places, everyone.");
-  const lineB = await takeLine(1, "Places, everyone.");
-  await page.locator(`.take[data-take="${lineA.takeId}"] .compare`).click();
-  await page.locator(`.take[data-take="${lineB.takeId}"] .compare`).click();
-  await page.locator(".line").nth(1).locator(".compare-strip").waitFor({ state: "visible" });
-  await studio(() => document.activeElement?.blur());
-  await page.keyboard.press("a");
-  await page.waitForFunction((id) => (window.retake.playheadOf(id) ?? 0) > 22050, lineA.takeId); // half a second in
-  const switchedFrom = await studio((id) => window.retake.playheadOf(id), lineA.takeId);
-  await page.keyboard.press("x");
-  await page.waitForFunction((id) => window.retake.playheadOf(id) !== null, lineB.takeId);
-  const switched = await studio(([a, b]) => ({ playing: window.retake.playingTakeId, at: window.retake.playheadOf(b), a }), [lineA.takeId, lineB.takeId]);
-  switched.from = switchedFrom;
-  check("X switches from A to B", switched.playing === lineB.takeId, JSON.stringify(switched));
-  check("B starts where A was, not from its start", switched.at >= switchedFrom, JSON.stringify(switched));
-  await page.waitForFunction((id) => window.retake.report?.takeId === id && window.retake.report.stateName === "ended", lineB.takeId);
-  await page.locator(".line").nth(1).locator('.compare-strip button[aria-label="stop comparing"]').click();
-  await page.locator(".line").nth(1).locator(".compare-strip").waitFor({ state: "hidden" });
-
-  // 10. The server restarts in the middle of a take: the page says so in words, disables what
-  //     needs the server, marks the take interrupted, stops waiting for its audio, and
-  //     carries on without a reload once the server is back.
-  await studio(() => (window.samePage = true));
-  await page.locator("#s-max").fill("1200");
-  const doomed = await startTake(2, untaken);
-  await page.waitForFunction((id) => (window.retake.scene.takes.get(id)?.received ?? 0) > 0, doomed);
-  serverDown = true;
-  await serverControl("stop");
-  const banner = page.locator("#banner-offline");
-  await banner.waitFor({ state: "visible" });
-  const bannerText = await page.locator("#banner-offline-text").textContent();
-  check("the offline banner says what happened in words", /^Offline: the (server|connection)/.test(bannerText) && !/\b1\d{3}\b/.test(bannerText), bannerText);
-  check("Take is disabled while offline", await page.locator(".take-button").first().isDisabled());
-  await page.waitForFunction((id) => document.querySelector(`.take[data-take="${id}"] .status`)?.textContent === "interrupted", doomed);
-  check("the take that was streaming is marked interrupted", true);
-  await page.waitForFunction(() => ["ended", "idle", "stopped"].includes(window.retake.report?.stateName));
-  check("the player does not wait for the lost take's audio", true, await studio(() => window.retake.report.stateName));
-  await page.locator(".line").nth(2).click({ position: { x: 5, y: 5 } });
-  await studio(() => document.activeElement?.blur());
-  await page.keyboard.press("r");
-  await page.locator(".line").nth(2).locator(".line-error").waitFor({ state: "visible" });
-  const refusal = await page.locator(".line").nth(2).locator(".line-error").textContent();
-  check("a retake asked for while offline is refused in words, not dropped", refusal.startsWith("offline:"), refusal);
-  await serverControl("start");
-  serverDown = false;
-  await page.waitForFunction(() => window.retake.connection.state === "open" && window.retake.online, null, { timeout: 60000 });
-  await banner.waitFor({ state: "hidden" });
-  const after = await studio((id) => ({ same: window.samePage === true, take: window.retake.scene.takes.get(id) }), doomed);
-  check("the page recovered without a reload", after.same);
-  check("the server ended the interrupted take, and the page still marks it", after.take.phase === "done"
-    && (await page.locator(`.take[data-take="${doomed}"] .status`).textContent()) === "interrupted", JSON.stringify(after.take.error));
-  await page.locator("#s-max").fill(String(MAX_FRAMES));
-  const recovered = await takeLine(2, untaken);
-  check("a take after the restart plays", recovered.samples > 0);
-
-  // 11. Layouts: a laptop, a desktop and a phone; nothing wider than the screen, the script's
-  //     first lines and the selected line's takes in view.
-  for (const [name, size] of [["1280x720", { width: 1280, height: 720 }], ["1920x1080", { width: 1920, height: 1080 }],
-    ["phone", { width: 390, height: 844 }]]) {
-    await page.setViewportSize(size);
-    await page.locator(".line").first().click({ position: { x: 5, y: 5 } });
-    await page.waitForTimeout(300); // let the waveforms draw at the new width
-    const fit = await studio(() => ({
-      overflow: document.documentElement.scrollWidth - window.innerWidth,
-      lines: [...document.querySelectorAll(".line")].filter((el) => el.getBoundingClientRect().bottom <= window.innerHeight).length,
-    }));
-    await page.screenshot({ path: join(args.out, `studio-${name}.png`) });
-    check(`${name}: nothing is wider than the screen`, fit.overflow <= 0, JSON.stringify(fit));
-    if (name !== "phone") check(`${name}: the whole script is in view`, fit.lines === 3, JSON.stringify(fit));
-  }
-  await page.setViewportSize({ width: 1440, height: 900 });
+  // 7-14. A scene with two characters (tests/e2e/scene.mjs).
+  await sceneSteps({ page, studio, check, takeLine, startTake, args, lines: script, maxFrames: MAX_FRAMES, state,
+                     scriptSaved: () => scriptSaved(), waitReady: () => waitReady() });
   await page.locator(`.line`).first().click({ position: { x: 5, y: 5 } });
   await page.waitForTimeout(300); // let the waveforms of the fetched takes draw
   await page.screenshot({ path: join(args.out, "studio.png"), fullPage: true });

@@ -5,7 +5,9 @@ tests/e2e/studio.mjs drives the page with playwright-core and checks what only a
 the samples the player worklet rendered equal the PCM the server sent (sample-exact, no gap),
 keep and history, reload and resume, export, the script on the server (a line never taken and a
 new order come back in a second browser with a fresh profile, and the history panel follows the
-order). This file starts the server, runs the script, and
+order), and a scene with two characters directed through to a server restart in the middle of a
+take (tests/e2e/scene.mjs, which the script asks this file to stop and start the server for). This
+file starts the server, runs the script, and
 then checks the exported WAV here, independently of the page's own WAV code: Python's `wave`
 reads it, and its samples must be the kept takes' PCM as it came over the socket, in script
 order, with the chosen gap. The screenshot is left in build/e2e/studio.png.

@@ -68,7 +68,7 @@ export class TopBar {
     const at = studio.socket.retryAt;
     const wait = at === null ? null : Math.max(0, (at - performance.now()) / 1000);
     const next = studio.connection.state === "closed" ? "The studio will not retry by itself: press Retry now."
-      : wait === null || wait < 0.05 ? "Reconnecting…" : `Reconnecting in ${wait.toFixed(0)} s.`;
+      : wait === null || wait < 0.05 ? "Reconnecting…" : `Reconnecting in ${Math.ceil(wait)} s.`;
     setText(this.offlineText, `Offline: ${detail === "" ? "the server cannot be reached" : detail}. ${next} `
       + "Takes and keeps wait until the server is back; script edits are kept here and sent then.");
     this.countdown = window.setTimeout(() => this.showOffline(), 500);
