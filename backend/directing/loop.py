@@ -12,10 +12,11 @@ Design choices:
   and HTTP handlers submit jobs (backend/directing/jobs.py); results go back with
   `loop.call_soon_threadsafe`.
 - One turn of the loop: run at most one waiting call (encode a reference, vocode an
-  export) so calls never wait behind whole takes, nor stall the takes for long; if a
-  slot is free, start the most urgent waiting take in it (earliest deadline first, then
-  arrival; at most one prefill per turn, so the takes already decoding lose one step at a
-  time); then one batched engine step for every take in flight, whose events go to their jobs.
+  export) so calls never wait behind whole takes, nor stall the takes for long; start the
+  most urgent waiting takes in every free slot (earliest deadline first, then arrival; a
+  start only lays out the prompt: the engine's steps prefill it a few chunks at a time,
+  so the takes already decoding lose little time per step); then one batched engine step
+  for every take in flight, whose events go to their jobs.
 - Waiting jobs are bounded by `max_queue`; past that `submit` (and `check_room`, which a
   session asks before it stores a take) raises `QueueFull`, with one retry hint: the last
   take's duration times the waiting jobs per two slots. A job still waiting can be
@@ -136,8 +137,10 @@ class EngineLoop(EngineThread[Drama3Engine]):
                 take = self._starting = None if self._stopping or engine.free_slots == 0 else self._next_take()
             if call is not None:
                 self._run_call(call, engine)
-            if take is not None:
+            while take is not None:  # starts are cheap (the steps prefill): fill every free slot
                 self._begin(take, engine)
+                with self._condition:
+                    take = self._starting = None if self._stopping or engine.free_slots == 0 else self._next_take()
             if self._running:
                 self._step(engine)
 

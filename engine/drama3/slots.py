@@ -10,7 +10,7 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
 - Fixed slots, one per Decoder row. `start` takes the lowest free slot; which take to
   start, and when, is the caller's choice (the backend loop picks earliest deadline
   first). Its prompt is prefilled by the next steps, a few chunks per step
-  (`prefill_rows`, about 256 rows) while other takes decode, so a new director does not
+  (`prefill_rows`, about 512 rows) while other takes decode, so a new director does not
   give everyone else a playback gap as long as the whole prompt; with no take decoding,
   a step runs the whole prefill at once. Prompts waiting for their prefill go in start
   order.
@@ -40,7 +40,7 @@ from engine.drama3.stream import StreamSchedule
 from engine.drama3.take import AudioWindow, Done, Take
 
 Events = list[AudioWindow | Done]
-PREFILL_ROWS_PER_STEP = 256  # prompt rows prefilled between two decode steps while takes decode
+PREFILL_ROWS_PER_STEP = 512  # prompt rows prefilled between two decode steps while takes decode
 
 
 class Slots:
