@@ -1,0 +1,331 @@
+"""The fused sampler: a frame's main token (temperature, top-p, top-k, RAS) and its codebook codes.
+
+    main = sample_main(candidate_logits, candidate_ids, ras_window, settings, seed, counter,
+                       semantic_start, codebook_size, finite)        # [B] int64: one launch
+    code = sample_code(head_logits, settings, seed, counter, head, finite)   # [B] int64, head j = 0..8
+
+`settings` is anything with `temperature` (float32 [B]), `top_k` (int64 [B]) and `top_p`
+(float32 [B]), such as engine.drama3.sampling.SamplingTensors; `seed` and `counter` are
+int64 [B] (the take's seed and its frames drawn so far); `finite` (bool [B], optional) is
+ANDed in place with "this row's logits are all finite". On CUDA the Triton kernels run
+(no host sync, static shapes: capturable in a CUDA graph); elsewhere the torch references.
+
+Semantics (sampling.py's, sglang-omni's): logits / max(T, 1e-5), ranked by a stable
+descending sort (ties: lower index first); probabilities over the whole row; a candidate
+of rank r is kept if r == 0, or r < top_k and its mass condition holds: the main token
+keeps the candidate that crosses top_p (mass strictly before it <= top_p), the codebook
+heads drop it (mass up to and including it <= top_p); top_p >= 1 keeps every rank below
+top_k. T == 0 takes rank 0. RAS: a second draw (T 1, top-k 30, top-p 0.95, crossing) is
+taken when the first is a semantic token among the last 16 main tokens. Codebook heads
+cap top_k at 30.
+
+Design choices:
+- Counter-based draws (draws.py): Gumbel-max with Philox noise keyed by (seed, counter,
+  stream, index), so a seeded take draws the same frame in any row of any batch bucket.
+  These differ from the per-slot torch.Generator draws of sampling.py: the same seed
+  gives other (equally distributed) tokens.
+- Exact ranking without a separate sort launch: each logit becomes an int64 key (its
+  float32 bits made order-preserving, then the complement of its index), so equal logits
+  (common: they come from bfloat16) rank by index, as a stable sort does. One program per
+  row sorts the keys in registers (`tl.sort`); the codebook heads need only the top 32
+  (`tl.topk`), since top_k <= 30 there.
+- The main head has 4,097 candidates = 1 + a power of two: column 0 (EOS) is ranked
+  against the sorted 4,096 by comparison instead of padding the sort to 8,192.
+- Both main draws share one sort (ranks by logit do not depend on T). The RAS check, the
+  candidate-id lookup and the finite flag happen in the same program: one launch for the
+  main token, one per codebook head (each head's logits depend on the previous code).
+- Probabilities, cumulative mass and scores are float64, so kernel and reference (and
+  any two GPUs) keep the same candidates except on an exact knife edge of top_p.
+- The references below are the definition: plain torch, the same counter-based noise,
+  the same arithmetic; tests hold the kernels to them token for token.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from engine.drama3.sampling import (
+    CODEBOOK_TOP_K,
+    MIN_TEMPERATURE,
+    RAS_TEMPERATURE,
+    RAS_TOP_K,
+    RAS_TOP_P,
+    RAS_WINDOW_FRAMES,
+)
+from engine.kernels.draws import STREAM_CODE, STREAM_MAIN, STREAM_RAS, gumbel_reference
+
+try:
+    import triton
+    import triton.language as tl
+
+    from engine.kernels.draws import gumbel
+except ImportError:  # CPU installs have no Triton; only the references run there
+    triton = None
+    tl = None
+
+CODE_SELECT = 32  # the codebook kernel ranks this many (a power of two >= CODEBOOK_TOP_K)
+assert CODEBOOK_TOP_K <= CODE_SELECT and RAS_TOP_K <= 4096
+
+
+class RowSettings(Protocol):
+    """Per-row sampling settings (engine.drama3.sampling.SamplingTensors has these)."""
+
+    temperature: torch.Tensor  # float32 [B]; 0 is greedy
+    top_k: torch.Tensor  # int64 [B]
+    top_p: torch.Tensor  # float32 [B]
+
+
+# ─── torch reference ─────────────────────────────────────────────────────────
+
+
+def draw_reference(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                   seed: torch.Tensor, counter: torch.Tensor, stream: int, *, keep_crossing: bool,
+                   max_k: int | None = None) -> torch.Tensor:
+    """The drawn column [B] (int64) of each row of logits [B, V]; the other tensors are [B].
+
+    max_k, a static bound on every row's top_k, ranks only that many candidates."""
+    x = logits.float()  # [B, V]
+    sorted_x, order = x.sort(dim=-1, descending=True, stable=True)  # [B, V]
+    if max_k is not None:
+        sorted_x, order = sorted_x[:, :max_k], order[:, :max_k]  # [B, k]
+    t = temperature.float().clamp(min=MIN_TEMPERATURE).double()[:, None]  # [B, 1]
+    scaled = sorted_x.double() / t  # [B, k]
+    top = scaled[:, :1]
+    total = (x.double() / t - top).exp().sum(-1, keepdim=True)  # [B, 1]
+    probs = (scaled - top).exp() / total
+    inclusive = probs.cumsum(-1)
+    mass = inclusive - probs if keep_crossing else inclusive
+    rank = torch.arange(scaled.shape[-1], device=x.device)
+    limit = torch.where(top_p >= 1.0, torch.inf, top_p.double())[:, None]  # top_p >= 1 keeps every rank
+    kept = (rank == 0) | ((rank < top_k[:, None]) & (mass <= limit))
+    score = torch.where(kept, scaled + gumbel_reference(seed, counter, stream, order), -torch.inf)
+    choice = torch.where(temperature == 0, 0, score.argmax(-1))  # [B]
+    return order.gather(-1, choice[:, None])[:, 0]
+
+
+def and_finite(finite: torch.Tensor | None, logits: torch.Tensor) -> None:
+    if finite is not None:
+        finite &= torch.isfinite(logits).all(-1)
+
+
+def sample_main_reference(candidate_logits: torch.Tensor, candidate_ids: torch.Tensor, ras_window: torch.Tensor,
+                          settings: RowSettings, seed: torch.Tensor, counter: torch.Tensor, semantic_start: int,
+                          codebook_size: int, finite: torch.Tensor | None = None) -> torch.Tensor:
+    """The main token ids [B]: candidate_logits [B, C] of candidate_ids [C], ras_window [B, 16]."""
+    and_finite(finite, candidate_logits)
+    first = candidate_ids[draw_reference(candidate_logits, settings.temperature, settings.top_k, settings.top_p,
+                                         seed, counter, STREAM_MAIN, keep_crossing=True)]  # [B]
+    fixed = torch.ones_like(settings.temperature)
+    retry = candidate_ids[draw_reference(candidate_logits, fixed * RAS_TEMPERATURE,
+                                         torch.full_like(settings.top_k, RAS_TOP_K), fixed * RAS_TOP_P, seed,
+                                         counter, STREAM_RAS, keep_crossing=True, max_k=RAS_TOP_K)]  # [B]
+    repeated = (ras_window == first[:, None]).any(dim=-1)
+    semantic = (first >= semantic_start) & (first < semantic_start + codebook_size)
+    return torch.where(repeated & semantic, retry, first)
+
+
+def sample_code_reference(logits: torch.Tensor, settings: RowSettings, seed: torch.Tensor, counter: torch.Tensor,
+                          head: int, finite: torch.Tensor | None = None) -> torch.Tensor:
+    """Codebook head `head`'s codes [B] from its logits [B, V]."""
+    and_finite(finite, logits)
+    return draw_reference(logits, settings.temperature, settings.top_k.clamp(max=CODEBOOK_TOP_K), settings.top_p,
+                          seed, counter, STREAM_CODE + head, keep_crossing=False, max_k=CODEBOOK_TOP_K)
+
+
+# ─── Triton ──────────────────────────────────────────────────────────────────
+
+if triton is not None:
+
+    @triton.jit
+    def _keys(x, index, SPAN: tl.constexpr):
+        """int64 keys that sort float32 x descending, lower index first among equal values."""
+        x = tl.where(x == 0.0, 0.0, x)  # -0.0 and 0.0 are one value, as for torch.sort
+        bits = x.to(tl.int32, bitcast=True)
+        ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed order of the bits = float order
+        return (ordered.to(tl.int64) << 32) | (SPAN - 1 - index).to(tl.int64)
+
+    @triton.jit
+    def _key_value(key):
+        ordered = (key >> 32).to(tl.int32)
+        return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _key_index(key, SPAN: tl.constexpr):
+        return SPAN - 1 - (key & 0xFFFFFFFF).to(tl.int32)
+
+    @triton.jit
+    def _draw(keys, valid, x_all, all_valid, extra_key, extra_x, temperature, top_k, top_p, seed, counter,
+              stream, SPAN: tl.constexpr, HAS_EXTRA: tl.constexpr, KEEP_CROSSING: tl.constexpr):
+        """The drawn column of one row (`draw_reference` for one row).
+
+        keys: the top of the row's keys, descending (`valid` marks real ones); x_all and
+        all_valid: the whole row, for the normaliser. With HAS_EXTRA, column 0 (extra_key,
+        extra_x) is ranked by comparison and the keys' indices are columns 1.."""
+        t = tl.cast(tl.maximum(temperature, 1e-5), tl.float64)
+        position = tl.arange(0, keys.shape[0])
+        column = _key_index(keys, SPAN) + HAS_EXTRA
+        scaled = _key_value(keys).to(tl.float64) / t
+        top = tl.max(tl.where(position == 0, scaled, -float("inf")), 0)
+        if HAS_EXTRA:
+            extra_scaled = extra_x.to(tl.float64) / t
+            top = tl.maximum(top, extra_scaled)
+        total = tl.sum(tl.where(all_valid, tl.exp(x_all.to(tl.float64) / t - top), 0.0), 0)
+        if HAS_EXTRA:
+            total += tl.exp(extra_scaled - top)
+        probs = tl.where(valid, tl.exp(scaled - top) / total, 0.0)
+        inclusive = tl.cumsum(probs, 0)
+        rank = position
+        if HAS_EXTRA:
+            extra_p = tl.exp(extra_scaled - top) / total
+            after = extra_key > keys  # column 0 ranks before this candidate
+            rank += after.to(tl.int32)
+            inclusive += tl.where(after, extra_p, 0.0)
+        mass = inclusive - probs if KEEP_CROSSING else inclusive
+        p_limit = tl.where(top_p >= 1.0, float("inf"), tl.cast(top_p, tl.float64))  # top_p >= 1 keeps all
+        kept = valid & ((rank == 0) | ((rank < top_k) & (mass <= p_limit)))
+        score = tl.where(kept, scaled + gumbel(seed, counter, stream, column), -float("inf"))
+        best = tl.argmax(score, 0)
+        best_score = tl.max(score, 0)
+        choice = tl.sum(tl.where(position == best, column, 0), 0)
+        greedy = tl.sum(tl.where(position == 0, column, 0), 0)
+        if HAS_EXTRA:
+            before = valid & (keys > extra_key)
+            extra_rank = tl.sum(before.to(tl.int32), 0)
+            extra_mass = tl.sum(tl.where(before, probs, 0.0), 0)
+            if not KEEP_CROSSING:
+                extra_mass += extra_p
+            extra_kept = (extra_rank == 0) | ((extra_rank < top_k) & (extra_mass <= p_limit))
+            extra_score = tl.where(extra_kept, extra_scaled + gumbel(seed, counter, stream, extra_rank * 0),
+                                   -float("inf"))
+            best_rank = tl.sum(tl.where(position == best, rank, 0), 0)
+            # a tie goes to the lower rank, as argmax over the sorted row does
+            take_extra = (extra_score > best_score) | ((extra_score == best_score) & (extra_rank < best_rank))
+            choice = tl.where(take_extra, 0, choice)
+            greedy = tl.where(extra_rank == 0, 0, greedy)
+        return tl.where(temperature == 0, greedy, choice)
+
+    @triton.jit
+    def _row_finite(x, valid):
+        return tl.sum(tl.where(valid & ((x != x) | (tl.abs(x) == float("inf"))), 1, 0), 0) == 0
+
+    @triton.jit
+    def _finite(x):
+        return (x == x) & (tl.abs(x) != float("inf"))
+
+    @triton.jit
+    def _sample_main_kernel(
+        logits_ptr, stride_row,  # [B, 1 + SPAN] float: column 0, then the sorted block
+        ids_ptr,  # int64 [1 + SPAN] candidate ids
+        window_ptr,  # int64 [B, WINDOW]
+        temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, counter_ptr,  # [B] each
+        finite_ptr, out_ptr,  # bool [B] (ANDed when HAS_FINITE), int64 [B]
+        ras_temperature, ras_top_k, ras_top_p,
+        semantic_start, semantic_end,  # the semantic band [start, end)
+        N: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr, HAS_FINITE: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        position = tl.arange(0, SPAN)
+        valid = position < N - 1
+        base = logits_ptr + row.to(tl.int64) * stride_row
+        x = tl.load(base + 1 + position, mask=valid, other=0.0).to(tl.float32)
+        extra_x = tl.load(base).to(tl.float32)
+        keys = tl.where(valid, _keys(x, position, SPAN), -9223372036854775807 - 1)
+        keys = tl.sort(keys, descending=True)
+        extra_key = _keys(extra_x, row * 0 - 1, SPAN)  # index -1: column 0 ranks first among equal logits
+        seed = tl.load(seed_ptr + row)
+        counter = tl.load(counter_ptr + row)
+        first = _draw(keys, valid, x, valid, extra_key, extra_x, tl.load(temperature_ptr + row),
+                      tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), seed, counter, 0,
+                      SPAN, True, True)
+        retry = _draw(keys, valid, x, valid, extra_key, extra_x, ras_temperature, ras_top_k, ras_top_p,
+                      seed, counter, 1, SPAN, True, True)
+        first_id = tl.load(ids_ptr + first)
+        retry_id = tl.load(ids_ptr + retry)
+        window = tl.load(window_ptr + row * WINDOW + tl.arange(0, WINDOW))
+        repeated = tl.sum((window == first_id).to(tl.int32), 0) > 0
+        semantic = (first_id >= semantic_start) & (first_id < semantic_end)
+        tl.store(out_ptr + row, tl.where(repeated & semantic, retry_id, first_id))
+        if HAS_FINITE:
+            ok = _row_finite(x, valid) & _finite(extra_x)
+            tl.store(finite_ptr + row, (tl.load(finite_ptr + row) != 0) & ok)
+
+    @triton.jit
+    def _sample_code_kernel(
+        logits_ptr, stride_row,  # [B, N] float
+        temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, counter_ptr,  # [B] each
+        finite_ptr, out_ptr,  # bool [B] (ANDed when HAS_FINITE), int64 [B]
+        stream, max_top_k,
+        N: tl.constexpr, SPAN: tl.constexpr, SELECT: tl.constexpr, HAS_FINITE: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        position = tl.arange(0, SPAN)
+        valid = position < N
+        x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + position, mask=valid, other=0.0).to(tl.float32)
+        keys = tl.where(valid, _keys(x, position, SPAN), -9223372036854775807 - 1)
+        top = tl.topk(keys, SELECT)  # [SELECT], descending
+        top_valid = tl.arange(0, SELECT) < N
+        top_k = tl.minimum(tl.load(top_k_ptr + row), max_top_k)
+        code = _draw(top, top_valid, x, valid, 0, 0.0, tl.load(temperature_ptr + row), top_k,
+                     tl.load(top_p_ptr + row), tl.load(seed_ptr + row), tl.load(counter_ptr + row), stream,
+                     SPAN, False, False)
+        tl.store(out_ptr + row, code.to(tl.int64))
+        if HAS_FINITE:
+            tl.store(finite_ptr + row, (tl.load(finite_ptr + row) != 0) & _row_finite(x, valid))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def sample_main_kernel(candidate_logits: torch.Tensor, candidate_ids: torch.Tensor, ras_window: torch.Tensor,
+                       settings: RowSettings, seed: torch.Tensor, counter: torch.Tensor, semantic_start: int,
+                       codebook_size: int, finite: torch.Tensor | None = None) -> torch.Tensor:
+    """`sample_main_reference` as one Triton launch (one program per row)."""
+    B, N = candidate_logits.shape
+    assert candidate_logits.stride(-1) == 1 and candidate_ids.is_contiguous() and N >= 2
+    assert ras_window.shape == (B, RAS_WINDOW_FRAMES) and ras_window.is_contiguous()
+    span = _pow2(N - 1)
+    out = torch.empty(B, dtype=torch.long, device=candidate_logits.device)
+    _sample_main_kernel[(B,)](
+        candidate_logits, candidate_logits.stride(0), candidate_ids, ras_window,
+        settings.temperature, settings.top_k, settings.top_p, seed, counter,
+        finite if finite is not None else out, out,
+        RAS_TEMPERATURE, RAS_TOP_K, RAS_TOP_P, semantic_start, semantic_start + codebook_size,
+        N=N, SPAN=span, WINDOW=RAS_WINDOW_FRAMES, HAS_FINITE=finite is not None,
+        num_warps=16 if span >= 2048 else 4,
+    )
+    return out
+
+
+def sample_code_kernel(logits: torch.Tensor, settings: RowSettings, seed: torch.Tensor, counter: torch.Tensor,
+                       head: int, finite: torch.Tensor | None = None) -> torch.Tensor:
+    """`sample_code_reference` as one Triton launch (one program per row)."""
+    B, N = logits.shape
+    assert logits.stride(-1) == 1
+    span = max(_pow2(N), CODE_SELECT)
+    out = torch.empty(B, dtype=torch.long, device=logits.device)
+    _sample_code_kernel[(B,)](
+        logits, logits.stride(0), settings.temperature, settings.top_k, settings.top_p, seed, counter,
+        finite if finite is not None else out, out, STREAM_CODE + head, CODEBOOK_TOP_K,
+        N=N, SPAN=span, SELECT=CODE_SELECT, HAS_FINITE=finite is not None,
+        num_warps=8 if span >= 2048 else 4,
+    )
+    return out
+
+
+def sample_main(candidate_logits: torch.Tensor, candidate_ids: torch.Tensor, ras_window: torch.Tensor,
+                settings: RowSettings, seed: torch.Tensor, counter: torch.Tensor, semantic_start: int,
+                codebook_size: int, finite: torch.Tensor | None = None) -> torch.Tensor:
+    """The main token ids [B]: the kernel on CUDA, the reference elsewhere (same tokens)."""
+    run = sample_main_kernel if candidate_logits.is_cuda and triton is not None else sample_main_reference
+    return run(candidate_logits, candidate_ids, ras_window, settings, seed, counter, semantic_start,
+               codebook_size, finite)
+
+
+def sample_code(logits: torch.Tensor, settings: RowSettings, seed: torch.Tensor, counter: torch.Tensor,
+                head: int, finite: torch.Tensor | None = None) -> torch.Tensor:
+    """Codebook head `head`'s codes [B]: the kernel on CUDA, the reference elsewhere (same codes)."""
+    run = sample_code_kernel if logits.is_cuda and triton is not None else sample_code_reference
+    return run(logits, settings, seed, counter, head, finite)
