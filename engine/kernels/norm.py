@@ -1,0 +1,132 @@
+"""RMSNorm fused with the residual add before it and the cast after it: one pass per row.
+
+    normed, summed = add_rms_norm(x, update, weight, eps)   # summed = x + update; normed = norm(summed)
+    normed = rms_norm(x, weight, eps)                       # no residual
+
+Both equal Drama 3's layers (layers.py RMSNorm): the residual add rounds to the model
+dtype as `x + h` does, the norm runs in float32, `x * rsqrt(mean(x^2) + eps) * (1 + w)`
+(zero-centred, every norm of the backbone and the tower) or `* w` (`zero_centred=False`),
+then casts to `out_dtype` (default: x's). Rows are the last dim; any leading shape.
+
+Design choices:
+- One program per row holds the whole row in registers (2,048 columns for the backbone
+  and tower, 256 for per-head q/k norms): the row is read once and both results written
+  once, where eager torch reads and writes it five times (add, cast, square-mean, scale,
+  cast) and the compiled layers still split the add from the norm across a GEMM.
+- The rounding of the sum to the model dtype happens before the norm reads it, exactly
+  as in the unfused layer, so the two agree to float32 rounding of the mean.
+- `rms_norm_reference` / `add_rms_norm_reference` are the plain-torch definitions (the
+  model's own arithmetic); tests hold the kernel to them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    from engine.kernels.casts import round_to
+except ImportError:  # CPU installs have no Triton; only the references run there
+    triton = None
+    tl = None
+
+
+# ─── torch reference ─────────────────────────────────────────────────────────
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centred: bool = True,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., D], weight [D] -> [..., D] in out_dtype (default x's)."""
+    y = x.float()
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+    scale = 1.0 + weight.float() if zero_centred else weight.float()
+    return (y * scale).to(out_dtype or x.dtype)
+
+
+def add_rms_norm_reference(x: torch.Tensor, update: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                           zero_centred: bool = True,
+                           out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + update), x + update); x, update [..., D] of one dtype."""
+    summed = x + update
+    return rms_norm_reference(summed, weight, eps, zero_centred=zero_centred, out_dtype=out_dtype), summed
+
+
+# ─── Triton ──────────────────────────────────────────────────────────────────
+
+if triton is not None:
+
+    @triton.jit
+    def _add_rms_norm_kernel(
+        x_ptr, update_ptr, weight_ptr,  # [N, D] (row stride given), [N, D], [D]
+        normed_ptr, summed_ptr,  # [N, D] contiguous each
+        stride_x, stride_update, eps,
+        D: tl.constexpr, BLOCK: tl.constexpr, HAS_UPDATE: tl.constexpr, ZERO_CENTRED: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        column = tl.arange(0, BLOCK)
+        inside = column < D
+        x = tl.load(x_ptr + row * stride_x + column, mask=inside, other=0.0)
+        if HAS_UPDATE:
+            update = tl.load(update_ptr + row * stride_update + column, mask=inside, other=0.0)
+            x = round_to(x.to(tl.float32) + update.to(tl.float32), summed_ptr.dtype.element_ty)  # as `x + h` rounds
+            tl.store(summed_ptr + row * D + column, x, mask=inside)
+        y = x.to(tl.float32)
+        mean_square = tl.sum(y * y, 0) / D
+        y = y * tl.math.rsqrt(mean_square + eps)
+        weight = tl.load(weight_ptr + column, mask=inside, other=0.0).to(tl.float32)
+        scale = 1.0 + weight if ZERO_CENTRED else weight
+        tl.store(normed_ptr + row * D + column, round_to(y * scale, normed_ptr.dtype.element_ty), mask=inside)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] as [N, D] rows without a copy when it can (the last dim must be dense)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _launch(x: torch.Tensor, update: torch.Tensor | None, weight: torch.Tensor, eps: float, zero_centred: bool,
+            out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    D = x.shape[-1]
+    rows = _rows(x)
+    updates = _rows(update) if update is not None else rows
+    N = rows.shape[0]
+    normed = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    summed = torch.empty(x.shape, dtype=x.dtype, device=x.device) if update is not None else normed
+    block = triton.next_power_of_2(D)
+    _add_rms_norm_kernel[(N,)](
+        rows, updates, weight, normed, summed, rows.stride(0), updates.stride(0), eps,
+        D=D, BLOCK=block, HAS_UPDATE=update is not None, ZERO_CENTRED=zero_centred,
+        num_warps=max(1, min(16, block // 256)),
+    )
+    return normed, summed
+
+
+def rms_norm_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centred: bool = True,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`rms_norm_reference` as one Triton launch (one program per row)."""
+    return _launch(x, None, weight, eps, zero_centred, out_dtype)[0]
+
+
+def add_rms_norm_kernel(x: torch.Tensor, update: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                        zero_centred: bool = True,
+                        out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`add_rms_norm_reference` as one Triton launch (one program per row)."""
+    assert x.shape == update.shape and x.dtype == update.dtype
+    return _launch(x, update, weight, eps, zero_centred, out_dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centred: bool = True,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The kernel on CUDA, the reference elsewhere."""
+    run = rms_norm_kernel if x.is_cuda and triton is not None else rms_norm_reference
+    return run(x, weight, eps, zero_centred=zero_centred, out_dtype=out_dtype)
+
+
+def add_rms_norm(x: torch.Tensor, update: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                 zero_centred: bool = True,
+                 out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + update), x + update): the kernel on CUDA, the reference elsewhere."""
+    run = add_rms_norm_kernel if x.is_cuda and triton is not None else add_rms_norm_reference
+    return run(x, update, weight, eps, zero_centred=zero_centred, out_dtype=out_dtype)
