@@ -55,7 +55,7 @@ def test_kernel_equals_reference(dtype: torch.dtype) -> None:
 
 @needs_triton
 def test_kernel_reads_strided_rows() -> None:
-    x, update, weight = inputs((4, 128), torch.float32, DEVICE, 3)
+    x, _, weight = inputs((4, 128), torch.float32, DEVICE, 3)
     q_heads = x[:, :64]  # every other half-row: a view with row stride 128
     torch.testing.assert_close(norm.rms_norm_kernel(q_heads, weight[:64], 1e-6),
                                norm.rms_norm_reference(q_heads, weight[:64], 1e-6), rtol=1e-5, atol=1e-5)

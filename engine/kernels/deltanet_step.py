@@ -1,0 +1,191 @@
+"""One Gated DeltaNet decode step (one row per slot) as one Triton kernel per layer.
+
+    out = deltanet_step(layer, mixed, z, b, a, positions, slots)   # [B, Hv*Dv]; then layer.out_proj(out)
+
+From the layer's input projections of one row per slot (mixed [B, C] = q | k | v
+channels, z [B, Hv*Dv], b and a [B, Hv]; views into one packed GEMM output are fine),
+it runs what GatedDeltaNet.forward does between `project` and `out_proj`:
+
+    window = [conv_state * continuing, mixed];  conv_state <- window[1:]      # per channel, K taps
+    q, k, v = silu(conv1d(window));  q, k = l2norm(q) / sqrt(Dk), l2norm(k)    # key head h serves value heads
+    beta = sigmoid(b);  g = -exp(A_log) softplus(a + dt_bias)                 #   h*R .. h*R+R-1
+    S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q               # S: float32 [Dk, Dv] per value head
+    out = weight * rmsnorm(o) * silu(z)                                       # GatedRMSNorm
+
+and updates the layer's conv and recurrent states of `slots` in place. A row at
+position 0 starts its take: its states start from zero.
+
+Design choices:
+- One program per (row, key head): it owns the conv channels of that key head's q and k
+  and of its R value heads' v, and those value heads' recurrent states, so no two
+  programs touch the same state. (A program per value head would read q/k conv states
+  that another program is rewriting.) R states of Dk x Dv float32 pass through its
+  registers one after another: read once, written once.
+- Rounding as the eager layer in the model dtype: the conv output and its SiLU round to
+  it (bfloat16 on the GPU), the rest is float32; the output rounds once at the end.
+- Within a program, every read of a state comes before a barrier and every write after
+  it: threads that hold copies of one element must not see each other's new values.
+- `deltanet_step_reference` is the plain-torch definition, built from the layer's own
+  pieces (deltanet.py's l2_normalize, recurrent_delta_rule, GatedRMSNorm); tests hold
+  the kernel to it and it to GatedDeltaNet.forward.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from engine.drama3.deltanet import l2_normalize, recurrent_delta_rule
+
+if TYPE_CHECKING:
+    from engine.drama3.deltanet import GatedDeltaNet
+
+try:
+    import triton
+    import triton.language as tl
+
+    from engine.kernels.casts import round_to
+except ImportError:  # CPU installs have no Triton; only the reference runs there
+    triton = None
+    tl = None
+
+L2_EPS = 1e-6  # deltanet.l2_normalize's
+
+
+# ─── torch reference ─────────────────────────────────────────────────────────
+
+
+def deltanet_step_reference(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
+                            a: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """mixed [B, C], z [B, Hv*Dv], b and a [B, Hv], positions and slots [B] -> out [B, Hv*Dv] (z's dtype)."""
+    continuing = (positions > 0)[:, None, None]  # [B, 1, 1]
+    window = torch.cat((layer.conv_state[slots] * continuing, mixed[:, :, None]), dim=-1)  # [B, C, K]
+    layer.conv_state[slots] = window[:, :, 1:]
+    mixed = F.silu(F.conv1d(window, layer.conv1d.weight, groups=layer.conv_channels))[:, :, 0]  # [B, C]
+    key_width = layer.k_heads * layer.k_dim
+    q, k, v = mixed.split((key_width, key_width, layer.v_heads * layer.v_dim), dim=-1)
+    repeat = layer.v_heads // layer.k_heads
+    q = l2_normalize(q.float().unflatten(-1, (layer.k_heads, layer.k_dim))).repeat_interleave(repeat, dim=1)
+    k = l2_normalize(k.float().unflatten(-1, (layer.k_heads, layer.k_dim))).repeat_interleave(repeat, dim=1)
+    q = q * layer.k_dim ** -0.5  # [B, Hv, Dk]
+    v = v.float().unflatten(-1, (layer.v_heads, layer.v_dim))  # [B, Hv, Dv]
+    beta = torch.sigmoid(b.float())  # [B, Hv]
+    g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())  # [B, Hv]
+    state = layer.recurrent_state[slots] * continuing[..., None]  # [B, Hv, Dk, Dv]
+    out, state = recurrent_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], state)
+    layer.recurrent_state[slots] = state
+    return layer.norm(out[:, 0], z.unflatten(-1, (layer.v_heads, layer.v_dim))).flatten(-2)
+
+
+# ─── Triton ──────────────────────────────────────────────────────────────────
+
+if triton is not None:
+
+    @triton.jit
+    def _conv_silu(mixed_row, conv_state, conv_weight, channel, continuing,
+                   KERNEL: tl.constexpr, TAPS: tl.constexpr):
+        """SiLU of the causal conv of one row's `channel`s (float32, rounded as the model
+        dtype), and their conv states shifted by one tap in place."""
+        dtype = mixed_row.dtype.element_ty
+        tap = tl.arange(0, TAPS)  # the K-1 stored taps, padded to a power of two
+        stored = tap[None, :] < KERNEL - 1
+        state_ptrs = conv_state + channel[:, None] * (KERNEL - 1) + tap[None, :]
+        old = tl.load(state_ptrs, mask=stored, other=0.0).to(tl.float32)  # [CH, TAPS]
+        old = tl.where(continuing, old, 0.0)
+        newer = tl.load(state_ptrs + 1, mask=tap[None, :] < KERNEL - 2, other=0.0).to(tl.float32)
+        newer = tl.where(continuing, newer, 0.0)
+        x = tl.load(mixed_row + channel)
+        weights = tl.load(conv_weight + channel[:, None] * KERNEL + tap[None, :], mask=stored, other=0.0)
+        last_weight = tl.load(conv_weight + channel * KERNEL + KERNEL - 1).to(tl.float32)
+        conv = tl.sum(old * weights.to(tl.float32), 1) + x.to(tl.float32) * last_weight
+        conv = round_to(conv, dtype).to(tl.float32)
+        tl.debug_barrier()  # every copy of the old taps is read before any is overwritten
+        shifted = tl.where(tap[None, :] == KERNEL - 2, x.to(tl.float32)[:, None], newer)  # [CH, TAPS]
+        tl.store(state_ptrs, round_to(shifted, dtype), mask=stored)
+        return round_to(conv / (1.0 + tl.exp(-conv)), dtype).to(tl.float32)
+
+    @triton.jit
+    def _softplus(x):
+        """log(1 + exp(x)) as torch's softplus (threshold 20), accurate where exp(x) is tiny."""
+        e = tl.exp(x)
+        u = 1.0 + e
+        log1p = tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))
+        return tl.where(x > 20.0, x, log1p)
+
+    @triton.jit
+    def _deltanet_step_kernel(
+        mixed_ptr, z_ptr, b_ptr, a_ptr,  # [B, C], [B, Hv*Dv], [B, Hv], [B, Hv] (row strides below)
+        stride_mixed, stride_z, stride_b, stride_a,
+        conv_state_ptr, conv_weight_ptr,  # [slots, C, K-1] model dtype, [C, 1, K]
+        a_log_ptr, dt_bias_ptr, norm_weight_ptr,  # float32 [Hv], float32 [Hv], [Dv]
+        state_ptr,  # float32 [slots, Hv, Dk, Dv]
+        positions_ptr, slots_ptr,  # int64 [B]
+        out_ptr,  # [B, Hv*Dv]
+        norm_eps,
+        HK: tl.constexpr, REPEAT: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+        KERNEL: tl.constexpr, TAPS: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        head = tl.program_id(1)  # the key head
+        C: tl.constexpr = 2 * HK * DK + HK * REPEAT * DV
+        HV: tl.constexpr = HK * REPEAT
+        slot = tl.load(slots_ptr + row).to(tl.int64)
+        continuing = tl.load(positions_ptr + row) > 0
+        mixed_row = mixed_ptr + row.to(tl.int64) * stride_mixed
+        conv_state = conv_state_ptr + slot * C * (KERNEL - 1)
+        dk = tl.arange(0, DK)
+        dv = tl.arange(0, DV)
+        q = _conv_silu(mixed_row, conv_state, conv_weight_ptr, head * DK + dk, continuing, KERNEL, TAPS)
+        k = _conv_silu(mixed_row, conv_state, conv_weight_ptr, HK * DK + head * DK + dk, continuing, KERNEL, TAPS)
+        q = q * tl.math.rsqrt(tl.sum(q * q, 0) + 1e-6) * (DK ** -0.5)
+        k = k * tl.math.rsqrt(tl.sum(k * k, 0) + 1e-6)
+        norm_weight = tl.load(norm_weight_ptr + dv).to(tl.float32)
+        for j in tl.static_range(REPEAT):
+            value_head = head * REPEAT + j
+            v = _conv_silu(mixed_row, conv_state, conv_weight_ptr, 2 * HK * DK + value_head * DV + dv, continuing,
+                           KERNEL, TAPS)
+            beta = tl.sigmoid(tl.load(b_ptr + row * stride_b + value_head).to(tl.float32))
+            a = tl.load(a_ptr + row * stride_a + value_head).to(tl.float32)
+            g = -tl.exp(tl.load(a_log_ptr + value_head)) * _softplus(a + tl.load(dt_bias_ptr + value_head))
+            state_ptrs = state_ptr + (slot * HV + value_head) * DK * DV + dk[:, None] * DV + dv[None, :]
+            state = tl.load(state_ptrs)  # [DK, DV]
+            state = tl.where(continuing, state, 0.0) * tl.exp(g)
+            u = beta * (v - tl.sum(state * k[:, None], 0))  # [DV]
+            state = state + k[:, None] * u[None, :]
+            o = tl.sum(state * q[:, None], 0)  # [DV]
+            tl.debug_barrier()  # every copy of the old state is read before any is overwritten
+            tl.store(state_ptrs, state)
+            z = tl.load(z_ptr + row * stride_z + value_head * DV + dv).to(tl.float32)
+            normed = o * tl.math.rsqrt(tl.sum(o * o, 0) / DV + norm_eps)
+            out = norm_weight * normed * (z / (1.0 + tl.exp(-z)))
+            tl.store(out_ptr + row * HV * DV + value_head * DV + dv, round_to(out, out_ptr.dtype.element_ty))
+
+
+def deltanet_step_kernel(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
+                         a: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """`deltanet_step_reference` as one Triton launch: a program per (row, key head)."""
+    B = mixed.shape[0]
+    conv_state, state, weight = layer.conv_state, layer.recurrent_state, layer.conv1d.weight
+    assert conv_state is not None and state is not None, "call layer.setup_cache first"
+    assert conv_state.is_contiguous() and state.is_contiguous() and weight.is_contiguous()
+    assert all(t.stride(-1) == 1 for t in (mixed, z, b, a)) and state.dtype == torch.float32
+    out = torch.empty(B, layer.v_heads * layer.v_dim, dtype=z.dtype, device=z.device)
+    tile = layer.k_dim * layer.v_dim
+    _deltanet_step_kernel[(B, layer.k_heads)](
+        mixed, z, b, a, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0),
+        conv_state, weight, layer.A_log, layer.dt_bias, layer.norm.weight, state,
+        positions, slots, out, layer.norm.eps,
+        HK=layer.k_heads, REPEAT=layer.v_heads // layer.k_heads, DK=layer.k_dim, DV=layer.v_dim,
+        KERNEL=layer.kernel, TAPS=triton.next_power_of_2(layer.kernel - 1),
+        num_warps=8 if tile >= 128 * 128 else 4,
+    )
+    return out
+
+
+def deltanet_step(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                  positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The kernel on CUDA, the reference elsewhere."""
+    run = deltanet_step_kernel if mixed.is_cuda and triton is not None else deltanet_step_reference
+    return run(layer, mixed, z, b, a, positions, slots)
