@@ -64,19 +64,20 @@ def deltanet_step_reference(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.
     window = torch.cat((layer.conv_state[slots] * continuing, mixed[:, :, None]), dim=-1)  # [B, C, K]
     layer.conv_state[slots] = window[:, :, 1:]
     mixed = F.silu(F.conv1d(window, layer.conv1d.weight, groups=layer.conv_channels))[:, :, 0]  # [B, C]
-    key_width = layer.k_heads * layer.k_dim
-    q, k, v = mixed.split((key_width, key_width, layer.v_heads * layer.v_dim), dim=-1)
+    B, key_width = len(mixed), layer.k_heads * layer.k_dim
+    q, k, v = mixed[:, :key_width], mixed[:, key_width:2 * key_width], mixed[:, 2 * key_width:]
     repeat = layer.v_heads // layer.k_heads
-    q = l2_normalize(q.float().unflatten(-1, (layer.k_heads, layer.k_dim))).repeat_interleave(repeat, dim=1)
-    k = l2_normalize(k.float().unflatten(-1, (layer.k_heads, layer.k_dim))).repeat_interleave(repeat, dim=1)
+    q = l2_normalize(q.float().view(B, layer.k_heads, layer.k_dim)).repeat_interleave(repeat, dim=1)
+    k = l2_normalize(k.float().view(B, layer.k_heads, layer.k_dim)).repeat_interleave(repeat, dim=1)
     q = q * layer.k_dim ** -0.5  # [B, Hv, Dk]
-    v = v.float().unflatten(-1, (layer.v_heads, layer.v_dim))  # [B, Hv, Dv]
+    v = v.float().view(B, layer.v_heads, layer.v_dim)  # [B, Hv, Dv]
     beta = torch.sigmoid(b.float())  # [B, Hv]
     g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())  # [B, Hv]
     state = layer.recurrent_state[slots] * continuing[..., None]  # [B, Hv, Dk, Dv]
     out, state = recurrent_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], state)
     layer.recurrent_state[slots] = state
-    return layer.norm(out[:, 0], z.unflatten(-1, (layer.v_heads, layer.v_dim))).flatten(-2)
+    normed: torch.Tensor = layer.norm(out[:, 0], z.reshape(B, layer.v_heads, layer.v_dim))  # [B, Hv, Dv]
+    return normed.flatten(-2)
 
 
 # ─── Triton ──────────────────────────────────────────────────────────────────

@@ -28,7 +28,8 @@ def layer_of(config: TextConfig, dtype: torch.dtype, device: str, slots: int, se
         layer.norm.weight.uniform_(0.5, 1.5)
         layer.conv1d.weight.normal_(0.0, 0.5)
     layer = layer.to(device=device, dtype=dtype)
-    layer.A_log.data, layer.dt_bias.data = layer.A_log.data.float(), layer.dt_bias.data.float()  # as the model keeps them
+    layer.A_log.data = layer.A_log.data.float()  # the model keeps its decay parameters float32
+    layer.dt_bias.data = layer.dt_bias.data.float()
     layer.setup_cache(slots, device, dtype)
     layer.conv_state.normal_()
     layer.recurrent_state.normal_(0.0, 0.3)
