@@ -10,8 +10,8 @@ import argparse
 import importlib
 
 NAME = "bench"
-HELP = ("measure speed: codec, rtf (CPU take real-time factor), slots, decode, prefill, takes, personaplex, "
-        "formats (the speech API's encoders); numerics (compiled vs eager, float32)")
+HELP = ("measure speed: codec, rtf (CPU take real-time factor), slots, decode, prefill, takes, kernels, "
+        "personaplex, formats (the speech API's encoders); numerics (compiled vs eager, float32)")
 BENCHES = {
     "codec": "engine.bench.codec",
     "rtf": "engine.bench.rtf",
@@ -19,6 +19,7 @@ BENCHES = {
     "decode": "engine.bench.drama3",
     "prefill": "engine.bench.drama3",
     "takes": "engine.bench.drama3",
+    "kernels": "engine.bench.kernels",
     "personaplex": "engine.bench.personaplex",
     "numerics": "engine.bench.numerics",
     "formats": "backend.tools.formats_bench",

@@ -1,0 +1,45 @@
+"""`retake bench kernels`: without CUDA it says so and exits 2; its cases (every kernel and
+its reference on random inputs) run at a small config, here through Triton's interpreter."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from backend.cli import main
+from engine.bench import kernels as bench
+from engine.drama3.config import Drama3Config
+from engine.drama3.tiny import tiny_config
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
+def test_without_cuda_it_says_so_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "kernels", "--rows", "1"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def small_config() -> Drama3Config:
+    raw = tiny_config()
+    raw["audio_decoder_config"]["vocab_size"] = 32  # a 33-candidate main head: quick in the interpreter
+    raw["semantic_end_token_id"] = raw["semantic_start_token_id"] + 31
+    return Drama3Config.from_dict(raw)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+def test_every_case_runs_its_kernel_and_reference() -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config = small_config()
+    with torch.inference_mode():
+        cases = bench.cases(config, rows=2, device=device)
+        assert {case.kernel for case in cases} == {"sample_main", "sample_code", "add_rms_norm", "deltanet_step",
+                                                   "fp8_moe", "fp8_moe pairs split 1", "fp8_moe experts"}
+        for case in cases:
+            got, expected = case.call(0), case.reference(0)
+            assert case.bytes > 0 and case.copies >= 1 and case.per_step >= 1
+            got = got[0] if isinstance(got, tuple) else got
+            expected = expected[0] if isinstance(expected, tuple) else expected
+            assert isinstance(got, torch.Tensor) and got.shape == expected.shape, case.kernel
+            if case.kernel.startswith("sample"):
+                assert torch.equal(got, expected), case.kernel
