@@ -165,7 +165,9 @@ if triton is not None:
         extra_x) is ranked by comparison and the keys' indices are columns 1.."""
         t = tl.cast(tl.maximum(temperature, 1e-5), tl.float64)
         position = tl.arange(0, keys.shape[0])
-        column = _key_index(keys, SPAN) + HAS_EXTRA
+        column = _key_index(keys, SPAN)
+        if HAS_EXTRA:
+            column += 1  # the keys rank columns 1.., column 0 comes separately
         scaled = _key_value(keys).to(tl.float64) / t
         top = tl.max(tl.where(position == 0, scaled, -float("inf")), 0)
         if HAS_EXTRA:
