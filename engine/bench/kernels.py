@@ -208,8 +208,8 @@ def cases(config: Drama3Config, rows: int, device: torch.device) -> list[Case]:
 def _replay_ms(run: Callable[[], object]) -> float:
     times: list[float] = []
     for _ in range(REPLAYS + 2):
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
         start.record()
         run()
         end.record()
@@ -220,7 +220,7 @@ def _replay_ms(run: Callable[[], object]) -> float:
 
 def call_ms(call: Callable[[int], object], copies: int, graphs: bool) -> float:
     """Median ms of one call: a CUDA graph of `copies` calls replayed, or the calls eagerly."""
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # warm-up (compiles the kernels) off the capture
         for i in range(copies):
             call(i)
