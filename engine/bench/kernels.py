@@ -76,7 +76,7 @@ def copies_for(cold_bytes: int) -> int:
 
 def sampler_cases(config: Drama3Config, rows: int, device: torch.device) -> list[Case]:
     from engine.drama3.model import candidate_ids
-    from engine.drama3.sampling import SamplingTensors
+    from engine.drama3.sampler import SamplingTensors
     from engine.kernels import sampler
 
     width = config.codebook_size + 1

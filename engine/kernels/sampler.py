@@ -5,12 +5,12 @@
     code = sample_code(head_logits, settings, seed, counter, head, finite)   # [B] int64, head j = 0..8
 
 `settings` is anything with `temperature` (float32 [B]), `top_k` (int64 [B]) and `top_p`
-(float32 [B]), such as engine.drama3.sampling.SamplingTensors; `seed` and `counter` are
+(float32 [B]), such as engine.drama3.sampler.SamplingTensors; `seed` and `counter` are
 int64 [B] (the take's seed and its frames drawn so far); `finite` (bool [B], optional) is
 ANDed in place with "this row's logits are all finite". On CUDA the Triton kernels run
 (no host sync, static shapes: capturable in a CUDA graph); elsewhere the torch references.
 
-Semantics (sampling.py's, sglang-omni's): logits / max(T, 1e-5), ranked by a stable
+Semantics (engine/drama3/sampler.py's, sglang-omni's): logits / max(T, 1e-5), ranked by a stable
 descending sort (ties: lower index first); probabilities over the whole row; a candidate
 of rank r is kept if r == 0, or r < top_k and its mass condition holds: the main token
 keeps the candidate that crosses top_p (mass strictly before it <= top_p), the codebook
@@ -22,7 +22,7 @@ cap top_k at 30.
 Design choices:
 - Counter-based draws (draws.py): Gumbel-max with Philox noise keyed by (seed, counter,
   stream, index), so a seeded take draws the same frame in any row of any batch bucket.
-  These differ from the per-slot torch.Generator draws of sampling.py: the same seed
+  These differ from the per-slot torch.Generator draws of drama3/sampler.py: the same seed
   gives other (equally distributed) tokens.
 - Exact ranking without a separate sort launch: each logit becomes an int64 key (its
   float32 bits made order-preserving, then the complement of its index), so equal logits
@@ -46,7 +46,7 @@ from typing import Protocol
 
 import torch
 
-from engine.drama3.sampling import (
+from engine.drama3.sampler import (
     CODEBOOK_TOP_K,
     MIN_TEMPERATURE,
     RAS_TEMPERATURE,
@@ -70,7 +70,7 @@ assert CODEBOOK_TOP_K <= CODE_SELECT and RAS_TOP_K <= 4096
 
 
 class RowSettings(Protocol):
-    """Per-row sampling settings (engine.drama3.sampling.SamplingTensors has these)."""
+    """Per-row sampling settings (engine.drama3.sampler.SamplingTensors has these)."""
 
     temperature: torch.Tensor  # float32 [B]; 0 is greedy
     top_k: torch.Tensor  # int64 [B]

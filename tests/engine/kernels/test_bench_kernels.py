@@ -3,8 +3,6 @@ its reference on random inputs) run at a small config, here through Triton's int
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -27,7 +25,7 @@ def small_config() -> Drama3Config:
     return Drama3Config.from_dict(raw)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+@pytest.mark.kernel
 def test_every_case_runs_its_kernel_and_reference() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = small_config()

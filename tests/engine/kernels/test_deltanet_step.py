@@ -5,7 +5,6 @@ with a take starting at position 0 among continuing ones and slots out of order.
 from __future__ import annotations
 
 import copy
-import importlib.util
 
 import pytest
 import torch
@@ -15,8 +14,7 @@ from engine.drama3.deltanet import GatedDeltaNet
 from engine.drama3.tiny import tiny_config
 from engine.kernels import deltanet_step as ds
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the kernels run in Triton's interpreter
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU: Triton's interpreter (conftest.py)
 
 
 def layer_of(config: TextConfig, dtype: torch.dtype, device: str, slots: int, seed: int) -> GatedDeltaNet:
@@ -80,7 +78,7 @@ def check(config: TextConfig, rows: int, dtype: torch.dtype, device: str, seed: 
         positions = positions + 1
 
 
-@needs_triton
+@pytest.mark.kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_equals_reference(dtype: torch.dtype) -> None:
     config = TextConfig.from_dict(tiny_config()["text_config"])  # 2 key heads, 4 value heads, 32 x 32

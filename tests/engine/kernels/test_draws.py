@@ -3,7 +3,6 @@ equals the reference's, and the noise is Gumbel(0, 1) and changes with every cou
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -11,8 +10,7 @@ import torch
 
 from engine.kernels import draws
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the kernels run in Triton's interpreter
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU: Triton's interpreter (conftest.py)
 
 
 def words(*values: int) -> list[torch.Tensor]:
@@ -59,7 +57,7 @@ def check_kernel_noise(dev: str, n: int) -> None:
     torch.testing.assert_close(out, expected, rtol=1e-13, atol=0)
 
 
-@needs_triton
+@pytest.mark.kernel
 def test_kernel_noise_equals_reference() -> None:
     check_kernel_noise(DEVICE, 256)
 

@@ -5,16 +5,13 @@ against each other, and against the reference only on the GPU."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
 from engine.drama3.fp8 import dequantize_fp8, quantize_fp8
 from engine.kernels import fp8_moe as m
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the kernels run in Triton's interpreter
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU: Triton's interpreter (conftest.py)
 
 
 def experts(E: int, D: int, inter: int, device: str) -> tuple[torch.Tensor, ...]:
@@ -83,7 +80,7 @@ def test_reference_without_activation_quantisation_matches_dense_loop() -> None:
         torch.testing.assert_close(out[t], expected, rtol=1e-4, atol=1e-5)
 
 
-@needs_triton
+@pytest.mark.kernel
 def test_layouts_and_k_splits_agree() -> None:
     torch.manual_seed(1)
     E, D, inter, T, k = 4, 128, 128, 3, 2

@@ -3,16 +3,13 @@ equals the model's own layers (layers.RMSNorm after `x + h`, deltanet's plain-we
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
 from engine.drama3.layers import RMSNorm
 from engine.kernels import casts, norm
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the kernels run in Triton's interpreter
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU: Triton's interpreter (conftest.py)
 
 
 def inputs(shape: tuple[int, ...], dtype: torch.dtype, device: str, seed: int) -> tuple[torch.Tensor, ...]:
@@ -46,14 +43,14 @@ def check(shape: tuple[int, ...], dtype: torch.dtype, device: str, seed: int) ->
                                                                   out_dtype=torch.float32), rtol=1e-5, atol=1e-5)
 
 
-@needs_triton
+@pytest.mark.kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_equals_reference(dtype: torch.dtype) -> None:
     check((3, 96), dtype, DEVICE, 1)  # a width that is not a power of two
     check((2, 2, 64), dtype, DEVICE, 2)
 
 
-@needs_triton
+@pytest.mark.kernel
 def test_kernel_reads_strided_rows() -> None:
     x, _, weight = inputs((4, 128), torch.float32, DEVICE, 3)
     q_heads = x[:, :64]  # every other half-row: a view with row stride 128
@@ -68,7 +65,7 @@ def test_kernel_equals_reference_at_model_widths(rows: int) -> None:
     check((rows, 16, 256), torch.bfloat16, "cuda", rows)  # per-head q/k norms
 
 
-@needs_triton
+@pytest.mark.kernel
 def test_round_to_bfloat16_is_torchs_rounding() -> None:
     import triton
     import triton.language as tl

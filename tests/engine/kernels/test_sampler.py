@@ -1,22 +1,20 @@
 """The fused sampler: kernels equal their torch references token for token (CPU through
 Triton's interpreter at small widths, the GPU at the full widths, in a CUDA graph too), a
 take draws the same in any row of any batch, and the references keep the candidates and
-the distribution of sampling.py's sampler (only the random stream differs)."""
+the distribution of engine/drama3/sampler.py (only the random stream differs)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
 import torch
 
-from engine.drama3.sampling import RAS_TOP_K, RAS_TOP_P, SamplingTensors, sample_top_k_top_p
+from engine.drama3.sampler import RAS_TOP_K, RAS_TOP_P, SamplingTensors, sample_top_k_top_p
 from engine.kernels import sampler
 from engine.kernels.draws import STREAM_MAIN, STREAM_RAS
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the kernels run in Triton's interpreter
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU: Triton's interpreter (conftest.py)
 SEMANTIC_START = 1000  # candidate ids: EOS = 7, then the band SEMANTIC_START ..
 
 
@@ -89,18 +87,18 @@ def check_code(rows: int, width: int, device: str, seed: int, head: int) -> None
 # ─── kernels vs references (CPU: Triton's interpreter at small widths) ─────────
 
 
-@needs_triton
+@pytest.mark.kernel
 def test_main_kernel_equals_reference() -> None:
     check_main(rows=8, width=65, device=DEVICE, seed=0)
 
 
-@needs_triton
+@pytest.mark.kernel
 def test_code_kernel_equals_reference() -> None:
     check_code(rows=6, width=64, device=DEVICE, seed=1, head=0)
     check_code(rows=6, width=48, device=DEVICE, seed=2, head=8)  # a width that is not a power of two
 
 
-@needs_triton
+@pytest.mark.kernel
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # the interpreter computes with the NaN row
 def test_kernels_flag_rows_with_non_finite_logits() -> None:
     generator = torch.Generator().manual_seed(3)
@@ -118,7 +116,7 @@ def test_kernels_flag_rows_with_non_finite_logits() -> None:
     assert finite.tolist() == [False, True, True]
 
 
-@needs_triton
+@pytest.mark.kernel
 def test_a_take_draws_the_same_frame_in_any_row_of_any_batch() -> None:
     logits, ids, window, settings, seed, counter, _ = main_case(rows=5, width=33, device=DEVICE, seed=4)
     batch = sampler.sample_main_kernel(logits, ids, window, settings, seed, counter, SEMANTIC_START, 32)
@@ -130,14 +128,14 @@ def test_a_take_draws_the_same_frame_in_any_row_of_any_batch() -> None:
     assert [int(a) for a in alone] == [int(batch[4]), int(batch[1])]
 
 
-# ─── the references keep sampling.py's semantics ──────────────────────────────
+# ─── the references keep drama3/sampler.py's semantics ────────────────────────
 
 ROWS = 4000
 
 
 def new_and_old(logits: list[float], *, keep_crossing: bool, temperature: float = 1.0, top_k: int = 1000,
                 top_p: float = 1.0) -> tuple[list[int], list[int]]:
-    """Counts per id of ROWS draws of the reference (counters 0..ROWS-1) and of sampling.py."""
+    """Counts per id of ROWS draws of the reference (counters 0..ROWS-1) and of drama3/sampler.py."""
     batch = torch.tensor(logits).expand(ROWS, -1)
     t, k, p = torch.full((ROWS,), temperature), torch.full((ROWS,), top_k), torch.full((ROWS,), top_p)
     new = sampler.draw_reference(batch, t, k, p, torch.full((ROWS,), 99), torch.arange(ROWS), 0,
@@ -150,7 +148,7 @@ def new_and_old(logits: list[float], *, keep_crossing: bool, temperature: float 
 @pytest.mark.parametrize("keep_crossing", [True, False])
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 1000, 0.6), (0.7, 3, 1.0), (1.3, 4, 0.85),
                                                      (1.0, 1, 1.0), (0.0, 1000, 0.9)])
-def test_reference_keeps_the_candidates_and_distribution_of_sampling_py(
+def test_reference_keeps_the_candidates_and_distribution_of_the_old_sampler(
         keep_crossing: bool, temperature: float, top_k: int, top_p: float) -> None:
     logits = [math.log(p) for p in (0.05, 0.3, 0.2, 0.15, 0.3)]  # a tie at the top: ids 1 and 4
     new, old = new_and_old(logits, keep_crossing=keep_crossing, temperature=temperature, top_k=top_k, top_p=top_p)
