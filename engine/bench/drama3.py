@@ -344,10 +344,10 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
     replayed from the window graphs (codec_graphs.py)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from engine.drama3.codec_graphs import WindowGraphs
+    from engine.drama3.codec_graphs import WindowGraphs, decode_window
     from engine.drama3.decoder import Decoder
     from engine.drama3.slots import Slots
-    from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, decode_window, window_lengths
+    from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, window_lengths
     from engine.drama3.take import Done
 
     out: list[Row] = []
@@ -356,13 +356,13 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
     decoder.capture()
     graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, 4))  # covers the seed's windows too
     graphs.capture()
-    codec.window_graphs = graphs if graphs.graphs.enabled else None
+    window_graphs = graphs if graphs.graphs.enabled else None
     vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-vocoder")
     for first_window in (None, 4):
         for where, executor in (("inline", None), ("thread", vocoder)):
             firsts: list[float] = []
             slots = Slots(decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window,
-                          executor=executor)
+                          executor=executor, graphs=window_graphs)
             for seed in range(4):
                 prompt = synthetic_prompt(config, prompt_rows, 48, seed)
                 done = next(e for e in slots.generate(slots.start(prompt)) if isinstance(e, Done))
@@ -376,7 +376,6 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
             end = context + frames
             window = Window(start=0, emit=context, end=end, last=False)
             row: Row = {"bench": "vocode", "frames": frames, "context_frames": context}
-            codec.window_graphs = None
             decode_window(codec, codes, window)
             row["eager_ms"] = round(statistics.median(timed_ms(functools.partial(decode_window, codec, codes, window),
                                                                device, 5)), 2)
@@ -385,7 +384,6 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
                 row["graph_ms"] = round(statistics.median(timed_ms(functools.partial(graphs.pcm, codes, window),
                                                                    device, 5)), 2)
             out.append(row)
-    codec.window_graphs = graphs if graphs.graphs.enabled else None
     return out
 
 

@@ -27,7 +27,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -47,9 +47,6 @@ from engine.drama3.codec_layers import (
 )
 from engine.errors import ConfigError
 from engine.readback import to_host
-
-if TYPE_CHECKING:
-    from engine.drama3.codec_graphs import WindowGraphs
 
 REFERENCE_CACHE_SIZE = 64
 
@@ -184,7 +181,6 @@ class Codec(nn.Module):
             quantizer_transformer(q["pre_module"]), quantizer_transformer(q["post_module"]))
         self.decoder = Decoder(raw["latent_dim"], raw["decoder_dim"], raw["decoder_rates"])
         self.references: collections.OrderedDict[str, NDArray[np.int64]] = collections.OrderedDict()
-        self.window_graphs: WindowGraphs | None = None  # on CUDA, set by the engine (codec_graphs.py)
 
     @property
     def device(self) -> torch.device:

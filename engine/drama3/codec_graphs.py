@@ -2,7 +2,8 @@
 
     graphs = WindowGraphs(codec, window_lengths(overlap, first_window))   # stream.py's lengths
     graphs.capture()                             # before the first take (CUDA)
-    pcm = graphs.pcm(codes, window)              # int16 numpy, the window's new samples
+    pcm = decode_window(codec, codes, window, graphs)   # int16 numpy, the window's new samples
+    pcm = render_take(codec, codes, overlap, first_window, graphs)   # a whole take, as streamed
 
 Launched from Python, a window's decode (quantiser embeddings, the 8-layer post
 transformer, upsampling, the convolutional decoder) costs 15-20 ms on the H200 even for 10
@@ -22,6 +23,9 @@ Design choices:
   engine thread take a lock around copy-in, replay and read-back (replays on two streams
   would otherwise overwrite each other's buffers). The same window always decodes through
   the same graph, so `render_take` still reproduces a stream sample for sample.
+- The graphs belong to whoever vocodes (the engine, its takes, the export), passed along
+  with the codec rather than hung on it, so the codec and the pure schedule (stream.py)
+  never import this module. Without graphs (a CPU) a window decodes eagerly.
 - The graphs share one memory pool of their own (they may run while the decode graphs do).
 """
 
@@ -34,7 +38,7 @@ import torch
 from numpy.typing import NDArray
 
 from engine.drama3.codec import Codec
-from engine.drama3.stream import Window
+from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, take_windows, window_pcm
 from engine.graphs import StepGraphs
 from engine.pcm import pcm16
 from engine.readback import to_host
@@ -84,3 +88,21 @@ class WindowGraphs:
             self.graphs(length)
             kept: NDArray[np.int16] = to_host(self.out[(window.emit - window.start) * fs:frames * fs]).numpy()
         return kept
+
+
+def decode_window(codec: Codec, codes: torch.Tensor, window: Window,
+                  graphs: WindowGraphs | None = None) -> NDArray[np.int16]:
+    """A window's new samples as numpy int16 on the host (read without blocking other threads'
+    launches); replayed from `graphs` when one of them runs it, else decoded eagerly."""
+    if graphs is not None and window.frames > 0 and graphs.runs(window):
+        return graphs.pcm(codes, window)
+    pcm: NDArray[np.int16] = to_host(window_pcm(codec, codes, window)).numpy()
+    return pcm
+
+
+def render_take(codec: Codec, codes: torch.Tensor, overlap: int = STREAM_OVERLAP_FRAMES,
+                first_window: int | None = None, graphs: WindowGraphs | None = None) -> NDArray[np.int16]:
+    """int16 PCM [frames * frame_samples]: exactly what the stream of a take with these
+    final codes [num_codebooks, frames] carried, with the same settings and graphs."""
+    windows = take_windows(codes.shape[1], overlap, first_window)
+    return np.concatenate([decode_window(codec, codes, w, graphs) for w in windows])

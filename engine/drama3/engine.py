@@ -52,7 +52,7 @@ from engine.device import model_dtype, pick_device
 from engine.drama3.audio import MAX_REFERENCE_SECONDS
 from engine.drama3.checkpoint import HUB_PATTERNS, load_model
 from engine.drama3.codec import Codec, load_codec
-from engine.drama3.codec_graphs import WindowGraphs
+from engine.drama3.codec_graphs import WindowGraphs, render_take
 from engine.drama3.config import Drama3Config
 from engine.drama3.decoder import Decoder
 from engine.drama3.fast import install_fast_path
@@ -61,7 +61,7 @@ from engine.drama3.moe import GATHER_MAX_PAIRS
 from engine.drama3.prompt import MAX_PROMPT_ROWS, Codes, HistoryTurn, Prompt, Reference, build_prompt, checked_codes
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.slots import Slots
-from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, render_take, window_lengths
+from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, window_lengths
 from engine.drama3.take import AudioWindow, Done, Take
 from engine.drama3.tiny import demo_checkpoint
 from engine.errors import CheckpointError, RequestError
@@ -166,13 +166,14 @@ class Drama3Engine:
         # On CUDA: fla prefill, compiled decode layers, and the step replayed from CUDA graphs.
         self.fast_path = install_fast_path(model) if self.device.type == "cuda" else []
         self.decoder = Decoder(model, max_rows, self.slots, graphs=True)  # allocates the caches
-        if self.device.type == "cuda":  # a window decodes as a graph replay of its length
-            codec.window_graphs = WindowGraphs(codec, window_lengths(spec.stream_overlap_frames,
-                                                                     spec.first_window_frames))
+        # On CUDA a window decodes as a graph replay of its length.
+        self.window_graphs = WindowGraphs(codec, window_lengths(spec.stream_overlap_frames, spec.first_window_frames)) \
+            if self.device.type == "cuda" else None
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
         self.slot_table = Slots(self.decoder, codec, overlap=spec.stream_overlap_frames,
-                                first_window=spec.first_window_frames, executor=self.vocoder)
+                                first_window=spec.first_window_frames, executor=self.vocoder,
+                                graphs=self.window_graphs)
 
     # Inputs -------------------------------------------------------------------
 
@@ -218,15 +219,15 @@ class Drama3Engine:
     def captured(self) -> bool:
         """The decode step's, the prefill chunks' and the codec windows' graphs are captured
         (or run eagerly for a logged reason; always on a CPU)."""
-        graphs = self.codec.window_graphs
+        graphs = self.window_graphs
         return self.decoder.captured and (graphs is None or graphs.captured)
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every CUDA graph (scrambles the decode state: no take may be in flight)."""
         self.decoder.capture()
-        if self.codec.window_graphs is not None:
-            self.codec.window_graphs.capture()
+        if self.window_graphs is not None:
+            self.window_graphs.capture()
 
     def step(self) -> list[tuple[Take, list[AudioWindow | Done]]]:
         """One batched decode step: each take's new windows, and Done for each that ended
@@ -250,7 +251,8 @@ class Drama3Engine:
         frames] carried."""
         frames = torch.tensor(checked_codes(codes, "take", self.config, empty=True))  # a copy: may be read-only
         with torch.inference_mode():
-            return render_take(self.codec, frames, self.spec.stream_overlap_frames, self.spec.first_window_frames)
+            return render_take(self.codec, frames, self.spec.stream_overlap_frames, self.spec.first_window_frames,
+                               self.window_graphs)
 
     def warm_up(self) -> dict[str, float | int | str | list[str] | None]:
         """Capture the decode graphs (CUDA) and run a short take, so first requests do not pay
@@ -267,7 +269,7 @@ class Drama3Engine:
         return {"warm_up_s": round(time.perf_counter() - started, 2), "fast_path": self.fast_path,
                 "slots": self.slots, "slots_why": self.slots_why, "graphs": len(self.decoder.graphs.graphs),
                 "prefill_graphs": sum(len(g.graphs) for g in self.decoder.chunked.graphs.values()),
-                "codec_graphs": len(self.codec.window_graphs.graphs.graphs) if self.codec.window_graphs else 0,
+                "codec_graphs": len(self.window_graphs.graphs.graphs) if self.window_graphs else 0,
                 "decode_step_ms": round(1000 / rate, 2) if rate else None,
                 "peak_memory_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
                 if self.device.type == "cuda" else None}

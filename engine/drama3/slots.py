@@ -1,7 +1,7 @@
 """The slot table: takes started into a Decoder's free slots and advanced together, one
 batched step at a time.
 
-    slots = Slots(decoder, codec, overlap=320, first_window=None, executor=vocoder)
+    slots = Slots(decoder, codec, overlap=320, first_window=None, executor=vocoder, graphs=window_graphs)
     take = slots.start(prompt, deadline, cancelled)   # into a free slot; its prefill runs in the steps
     for take, events in slots.step(): ...             # prefill chunks, then one frame for every decoding take
     for event in slots.generate(take): ...            # one take alone: its events to Done
@@ -33,6 +33,7 @@ from concurrent.futures import Executor
 import torch
 
 from engine.drama3.codec import Codec
+from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.decoder import Decoder
 from engine.drama3.prefill import Prefill
 from engine.drama3.prompt import Prompt
@@ -47,8 +48,9 @@ class Slots:
     """Takes in the slots of one Decoder; owned by one thread."""
 
     def __init__(self, decoder: Decoder, codec: Codec, *, overlap: int, first_window: int | None,
-                 executor: Executor | None = None, prefill_rows: int = PREFILL_ROWS_PER_STEP) -> None:
-        self.decoder, self.codec, self.executor = decoder, codec, executor
+                 executor: Executor | None = None, graphs: WindowGraphs | None = None,
+                 prefill_rows: int = PREFILL_ROWS_PER_STEP) -> None:
+        self.decoder, self.codec, self.executor, self.graphs = decoder, codec, executor, graphs
         self.overlap, self.first_window, self.prefill_rows = overlap, first_window, prefill_rows
         self.takes: list[Take | None] = [None] * decoder.num_slots  # the take of each slot (prefilling or decoding)
         self.prefills: dict[Take, Prefill] = {}  # takes whose prompt is not all prefilled yet, in start order
@@ -85,8 +87,8 @@ class Slots:
             raise RuntimeError(f"all {len(self.takes)} slots are decoding; start a take when one is free")
         slot = self.takes.index(None)
         decoder = self.decoder
-        take = Take(prompt, slot, self.codec, StreamSchedule(self.overlap, self.first_window), self.executor,
-                    deadline, cancelled, eos=decoder.eos, semantic_start=decoder.semantic_start)
+        take = Take(prompt, slot, self.codec, self.graphs, StreamSchedule(self.overlap, self.first_window),
+                    self.executor, deadline, cancelled, eos=decoder.eos, semantic_start=decoder.semantic_start)
         if (reason := take.stopped()) is not None:
             take.close(reason)
             self.closing.append(take)

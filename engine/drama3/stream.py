@@ -10,11 +10,13 @@ Design choices:
   window-limited transformers reach hundreds of frames back; 320 frames is the seed's
   default) the concatenated windows equal a whole-take decode; they always have exactly
   its sample count, with no gap and no overlap.
-- A window is always decoded the same way from the same codes, so `render_take` (the
-  WAV export) reproduces the streamed PCM16 sample for sample by replaying the schedule.
+- A window is always decoded the same way from the same codes, so `render_take`
+  (codec_graphs.py, the WAV export) reproduces the streamed PCM16 sample for sample by
+  replaying the schedule.
 - PCM16 is engine/pcm.py's rule (rounded, clipped), converted on the codec's device so
   only int16 crosses to the host. On CUDA a window decodes as the replay of a CUDA graph
-  of its length (codec_graphs.py; `window_lengths` lists the lengths to capture).
+  of its length (codec_graphs.py; `window_lengths` lists the lengths to capture). This
+  module knows nothing of graphs: the schedule and the eager window stay pure.
 """
 
 from __future__ import annotations
@@ -23,14 +25,11 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-from numpy.typing import NDArray
 
 from engine.drama3.codec import Codec
 from engine.errors import RequestError
 from engine.pcm import pcm16
-from engine.readback import to_host
 
 STREAM_STRIDE = 10  # frames in the first window
 STREAM_FOLLOWUP_STRIDE_RAMP = (10, 12, 32)  # the next three windows
@@ -128,16 +127,6 @@ def window_pcm(codec: Codec, codes: torch.Tensor, window: Window) -> torch.Tenso
     return pcm16(audio[(window.emit - window.start) * codec.frame_samples:])
 
 
-def decode_window(codec: Codec, codes: torch.Tensor, window: Window) -> NDArray[np.int16]:
-    """window_pcm on the host, as numpy int16 (read without blocking other threads' launches);
-    replayed from the codec's window graphs when it has them (codec_graphs.py)."""
-    graphs = codec.window_graphs
-    if graphs is not None and window.frames > 0 and graphs.runs(window):
-        return graphs.pcm(codes, window)
-    pcm: NDArray[np.int16] = to_host(window_pcm(codec, codes, window)).numpy()
-    return pcm
-
-
 def window_lengths(overlap: int = STREAM_OVERLAP_FRAMES, first_window: int | None = None) -> list[int]:
     """The frames a stream's windows decode (left context + new frames), every length they
     take until it repeats: 4, 10, 20, 32, 64, 128, 192, 256, 320, 384 for the seed's windows
@@ -151,11 +140,3 @@ def window_lengths(overlap: int = STREAM_OVERLAP_FRAMES, first_window: int | Non
         lengths.append(length)
         emitted = end
     raise AssertionError("window_ends is endless")
-
-
-def render_take(codec: Codec, codes: torch.Tensor, overlap: int = STREAM_OVERLAP_FRAMES,
-                first_window: int | None = None) -> NDArray[np.int16]:
-    """int16 PCM [frames * frame_samples]: exactly what the stream of a take with these
-    final codes [num_codebooks, frames] carried, with the same settings."""
-    windows = take_windows(codes.shape[1], overlap, first_window)
-    return np.concatenate([decode_window(codec, codes, w) for w in windows])

@@ -1,6 +1,6 @@
 """One take's host side: its stop rules, its committed frames, its windows, its Done.
 
-    take = Take(prompt, slot, codec, schedule, executor, deadline, cancelled)
+    take = Take(prompt, slot, codec, graphs, schedule, executor, deadline, cancelled)
     reason = take.stopped()              # before each step: cancelled / deadline
     reason = take.advance(status_row)    # after each step: the slot's status row
     take.close(reason)                   # the slot is free; the rest of the frames go out
@@ -41,8 +41,9 @@ import torch
 from numpy.typing import NDArray
 
 from engine.drama3.codec import Codec
+from engine.drama3.codec_graphs import WindowGraphs, decode_window
 from engine.drama3.prompt import Prompt
-from engine.drama3.stream import StreamSchedule, Window, decode_window
+from engine.drama3.stream import StreamSchedule, Window
 from engine.readback import to_device
 
 Timings = dict[str, float | None]  # prompt_rows, prompt_ms, prefill_ms, first_audio_ms, frames, total_ms, ...
@@ -68,15 +69,15 @@ class Done:
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def vocode(codec: Codec, frames: NDArray[np.int64], window: Window) -> NDArray[np.int16]:
+def vocode(codec: Codec, graphs: WindowGraphs | None, frames: NDArray[np.int64], window: Window) -> NDArray[np.int16]:
     """A window's PCM16 from its frames on the host. On CUDA the copy and the codec run on
     a side stream of their own, so they overlap the decode steps on the default stream
     (the seed's vocoder stream) instead of queueing behind them."""
     if codec.device.type != "cuda":
-        return decode_window(codec, torch.from_numpy(frames), window)
+        return decode_window(codec, torch.from_numpy(frames), window, graphs)
     stream = _side_streams.setdefault(codec.device, torch.cuda.Stream(device=codec.device))
     with torch.cuda.stream(stream):  # both copies pinned and non-blocking (engine/readback.py)
-        return decode_window(codec, to_device(frames, codec.device), window)
+        return decode_window(codec, to_device(frames, codec.device), window, graphs)
 
 
 class Windows:
@@ -85,8 +86,8 @@ class Windows:
     With an executor (one worker thread) a window's codec decode overlaps the next decode
     steps, as the seed overlaps them on a side CUDA stream; without one it runs inline."""
 
-    def __init__(self, codec: Codec, executor: Executor | None) -> None:
-        self.codec, self.executor = codec, executor
+    def __init__(self, codec: Codec, graphs: WindowGraphs | None, executor: Executor | None) -> None:
+        self.codec, self.graphs, self.executor = codec, graphs, executor
         # (window, its new codes, its PCM16 or the future of it)
         self.pending: collections.deque[tuple[Window, NDArray[np.int64], Future[NDArray[np.int16]] | NDArray[np.int16]]]
         self.pending = collections.deque()
@@ -96,9 +97,9 @@ class Windows:
         frames = codes[:, :window.end].copy()  # [num_codebooks, end]; a copy: later steps write after them
         new = frames[:, window.emit:]  # [num_codebooks, window.frames]
         if self.executor is None:
-            self.pending.append((window, new, vocode(self.codec, frames, window)))
+            self.pending.append((window, new, vocode(self.codec, self.graphs, frames, window)))
         else:
-            self.pending.append((window, new, self.executor.submit(vocode, self.codec, frames, window)))
+            self.pending.append((window, new, self.executor.submit(vocode, self.codec, self.graphs, frames, window)))
 
     def ready(self, wait: bool = False) -> Iterator[AudioWindow]:
         """The decoded windows at the head of the queue (all of them if `wait`)."""
@@ -112,14 +113,15 @@ class Windows:
 class Take:
     """A take in flight: decoding in a slot, then closed (slot freed) until its Done is out."""
 
-    def __init__(self, prompt: Prompt, slot: int, codec: Codec, schedule: StreamSchedule,
-                 executor: Executor | None, deadline: float | None, cancelled: Callable[[], bool] | None,
+    def __init__(self, prompt: Prompt, slot: int, codec: Codec, graphs: WindowGraphs | None,
+                 schedule: StreamSchedule, executor: Executor | None, deadline: float | None,
+                 cancelled: Callable[[], bool] | None,
                  eos: int, semantic_start: int) -> None:
         self.started = time.perf_counter()
         self.prompt, self.slot = prompt, slot
         self.deadline, self.cancelled = deadline, cancelled
         self.eos, self.semantic_start = eos, semantic_start
-        self.schedule, self.windows = schedule, Windows(codec, executor)
+        self.schedule, self.windows = schedule, Windows(codec, graphs, executor)
         self.position = len(prompt.rows) - 1  # of the next step's input frame
         self.codes = np.zeros((codec.num_codebooks, prompt.sampling.max_new_tokens), dtype=np.int64)
         self.committed, self.held, self.steps, self.step_s = 0, False, 0, 0.0  # held: a <|semantic:0|> frame

@@ -10,13 +10,11 @@ import pytest
 import torch
 
 from engine.drama3.codec import load_codec
-from engine.drama3.codec_graphs import WindowGraphs
+from engine.drama3.codec_graphs import WindowGraphs, decode_window, render_take
 from engine.drama3.codec_tiny import write_tiny_codec
 from engine.drama3.stream import (
     STREAM_OVERLAP_FRAMES,
     StreamSchedule,
-    decode_window,
-    render_take,
     take_windows,
     window_ends,
     window_lengths,
