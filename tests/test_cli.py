@@ -14,13 +14,16 @@ def test_an_unusable_path_is_one_line(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("retake make-checkpoint: cannot use ") and "Traceback" not in run.stderr
+    assert len(lines) == 1 and lines[0].startswith("retake make-checkpoint: cannot use ")
+    assert "Traceback" not in run.stderr
 
 
 def test_serve_refuses_an_unusable_data_dir_before_loading(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     run = subprocess.run([sys.executable, "-m", "backend.cli", "serve", "--data-dir", str(blocker / "data"),
-                          "--port", "8999"], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
+                          "--port", "8999"], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parent.parent)
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines() == [f"retake serve: --data-dir {blocker / 'data'} cannot be used: Not a directory"]
+    expected = f"retake serve: --data-dir {blocker / 'data'} cannot be used: Not a directory"
+    assert run.stderr.strip().splitlines() == [expected]
