@@ -571,6 +571,22 @@ class Store(SceneRecords):
         with self._transaction() as conn:
             conn.execute(takes.update().where(takes.c.take_id == take_id).values(kept=kept))
 
+    def keep(self, take_id: int) -> list[int]:
+        """Keep a take and un-keep its line's other kept takes, in one transaction (a crash
+        between the two leaves neither a line with two kept takes nor one with none); the
+        takes un-kept, by id."""
+        with self._transaction() as conn:
+            row = conn.execute(sa.select(takes.c.session_id, takes.c.line_id)
+                               .where(takes.c.take_id == take_id)).one()
+            rivals = [int(other) for other in conn.execute(
+                sa.select(takes.c.take_id).where(takes.c.session_id == row.session_id,
+                                                 takes.c.line_id == row.line_id, takes.c.kept,
+                                                 takes.c.take_id != take_id)
+                .order_by(takes.c.take_id)).scalars()]
+            conn.execute(takes.update().where(takes.c.take_id.in_([take_id, *rivals]))
+                         .values(kept=takes.c.take_id == take_id))
+        return rivals
+
     def kept_history(self, session_id: str, line_id: str | None = None) -> list[int]:
         """The kept takes of the script in script order (by line, then take id): all of them, or,
         given a line of the script, those of the lines above it (what a take of that line hears).

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from backend.directing.protocol import LineInfo
-from backend.store import Store, StoredTake
+from backend.store import Store
 
 
 @dataclass(frozen=True)
@@ -40,13 +40,3 @@ def kept_history(store: Store, session_id: str, lines: list[LineInfo] | None = N
         hears[line["line_id"]] = heard
         heard += kept_per_line[line["line_id"]]
     return KeptHistory(history, hears)
-
-
-def keep(store: Store, take: StoredTake) -> list[int]:
-    """Keep the take; un-keep its line's other kept takes, and return them."""
-    store.set_kept(take.take_id, True)
-    rivals = [other.take_id for other in store.takes(take.session_id)
-              if other.kept and other.line_id == take.line_id and other.take_id != take.take_id]
-    for take_id in rivals:
-        store.set_kept(take_id, False)
-    return rivals

@@ -42,7 +42,7 @@ from backend.directing.jobs import TakeJob, TakeOutcome
 from backend.directing.length_guard import guard_frames
 from backend.directing.live_take import LiveTake, sampling_info
 from backend.directing.loop import QueueFull
-from backend.directing.script import keep, kept_history
+from backend.directing.script import kept_history
 from backend.state import ServerState
 from backend.store import StoredTake, audio_url
 from backend.transport import Outbox
@@ -305,7 +305,7 @@ class Session:
     def keep(self, message: p.TakeKeep) -> None:
         """Keep the take: it replaces its line's kept take, if any (`unkept`)."""
         session_id = self.require_open()
-        unkept = keep(self.state.store, self.usable_take(session_id, message.take_id))
+        unkept = self.state.store.keep(self.usable_take(session_id, message.take_id).take_id)
         kept = kept_history(self.state.store, session_id)
         self.outbox.message(p.History(kept.history, [], None, kept.hears, unkept))
 

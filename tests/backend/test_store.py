@@ -117,6 +117,19 @@ def test_kept_history_is_in_script_order(database: Path | str) -> None:
     assert store.kept_history(session) == [b1, c1, a2]
 
 
+def test_keep_replaces_the_lines_kept_take_only(database: Path | str) -> None:
+    store = Store(database)
+    session, other = store.create_session(), store.create_session()
+    a1 = store.add_take(session, "a", "One.", None, SAMPLING).take_id
+    a2 = store.add_take(session, "a", "One again.", None, SAMPLING).take_id
+    b1 = store.add_take(session, "b", "Two.", None, SAMPLING).take_id
+    elsewhere = store.add_take(other, "a", "One.", None, SAMPLING).take_id
+    assert store.keep(a1) == [] and store.keep(b1) == [] and store.keep(elsewhere) == []
+    assert store.keep(a2) == [a1]  # line a's kept take changes; line b's and the other scene's stay
+    assert store.kept_history(session) == [a2, b1] and store.kept_history(other) == [elsewhere]
+    assert store.keep(a2) == []  # keeping it again changes nothing
+
+
 def test_the_script_survives_reopening(database: Path | str) -> None:
     store = Store(database)
     session = store.create_session()
