@@ -61,7 +61,9 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
 
         return load_engine(EngineSpec(checkpoint=settings.checkpoint, device=settings.device,
                                       first_window_frames=settings.first_window_frames, slots=settings.slots,
-                                      threads=settings.threads, random_weights=settings.random_weights))
+                                      threads=settings.threads, random_weights=settings.random_weights,
+                                      prefix_cache_gib=settings.prefix_cache_gib,
+                                      prefix_cache_host_gib=settings.prefix_cache_host_gib))
 
     return load
 
@@ -141,6 +143,11 @@ def log_ready(engine_loop: EngineLoop) -> None:
              engine.name, engine.device, warm.get("warm_up_s", "?"), "?" if step is None else step, engine.slots,
              "" if engine.slots == 1 else "s", "n/a (CPU)" if peak is None else f"{peak} GiB")
     log.info("slots: %s", engine.slots_why)
+    if engine.prefix_cache_stats() is None:
+        log.info("prefix cache: off; every take prefills its whole prompt")
+    else:
+        log.info("prefix cache: %s GiB for snapshots of prompt prefixes (%s GiB of host memory for evicted ones)",
+                 warm.get("prefix_cache_gib"), warm.get("prefix_cache_host_gib"))
     if engine.demo_weights:
         log.warning("DEMO WEIGHTS (RANDOM): %s; its audio is noise", engine.weights)
 
@@ -198,6 +205,8 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
                             conversations=talking)
         state.metrics.sessions = lambda: state.sockets
         state.metrics.draining = lambda: state.draining
+        if (engine := running.engine) is not None:
+            state.metrics.prefix_cache = engine.prefix_cache_stats
         if (live := talking) is not None:
             state.metrics.conversations = lambda: live.active
         app.state.retake = state

@@ -49,6 +49,8 @@ class Metrics:
         self.sessions = sessions
         self.conversations: Callable[[], int] = lambda: 0  # live conversations (`retake serve --converse`)
         self.draining: Callable[[], bool] = lambda: False  # SIGTERM came: no new takes (backend/draining.py)
+        # The engine's prefix cache counters (engine/drama3/prefix.py), None when it is off.
+        self.prefix_cache: Callable[[], dict[str, int] | None] = lambda: None
         self.takes: dict[str, int] = dict.fromkeys(FINISH_REASONS, 0)
         self.retries = 0
         self.exports = {"kept": 0, "vocoded": 0}  # take exports served from kept audio, or vocoded on the engine
@@ -85,4 +87,31 @@ class Metrics:
                   "ended, or vocoded again on the engine).", "# TYPE retake_take_exports_total counter"]
         lines += [f'retake_take_exports_total{{audio="{source}"}} {count}' for source, count in self.exports.items()]
         lines += self.first_audio.lines() + self.decode_fps.lines()
+        lines += prefix_cache_lines(self.prefix_cache())
         return "\n".join(lines) + "\n"
+
+
+def prefix_cache_lines(stats: dict[str, int] | None) -> list[str]:
+    """The prefix cache's counters and gauges; none when it is off."""
+    if stats is None:
+        return []
+    return ["# HELP retake_prefix_cache_lookups_total Prompts looked up in the prefix cache, by result "
+            "(hit: the whole prompt restored; partial: a prefix; miss: prefilled from row 0).",
+            "# TYPE retake_prefix_cache_lookups_total counter",
+            f'retake_prefix_cache_lookups_total{{result="hit"}} {stats["hits"]}',
+            f'retake_prefix_cache_lookups_total{{result="partial"}} {stats["partial_hits"]}',
+            f'retake_prefix_cache_lookups_total{{result="miss"}} {stats["misses"]}',
+            "# HELP retake_prefix_cache_rows_total Prompt rows restored from snapshots (saved) and prefilled.",
+            "# TYPE retake_prefix_cache_rows_total counter",
+            f'retake_prefix_cache_rows_total{{kind="saved"}} {stats["rows_saved"]}',
+            f'retake_prefix_cache_rows_total{{kind="prefilled"}} {stats["rows_prefilled"]}',
+            "# HELP retake_prefix_cache_bytes Bytes the prefix cache's snapshots hold, by memory.",
+            "# TYPE retake_prefix_cache_bytes gauge",
+            f'retake_prefix_cache_bytes{{memory="device"}} {stats["device_bytes"]}',
+            f'retake_prefix_cache_bytes{{memory="host"}} {stats["host_bytes"]}',
+            "# HELP retake_prefix_cache_snapshots Snapshots held.", "# TYPE retake_prefix_cache_snapshots gauge",
+            f"retake_prefix_cache_snapshots {stats['snapshots']}",
+            "# HELP retake_prefix_cache_evictions_total Snapshots (or their states) dropped or moved to the host "
+            "for memory.", "# TYPE retake_prefix_cache_evictions_total counter",
+            f'retake_prefix_cache_evictions_total{{kind="dropped"}} {stats["evictions"]}',
+            f'retake_prefix_cache_evictions_total{{kind="spilled"}} {stats["spills"]}']

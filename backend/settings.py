@@ -27,6 +27,8 @@ class Settings:
     first_window_frames: int | None = None
     slots: int | None = None  # takes decoding together; None: the engine's default for the device
     threads: int | None = None  # CPU threads for torch; None: the engine's default (half the cores)
+    prefix_cache_gib: float | None = None  # prefix snapshots (engine/drama3/prefix.py); None: the engine's default
+    prefix_cache_host_gib: float = 0.0  # host memory for snapshots evicted from the GPU
     allow_origins: tuple[str, ...] = ()  # besides the server's own origin; "*" allows any
     token: str | None = None
     limits: Limits = field(default_factory=Limits)

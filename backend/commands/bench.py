@@ -10,7 +10,7 @@ import argparse
 import importlib
 
 NAME = "bench"
-HELP = ("measure speed: codec, rtf (CPU take real-time factor), slots, decode, prefill, takes, kernels, "
+HELP = ("measure speed: codec, rtf (CPU take real-time factor), slots, decode, prefill, takes, retake, kernels, "
         "personaplex, formats (the speech API's encoders); numerics (compiled vs eager, float32)")
 BENCHES = {
     "codec": "engine.bench.codec",
@@ -20,6 +20,7 @@ BENCHES = {
     "prefill": "engine.bench.drama3",
     "takes": "engine.bench.drama3",
     "kernels": "engine.bench.kernels",
+    "retake": "engine.bench.retake",
     "personaplex": "engine.bench.personaplex",
     "numerics": "engine.bench.numerics",
     "formats": "backend.tools.formats_bench",

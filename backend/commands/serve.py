@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import socket
 from pathlib import Path
@@ -62,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                   "number on a GPU")
     parser.add_argument("--threads", type=int, help="CPU threads for torch (default: half the cores on a CPU, so the "
                                                     "decode loop and the vocoder each have their own)")
+    parser.add_argument("--prefix-cache-gib", type=float,
+                        help="memory for snapshots of prompt prefixes, so a retake prefills only what is new (default: "
+                             "half the GPU memory free after warm-up; 1 on a CPU; 0: off)")
+    parser.add_argument("--prefix-cache-host-gib", type=float, default=0.0,
+                        help="pinned host memory that snapshots evicted from the GPU move to (default 0: dropped)")
     parser.add_argument("--max-sessions", type=int, default=64, help="open directing sockets at once (default 64)")
     parser.add_argument("--max-queue", type=int, default=16, help="engine jobs that may wait (default 16)")
     parser.add_argument("--deadline-ms", type=int, default=120_000, help="a take's deadline when the client gives "
@@ -114,6 +120,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise UsageError("--converse-slots must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be at least 1")
+    for name in ("prefix_cache_gib", "prefix_cache_host_gib"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"--{name.replace('_', '-')} must be a number of GiB, at least 0")
     if args.deadline_ms > args.max_deadline_ms:
         raise UsageError("--deadline-ms must not be above --max-deadline-ms")
     if args.silence_seconds <= 0 or args.silence_retries < 0 or not 0 <= args.silence_level <= 32767:
@@ -131,6 +141,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(data_dir=args.data_dir, database_url=args.database or None, checkpoint=args.checkpoint,
                     random_weights=random_weights, device=device,
                     first_window_frames=args.first_window_frames, slots=args.slots, threads=args.threads,
+                    prefix_cache_gib=args.prefix_cache_gib, prefix_cache_host_gib=args.prefix_cache_host_gib,
                     allow_origins=tuple(args.allow_origin),
                     token=args.token or None, limits=limits,
                     silence=SilenceGuard(args.silence_seconds, args.silence_level, args.silence_retries),

@@ -46,16 +46,22 @@ Design choices:
   are untouched. `begin_prefill` and `prefill_more` run it a few chunks at a time, so
   the slot table interleaves a new prompt with the steps of the takes playing; the slot
   turns active when its last chunk has run.
+- With a prefix cache (`decoder.prefix`, prefix.py), a prefill first restores the slot's
+  state at the longest prefix of the prompt an earlier prefill left a snapshot of, runs
+  only the rows after it, and leaves snapshots at the prompt's boundaries as its chunks
+  pass them; a whole-prompt hit runs no chunk at all.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from engine.drama3.model import Drama3Model
 from engine.drama3.prefill import ChunkedPrefill, Prefill
+from engine.drama3.prefix import Plan, PrefixCache
 from engine.drama3.prompt import Prompt
 from engine.drama3.sampler import (
     RAS_WINDOW_FRAMES,
@@ -102,6 +108,8 @@ class Decoder:
                                  generators=self.generators, name="decode step")
         self.chunked = ChunkedPrefill(model, max_rows, graphs=graphs and device.type == "cuda")
         self.prompts: dict[int, Prompt] = {}  # slots being prefilled, and their prompts
+        self.prefix: PrefixCache | None = None  # snapshots of prompt prefixes (prefix.py), when the engine keeps them
+        self.plans: dict[int, Plan] = {}  # slots being prefilled with the prefix cache: where it resumed, what to keep
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, slot: int = 0) -> None:
@@ -117,7 +125,13 @@ class Decoder:
             raise ValueError(f"a prompt of {count} rows and {prompt.sampling.max_new_tokens} new frames does not "
                              f"fit the {self.max_rows} cache rows")
         self.release(slot)
-        prefill = self.chunked.begin(rows, slot)
+        if self.prefix is None:
+            prefill = self.chunked.begin(rows, slot)
+        else:  # resume after the longest prefix in the cache; chunks cut at the prompt's boundaries
+            plan = self.plans[slot] = self.prefix.plan(prompt)
+            start, hidden = self.prefix.restore(plan, slot)
+            prefill = self.chunked.begin(rows, slot, start, prompt.boundaries)
+            prefill.hidden, prefill.cached = hidden, start
         self.prompts[slot] = prompt
         return prefill
 
@@ -125,9 +139,13 @@ class Decoder:
     def prefill_more(self, prefill: Prefill, rows: int | None = None) -> bool:
         """Run about `rows` rows of the prefill's chunks (None: all); True once it is done and
         its slot active."""
-        hidden = self.chunked.run(prefill, rows)
+        plan = self.plans.get(prefill.slot)
+        after = None if plan is None or self.prefix is None else functools.partial(self.prefix.record, plan,
+                                                                                   prefill.slot)
+        hidden = self.chunked.run(prefill, rows, after)
         if hidden is None:
             return False
+        self.plans.pop(prefill.slot, None)
         slot, prompt = prefill.slot, self.prompts.pop(prefill.slot)
         self.hidden[slot] = hidden
         self.position[slot] = len(prefill.rows) - 1
@@ -152,6 +170,7 @@ class Decoder:
         self.position[slot] = 0
         self.slots[slot] = self.scratch
         self.prompts.pop(slot, None)
+        self.plans.pop(slot, None)
 
     @property
     def captured(self) -> bool:

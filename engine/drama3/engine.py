@@ -31,10 +31,14 @@ Design choices:
   measuring the serving path without real weights); those are demo weights too.
 - The model runs in bfloat16 on CUDA and float32 on CPU (engine/device.py); the codec as
   codec.py loads it.
+- A prefix cache (prefix.py) keeps snapshots of prompt prefixes, so a retake prefills only
+  what is new: `prefix_cache_gib` (0: off; by default half the GPU memory free after
+  warm-up, 1 GiB on a CPU), `prefix_cache_stats` for the server's metrics and log.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -58,6 +62,7 @@ from engine.drama3.decoder import Decoder
 from engine.drama3.fast import install_fast_path
 from engine.drama3.model import Drama3Model, cache_bytes
 from engine.drama3.moe import GATHER_MAX_PAIRS
+from engine.drama3.prefix import CPU_BUDGET_GIB, GPU_FREE_SHARE, PrefixCache
 from engine.drama3.prompt import MAX_PROMPT_ROWS, Codes, HistoryTurn, Prompt, Reference, build_prompt, checked_codes
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.slots import Slots
@@ -76,6 +81,9 @@ class EngineSpec:
     slots: int | None = None  # takes that decode together; None: as many as the GPU's memory holds (sized_slots)
     threads: int | None = None  # CPU threads for torch; None: default_threads() on a CPU, untouched on a GPU
     random_weights: str | None = None  # a preset ("full", "tiny") with random weights made on the device
+    # Prefix cache (prefix.py) budget in GiB; 0: off; None: half the GPU memory free after warm-up, 1 GiB on a CPU.
+    prefix_cache_gib: float | None = None
+    prefix_cache_host_gib: float = 0.0  # pinned host memory for snapshots evicted from the GPU (0: dropped)
 
 
 # The first window: 4 frames (186 ms of audio) instead of the seed's 10. Measured against
@@ -166,6 +174,7 @@ class Drama3Engine:
         # On CUDA: fla prefill, compiled decode layers, and the step replayed from CUDA graphs.
         self.fast_path = install_fast_path(model) if self.device.type == "cuda" else []
         self.decoder = Decoder(model, max_rows, self.slots, graphs=True)  # allocates the caches
+        self.decoder.prefix = prefix_cache(spec, model, self.device)
         # On CUDA a window decodes as a graph replay of its length.
         self.window_graphs = WindowGraphs(codec, window_lengths(spec.stream_overlap_frames, spec.first_window_frames)) \
             if self.device.type == "cuda" else None
@@ -189,6 +198,12 @@ class Drama3Engine:
         prompt = build_prompt(text, voice, list(history), sampling, self.tokenizer, self.config,
                               drop_oldest_history=drop_oldest_history)
         return replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
+
+    def prefix_cache_stats(self) -> dict[str, int] | None:
+        """The prefix cache's counters (hits, misses, rows saved, bytes held), None when it is
+        off; plain integers, safe to read from another thread."""
+        prefix = self.decoder.prefix
+        return None if prefix is None else prefix.stats()
 
     # Takes ----------------------------------------------------------------------
 
@@ -265,14 +280,35 @@ class Drama3Engine:
         done = next(event for event in self.generate(prompt) if isinstance(event, Done))
         if done.finish_reason == "error":
             raise RuntimeError(f"the warm-up take failed: {done.error}")
+        prefix = self.decoder.prefix
+        if prefix is not None and self.spec.prefix_cache_gib is None and self.device.type == "cuda":
+            prefix.budget = int(GPU_FREE_SHARE * torch.cuda.mem_get_info(self.device)[0])
         rate = done.timings["decode_frames_per_s"]
         return {"warm_up_s": round(time.perf_counter() - started, 2), "fast_path": self.fast_path,
                 "slots": self.slots, "slots_why": self.slots_why, "graphs": len(self.decoder.graphs.graphs),
                 "prefill_graphs": sum(len(g.graphs) for g in self.decoder.chunked.graphs.values()),
                 "codec_graphs": len(self.window_graphs.graphs.graphs) if self.window_graphs else 0,
                 "decode_step_ms": round(1000 / rate, 2) if rate else None,
+                "prefix_cache_gib": round(prefix.budget / 2**30, 2) if prefix is not None else 0,
+                "prefix_cache_host_gib": round(prefix.host_budget / 2**30, 2) if prefix is not None else 0,
                 "peak_memory_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
                 if self.device.type == "cuda" else None}
+
+
+def prefix_cache(spec: EngineSpec, model: Drama3Model, device: torch.device) -> PrefixCache | None:
+    """The prefix cache the spec asks for: None when its budget is 0; on a GPU without a
+    budget given, an empty budget until warm-up measures the free memory."""
+    gib = spec.prefix_cache_gib
+    if gib is not None and not (math.isfinite(gib) and gib >= 0):
+        raise RequestError(f"prefix_cache_gib must be a number of GiB, at least 0; got {gib!r}")
+    if not (math.isfinite(spec.prefix_cache_host_gib) and spec.prefix_cache_host_gib >= 0):
+        raise RequestError(f"prefix_cache_host_gib must be a number of GiB, at least 0; got "
+                           f"{spec.prefix_cache_host_gib!r}")
+    if gib == 0:
+        return None
+    if gib is None:
+        gib = 0.0 if device.type == "cuda" else CPU_BUDGET_GIB
+    return PrefixCache(model, budget=int(gib * 2**30), host_budget=int(spec.prefix_cache_host_gib * 2**30))
 
 
 def load_engine(spec: EngineSpec | None = None) -> Drama3Engine:

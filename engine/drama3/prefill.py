@@ -30,7 +30,14 @@ Design choices:
   when graphs are off. Warm-up runs under CUDA's sync debug mode "error" to find those
   before a capture would fail (engine/graphs.py).
 - The slot's DeltaNet state starts from zero when the first chunk starts at position 0,
-  and carries on from the slot's state otherwise (`start` > 0: a prefix already in it).
+  and carries on from the slot's state otherwise (`start` > 0: a prefix already in it,
+  restored by the prefix cache).
+- Chunks never span a cut (the prompt's boundaries: prefix.py), and the chunks between
+  two cuts are laid out from the earlier one. The chunked DeltaNet rule and a GEMM's
+  blocking depend on where a call starts and how many rows it has, so a float32 state is
+  bit for bit reproducible only if the same rows go through the same calls: with
+  cut-relative chunks, a prefill resumed at a cut runs exactly the calls a prefill from
+  row 0 runs after it.
 - A prefill runs a few chunks at a time (`run(prefill, rows)`), so the slot table can put
   a new prompt's chunks between the decode steps of the takes already playing instead of
   stalling them for the whole prompt.
@@ -40,6 +47,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +85,8 @@ class Prefill:
     labels: torch.Tensor  # [R, 11]: each row's next row (the last row: itself)
     slot: int
     chunks: collections.deque[tuple[int, int]]  # [start, end) row ranges still to run, in order
+    hidden: torch.Tensor | None = None  # [D]: the last chunk's last row (a prefix-cache hit: the prompt's)
+    cached: int = 0  # rows restored from the prefix cache instead of prefilled
 
 
 class ChunkedPrefill:
@@ -128,26 +139,33 @@ class ChunkedPrefill:
         hidden = self.forward(self.rows[None, :size], self.labels[None, :size], positions, self.slot, kv_len)
         self.last.copy_(hidden[0, -1])
 
-    def begin(self, rows: torch.Tensor, slot: int, start: int = 0) -> Prefill:
+    def begin(self, rows: torch.Tensor, slot: int, start: int = 0, cuts: tuple[int, ...] = ()) -> Prefill:
         """A prefill of rows [start, R) of `rows` [R, 11] (on the device) into `slot`, at their
-        positions; `run` does the chunks."""
+        positions; `run` does the chunks. A chunk never spans a cut (a row count): the chunks
+        between two cuts are laid out from the earlier one, so the state at a cut, and every
+        chunk after it, is the same whether the prefill started at row 0 or resumed there."""
         count = len(rows)
-        if not 0 <= start < count <= self.max_rows:
+        if not 0 <= start <= count <= self.max_rows or count == 0:
             raise ValueError(f"rows {start}..{count} do not fit the {self.max_rows} cache rows")
         labels = torch.cat((rows[1:], rows[-1:]))  # [R, 11]: the next row; the last row its own placeholder
-        return Prefill(rows, labels, slot, collections.deque(self.chunks(start, count)))
+        edges = [start, *(cut for cut in cuts if start < cut < count), count]
+        chunks = [chunk for first, end in itertools.pairwise(edges) for chunk in self.chunks(first, end)]
+        return Prefill(rows, labels, slot, collections.deque(chunks))
 
-    def run(self, prefill: Prefill, rows: int | None = None) -> torch.Tensor | None:
+    def run(self, prefill: Prefill, rows: int | None = None,
+            after: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor | None:
         """Run the prefill's next chunks, about `rows` rows of them (at least one chunk; None:
-        all). Once its last chunk has run: the last row's hidden state [D] (a view the next
-        chunk overwrites), else None."""
+        all), calling `after(end, hidden)` after each (the prefix cache's snapshots). Once its
+        last chunk has run: the last row's hidden state [D] (a view the next chunk
+        overwrites; `prefill.hidden` when there was nothing to run), else None."""
         done = 0
-        hidden: torch.Tensor | None = None
         while prefill.chunks and (rows is None or done < rows):
             first, end = prefill.chunks.popleft()
-            hidden = self.chunk(prefill, first, end)
+            prefill.hidden = self.chunk(prefill, first, end)
+            if after is not None:
+                after(end, prefill.hidden)
             done += end - first
-        return hidden if not prefill.chunks else None
+        return prefill.hidden if not prefill.chunks else None
 
     def chunk(self, prefill: Prefill, first: int, end: int) -> torch.Tensor:
         """Rows [first, end) of the prefill: a graph replay, or launched; the last row's hidden [D]."""

@@ -35,10 +35,14 @@ Design choices:
   prefix), each history turn is `speaker: text` with its own speaker, and the line is the
   take's character's. That is the Drama 3 Space's scene layout; the reference layout has one
   speaker (speaker 0, as sglang-omni allows), so there every turn is that speaker's.
+- A prompt names its boundaries: the rows where the system message and each history turn
+  end. Consecutive prompts of a scene share everything up to one of them, so they are the
+  prefix cache's snapshot points (prefix.py).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,6 +102,9 @@ class Prompt:
     history_used: int  # how many of the newest history turns the rows hold
     sampling: Sampling
     prompt_ms: float = 0.0  # time spent building it (reference encoding included)
+    # Row counts where the system message and each history turn end (ascending, < R): the
+    # prefix cache's snapshot points, and where prefill cuts its chunks (prefix.py).
+    boundaries: tuple[int, ...] = ()
 
 
 Voice = list[Reference] | Character | None
@@ -236,4 +243,5 @@ def build_prompt(text: str, voice: object, history: list[HistoryTurn], sampling:
                   else "shorten it, use fewer history turns, or let the oldest be dropped")
         raise RequestError(f"a prompt of {total} rows exceeds the maximum allowed length of {max_rows} rows; {advice}")
     rows = torch.cat((head, *turns[kept:], tail))
-    return Prompt(rows=rows, history_used=len(turns) - kept, sampling=sampling)
+    ends = itertools.accumulate((len(head), *map(len, turns[kept:])))
+    return Prompt(rows=rows, history_used=len(turns) - kept, sampling=sampling, boundaries=tuple(ends))

@@ -95,7 +95,8 @@ class Slots:
             return take
         self.takes[slot] = take
         try:
-            self.prefills[take] = decoder.begin_prefill(prompt, slot)
+            prefill = self.prefills[take] = decoder.begin_prefill(prompt, slot)
+            take.timings["cached_rows"] = prefill.cached  # prompt rows the prefix cache restored
         except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the others
             self.end(take, "error", f"{type(exc).__name__}: {exc}")
         return take

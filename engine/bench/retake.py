@@ -1,0 +1,171 @@
+"""`retake bench retake`: first audio of a retake with 0 / 1,000 / 4,000 rows of directing
+history, with the prefix cache on and off, and the cache's memory per session.
+
+    retake bench retake                                              # the tiny demo, this CPU
+    retake bench retake --random-weights --preset full --device cuda --json retake.json
+
+For each history size a scene is laid out as the studio does (no voice, history turns of
+`--turn-frames` frames of random codes and their text, then the line) and run through the
+engine as served (`engine.generate`, warm-up first):
+- off: the cache off (`--prefix-cache-gib 0`): every take prefills its whole prompt;
+- retake: the same line again (another seed): the whole prompt comes from the cache;
+- next line: the first take kept, a new line: the history up to it comes from the cache,
+  the kept take and the new line are prefilled.
+Printed: first audio (prefill start to the first PCM window; median of `--repeats`), the
+prefill, the rows restored; the ratio of the 4,000-row retake to the retake with no
+history (the target on the H200: within 1.2x), with the cache on and off; bytes per row
+and per DeltaNet state, and what the largest scene's snapshots held.
+
+Design choices:
+- One engine, the cache switched off by detaching it (`decoder.prefix = None`), so both
+  modes share the weights, graphs and warm-up; it is emptied before each scene.
+- First audio comes from the take's own timings (Done.timings), as the server reports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
+    from engine import Drama3Engine, HistoryTurn
+
+HELP = "first audio of a retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off"
+LINE = "Who left the lamp burning?"
+Row = dict[str, Any]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint", type=Path, help="a Drama 3 checkpoint (default: the tiny demo)")
+    source.add_argument("--random-weights", action="store_true", help="random weights made on the device")
+    parser.add_argument("--preset", choices=("full", "tiny"), default="tiny",
+                        help="model size with --random-weights (full needs a CUDA GPU)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--history-rows", type=int, nargs="+", default=[0, 1000, 4000], metavar="N",
+                        help="history sizes in prompt rows (default 0 1000 4000)")
+    parser.add_argument("--turn-frames", type=int, default=200, help="frames of each history take (default 200)")
+    parser.add_argument("--repeats", type=int, default=3, help="takes per measurement, median reported (default 3)")
+    parser.add_argument("--frames", type=int, default=8, help="frames per take at most (default 8: past first audio)")
+    parser.add_argument("--prefix-cache-gib", type=float, help="the cache's budget (default: the engine's)")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+
+
+def history(engine: Drama3Engine, rows: int, turn_frames: int) -> list[HistoryTurn]:
+    """Kept takes of random codes whose rows in a prompt add up to about `rows`."""
+    from engine import HistoryTurn, Sampling
+
+    rng = np.random.default_rng(rows)
+    turns: list[HistoryTurn] = []
+    base = len(engine.prompt(LINE, None, [], Sampling()).rows)
+    while len(engine.prompt(LINE, None, turns, Sampling()).rows) - base < rows:
+        turns.append(HistoryTurn(f"Line {len(turns) + 1} of the scene, as it was kept.",
+                                 rng.integers(0, engine.config.codebook_size, (engine.config.num_codebooks,
+                                                                               turn_frames))))
+    return turns
+
+
+def measure(engine: Drama3Engine, text: str, turns: list[HistoryTurn], seed: int, frames: int) -> Row:
+    from engine import Done, Sampling
+
+    prompt = engine.prompt(text, None, turns, Sampling(max_new_tokens=frames, seed=seed))
+    done = next(e for e in engine.generate(prompt) if isinstance(e, Done))
+    if done.error is not None:
+        raise SystemExit(f"retake bench retake: a take failed: {done.error}")
+    timings = done.timings
+    return {"prompt_rows": len(prompt.rows), "cached_rows": timings.get("cached_rows", 0),
+            "prefill_ms": timings["prefill_ms"], "first_audio_ms": timings["first_audio_ms"], "codes": done.codes}
+
+
+def median_row(samples: list[Row], **fields: Any) -> Row:
+    row = {**fields, "prompt_rows": samples[-1]["prompt_rows"], "cached_rows": samples[-1]["cached_rows"]}
+    for key in ("prefill_ms", "first_audio_ms"):
+        values = [s[key] for s in samples if s[key] is not None]
+        row[key] = round(statistics.median(values), 1) if values else None
+    return row
+
+
+def scene(engine: Drama3Engine, rows: int, args: argparse.Namespace) -> tuple[list[Row], int]:
+    """The three modes for one history size; and the bytes its snapshots held."""
+    from engine import HistoryTurn
+
+    decoder, prefix = engine.decoder, engine.decoder.prefix
+    assert prefix is not None
+    turns = history(engine, rows, args.turn_frames)
+    out: list[Row] = []
+    decoder.prefix = None
+    try:
+        off = [measure(engine, LINE, turns, seed, args.frames) for seed in range(args.repeats)]
+    finally:
+        decoder.prefix = prefix
+    out.append(median_row(off, history_rows=rows, cache="off", take="retake"))
+    prefix.clear()
+    first = measure(engine, LINE, turns, 100, args.frames)  # cold: fills the cache
+    out.append(median_row([first], history_rows=rows, cache="on", take="first (cold)"))
+    again = [measure(engine, LINE, turns, 101 + seed, args.frames) for seed in range(args.repeats)]
+    out.append(median_row(again, history_rows=rows, cache="on", take="retake"))
+    kept = [*turns, HistoryTurn(LINE, first["codes"])]
+    following = [measure(engine, f"And the next line, number {seed}.", kept, 200 + seed, args.frames)
+                 for seed in range(args.repeats)]
+    out.append(median_row(following, history_rows=rows, cache="on", take="next line"))
+    return out, prefix.stats()["device_bytes"] + prefix.stats()["host_bytes"]
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from engine import EngineSpec, load_engine
+
+    if args.random_weights and args.preset == "full" and args.device != "cuda":
+        args.device = "cuda"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("retake bench retake: --device cuda but no CUDA GPU is available")
+    spec = EngineSpec(checkpoint=args.checkpoint, device=args.device,
+                      random_weights=args.preset if args.random_weights else None,
+                      prefix_cache_gib=args.prefix_cache_gib, slots=1)
+    engine = load_engine(spec)
+    warm = engine.warm_up()
+    prefix = engine.decoder.prefix
+    if prefix is None:
+        raise SystemExit("retake bench retake: the prefix cache is off (--prefix-cache-gib 0); give it a budget")
+    rows: list[Row] = []
+    held: dict[int, int] = {}
+    with torch.inference_mode():
+        for size in args.history_rows:
+            scene_rows, held[size] = scene(engine, size, args)
+            rows += scene_rows
+    source = engine.weights + (" (demo weights: its audio is noise)" if engine.demo_weights else "")
+    device = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu"
+    print(f"# {device}, {source}; prefix cache budget {prefix.budget / 2**30:.2f} GiB, "
+          f"host {prefix.host_budget / 2**30:.2f} GiB; warm-up {warm['warm_up_s']} s")
+    for row in rows:
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+
+    def first_audio(size: int, cache: str) -> float | None:
+        return next((r["first_audio_ms"] for r in rows
+                     if r["history_rows"] == size and r["cache"] == cache and r["take"] == "retake"), None)
+
+    largest, smallest = max(args.history_rows), min(args.history_rows)
+    ratios: dict[str, float | None] = {}
+    for cache in ("on", "off"):
+        top, base = first_audio(largest, cache), first_audio(smallest, cache)
+        ratios[cache] = round(top / base, 2) if top and base else None
+        print(f"ratio: first audio of a retake with {largest:,} rows of history / with {smallest:,}, cache "
+              f"{cache}: {ratios[cache]}x" + (" (target on the H200: <= 1.2x)" if cache == "on" else ""))
+    memory = {"row_bytes": prefix.row_bytes, "state_bytes": prefix.state_bytes, "held_bytes": held}
+    largest_prompt = max(r["prompt_rows"] for r in rows if r["history_rows"] == largest)
+    print(f"memory: {prefix.row_bytes:,} bytes per row (keys and values of {len(prefix.caches)} attention caches), "
+          f"{prefix.state_bytes:,} bytes of DeltaNet states per snapshot ({len(prefix.deltanets)} layers); "
+          f"a {largest_prompt:,}-row prompt: {largest_prompt * prefix.row_bytes / 2**20:.1f} MiB of rows + "
+          f"{prefix.state_bytes / 2**20:.1f} MiB per snapshot; the {largest:,}-row scene held "
+          f"{held[largest] / 2**20:.1f} MiB")
+    if args.json:
+        args.json.write_text(json.dumps({"device": device, "source": source, "rows": rows, "ratios": ratios,
+                                         "memory": memory, "warm_up": warm}, indent=2, default=str) + "\n",
+                             encoding="utf-8")
+    return 0

@@ -1,0 +1,367 @@
+"""The prefix cache: snapshots of a slot's model state at a prompt's boundaries, so a take
+prefills only the rows after the longest prefix an earlier take already computed.
+
+    cache = PrefixCache(model, budget_bytes, host_bytes=0)   # the Decoder holds it (decoder.prefix)
+    plan = cache.plan(prompt)                    # the keys of the prompt's boundaries, the longest hit
+    start, hidden = cache.restore(plan, slot)    # the hit's state into the slot: prefill rows [start, R)
+    cache.record(plan, slot, end, hidden)        # after each prefill chunk: a snapshot if it ends a boundary
+    cache.stats()                                # hits, misses, rows saved, bytes held
+
+Directing retakes one line over and over, and moves on line by line: every prompt of a
+scene is the system message (with the voice references), the kept takes of the lines above
+(history turns), then the line. A retake of a line shares the whole prompt with the take
+before; the next line after a keep shares everything up to the end of the history that the
+previous line had.
+
+Design choices:
+- Snapshot points are the prompt's boundaries (prompt.py): the end of the system message,
+  the end of each history turn, and the end of the whole prompt. Those are where two
+  prompts of a scene part: a take kept, dropped, reordered or edited changes the turns from
+  its own on, a new voice the system message, a new line only its own rows. Points inside
+  a turn would save a few rows at the price of a DeltaNet state each (62 MiB at the full
+  size) and of more, smaller prefill chunks.
+- A snapshot holds what a prefill leaves in the slot: every attention cache's rows (the
+  backbone's full-attention layers and the 13 tower layers) and every Gated DeltaNet
+  layer's recurrent and short-convolution states after its last row; a whole-prompt
+  snapshot also the last row's final hidden state, which the first decode step reads.
+- Why it is exact. (1) The key of a snapshot at boundary b hashes rows [0, b] and every
+  boundary up to b, so same key means same inputs. It includes row b, one past the
+  prefix, because the tower's caches are teacher-forced: row b - 1's tower entries are
+  computed with row b as their label. (The row after a system message or a turn is the
+  `<|im_start|>` of the next turn or line, so prompts of a scene share it.) A whole-prompt
+  snapshot hashes rows [0, R) and an end mark: its tower row R - 1 holds the placeholder
+  label that the first decode step overwrites in every tower layer before it is read, as
+  after a fresh prefill. (2) Prefill never lets a chunk span a boundary, and lays out the
+  chunks between two boundaries from the earlier one (prefill.py `begin` with `cuts`):
+  the chunked DeltaNet rule and GEMM blocking round differently for different row splits,
+  so a resumed prefill runs exactly the calls a prefill from row 0 runs after that
+  boundary, and the state a snapshot holds is the state that prefill had there. In float32
+  on a CPU the take is the same bit for bit; on the GPU too, as far as its kernels are
+  deterministic (within the fast path's tolerance in any case). (3) Attention rows past a
+  position are masked, so what a restored slot holds beyond the prefix is never read.
+  Sampling settings and seeds are not part of the prefill: the decoder seeds the take's
+  generator after a hit as after a prefill.
+- A tree of snapshots (sglang's Mamba radix cache does the same for its hybrid models):
+  a snapshot keeps only the attention rows of its own segment, from its parent boundary
+  to its own, and points to its parent; restoring copies the segments of its chain. Its
+  DeltaNet states are its own, and are dropped separately: under memory pressure an inner
+  snapshot loses its states (it still serves its children's rows) before its rows go, and
+  only a snapshot with no children loses its rows.
+- Memory: one budget for the device, least recently used first (a hit touches its whole
+  chain); optionally, snapshots evicted from the device move to host memory (pinned, a
+  second budget) instead of being dropped, and are copied back on a hit. The budget is
+  the engine's (`--prefix-cache-gib`): on a GPU by default half the memory free after
+  warm-up; on a CPU a fixed 1 GiB.
+- Shared across sessions: keys are the exact rows, so two sessions with the same voice
+  share the system message's snapshot, and a director who reconnects finds their scene's
+  snapshots, on the same replica. No state is ever used for rows that differ from its own,
+  whoever made it. A restart starts cold.
+- Counters are plain integers kept by the engine thread, so /metrics can read them from
+  another thread without a lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.drama3.deltanet import GatedDeltaNet
+from engine.drama3.layers import KVCache
+from engine.drama3.model import Drama3Model
+from engine.drama3.prompt import Prompt
+
+log = logging.getLogger("retake.engine")
+
+END_MARK = b"end of prompt"  # a whole-prompt key's last part: never a row's bytes (88 of them)
+CPU_BUDGET_GIB = 1.0  # the default budget on a CPU
+GPU_FREE_SHARE = 0.5  # the default budget on a GPU: this share of the memory free after warm-up
+
+
+@dataclass(eq=False)
+class Snapshot:
+    """A slot's state at a boundary: the attention rows of its segment [start, end), the
+    DeltaNet states after row end - 1, and (a whole prompt) that row's hidden state."""
+
+    key: bytes
+    parent: Snapshot | None
+    start: int
+    end: int
+    kv: list[torch.Tensor]  # per attention cache: keys and values [2, end - start, Hkv, Dh]
+    states: list[torch.Tensor] | None  # per DeltaNet layer: conv [C, K-1], recurrent [Hv, Dk, Dv]; None: dropped
+    hidden: torch.Tensor | None = None  # [D], whole-prompt snapshots only
+    children: int = 0
+    used: int = 0  # the cache's clock at its last use
+    on_host: bool = False
+
+    @property
+    def rows_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.kv)
+
+    @property
+    def states_bytes(self) -> int:
+        tensors = (self.states or []) + ([] if self.hidden is None else [self.hidden])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows_bytes + self.states_bytes
+
+    @property
+    def resumable(self) -> bool:
+        """Its states are kept: a prefill can resume here (a whole prompt also needs its hidden)."""
+        return self.states is not None
+
+
+@dataclass
+class Plan:
+    """One prefill's use of the cache: its snapshot points and where it resumed."""
+
+    rows: int  # R
+    points: dict[int, bytes]  # row count -> key: each boundary, then R (the whole prompt)
+    start: int = 0  # rows restored from a snapshot
+    node: Snapshot | None = None  # the last snapshot on the prompt's path (restored or recorded)
+    hidden: torch.Tensor | None = None  # a whole-prompt hit's last hidden state
+
+
+@dataclass
+class Stats:
+    hits: int = 0  # whole prompts restored: nothing prefilled
+    partial_hits: int = 0  # a prefix restored, the rest prefilled
+    misses: int = 0  # prefilled from row 0
+    rows_saved: int = 0  # prompt rows restored instead of prefilled
+    rows_prefilled: int = 0
+    snapshots: int = 0  # held now
+    device_bytes: int = 0
+    host_bytes: int = 0
+    evictions: int = 0  # snapshots (or their states) dropped for memory
+    spills: int = 0  # snapshots moved to host memory
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PrefixCache:
+    """Snapshots of prompt prefixes for one model's slots; owned by the engine thread."""
+
+    model: Drama3Model
+    budget: int  # bytes on the model's device
+    host_budget: int = 0  # bytes of pinned host memory for spilled snapshots (0: evicted ones are dropped)
+    nodes: dict[bytes, Snapshot] = field(default_factory=dict)
+    counters: Stats = field(default_factory=Stats)
+    clock: int = 0
+
+    def __post_init__(self) -> None:
+        self.caches = [m for m in self.model.modules() if isinstance(m, KVCache)]
+        self.deltanets = [m for m in self.model.modules() if isinstance(m, GatedDeltaNet)]
+        self.device = self.model.candidate_head.device
+        if self.device.type != "cuda":
+            self.host_budget = 0  # the device is the host already
+
+    # Sizes ------------------------------------------------------------------------
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one prompt row in a snapshot: keys and values of every attention cache."""
+        return sum(2 * c.k[0, 0].numel() * c.k.element_size() for c in self.caches)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one snapshot's DeltaNet states (conv and recurrent, every layer)."""
+        return sum(d.conv_state[0].numel() * d.conv_state.element_size()
+                   + d.recurrent_state[0].numel() * d.recurrent_state.element_size() for d in self.deltanets)
+
+    def stats(self) -> dict[str, int]:
+        return self.counters.as_dict()
+
+    # Keys ---------------------------------------------------------------------------
+
+    def plan(self, prompt: Prompt) -> Plan:
+        """The prompt's snapshot points and keys, and its longest resumable prefix in the
+        cache (touched, with its chain)."""
+        rows = prompt.rows.contiguous()
+        count = len(rows)
+        data = rows.numpy().tobytes()
+        row = len(data) // max(1, count)
+        digest = hashlib.sha256()
+        points: dict[int, bytes] = {}
+        previous = 0
+        for boundary in sorted(b for b in prompt.boundaries if 0 < b < count):
+            digest.update(data[previous * row:boundary * row] + boundary.to_bytes(8, "little"))
+            labelled = digest.copy()
+            labelled.update(data[boundary * row:(boundary + 1) * row])  # the label of the tower's last row
+            points[boundary] = labelled.digest()
+            previous = boundary
+        digest.update(data[previous * row:] + END_MARK)
+        points[count] = digest.digest()
+        plan = Plan(rows=count, points=points)
+        for end, key in points.items():  # ascending; snapshots past the last resumable one get their states again
+            node = self.nodes.get(key)
+            if node is None:
+                break
+            if node.resumable and (end < count or node.hidden is not None):
+                plan.start, plan.node = end, node
+        if plan.node is not None:
+            self.touch(plan.node)
+            plan.hidden = plan.node.hidden if plan.start == count else None
+        return plan
+
+    # Restoring ----------------------------------------------------------------------
+
+    def restore(self, plan: Plan, slot: int) -> tuple[int, torch.Tensor | None]:
+        """Copy the plan's resume snapshot (its chain's rows, its states) into `slot`; the rows
+        to prefill from, and the last hidden state when the whole prompt was restored."""
+        counters = self.counters
+        if not plan.start:
+            counters.misses += 1
+            counters.rows_prefilled += plan.rows
+            self.log(slot, plan)
+            return 0, None
+        node = plan.node
+        assert node is not None and node.states is not None
+        chain: list[Snapshot] = []
+        cursor: Snapshot | None = node
+        while cursor is not None:
+            chain.append(cursor)
+            cursor = cursor.parent
+        for snapshot in reversed(chain):
+            for cache, kv in zip(self.caches, snapshot.kv):
+                cache.k[slot, snapshot.start:snapshot.end].copy_(kv[0], non_blocking=True)
+                cache.v[slot, snapshot.start:snapshot.end].copy_(kv[1], non_blocking=True)
+        for layer, (conv, recurrent) in zip(self.deltanets, pairs(node.states)):
+            layer.conv_state[slot].copy_(conv, non_blocking=True)
+            layer.recurrent_state[slot].copy_(recurrent, non_blocking=True)
+        if plan.start == plan.rows:
+            counters.hits += 1
+        else:
+            counters.partial_hits += 1
+        counters.rows_saved += plan.start
+        counters.rows_prefilled += plan.rows - plan.start
+        self.log(slot, plan)
+        hidden = None if plan.hidden is None else plan.hidden.to(self.device, non_blocking=True)
+        return plan.start, hidden
+
+    def log(self, slot: int, plan: Plan) -> None:
+        """One line per prefill: what it reused, and what the cache holds."""
+        stats = self.counters
+        what = "the whole prompt" if plan.start == plan.rows else "a prefix" if plan.start else "nothing"
+        log.info("prefix cache: slot %d restored %s (%s of %s rows), prefills %s; %d snapshots, %.1f MiB on the "
+                 "device, %.1f MiB on the host; %d hits, %d partial, %d misses, %s rows saved", slot, what,
+                 f"{plan.start:,}", f"{plan.rows:,}", f"{plan.rows - plan.start:,}", stats.snapshots,
+                 stats.device_bytes / 2**20, stats.host_bytes / 2**20, stats.hits, stats.partial_hits, stats.misses,
+                 f"{stats.rows_saved:,}")
+
+    # Recording ----------------------------------------------------------------------
+
+    def record(self, plan: Plan, slot: int, end: int, hidden: torch.Tensor) -> None:
+        """After a prefill chunk of `slot` ending at row `end`: if `end` is one of the plan's
+        points, keep the slot's state there (hidden [D]: the chunk's last row)."""
+        key = plan.points.get(end)
+        if key is None or end <= plan.start:
+            return
+        parent = plan.node
+        start = 0 if parent is None else parent.end
+        if (parent is not None and self.nodes.get(parent.key) is not parent) \
+                or (end - start) * self.row_bytes + self.state_bytes > self.budget:
+            plan.points.clear()  # its parent went while it ran, or it would not fit: no snapshots after here
+            return
+        last = hidden.clone() if end == plan.rows else None
+        node = self.nodes.get(key)
+        if node is not None:  # made by another prefill of the same rows, or kept without its states
+            if node.states is None:
+                node.states, node.hidden = self.copy_states(slot), last
+                if node.on_host:
+                    node.states = [to_pinned(t) for t in node.states]
+                    node.hidden = None if last is None else to_pinned(last)
+                self.account(node, node.states_bytes)
+        else:
+            node = Snapshot(key, parent, start, end, kv=[torch.stack((c.k[slot, start:end], c.v[slot, start:end]))
+                                                         for c in self.caches],
+                            states=self.copy_states(slot), hidden=last)
+            self.nodes[key] = node
+            if parent is not None:
+                parent.children += 1
+            self.counters.snapshots += 1
+            self.account(node, node.nbytes)
+        plan.node = node
+        self.touch(node)
+        self.fit()
+
+    def copy_states(self, slot: int) -> list[torch.Tensor]:
+        return [state for layer in self.deltanets
+                for state in (layer.conv_state[slot].clone(), layer.recurrent_state[slot].clone())]
+
+    # Memory -------------------------------------------------------------------------
+
+    def touch(self, node: Snapshot | None) -> None:
+        self.clock += 1
+        while node is not None:
+            node.used = self.clock
+            node = node.parent
+
+    def account(self, node: Snapshot, nbytes: int) -> None:
+        if node.on_host:
+            self.counters.host_bytes += nbytes
+        else:
+            self.counters.device_bytes += nbytes
+
+    def fit(self) -> None:
+        """Evict least recently used snapshots (or their states) until both budgets hold."""
+        for host in (False, True):
+            budget = self.host_budget if host else self.budget
+            while (self.counters.host_bytes if host else self.counters.device_bytes) > budget:
+                victim = min((n for n in self.nodes.values() if n.on_host == host and (n.children == 0 or n.resumable)),
+                             key=lambda n: n.used, default=None)
+                if victim is None:
+                    break
+                if not host and self.host_budget and victim.nbytes <= self.host_budget:
+                    self.spill(victim)
+                else:
+                    self.drop(victim)
+
+    def spill(self, node: Snapshot) -> None:
+        """Move a snapshot to pinned host memory (copied back on a hit)."""
+        size = node.nbytes
+        node.kv = [to_pinned(t) for t in node.kv]
+        node.states = None if node.states is None else [to_pinned(t) for t in node.states]
+        node.hidden = None if node.hidden is None else to_pinned(node.hidden)
+        self.counters.device_bytes -= size
+        node.on_host = True
+        self.counters.host_bytes += size
+        self.counters.spills += 1
+
+    def drop(self, node: Snapshot) -> None:
+        """A snapshot with children loses its states; one without goes, and so do the
+        stateless parents it leaves childless."""
+        self.counters.evictions += 1
+        if node.children:
+            self.account(node, -node.states_bytes)
+            node.states, node.hidden = None, None
+            return
+        cursor: Snapshot | None = node
+        while cursor is not None and cursor.children == 0 and (cursor is node or not cursor.resumable):
+            del self.nodes[cursor.key]
+            self.account(cursor, -cursor.nbytes)
+            self.counters.snapshots -= 1
+            parent = cursor.parent
+            if parent is not None:
+                parent.children -= 1
+            cursor = parent
+
+    def clear(self) -> None:
+        """Forget every snapshot (a cold cache, as after a restart)."""
+        self.nodes.clear()
+        self.counters.snapshots = self.counters.device_bytes = self.counters.host_bytes = 0
+
+
+def pairs(states: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return list(zip(states[0::2], states[1::2]))
+
+
+def to_pinned(tensor: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)
+

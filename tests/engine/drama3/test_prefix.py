@@ -1,0 +1,229 @@
+"""The prefix cache on the tiny checkpoint, float32 on the CPU: a take whose prefix came from
+the cache equals the take prefilled from row 0, bit for bit (every cache row the prompt
+wrote, every DeltaNet state, the first step's inputs, the frames), whatever changed since
+(a retake, a keep, a drop, a reorder, an edited line, another voice), in another slot, and
+after a restart; stale states are never used; memory stays within the budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine import Character, Done, EngineSpec, HistoryTurn, Sampling, load_engine
+from engine.drama3.decoder import Decoder
+from engine.drama3.deltanet import GatedDeltaNet
+from engine.drama3.layers import KVCache
+from engine.drama3.prefix import PrefixCache
+from engine.drama3.prompt import Prompt, Reference
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def cold(tiny_checkpoint):
+    """A second engine: each prefill from row 0 (its cache cleared before every take)."""
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu"))
+
+
+def codes(seed: int, frames: int = 40) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1024, (10, frames))
+
+
+HISTORY = [HistoryTurn(f"Line {i}, as kept.", codes(i, 20 + 5 * i)) for i in range(4)]
+SAMPLING = Sampling(max_new_tokens=8, seed=11)
+
+
+def slot_state(decoder: Decoder, slot: int, rows: int) -> list[torch.Tensor]:
+    """What a prefill of `rows` rows leaves in `slot` and in the first step's inputs."""
+    model = decoder.model
+    out: list[torch.Tensor] = []
+    for module in model.modules():
+        if isinstance(module, KVCache):
+            out += [module.k[slot, :rows].clone(), module.v[slot, :rows].clone()]
+        elif isinstance(module, GatedDeltaNet):
+            out += [module.conv_state[slot].clone(), module.recurrent_state[slot].clone()]
+    return out + [t[slot].clone() for t in (decoder.hidden, decoder.position, decoder.frame, decoder.ras_window)]
+
+
+def prefilled(engine, prompt: Prompt, slot: int = 0) -> list[torch.Tensor]:
+    decoder = engine.decoder
+    decoder.prefill(prompt, slot)
+    state = slot_state(decoder, slot, len(prompt.rows))
+    decoder.release(slot)
+    return state
+
+
+def assert_same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)  # bit for bit
+
+
+def take(engine, prompt: Prompt) -> Done:
+    done = list(engine.generate(prompt))[-1]
+    assert isinstance(done, Done) and done.error is None
+    return done
+
+
+def from_scratch(cold, prompt: Prompt) -> tuple[list[torch.Tensor], Done]:
+    assert cold.decoder.prefix is not None
+    cold.decoder.prefix.clear()
+    state = prefilled(cold, prompt)
+    cold.decoder.prefix.clear()
+    return state, take(cold, prompt)
+
+
+def check(tiny, cold, text: str, voice, history: list[HistoryTurn], cached: int) -> Done:
+    """The take from `tiny`'s cache restores `cached` rows and equals the take from row 0."""
+    prompt = tiny.prompt(text, voice, history, SAMPLING)
+    done = take(tiny, prompt)
+    assert done.timings["cached_rows"] == cached
+    state, fresh = from_scratch(cold, prompt)
+    assert fresh.timings["cached_rows"] == 0
+    assert np.array_equal(done.codes, fresh.codes)
+    assert_same(prefilled(tiny, prompt), state)  # a whole-prompt hit now
+    return done
+
+
+@torch.inference_mode()
+def test_history_changes_reuse_the_longest_shared_prefix_and_equal_a_fresh_prefill(tiny, cold):
+    tiny.decoder.prefix.clear()
+    line = "Then light it again."
+    prompt = tiny.prompt(line, None, HISTORY, SAMPLING)
+    head, *ends = prompt.boundaries
+    assert len(ends) == len(HISTORY) and ends[-1] < len(prompt.rows)
+    first = check(tiny, cold, line, None, HISTORY, 0)  # cold
+    again = check(tiny, cold, line, None, HISTORY, len(prompt.rows))  # a retake: the whole prompt
+    assert np.array_equal(first.codes, again.codes)  # same seed, same frames
+    kept = [*HISTORY, HistoryTurn(line, first.codes)]
+    check(tiny, cold, "Who left the lamp burning?", None, kept, ends[-1])  # keep, next line
+    check(tiny, cold, "Then light it, again.", None, HISTORY, ends[-1])  # the line edited
+    dropped = [HISTORY[0], *HISTORY[2:]]
+    check(tiny, cold, line, None, dropped, ends[0])  # a take dropped from the history
+    check(tiny, cold, line, None, HISTORY[::-1], head)  # reordered: only the system message is shared
+    check(tiny, cold, line, None, HISTORY[:2], ends[1])  # an earlier line retaken: fewer turns
+    voice = [Reference(codes(99, 25), "A reference clip.")]
+    check(tiny, cold, line, voice, HISTORY, 0)  # another voice: nothing shared
+    check(tiny, cold, line, Character("Ada", "a tired stage manager"), HISTORY, 0)
+    stats = tiny.prefix_cache_stats()
+    assert stats is not None and stats["hits"] >= 1 and stats["partial_hits"] >= 5 and stats["rows_saved"] > 0
+
+
+@torch.inference_mode()
+def test_a_snapshot_restores_into_another_slot(tiny_checkpoint):
+    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=2))
+    prompt = engine.prompt("Across slots.", None, HISTORY[:2], SAMPLING)
+    made = prefilled(engine, prompt, 0)
+    assert_same(prefilled(engine, prompt, 1), made)
+    assert engine.prefix_cache_stats()["hits"] == 1
+    # A prompt that differs only in its line resumes at the history's end in slot 1.
+    other = engine.prompt("Across slots, again.", None, HISTORY[:2], SAMPLING)
+    resumed = prefilled(engine, other, 1)
+    engine.decoder.prefix.clear()
+    assert_same(prefilled(engine, other, 0), resumed)
+
+
+@torch.inference_mode()
+def test_a_restarted_engine_starts_cold_and_makes_the_same_take(tiny, tiny_checkpoint):
+    prompt = tiny.prompt("Before the restart.", None, HISTORY, SAMPLING)
+    take(tiny, prompt)
+    cached = take(tiny, prompt)
+    assert cached.timings["cached_rows"] == len(prompt.rows)
+    restarted = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu"))
+    fresh = take(restarted, restarted.prompt("Before the restart.", None, HISTORY, SAMPLING))
+    assert fresh.timings["cached_rows"] == 0
+    assert np.array_equal(cached.codes, fresh.codes)
+
+
+@torch.inference_mode()
+def test_a_stale_state_is_never_used(tiny):
+    """Keys cover the row after a boundary (the tower's label) and the boundaries themselves."""
+    cache = tiny.decoder.prefix
+    cache.clear()
+    prompt = tiny.prompt("Stale?", None, HISTORY[:2], SAMPLING)
+    take(tiny, prompt)
+    head, end = prompt.boundaries[0], prompt.boundaries[-1]
+    assert cache.plan(prompt).start == len(prompt.rows)
+    relabelled = prompt.rows.clone()
+    relabelled[end, 0] += 1  # the row after the history: the snapshot there labelled its tower with the old one
+    plan = cache.plan(Prompt(relabelled, prompt.history_used, SAMPLING, boundaries=prompt.boundaries))
+    assert plan.start == prompt.boundaries[-2]
+    moved = Prompt(prompt.rows, prompt.history_used, SAMPLING, boundaries=(head, end - 1))
+    assert cache.plan(moved).start == head  # other chunk cuts: other keys
+    changed = prompt.rows.clone()
+    changed[1, 3] = 7  # a row inside the system message
+    assert cache.plan(Prompt(changed, 0, SAMPLING, boundaries=prompt.boundaries)).start == 0
+    assert cache.plan(Prompt(prompt.rows, 0, SAMPLING)).start == 0  # no boundaries: other chunks, no hit
+    assert cache.plan(Prompt(prompt.rows[:-1], 0, SAMPLING, boundaries=prompt.boundaries)).start == end
+
+
+@torch.inference_mode()
+def test_eviction_keeps_the_budget_and_drops_inner_states_before_rows(tiny, cold):
+    cache: PrefixCache = tiny.decoder.prefix
+    cache.clear()
+    prompt = tiny.prompt("Budget.", None, HISTORY, SAMPLING)
+    take(tiny, prompt)
+    held = cache.stats()["device_bytes"]
+    assert held == sum(node.nbytes for node in cache.nodes.values())
+    assert held == len(prompt.rows) * cache.row_bytes + len(cache.nodes) * cache.state_bytes + \
+        tiny.decoder.hidden[0].numel() * 4
+    budget = cache.budget
+    try:
+        cache.budget = held - 1  # one state too many
+        cache.fit()
+        stats = cache.stats()
+        assert stats["device_bytes"] <= cache.budget and stats["evictions"] >= 1
+        assert stats["device_bytes"] == sum(node.nbytes for node in cache.nodes.values())
+        stateless = [node for node in cache.nodes.values() if not node.resumable]
+        assert len(stateless) == 1 and stateless[0].children == 1  # the oldest inner snapshot lost its states only
+        # A retake still hits the whole prompt, and a prefix through the stateless snapshot refills it.
+        assert take(tiny, prompt).timings["cached_rows"] == len(prompt.rows)
+        cache.budget = budget
+        check(tiny, cold, "Budget.", None, HISTORY[:1], 0 if stateless[0].end == prompt.boundaries[1] else
+              prompt.boundaries[1])
+        cache.budget = 0
+        cache.fit()
+        assert cache.stats()["device_bytes"] == 0 and not cache.nodes
+        assert take(tiny, prompt).timings["cached_rows"] == 0  # nothing kept within no budget
+        assert not cache.nodes
+    finally:
+        cache.budget = budget
+
+
+@torch.inference_mode()
+def test_takes_prefilled_between_steps_record_the_same_snapshots(tiny, cold):
+    """A prompt prefilled a few chunks per step while another take decodes (the slot table's
+    interleaving) leaves the snapshots a whole prefill leaves."""
+    cache = tiny.decoder.prefix
+    cache.clear()
+    slots = tiny.slot_table
+    first = slots.start(tiny.prompt("Playing.", None, [], Sampling(max_new_tokens=40, seed=1)))
+    while not first.decoding or first in slots.prefills:
+        slots.step()
+    prompt = tiny.prompt("Joining.", None, HISTORY, SAMPLING)
+    slots.prefill_rows, rows = 16, slots.prefill_rows
+    try:
+        second = slots.start(prompt)
+        events = []
+        while not second.done:
+            events += [e for t, es in slots.step() if t is second for e in es]
+        while not first.done:
+            slots.step()
+    finally:
+        slots.prefill_rows = rows
+    state, fresh = from_scratch(cold, prompt)
+    assert np.array_equal(events[-1].codes, fresh.codes)
+    assert_same(prefilled(tiny, prompt), state)
+
+
+def test_the_budget_option_is_checked(tiny_checkpoint):
+    from engine.errors import RequestError
+
+    with pytest.raises(RequestError, match="prefix_cache_gib"):
+        load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", prefix_cache_gib=-1))
+    off = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", prefix_cache_gib=0))
+    assert off.decoder.prefix is None and off.prefix_cache_stats() is None
