@@ -17,6 +17,8 @@ that fails or runs out of time is recorded and the next one runs):
   (first audio at client and server, gaps) and at 8, 32, 64 (the concurrency table)
 - takes: `retake bench takes --random-weights --preset full --device cuda --profile FILE`:
   decode, prefill, first audio, vocode
+- retake: `retake bench retake --random-weights --preset full --device cuda`: first audio of a
+  retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off
 - numerics: `retake bench numerics`: compiled vs eager in float32, per experts path and TF32
 - kernels: `retake bench kernels` (when the kernels exist)
 - personaplex: `retake bench personaplex --size released` at 1, 8, 32, 64 slots
@@ -61,8 +63,8 @@ from typing import Any
 WORK = Path("/tmp/retake-gpu")
 PY = sys.executable
 CLI = [PY, "-m", "backend.cli"]
-STAGES = ("env", "pytest", "serve", "takes", "numerics", "kernels", "personaplex", "converse")
-LIMITS_S = {"env": 30, "pytest": 200, "serve": 300, "takes": 240, "numerics": 150, "kernels": 90,
+STAGES = ("env", "pytest", "serve", "takes", "retake", "numerics", "kernels", "personaplex", "converse")
+LIMITS_S = {"env": 30, "pytest": 200, "serve": 300, "takes": 240, "retake": 300, "numerics": 150, "kernels": 90,
             "personaplex": 120, "converse": 150}
 SMOKE_LIMITS_S = {name: 900 for name in STAGES}
 LOG_TAIL = 120_000  # characters of each stage's output kept in log.txt
@@ -384,6 +386,14 @@ def takes_stage(run: Run, stage: Stage, log: Path) -> Json:
                                          "--profile", str(profile)], report)  # --steps 50: fewer graphs
 
 
+def retake_stage(run: Run, stage: Stage, log: Path) -> Json:
+    report = WORK / "retake.json"
+    size = ["--preset", "tiny", "--device", "cpu", "--history-rows", "0", "200", "--turn-frames", "40",
+            "--repeats", "1"] if run.smoke else ["--preset", "full", "--device", "cuda"]
+    return bench_stage(run, stage, log, [*CLI, "bench", "retake", "--random-weights", *size, "--json", str(report)],
+                       report)
+
+
 def numerics_stage(run: Run, stage: Stage, log: Path) -> Json:
     report = WORK / "numerics.json"
     device = ["--device", "cpu", "--steps", "3"] if run.smoke else ["--device", "cuda"]
@@ -422,7 +432,8 @@ def converse_stage(run: Run, stage: Stage, log: Path) -> Json | None:
 
 BODIES: dict[str, tuple[Callable[[Run, Stage, Path], Json | None], bool]] = {
     "env": (env_stage, False), "pytest": (pytest_stage, False), "serve": (serve_stage, False),
-    "takes": (takes_stage, False), "numerics": (numerics_stage, False), "kernels": (kernels_stage, True),
+    "takes": (takes_stage, False), "retake": (retake_stage, False), "numerics": (numerics_stage, False),
+    "kernels": (kernels_stage, True),
     "personaplex": (personaplex_stage, False), "converse": (converse_stage, False),
 }
 

@@ -46,7 +46,7 @@ from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule, Window
 from engine.readback import to_device
 
-Timings = dict[str, float | None]  # prompt_rows, cached_rows, prompt_ms, prefill_ms, first_audio_ms, frames, total_ms, ...
+Timings = dict[str, float | None]  # prompt_rows, cached_rows, prompt_ms, prefill_ms, first_audio_ms, frames, ...
 
 
 @dataclass(frozen=True)
