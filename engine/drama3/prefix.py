@@ -47,8 +47,10 @@ Design choices:
   DeltaNet states are its own, and are dropped separately: under memory pressure an inner
   snapshot loses its states (it still serves its children's rows) before its rows go, and
   only a snapshot with no children loses its rows.
-- Memory: one budget for the device, least recently used first (a hit touches its whole
-  chain); optionally, snapshots evicted from the device move to host memory (pinned, a
+- Memory: one budget for the device, least recently used first, where a snapshot's use is
+  its own (recorded, or restored from): the states of a boundary nobody resumes from go
+  before the retake points of other scenes, and its rows stay while a later snapshot
+  needs them. Optionally, snapshots evicted from the device move to host memory (pinned, a
   second budget) instead of being dropped, and are copied back on a hit. The budget is
   the engine's (`--prefix-cache-gib`): on a GPU by default half the memory free after
   warm-up; on a CPU a fixed 1 GiB.
@@ -93,7 +95,7 @@ class Snapshot:
     states: list[torch.Tensor] | None  # per DeltaNet layer: conv [C, K-1], recurrent [Hv, Dk, Dv]; None: dropped
     hidden: torch.Tensor | None = None  # [D], whole-prompt snapshots only
     children: int = 0
-    used: int = 0  # the cache's clock at its last use
+    used: int = 0  # the cache's clock when its states were last recorded or restored
     on_host: bool = False
 
     @property
@@ -181,7 +183,7 @@ class PrefixCache:
 
     def plan(self, prompt: Prompt) -> Plan:
         """The prompt's snapshot points and keys, and its longest resumable prefix in the
-        cache (touched, with its chain)."""
+        cache (touched)."""
         rows = prompt.rows.contiguous()
         count = len(rows)
         data = rows.numpy().tobytes()
@@ -296,11 +298,11 @@ class PrefixCache:
 
     # Memory -------------------------------------------------------------------------
 
-    def touch(self, node: Snapshot | None) -> None:
+    def touch(self, node: Snapshot) -> None:
+        """Its states were used (recorded or restored). Its parents' rows are kept while it
+        is, whatever their own use: only their states age."""
         self.clock += 1
-        while node is not None:
-            node.used = self.clock
-            node = node.parent
+        node.used = self.clock
 
     def account(self, node: Snapshot, nbytes: int) -> None:
         if node.on_host:
