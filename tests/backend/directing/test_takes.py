@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import urllib.request
 from typing import Any
 
@@ -207,3 +208,27 @@ def test_an_ended_take_keeps_its_audio_and_exports_it_without_the_engine(make_se
         metrics = response.read().decode()
     assert 'retake_take_exports_total{audio="kept"} 1\n' in metrics
     assert 'retake_take_exports_total{audio="vocoded"} 0\n' in metrics
+
+
+def test_a_retake_restores_its_prompt_from_the_prefix_cache(server: LiveServer) -> None:
+    """The same line retaken with the same seed: the whole prompt comes from the engine's prefix
+    cache (timings.cached_rows), the take is the one the first prefill made, /metrics counts it."""
+
+    async def main() -> tuple[TakeResult, TakeResult]:
+        director = await Director.connect(server.ws)
+        await director.open()
+        first = await director.take("line-1", "Once more, from the top.", sampling={**SHORT, "seed": 7})
+        again = await director.take("line-1", "Once more, from the top.", sampling={**SHORT, "seed": 7})
+        await director.close()
+        return first, again
+
+    first, again = run(main())
+    timings = again.done["timings"]
+    assert isinstance(timings, dict) and timings["cached_rows"] == timings["prompt_rows"] > 0
+    np.testing.assert_array_equal(again.pcm, first.pcm)
+    with urllib.request.urlopen(f"{server.http}/metrics", timeout=30) as response:
+        metrics = response.read().decode()
+    hits = re.search(r'^retake_prefix_cache_lookups_total\{result="hit"\} (\d+)$', metrics, re.M)
+    assert hits is not None and int(hits.group(1)) >= 1
+    held = re.search(r'^retake_prefix_cache_bytes\{memory="device"\} (\d+)$', metrics, re.M)
+    assert held is not None and int(held.group(1)) > 0
