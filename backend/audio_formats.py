@@ -24,9 +24,11 @@ Design choices:
   a page, so a window's audio leaves with the window instead of waiting for a 1 s page; and
   every 100 ms in a whole file (less overhead; libsndfile 1.2.2 cannot read an Ogg Opus file
   whose audio is all on one page, FFmpeg's default for a take under a second).
-- `pcm` is the take's raw samples (16-bit little-endian, mono, at the take's rate: 44.1 kHz
-  for Drama 3, where OpenAI's is 24 kHz; the `X-Sample-Rate` header says it): no resampling,
-  so it is sample-exact, and so is `wav`; `flac` is lossless.
+- `pcm` is raw 16-bit little-endian mono at 24 kHz, as OpenAI defines it: its clients play
+  it at 24 kHz without reading a header (the SDK's audio player does), so a 44.1 kHz take
+  played as is would come out slow and low. swresample converts it, window by window, like
+  Opus. Retake's own `"stream": true` keeps the take's raw samples (`Encoder(..., native=True)`,
+  `X-Sample-Rate` says the rate), sample-exact like `wav`; `flac` is lossless.
 - Bit rates are fixed per format (mp3 128 kb/s, opus 64 kb/s, aac 128 kb/s): the API has no
   field for them.
 - PyAV is imported when an encoder is made, not with the server: a server that is never
@@ -61,7 +63,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("aac", "audio/aac", "adts", "aac", None, 128_000),
     Format("flac", "audio/flac", "flac", "flac", None, None),
     Format("wav", "audio/wav", "wav", "pcm_s16le", None, None),
-    Format("pcm", "audio/pcm", None, None, None, None),
+    Format("pcm", "audio/pcm", None, None, 24_000, None),  # OpenAI's rate
 )}
 OGG_PAGE_US = {True: 20_000, False: 100_000}  # Ogg page duration, streamed or whole (see the notes)
 
@@ -85,19 +87,26 @@ class _Sink:
 class Encoder:
     """PCM16 mono windows in, one format's bytes out, whole or streamed (see the module's notes)."""
 
-    def __init__(self, name: str, sample_rate: int, *, streamed: bool) -> None:
+    def __init__(self, name: str, sample_rate: int, *, streamed: bool, native: bool = False) -> None:
+        """`native`: raw PCM at the take's own rate (Retake's `"stream": true`), not the format's."""
         self.format = FORMATS[name]
         self.sample_rate = sample_rate
+        self.rate = sample_rate if native or self.format.sample_rate is None else self.format.sample_rate
         self.streamed = streamed
         self._closed = False
+        self._pcm_resampler: av.AudioResampler | None = None
         if self.format.container is None:
+            if self.rate != sample_rate:
+                import av
+
+                self._pcm_resampler = av.AudioResampler(format="s16", layout="mono", rate=self.rate)
             return
         self._output: _Sink | io.BytesIO = _Sink() if streamed else io.BytesIO()
         options = {"page_duration": str(OGG_PAGE_US[streamed])} if self.format.container == "ogg" else {}
         import av
 
         self._container = av.open(self._output, "w", format=self.format.container, options=options)
-        rate = self.format.sample_rate or sample_rate
+        rate = self.rate
         assert self.format.codec is not None
         stream = self._container.add_stream(self.format.codec, rate=rate, layout="mono")
         assert isinstance(stream, av.audio.stream.AudioStream)
@@ -118,7 +127,7 @@ class Encoder:
         (the codec's look-ahead), always b"" when not streamed."""
         assert not self._closed, "write after close"
         samples = np.ascontiguousarray(pcm, dtype="<i2")  # [N]
-        if self.format.container is None:
+        if self.format.container is None and self._pcm_resampler is None:
             return samples.tobytes()
         if samples.size == 0:
             return b""
@@ -126,6 +135,8 @@ class Encoder:
 
         frame = av.AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")  # [1, N]
         frame.sample_rate = self.sample_rate
+        if self._pcm_resampler is not None:
+            return self._resampled(frame)
         self._encode(frame)
         return self._output.take() if isinstance(self._output, _Sink) else b""
 
@@ -133,6 +144,8 @@ class Encoder:
         """The rest: the codec's last frames and the container's end (the whole file when not streamed)."""
         assert not self._closed, "closed twice"
         self._closed = True
+        if self._pcm_resampler is not None:
+            return self._resampled(None)
         if self.format.container is None:
             return b""
         self._encode(None)
@@ -142,6 +155,12 @@ class Encoder:
         if isinstance(self._output, _Sink):
             return self._output.take()
         return self._output.getvalue()
+
+    def _resampled(self, frame: av.AudioFrame | None) -> bytes:
+        """Raw PCM16 at the format's rate: what `frame` completed (None: the resampler's tail)."""
+        assert self._pcm_resampler is not None
+        return b"".join(bytes(converted.planes[0])[:converted.samples * 2]  # a plane may be padded
+                        for converted in self._pcm_resampler.resample(frame))
 
     def _encode(self, frame: av.AudioFrame | None) -> None:
         for converted in self._resampler.resample(frame):

@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from backend.audio_formats import Encoder
 from backend.directing.jobs import TakeJob, TakeOutcome
 from backend.directing.loop import QueueFull
-from backend.directing.speech_options import parse_speech_options, with_voice
+from backend.directing.speech_options import SpeechOptions, parse_speech_options, with_voice
 from backend.directing.speech_request import SpeechRequest, parse_speech_request
 from backend.directing.voices import find_voice
 from backend.metrics import Metrics
@@ -138,10 +138,10 @@ async def speech(request: Request) -> Response:
         if isinstance(first, TakeOutcome) and first.finish_reason == "error":
             return openai_error(first.error or "the take failed")
         if not stream:
-            return await _complete(state, sink, first, options.response_format, stop)
+            return await _complete(state, sink, first, options, stop)
     finally:
         gone.cancel()
-    encoder = Encoder(options.response_format, state.engine.sample_rate, streamed=True)
+    encoder = Encoder(options.response_format, state.engine.sample_rate, streamed=True, native=options.native)
     chunks = _encoded(_chunks(sink, first, stop), encoder)
     if options.stream_format == "audio":
         return StreamingResponse(_raw(chunks), media_type=encoder.media_type, headers=_headers(encoder))
@@ -149,8 +149,8 @@ async def speech(request: Request) -> Response:
 
 
 def _headers(encoder: Encoder) -> dict[str, str]:
-    """The rate the audio is encoded at (Opus: 48 kHz); for raw PCM, all it takes to play it."""
-    rate = str(encoder.format.sample_rate or encoder.sample_rate)
+    """The rate the audio is encoded at (Opus 48 kHz, pcm 24 kHz); for raw PCM, all it takes to play it."""
+    rate = str(encoder.rate)
     if encoder.format.name == "pcm":
         return {"X-Sample-Rate": rate, "X-Channels": "1", "X-Bit-Depth": "16"}
     return {"X-Sample-Rate": rate}
@@ -162,7 +162,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _complete(state: ServerState, sink: SpeechSink, first: bytes | TakeOutcome, response_format: str,
+async def _complete(state: ServerState, sink: SpeechSink, first: bytes | TakeOutcome, options: SpeechOptions,
                     stop: Callable[[], None]) -> Response:
     pieces: list[bytes] = []
     event = first
@@ -178,7 +178,7 @@ async def _complete(state: ServerState, sink: SpeechSink, first: bytes | TakeOut
         raise
     if event.finish_reason == "error" and not pieces:
         return openai_error(event.error or "the take failed")
-    encoder = Encoder(response_format, state.engine.sample_rate, streamed=False)
+    encoder = Encoder(options.response_format, state.engine.sample_rate, streamed=False, native=options.native)
     pcm = np.frombuffer(b"".join(pieces), dtype="<i2")  # [samples]
     data = await asyncio.to_thread(lambda: encoder.write(pcm) + encoder.close())
     return Response(data, media_type=encoder.media_type,

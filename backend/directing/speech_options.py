@@ -51,6 +51,7 @@ MIN_SPEED, MAX_SPEED = 0.25, 4.0  # OpenAI's range
 @dataclass(frozen=True)
 class SpeechOptions:
     response_format: str  # a key of audio_formats.FORMATS
+    native: bool  # raw PCM at the take's rate: Retake's `stream: true` without a response_format
     streamed: bool
     stream_format: Literal["audio", "sse"]
     voice: str | None  # a voice's name or id as given; None: none given
@@ -95,7 +96,8 @@ def parse_speech_options(body: Mapping[str, object]) -> SpeechOptions:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError("model must be a string (any: Retake serves its one engine)")
-    return SpeechOptions(response_format, streamed, "sse" if stream_format == "sse" else "audio", voice,
+    native = bool(stream) and "response_format" not in body
+    return SpeechOptions(response_format, native, streamed, "sse" if stream_format == "sse" else "audio", voice,
                          instructions.strip() or None if instructions is not None else None)
 
 

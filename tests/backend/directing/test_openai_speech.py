@@ -29,12 +29,18 @@ def client(server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.http}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
+def retake_stream(server: LiveServer, body: dict[str, Any]) -> tuple[dict[str, str], bytes]:
+    """Retake's own `"stream": true`: the take's raw samples as they are made, and the headers."""
+    request = urllib.request.Request(f"{server.http}/v1/audio/speech", data=json.dumps(
+        {"input": LINE, "stream": True, **TAKE, **body}).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return {k.lower(): v for k, v in response.headers.items()}, response.read()
+
+
 @pytest.fixture(scope="module")
-def take(client: openai.OpenAI) -> np.ndarray:
-    """The take's samples (int16 [N]): the seeded take as raw PCM."""
-    response = client.audio.speech.create(model="tts-1", voice="default", input=LINE, response_format="pcm",
-                                          extra_body=TAKE)
-    samples = np.frombuffer(response.content, dtype="<i2")
+def take(server: LiveServer) -> np.ndarray:
+    """The take's samples (int16 [N] at 44.1 kHz): the seeded take through Retake's own stream."""
+    samples = np.frombuffer(retake_stream(server, {})[1], dtype="<i2")
     assert len(samples) == 24 * 2048
     return samples
 
@@ -109,11 +115,22 @@ def test_the_first_chunk_comes_while_the_take_is_being_made(server: LiveServer, 
 
 
 def test_retakes_own_stream_stays_raw_pcm(server: LiveServer, take: np.ndarray) -> None:
-    request = urllib.request.Request(f"{server.http}/v1/audio/speech", data=json.dumps(
-        {"input": LINE, "stream": True, **TAKE}).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        assert response.headers["Content-Type"] == "audio/pcm" and response.headers["X-Sample-Rate"] == "44100"
-        np.testing.assert_array_equal(np.frombuffer(response.read(), dtype="<i2"), take)
+    headers, data = retake_stream(server, {})
+    assert headers["content-type"] == "audio/pcm" and headers["x-sample-rate"] == "44100"
+    np.testing.assert_array_equal(np.frombuffer(data, dtype="<i2"), take)
+    # Asking for OpenAI's pcm by name gives OpenAI's rate, streamed too.
+    headers, data = retake_stream(server, {"response_format": "pcm"})
+    assert headers["x-sample-rate"] == "24000"
+    assert_like("pcm", data, take, 44100)
+
+
+def test_openais_pcm_is_24_khz(client: openai.OpenAI, take: np.ndarray) -> None:
+    """What OpenAI's clients assume of `pcm` (the SDK's player opens the device at 24 kHz)."""
+    response = client.audio.speech.create(model="tts-1", voice="default", input=LINE, response_format="pcm",
+                                          extra_body=TAKE)
+    assert response.response.headers["x-sample-rate"] == "24000"
+    assert len(response.content) // 2 == pytest.approx(len(take) * 24000 / 44100, abs=2)
+    assert_like("pcm", response.content, take, 44100)
 
 
 def test_instructions_describe_the_default_voice(client: openai.OpenAI) -> None:
