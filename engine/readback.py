@@ -3,6 +3,7 @@
     host = to_host(tensor)                   # a CPU copy; on CUDA pinned, non-blocking, event polled
     host = to_host(tensor, out=pinned)       # into a pinned buffer the caller keeps
     device_tensor = to_device(array_or_tensor, device)   # pinned staging, non-blocking
+    copy_to(device_buffer, host_tensor)                  # into a static buffer, the same way
 
 Why: a plain device-to-host read (`.tolist()`, `.item()`, `.cpu()`, `int(tensor)`) of
 pageable memory waits inside the driver in a way that also holds up every other thread's
@@ -66,3 +67,10 @@ def to_device(data: torch.Tensor | NDArray[np.generic], device: torch.device) ->
     if device.type != "cuda" or tensor.is_cuda:
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def copy_to(target: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
+    """Host `data` into the (static) device tensor `target` of its shape, without a stream sync."""
+    if not target.is_cuda:
+        return target.copy_(data)
+    return target.copy_(data.pin_memory(), non_blocking=True)

@@ -5,7 +5,9 @@
 - decode: the median decode step (one frame: candidate head, sampling with RAS, the
   13-layer tower, the backbone step) over >= 200 steps after a 300-row prompt, eager and
   replayed from a CUDA graph; and the bytes one step must read over the measured copy
-  bandwidth (the floor), with the ratio to it. Also the aten ops and GEMMs one eager
+  bandwidth (the floor), with the ratio to it. Then the graphed step of a 64-slot
+  decoder (`--slots`) with 1, 2, 4, ... 64 takes decoding (`decode_rows`): the row-bucket
+  graphs, so a director alone on a big server pays the 1-row step. Also the aten ops and GEMMs one eager
   step launches (torch.profiler), before and after `fuse_projections`, and the eager
   step time once fused.
 - prefill: the prompt's backbone and tower prefill for 300, 1,000 and 4,000 rows, launched
@@ -67,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", type=Path, metavar="FILE",
                         help="write the top kernels of one decode step and one 300-row prefill here")
     parser.add_argument("--steps", type=int, default=200, help="decode steps timed (median reported)")
+    parser.add_argument("--slots", type=int, default=64,
+                        help="slots of the decoder whose row-bucket graphs are timed (default 64)")
     parser.add_argument("--prompt-rows", type=int, nargs="+", default=list(PREFILL_ROWS), metavar="N",
                         help="prompt sizes prefilled (default 300 1000 4000); the first is first audio's prompt")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
@@ -297,9 +301,9 @@ def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device,
         graphed.step(next(positions))
     graph_ms = timed_ms(lambda: graphed.step(next(positions)), device, steps)
     row["graph_ms"] = round(statistics.median(graph_ms), 3)
-    row["graph_kv_rows"] = graphed.graphs.bucket_for(position + steps + 2)
+    row["graph_kv_rows"] = graphed.graph_kv_len(position + steps)
     row["graph_speedup"] = round(row["eager_ms"] / row["graph_ms"], 2)
-    row["capture_s"] = round(sum(graphed.graphs.capture_s.values()), 1)
+    row["capture_s"] = round(sum(sum(g.capture_s.values()) for g in graphed.graphs.values()), 1)
     bandwidth = copy_bandwidth(device)
     step_bytes = decode_step_bytes(model, row["graph_kv_rows"])
     row["step_gib"] = round(step_bytes / 2**30, 3)
@@ -308,6 +312,34 @@ def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device,
     row["ratio_to_floor"] = round(row["graph_ms"] / row["floor_ms"], 2)
     row["frames_per_s"] = round(1000 / row["graph_ms"], 1)
     return [row, *op_rows], installed
+
+
+def bench_rows(model: Drama3Model, config: Drama3Config, device: torch.device, steps: int,
+               slots: int = 64) -> list[Row]:
+    """The graphed step of a `slots`-slot decoder with 1, 2, 4, ... of its takes decoding
+    (the row-bucket graphs): what a director alone, or a few, pay on a server of many slots."""
+    from engine.drama3.decoder import Decoder
+
+    prompt_rows, max_rows = 300, 300 + 10 * steps + 64
+    decoder = Decoder(model, max_rows, slots, graphs=True)
+    decoder.capture(up_to_rows=max_rows)
+    for slot in range(slots):
+        decoder.prefill(synthetic_prompt(config, prompt_rows, 10 * steps, seed=slot), slot)
+    out: list[Row] = []
+    position = prompt_rows - 1
+    for rows in decoder.row_buckets:
+        stepping = list(range(rows))
+        for _ in range(3):
+            decoder.step(position, stepping)
+            position += 1
+        positions = iter(range(position, position + steps))
+        step = functools.partial(lambda positions, stepping: decoder.step(next(positions), stepping), positions,
+                                 stepping)
+        ms = statistics.median(timed_ms(step, device, steps))
+        position += steps
+        out.append({"bench": "decode_rows", "slots": slots, "rows": rows, "graph_ms": round(ms, 3),
+                    "frames_per_s": round(rows * 1000 / ms, 1), "graphs": decoder.graphed})
+    return out
 
 
 def bench_prefill(model: Drama3Model, config: Drama3Config, device: torch.device,
@@ -331,7 +363,7 @@ def bench_prefill(model: Drama3Model, config: Drama3Config, device: torch.device
             decoder.prefill(prompt)  # warm-up (autotuning, allocator)
             ms = statistics.median(timed_ms(functools.partial(decoder.prefill, prompt), device, 3))
             row[f"{name}_ms"], row[f"{name}_rows_per_s"] = round(ms, 2), round(rows / ms * 1000)
-        row.update(target_ms=PREFILL_TARGETS_MS.get(rows), graphs=graphed.graphs.enabled, capture_s=capture_s,
+        row.update(target_ms=PREFILL_TARGETS_MS.get(rows), graphs=graphed.graphed, capture_s=capture_s,
                    eager_chunk_sizes=eager_sizes)
         rows_out.append(row)
     return rows_out
@@ -399,7 +431,7 @@ def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.devic
     prompt = synthetic_prompt(config, 300, 32)
     decoder = Decoder(model, max_rows)  # eager steps: the profiler sees each kernel
     decoder.prefill(prompt)
-    bucket = decoder.graphs.bucket_for(300 + 8)
+    bucket = decoder.graph_kv_len(300 + 6)
     decoder.advance(bucket)
     sync(device)
     out = []
@@ -430,6 +462,7 @@ def run(args: argparse.Namespace) -> int:
             decode_rows, installed = bench_decode(model, config, device, args.steps, not args.no_compile,
                                                   args.compile_prefill)
             rows += decode_rows
+            rows += bench_rows(model, config, device, args.steps, args.slots)
         else:
             from engine.drama3.fast import install_fast_path
 
@@ -454,6 +487,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"targets: decode graph {decode['graph_ms']} ms (<= {TARGETS['decode_graph_ms']}), "
               f"graph speed-up {decode['graph_speedup']}x (>= {TARGETS['graph_speedup']}x), "
               f"{decode['ratio_to_floor']}x the {decode['floor_ms']} ms floor")
+    by_rows = [r for r in rows if r["bench"] == "decode_rows"]
+    if by_rows:
+        alone = by_rows[0]["graph_ms"]
+        print(f"targets: a director alone on {by_rows[0]['slots']} slots {alone} ms per frame "
+              f"(<= 1.1x the 1-slot step {decode['graph_ms'] if decode else '?'} ms); with "
+              + ", ".join(f"{r['rows']}: {r['graph_ms']} ms" for r in by_rows[1:]))
     prefill = [r for r in rows if r["bench"] == "prefill"]
     if prefill:
         print("targets: prefill " + ", ".join(f"{r['rows']} rows {r['graph_ms']} ms (<= {r['target_ms']}, eager "

@@ -119,7 +119,7 @@ def variant(experts: str, tf32: str, device: torch.device, steps: int) -> Row:
                for text in ("The fast path, checked.", "A second prompt, of another length than the first.")]
     max_rows = max(len(p.rows) for p in prompts) + steps + 64
     started = time.perf_counter()
-    install_fast_path(model, compile_layers=False)  # fused projections, fla prefill: in both runs
+    install_fast_path(model, compile_layers=False, decode_kernels=False)  # projections, fla prefill: both runs
     decoder = Decoder(model, max_rows)
     eager = measure(decoder, prompts, steps)
     installed = install_fast_path(model, compile_prefill=True)

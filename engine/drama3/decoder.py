@@ -5,7 +5,7 @@
     decoder.prefill(prompt, slot)                 # a take's prompt into a free slot; the slot turns active
     prefill = decoder.begin_prefill(prompt, slot) # or a few chunks at a time, between steps:
     while not decoder.prefill_more(prefill, rows=256): decoder.step(...)
-    decoder.step(max_position, rows)              # one frame for the slots (graph replay or eager)
+    decoder.step(max_position, rows)              # one frame for the decoding slots (graph replay or eager)
     finite, *frame = decoder.read_status()[slot]  # on CUDA: pinned copy, event polled (engine/readback.py)
     decoder.release(slot)                         # the take ended: the slot is free
 
@@ -13,22 +13,28 @@ A take's host side (stop rules, windows, Done) is take.py; the slot table is slo
 
 Design choices:
 - The step (`advance`) is a pure function of static tensors, one row per slot: the
-  hidden state, position, input frame, RAS window and sampling settings of every slot,
-  an active mask, and one generator per slot. It samples the main tokens (with RAS),
-  runs the tower (codes 1..9), feeds the new frames to the backbone, and writes the next
+  hidden state, position, input frame, RAS window, sampling settings, seed and frame
+  counter of every slot, and an active mask. It samples the main tokens (with RAS), runs
+  the tower (codes 1..9), feeds the new frames to the backbone, and writes the next
   inputs and a status row per slot in place. Nothing in it reads the host, so it can be
-  captured as a CUDA graph per KV bucket at the fixed slot count; the host reads the
-  status after it, into pinned memory with an event polled (`read_status`): a blocking
-  read would hold up the vocoder thread's kernel launches (engine/readback.py).
-- One entry point, `step`, holds the graph-or-eager choice: on CUDA (graphs on) it
-  replays the graph of the step's KV bucket over every slot (engine/graphs.py); on a
-  CPU it runs `advance` eagerly over the decoding rows only, so an idle slot costs
-  nothing. A slot computes the same frame either way (tests compare them).
-- Graphs: one per KV bucket (the attended cache rows: 256, 512, 1024, ... up to the
-  cache size), each over all N slots, captured by `capture` before the first take
-  (capturing runs the step, which would scramble a take in flight). A take's random
-  stream must be the one the graph captured: each slot keeps one generator for its
-  lifetime, re-seeded in place per take and registered with every graph.
+  captured as a CUDA graph; the host reads the status after it, into pinned memory with
+  an event polled (`read_status`): a blocking read would hold up the vocoder thread's
+  kernel launches (engine/readback.py).
+- One entry point, `step`, holds the graph-or-eager choice. On CUDA (graphs on) it
+  replays the graph of (the decoding rows' bucket, the KV bucket): graphs per row
+  bucket 1, 2, 4, ... 64 (and N) step the rows listed in a static index (the decoding
+  rows, padded with a row that is not decoding), so a step costs what its decoding takes
+  cost: a director alone on a 64-slot server runs the 1-row graph. On a CPU it runs
+  `advance` eagerly over the decoding rows only. A slot computes the same frame either
+  way (tests compare them), in any row of any bucket.
+- Draws are counter-based (engine/kernels/sampler.py, draws.py): a draw's noise is a
+  function of the take's seed, its frame counter, the head and the candidate, so a
+  seeded take draws the same frames alone, batched, in any row and any bucket, graphed
+  or not. Unseeded takes get a random seed at prefill. The fused sampler kernels run on
+  CUDA, their torch references elsewhere (the same tokens).
+- Graphs: one per (row bucket, KV bucket: 512, 1,024, ... up to the cache), captured by
+  `capture` before the first take (capturing runs the step, which would advance a take
+  in flight), sharing one memory pool.
 - The decoder owns the model's caches: N slots plus one scratch slot (`setup_caches(N +
   1)` when it is made; one Decoder per model at a time). Every row computes, active or
   not (fixed shapes); an inactive row's results are ignored and its inputs are held
@@ -37,9 +43,6 @@ Design choices:
   or one whose prompt is being prefilled between steps, is never written by a step.
 - The KV bucket of a step is the one of the furthest active row (the host knows every
   take's position, so choosing it needs no sync).
-- Each slot's draws come from its own generator (sampling.py draws noise per row), which
-  a prefill re-seeds in place (a captured graph holds these objects): a seeded take
-  samples the same frames alone and batched with other takes.
 - Prefill (prefill.py) runs one prompt through the backbone in chunks, teacher-forcing
   the tower with each row's next row as its label (the last row's label is a placeholder
   the first decode step overwrites); on CUDA each chunk is a graph replay. Other slots
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import functools
 import math
+import secrets
 
 import torch
 
@@ -63,19 +67,14 @@ from engine.drama3.model import Drama3Model
 from engine.drama3.prefill import ChunkedPrefill, Prefill
 from engine.drama3.prefix import Plan, PrefixCache
 from engine.drama3.prompt import Prompt
-from engine.drama3.sampler import (
-    RAS_WINDOW_FRAMES,
-    SamplingTensors,
-    ras_window_of,
-    sample_code,
-    sample_main,
-    seed_generator,
-    take_generator,
-)
-from engine.graphs import StepGraphs
-from engine.readback import pinned_like, to_device, to_host
+from engine.drama3.sampler import RAS_WINDOW_FRAMES, SamplingTensors, ras_window_of
+from engine.graphs import StepGraphs, shared_pool
+from engine.kernels.sampler import sample_code, sample_main
+from engine.readback import copy_to, pinned_like, to_device, to_host
 
-KV_BUCKET_ROWS = 256  # eager steps attend over a whole number of these (graphs: one per bucket)
+KV_BUCKET_ROWS = 256  # eager steps attend over a whole number of these
+GRAPH_KV_ROWS = 512  # the smallest graphed KV bucket; then 1,024, 2,048, ... and the whole cache
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decoding rows a graph steps (and the slot count itself)
 
 
 class Decoder:
@@ -101,11 +100,16 @@ class Decoder:
         # Per slot after a step: all logits finite, then the new frame (main token, codes 0..9).
         self.status = torch.zeros((N, 1 + config.frame_width), dtype=torch.long, device=device)
         self.status_host = pinned_like(self.status)  # the host's copy, reused every step
-        self.generators = [take_generator(0, device) for _ in range(N)]
-        buckets = [KV_BUCKET_ROWS << i for i in range(16) if KV_BUCKET_ROWS << i < max_rows] + [max_rows]
-        # Disabled on a CPU: then `step` runs `advance` eagerly.
-        self.graphs = StepGraphs(self.advance, buckets, enabled=graphs and device.type == "cuda",
-                                 generators=self.generators, name="decode step")
+        self.seed = torch.zeros(N, dtype=torch.long, device=device)  # each take's draws: seed and frame counter
+        self.counter = torch.zeros(N, dtype=torch.long, device=device)
+        self.index = torch.zeros(N, dtype=torch.long, device=device)  # the rows a graph steps (padded)
+        self.row_buckets = sorted({b for b in ROW_BUCKETS if b < N} | {N})
+        kv_buckets = [GRAPH_KV_ROWS << i for i in range(16) if GRAPH_KV_ROWS << i < max_rows] + [max_rows]
+        enabled = graphs and device.type == "cuda"  # on a CPU `step` runs `advance` eagerly
+        pool = shared_pool() if enabled else None
+        self.graphs = {rows: StepGraphs(functools.partial(self.advance_rows, rows), kv_buckets, enabled=enabled,
+                                        pool=pool, name=f"decode step, {rows} rows")
+                       for rows in self.row_buckets}
         self.chunked = ChunkedPrefill(model, max_rows, graphs=graphs and device.type == "cuda")
         self.prompts: dict[int, Prompt] = {}  # slots being prefilled, and their prompts
         self.prefix: PrefixCache | None = None  # snapshots of prompt prefixes (prefix.py), when the engine keeps them
@@ -152,7 +156,9 @@ class Decoder:
         self.frame[slot] = prefill.rows[-1]
         self.ras_window[slot] = ras_window_of(prefill.rows)[0]
         self.settings.fill(prompt.sampling, slot)
-        seed_generator(self.generators[slot], prompt.sampling.seed)  # in place: a captured graph holds it
+        seed = prompt.sampling.seed
+        self.seed[slot] = secrets.randbits(63) if seed is None else seed
+        self.counter[slot] = 0
         self.slots[slot] = slot
         self.active[slot] = True
         return True
@@ -173,65 +179,92 @@ class Decoder:
         self.plans.pop(slot, None)
 
     @property
+    def graphed(self) -> bool:
+        return self.graphs[self.row_buckets[0]].enabled
+
+    @property
     def captured(self) -> bool:
         """Every bucket of the step and of the prefill chunks has its graph or runs eagerly
         for a logged reason (or graphs are off)."""
-        return self.graphs.captured and self.chunked.captured
+        return all(graphs.captured for graphs in self.graphs.values()) and self.chunked.captured
 
     def capture(self, up_to_rows: int | None = None) -> None:
-        """Capture the step's graphs of the buckets up to `up_to_rows` (default: all) and the
-        prefill chunks' graphs; nothing when graphs are off. Capturing runs them (into the
-        scratch slot), which would advance a take in flight: call before a take starts."""
+        """Capture the step's graphs (every row bucket, the KV buckets up to `up_to_rows`;
+        default: all) and the prefill chunks' graphs; nothing when graphs are off. Capturing
+        runs them (into the scratch slot), which would advance a take in flight: call before
+        a take starts."""
         limit = up_to_rows or self.max_rows
         self.position.zero_()
         self.active.zero_()
         self.slots.fill_(self.scratch)
-        self.graphs.capture([b for b in self.graphs.buckets if b <= self.graphs.bucket_for(limit)])
+        self.index.zero_()
+        for graphs in self.graphs.values():
+            graphs.capture([b for b in graphs.buckets if b <= graphs.bucket_for(limit)])
         self.chunked.capture(self.scratch)
+
+    def graph_kv_len(self, position: int) -> int:
+        """The KV bucket a graphed step whose furthest row is at `position` attends."""
+        return self.graphs[self.row_buckets[0]].bucket_for(position + 2)
+
+    def row_bucket(self, rows: int) -> int:
+        return next(b for b in self.row_buckets if b >= rows)
 
     def step(self, position: int, rows: list[int] | None = None) -> None:
         """One frame for the decoding slots `rows` (default all), the furthest at `position`
-        (its input frame's): with graphs, a replay of the captured graph of every slot at
+        (its input frame's): with graphs, a replay of the graph of their row bucket at
         position's KV bucket; without, an eager `advance` of `rows` only."""
-        if self.graphs.enabled:
-            bucket = self.graphs.bucket_for(position + 2)
-            if bucket not in self.graphs.graphs and bucket not in self.graphs.eager:
-                raise RuntimeError(f"no graph captured for {bucket} cache rows; capture it before the take")
-            self.graphs(position + 2)  # a replay, or the same step eagerly where it could not be captured
-        else:
+        rows = list(range(self.num_slots)) if rows is None else rows
+        if not self.graphed:
             self.advance(self.kv_len(position), rows)
+            return
+        bucket = self.row_bucket(len(rows))
+        graphs = self.graphs[bucket]
+        kv_bucket = graphs.bucket_for(position + 2)
+        if kv_bucket not in graphs.graphs and kv_bucket not in graphs.eager:
+            raise RuntimeError(f"no graph captured for {bucket} rows and {kv_bucket} cache rows; capture it before "
+                               f"the take")
+        if len(rows) < bucket:  # pad with a row that is not decoding: inactive, it holds its inputs
+            pad = next(row for row in range(self.num_slots) if row not in rows)
+            rows = rows + [pad] * (bucket - len(rows))
+        copy_to(self.index[:bucket], torch.tensor(rows))
+        graphs(position + 2)  # a replay, or the same step eagerly where it could not be captured
+
+    def advance_rows(self, bucket: int, kv_len: int) -> None:
+        """What a graph of `bucket` rows captures: `advance_index` over the static index."""
+        self.advance_index(kv_len, self.index[:bucket])
 
     def advance(self, kv_len: int | None = None, rows: list[int] | None = None) -> None:
-        """The step itself (what a graph captures): one frame for every slot from the static
-        state; writes status and the next inputs in place (inactive rows keep theirs).
-        kv_len bounds the attended cache rows (>= every active position + 2). `rows` limits
-        it to those slots; None steps every slot, the fixed shapes a CUDA graph captures.
-        A slot computes the same frame either way."""
+        """One frame for the slots `rows` (None: every slot) from the static state; see
+        `advance_index`. A slot computes the same frame whatever else is stepped with it."""
+        index = None if rows is None or rows == list(range(self.num_slots)) else \
+            to_device(torch.tensor(rows), self.device)
+        self.advance_index(kv_len, index)
+
+    def advance_index(self, kv_len: int | None, index: torch.Tensor | None) -> None:
+        """The step itself: one frame for the rows in `index` (None: all) from the static
+        state; writes their status and next inputs in place (inactive rows keep theirs, and
+        a row listed twice writes the same values). kv_len bounds the attended cache rows
+        (>= every active position + 2)."""
         model, tower = self.model, self.model.tower
-        stepped = None if rows is None or len(rows) == self.num_slots else rows
-        index = None if stepped is None else to_device(torch.tensor(stepped), self.device)
 
         def of(tensor: torch.Tensor) -> torch.Tensor:  # the stepped rows of a per-slot tensor
             return tensor if index is None else tensor[index]
 
         hidden_in, position, frame_in = of(self.hidden), of(self.position), of(self.frame)
-        ras_window = of(self.ras_window)
+        ras_window, seed, counter = of(self.ras_window), of(self.seed), of(self.counter)
         slots, active = of(self.slots), of(self.active)
         settings = SamplingTensors(of(self.settings.temperature), of(self.settings.top_k), of(self.settings.top_p))
-        generators = self.generators if stepped is None else [self.generators[i] for i in stepped]
         logits = model.candidate_logits(hidden_in)  # [B, 4097] float32
-        finite = torch.isfinite(logits).all(-1)  # [B]
-        main = sample_main(logits, model.candidate_ids, ras_window, settings, self.semantic_start,
-                           self.codebook_size, generators)  # [B]
+        finite = torch.ones_like(active)  # [B]: every head's logits finite (the samplers AND it)
+        main = sample_main(logits, model.candidate_ids, ras_window, settings, seed, counter, self.semantic_start,
+                           self.codebook_size, finite)  # [B]
         code0 = (main - self.semantic_start).clamp(0, self.codebook_size - 1)
         semantic = tower.is_semantic(main)
         hidden = tower.run_shared(hidden_in, code0, semantic, frame_in, position, slots, kv_len)
         codes = [code0]
-        for layer, head in zip(tower.residual_layers, tower.heads):
+        for head_index, (layer, head) in enumerate(zip(tower.residual_layers, tower.heads)):
             hidden = layer(hidden, codes[-1], semantic, position, slots, kv_len)  # [B, D]
-            head_logits = head(hidden).float()  # [B, 4096]
-            finite &= torch.isfinite(head_logits).all(-1)
-            codes.append(sample_code(head_logits, settings, generators))
+            codes.append(sample_code(head(hidden), settings, seed, counter, head_index, finite))  # [B]
         frame = torch.stack((main, *codes), dim=-1)  # [B, 11]
         next_hidden = model.backbone(model.embed(frame[:, None]), (position + 1)[:, None], slots,
                                      kv_len)[:, 0]  # [B, D]
@@ -242,6 +275,7 @@ class Decoder:
             (self.frame, torch.where(keep, frame, frame_in)),
             (self.ras_window, torch.where(keep, torch.cat((ras_window[:, 1:], main[:, None]), dim=-1), ras_window)),
             (self.position, position + active.long()),
+            (self.counter, counter + active.long()),
         )
         for target, value in updates:
             if index is None:

@@ -1,7 +1,8 @@
 """The GPU fast path of Drama 3: kernels installed into a built model.
 
     fuse_projections(model)                      # one GEMM per group of linears over one input (any device)
-    install_fast_path(model)                     # fused projections; fla DeltaNet prefill; compiled decode layers
+    install_fast_path(model)                     # fused projections; fla DeltaNet prefill; the DeltaNet
+                                                 # decode-step kernel; compiled decode layers
 
 The decode step's CUDA graphs are the Decoder's (decoder.py, engine/graphs.py).
 
@@ -18,7 +19,12 @@ Design choices:
   the checkpoint's names, shapes and dtypes (the stacked weight is a non-persistent
   buffer). Fuse on the model's final device: `.to()` afterwards copies the views apart.
 - Gated DeltaNet prefill runs flash-linear-attention's chunked kernel; one-row decode
-  calls keep the plain recurrence, which torch.compile fuses.
+  calls run the whole step between the projections and `out_proj` (conv state, gated
+  delta rule, gated norm) as one Triton launch per layer (engine/kernels/deltanet_step.py,
+  tested against its torch reference and the layer). torch.compile does not trace into
+  it (a graph break): inside the decode step's CUDA graph a break costs nothing.
+- The RMSNorms stay torch code: in the compiled decode layers Inductor fuses each with
+  the residual add before it, which is what engine/kernels/norm.py's kernel does.
 - Decode calls (one row per slot) of every backbone and tower layer run torch.compile'd
   code (Inductor fuses the norms, rope, gates and the DeltaNet step into a few kernels);
   calls over many rows (prefill) stay eager, so prompts of any length never recompile.
@@ -28,7 +34,7 @@ Design choices:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -103,12 +109,36 @@ def layer_compiled(forward: Callable[..., torch.Tensor], prefill: bool) -> Calla
     return run
 
 
-def install_fast_path(model: Drama3Model, *, compile_layers: bool = True,
-                      compile_prefill: bool = False) -> list[str]:
+def deltanet_decode(layer: GatedDeltaNet) -> Callable[..., torch.Tensor]:
+    """`layer.forward` with one-row calls ([B, 1, D]) through the decode-step kernel."""
+    from engine.kernels.deltanet_step import deltanet_step
+
+    forward = layer.forward
+
+    def launch(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, positions: torch.Tensor,
+               slots: torch.Tensor) -> torch.Tensor:
+        return deltanet_step(layer, mixed, z, b, a, positions, slots)
+
+    step = cast(Callable[..., torch.Tensor], torch.compiler.disable(launch))  # compiled callers break around it
+
+    def run(x: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] != 1:
+            return forward(x, input_pos, slots)
+        mixed, z, b, a = layer.project(x)  # [B, 1, C], [B, 1, Hv*Dv], [B, 1, Hv] x 2
+        out = step(mixed[:, 0], z[:, 0], b[:, 0], a[:, 0], input_pos[:, 0], slots)  # [B, Hv*Dv]
+        y: torch.Tensor = layer.out_proj(out)[:, None]  # [B, 1, D]
+        return y
+
+    return run
+
+
+def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compile_prefill: bool = False,
+                      decode_kernels: bool = True) -> list[str]:
     """Install the GPU fast path into `model` (a no-op on CPU); return what was installed.
 
     compile_prefill (off by default until measured, see docs/perf.md) also compiles the
-    layers for prefill chunks: eager prefill launches every small op from Python."""
+    layers for prefill chunks: eager prefill launches every small op from Python.
+    decode_kernels: the DeltaNet decode-step kernel (tests leave it out of a reference)."""
     installed: list[str] = []
     if model.candidate_head.device.type != "cuda":
         return installed
@@ -123,6 +153,11 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True,
             if isinstance(module, GatedDeltaNet):
                 module.rule = fla_delta_rule
         installed.append("fla_prefill")
+    if decode_kernels:
+        for module in model.modules():
+            if isinstance(module, GatedDeltaNet) and "forward" not in vars(module):  # not installed yet
+                vars(module)["forward"] = deltanet_decode(module)  # shadows the class's forward
+        installed.append("deltanet_step_kernel")
     if compile_layers:
         import torch._dynamo
 

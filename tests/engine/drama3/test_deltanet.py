@@ -54,3 +54,35 @@ def test_matches_transformers_reference() -> None:
                                         use_qk_l2norm_in_kernel=True)
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ours_state, their_state, atol=1e-5, rtol=1e-5)
+
+
+@torch.inference_mode()
+def test_the_fast_paths_decode_step_is_the_layers_forward(tiny_model) -> None:
+    """fast.py's one-row path (the decode-step kernel's call; its torch reference on a CPU)
+    gives the layer's own output and leaves its states the same, over a few steps of slots
+    at different positions (one starting its take)."""
+    from engine.drama3.deltanet import GatedDeltaNet
+    from engine.drama3.fast import deltanet_decode
+
+    model, _, _ = tiny_model
+    model.setup_caches(3, 32, "cpu", torch.float32)
+    layer = next(m for m in model.modules() if isinstance(m, GatedDeltaNet))
+    fast = deltanet_decode(layer)
+    generator = torch.Generator().manual_seed(0)
+    layer.conv_state.normal_(generator=generator)
+    layer.recurrent_state.normal_(generator=generator)
+    slots, positions = torch.tensor([2, 0]), torch.tensor([[5], [0]])
+    states = layer.conv_state.clone(), layer.recurrent_state.clone()
+    for step in range(3):
+        x = torch.randn(2, 1, layer.in_proj_qkv.in_features, generator=generator)
+        layer.conv_state.copy_(states[0])
+        layer.recurrent_state.copy_(states[1])
+        expected = layer(x, positions + step, slots)
+        after = layer.conv_state.clone(), layer.recurrent_state.clone()
+        layer.conv_state.copy_(states[0])
+        layer.recurrent_state.copy_(states[1])
+        got = fast(x, positions + step, slots)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer.conv_state, after[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer.recurrent_state, after[1], rtol=1e-5, atol=1e-5)
+        states = after
