@@ -51,7 +51,11 @@ Design choices:
   its own (recorded, or restored from): the states of a boundary nobody resumes from go
   before the retake points of other scenes, and its rows stay while a later snapshot
   needs them. Optionally, snapshots evicted from the device move to host memory (pinned, a
-  second budget) instead of being dropped, and are copied back on a hit. The budget is
+  second budget) instead of being dropped, and are copied back on a hit. A snapshot whose
+  chain (rows from 0, its states) could not fit the budgets even alone is not made, nor any
+  after it in that prefill: making it would evict the whole tree, the prefix that does fit
+  included, and leave nothing. Each eviction logs a line (what went, what is held against
+  the budgets); /metrics counts them. The budget is
   the engine's (`--prefix-cache-gib`): on a GPU by default half the memory free after
   warm-up; on a CPU a fixed 1 GiB.
 - Shared across sessions: keys are the exact rows, so two sessions with the same voice
@@ -267,8 +271,11 @@ class PrefixCache:
         parent = plan.node
         start = 0 if parent is None else parent.end
         if (parent is not None and self.nodes.get(parent.key) is not parent) \
-                or (end - start) * self.row_bytes + self.state_bytes > self.budget:
-            plan.points.clear()  # its parent went while it ran, or it would not fit: no snapshots after here
+                or (end - start) * self.row_bytes + self.state_bytes > self.budget \
+                or end * self.row_bytes + self.state_bytes > self.budget + self.host_budget:
+            # Its parent went while it ran, or it could not fit, or its chain (rows [0, end), its states)
+            # could not, even alone: no snapshots from here on (recording one would only evict the others).
+            plan.points.clear()
             return
         last = hidden.clone() if end == plan.rows else None
         node = self.nodes.get(key)
@@ -311,7 +318,10 @@ class PrefixCache:
             self.counters.device_bytes += nbytes
 
     def fit(self) -> None:
-        """Evict least recently used snapshots (or their states) until both budgets hold."""
+        """Evict least recently used snapshots (or their states) until both budgets hold; a log
+        line says what went when anything did."""
+        before = Stats(**self.counters.as_dict())
+        resumable = {key for key, node in self.nodes.items() if node.resumable}
         for host in (False, True):
             budget = self.host_budget if host else self.budget
             while (self.counters.host_bytes if host else self.counters.device_bytes) > budget:
@@ -323,6 +333,21 @@ class PrefixCache:
                     self.spill(victim)
                 else:
                     self.drop(victim)
+        self.log_eviction(before, resumable)
+
+    def log_eviction(self, before: Stats, resumable: set[bytes]) -> None:
+        """One line per fit that evicted: what went (of the snapshots resumable before it), and
+        what the cache holds now against its budgets."""
+        now = self.counters
+        if now.evictions == before.evictions and now.spills == before.spills:
+            return
+        stripped = sum(1 for key in resumable if key in self.nodes and not self.nodes[key].resumable)
+        log.info("prefix cache: over its budget, evicted the least recently used: %d snapshots dropped, %d kept "
+                 "their rows but lost their DeltaNet states, %d moved to the host; now %d snapshots, %.1f of %.1f MiB "
+                 "on the device, %.1f of %.1f MiB on the host", before.snapshots - now.snapshots, stripped,
+                 now.spills - before.spills,
+                 now.snapshots, now.device_bytes / 2**20, self.budget / 2**20, now.host_bytes / 2**20,
+                 self.host_budget / 2**20)
 
     def spill(self, node: Snapshot) -> None:
         """Move a snapshot to pinned host memory (copied back on a hit)."""

@@ -6,6 +6,9 @@ after a restart; stale states are never used; memory stays within the budget."""
 
 from __future__ import annotations
 
+import logging
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -162,7 +165,8 @@ def test_a_stale_state_is_never_used(tiny):
 
 
 @torch.inference_mode()
-def test_eviction_keeps_the_budget_and_drops_inner_states_before_rows(tiny, cold):
+def test_eviction_keeps_the_budget_and_drops_inner_states_before_rows(tiny, cold, caplog):
+    caplog.set_level(logging.INFO, logger="retake.engine")
     cache: PrefixCache = tiny.decoder.prefix
     cache.clear()
     prompt = tiny.prompt("Budget.", None, HISTORY, SAMPLING)
@@ -180,18 +184,49 @@ def test_eviction_keeps_the_budget_and_drops_inner_states_before_rows(tiny, cold
         assert stats["device_bytes"] == sum(node.nbytes for node in cache.nodes.values())
         stateless = [node for node in cache.nodes.values() if not node.resumable]
         assert len(stateless) == 1 and stateless[0].children == 1  # the oldest inner snapshot lost its states only
+        assert evictions(caplog) == [f"0 snapshots dropped, 1 kept their rows but lost their DeltaNet states, 0 "
+                                     f"moved to the host; now {len(cache.nodes)} snapshots"]
         # A retake still hits the whole prompt, and a prefix through the stateless snapshot refills it.
         assert take(tiny, prompt).timings["cached_rows"] == len(prompt.rows)
         cache.budget = budget
         check(tiny, cold, "Budget.", None, HISTORY[:1], 0 if stateless[0].end == prompt.boundaries[1] else
               prompt.boundaries[1])
+        caplog.clear()
+        held = len(cache.nodes)
         cache.budget = 0
         cache.fit()
         assert cache.stats()["device_bytes"] == 0 and not cache.nodes
+        assert evictions(caplog)[-1].startswith(f"{held} snapshots dropped")  # each once, whatever the order
         assert take(tiny, prompt).timings["cached_rows"] == 0  # nothing kept within no budget
         assert not cache.nodes
     finally:
         cache.budget = budget
+
+
+@torch.inference_mode()
+def test_a_scene_past_the_budget_keeps_the_longest_prefix_that_fits(tiny, cold):
+    """Rows up to the last history take and one set of states fit, the whole prompt does not:
+    the cache keeps that prefix rather than evicting it for snapshots it cannot hold."""
+    cache: PrefixCache = tiny.decoder.prefix
+    line = "Past the budget."
+    prompt = tiny.prompt(line, None, HISTORY, SAMPLING)
+    inner = prompt.boundaries[-1]
+    budget = cache.budget
+    try:
+        cache.clear()
+        cache.budget = inner * cache.row_bytes + cache.state_bytes
+        take(tiny, prompt)
+        assert max(node.end for node in cache.nodes.values()) == inner
+        assert cache.stats()["device_bytes"] <= cache.budget
+        check(tiny, cold, line, None, HISTORY, inner)  # the retake resumes there, and equals a fresh take
+    finally:
+        cache.budget = budget
+
+
+def evictions(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the eviction log lines say went and how many snapshots are left (not their MiB)."""
+    found = (re.search(r"least recently used: (.*; now \d+ snapshots)", r.getMessage()) for r in caplog.records)
+    return [match.group(1) for match in found if match]
 
 
 @torch.inference_mode()
