@@ -232,3 +232,37 @@ def test_a_retake_restores_its_prompt_from_the_prefix_cache(server: LiveServer) 
     assert hits is not None and int(hits.group(1)) >= 1
     held = re.search(r'^retake_prefix_cache_bytes\{memory="device"\} (\d+)$', metrics, re.M)
     assert held is not None and int(held.group(1)) > 0
+
+
+def test_a_scene_prefills_each_kept_take_once_as_it_moves_line_by_line(make_server: Any) -> None:
+    """Line by line, each keep then the next line (history "kept"): a new line restores the
+    previous line's history from the cache and prefills only the newly kept take and itself; a
+    retake of the line restores all of it; the restored takes sound as prefilled from row 0."""
+    server = make_server(silence=SilenceGuard(retries=0))
+    sampling = {"sampling": {"max_new_tokens": 6, "seed": 5}}
+    script = [("p1", "The curtain is up, prefix."), ("p2", "Nobody moves, prefix."), ("p3", "Lights, prefix.")]
+
+    async def main() -> list[TakeResult]:
+        director = await Director.connect(server.ws)
+        await director.open()
+        for line_id, text in script:
+            await director.request({"type": "line.set", "line_id": line_id, "text": text}, "script")
+        takes = []
+        for line_id, text in script:
+            take = await director.take(line_id, text, **sampling)
+            takes.append(take)
+            await director.request({"type": "take.keep", "take_id": take.take_id}, "history")
+        takes.append(await director.take(*script[-1], **sampling))  # the last line retaken
+        await director.close()
+        return takes
+
+    takes = run(main())
+    assert [len(t.of_type("history")[0]["take_ids"]) for t in takes] == [0, 1, 2, 2]  # type: ignore[arg-type]
+    second, third, retake = [take.done["timings"] for take in takes[1:]]
+    assert isinstance(second, dict) and isinstance(third, dict) and isinstance(retake, dict)
+    # p2 shares the system message with p1; p3 shares with p2 the system message and p1's kept take, whose
+    # rows (its text and its codes, a row a frame) p2 prefilled and p3 restored.
+    assert 0 < second["cached_rows"] < third["cached_rows"] < third["prompt_rows"]
+    assert third["cached_rows"] - second["cached_rows"] > int(takes[0].done["frames"])  # type: ignore[call-overload]
+    assert retake["cached_rows"] == retake["prompt_rows"] == third["prompt_rows"]
+    np.testing.assert_array_equal(takes[3].pcm, takes[2].pcm)  # same seed, same rows: the same take
