@@ -98,8 +98,16 @@ export type ErrorCode =
   | "too_many_sessions" | "unknown_take" | "unknown_line" | "too_many_lines" | "take_not_finished" | "take_not_usable"
   | "too_many_takes" | "busy" | "draining" | "bad_reference" | "internal" | "unknown_character" | "too_many_characters";
 
-/** prompt_rows, prompt_ms, prefill_ms, first_audio_ms, frames, decode_frames_per_s, total_ms, queue_ms, ... */
+/** prompt_rows, cached_rows, prompt_ms, prefill_ms, first_audio_ms, frames, decode_frames_per_s, total_ms, queue_ms, ... */
 export type Timings = Record<string, number | null>;
+
+/** "1,121 of 1,133 rows cached": the prompt rows the engine restored from its prefix cache
+ * instead of prefilling them; "" when none were (or the timings do not say). */
+export function cachedRowsWords(timings: Timings): string {
+  const cached = timings["cached_rows"], rows = timings["prompt_rows"];
+  if (typeof cached !== "number" || typeof rows !== "number" || cached <= 0) return "";
+  return `${cached.toLocaleString("en-US")} of ${rows.toLocaleString("en-US")} rows cached`;
+}
 
 export interface VoiceInfo {
   voice_id: number;

@@ -1,5 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { decodeServer, encodeClient, takeStart, type ClientMessage } from "../../../frontend/src/studio/protocol";
+import {
+  cachedRowsWords, decodeServer, encodeClient, takeStart, type ClientMessage,
+} from "../../../frontend/src/studio/protocol";
 import { ProtocolDecodeError } from "../../../frontend/src/shared/wire";
 
 // The fixtures the Python tests use too (tests/fixtures/protocol/), read by Vite at test time.
@@ -70,5 +72,14 @@ describe("client messages", () => {
       sampling: { temperature: 0.8, top_p: 0.9, top_k: 30, max_new_tokens: 200, seed: 7 }, history: [12, 15], deadlineMs: 20000,
     })).toEqual(find("take with everything"));
     expect(takeStart("line-2", "Again.", { history: [] })).toEqual(find("take without history"));
+  });
+});
+
+describe("cachedRowsWords", () => {
+  it("says how many prompt rows came from the prefix cache, and nothing when none did", () => {
+    expect(cachedRowsWords({ prompt_rows: 1133, cached_rows: 1121 })).toBe("1,121 of 1,133 rows cached");
+    expect(cachedRowsWords({ prompt_rows: 93, cached_rows: 0 })).toBe("");
+    expect(cachedRowsWords({ prompt_rows: 93 })).toBe("");  // an engine without the cache
+    expect(cachedRowsWords({ queue_ms: 12 })).toBe("");  // a take that never reached the engine
   });
 });

@@ -12,6 +12,7 @@
  * - The voice and settings are on the row in words, from take.queued for a live take and from
  *   session.ready after a reload; nothing is only in a tooltip.
  */
+import { cachedRowsWords } from "../protocol";
 import type { Take } from "../scene";
 import type { Studio } from "../studio";
 import { drawWave, type WaveStyle } from "../waveform";
@@ -145,7 +146,8 @@ export class TakeView {
     this.status.className = `status ${status.kind}`;
     setText(this.duration, seconds(t.phase === "done" ? t.samples : t.received, rate));
     setText(this.heard, `heard ${ms(t.heardLatencyMs)}`);
-    setText(this.server, `server ${ms(t.timings["first_audio_ms"])}`);
+    const cached = cachedRowsWords(t.timings);
+    setText(this.server, `server ${ms(t.timings["first_audio_ms"])}${cached === "" ? "" : ` · ${cached}`}`);
     const fps = t.timings["decode_frames_per_s"];
     const frameSamples = studio.ready?.frame_samples ?? 2048;
     setText(this.speed, typeof fps === "number" ? `${fps.toFixed(1)} fr/s · ${(fps * frameSamples / rate).toFixed(1)}×` : "— fr/s");
