@@ -2,8 +2,9 @@
 
 Routes: `/ws` (directing sessions, backend/directing/ws.py), `POST /v1/audio/speech`
 (backend/directing/speech.py), `/v1/audio/voices` (saved voices, backend/directing/voices.py),
-`GET /sessions/{session_id}/takes/{take_id}.wav` (a take vocoded from its stored codes,
-backend/directing/export.py), `/converse` (live
+`GET /sessions/{session_id}/takes/{take_id}.wav` (a take's kept audio, backend/directing/export.py),
+`/sessions` (the scenes: list, new, rename, duplicate, delete, restore; backend/directing/scenes.py),
+`/converse` (live
 conversations, backend/conversation/ws.py), `/api/chat` (the same conversations in the Moshi
 protocol of the official PersonaPlex and moshi clients, backend/conversation/moshi.py),
 `/health`, `/metrics`, and the studio's built files at `/`. The HTTP routes check the token
@@ -21,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -35,6 +36,7 @@ from backend.conversation.moshi import moshi_socket
 from backend.conversation.ws import conversation_socket
 from backend.directing.export import export_take
 from backend.directing.loop import EngineLoop
+from backend.directing.scenes import create_scene, duplicate_scene, list_scenes, restore_scene, scene
 from backend.directing.speech import speech
 from backend.directing.voices import delete_voice, voices
 from backend.directing.ws import directing_socket
@@ -126,6 +128,12 @@ async def speech_route(request: Request) -> Response:
     if not authorized(request):
         return unauthorized()
     return await speech(request)
+
+
+def scenes_route(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    async def route(request: Request) -> Response:
+        return unauthorized() if not authorized(request) else await handler(request)
+    return route
 
 
 async def voices_route(request: Request) -> Response:
@@ -233,6 +241,11 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
         Route("/v1/audio/voices", voices_route, methods=["GET", "POST"]),
         Route("/v1/audio/voices/{voice}", voices_route, methods=["DELETE"]),
         Route("/sessions/{session_id}/takes/{take_id}.wav", export_route),
+        Route("/sessions", scenes_route(create_scene), methods=["POST"]),
+        Route("/sessions/list", scenes_route(list_scenes), methods=["POST"]),
+        Route("/sessions/{session_id}", scenes_route(scene), methods=["PATCH", "DELETE"]),
+        Route("/sessions/{session_id}/restore", scenes_route(restore_scene), methods=["POST"]),
+        Route("/sessions/{session_id}/duplicate", scenes_route(duplicate_scene), methods=["POST"]),
     ]
     if (settings.static_dir / "index.html").is_file():
         routes.append(Mount("/", StaticFiles(directory=settings.static_dir, html=True)))

@@ -41,6 +41,7 @@ ErrorCode = Literal[
     # The message is well formed but cannot be done now.
     "session_already_open",  # a second session.open on one socket
     "unknown_session",  # session.open with a session_id the server has never stored
+    "scene_deleted",  # session.open of a deleted scene, or the scene held was deleted (then close 1000)
     "session_taken_over",  # another socket resumed this session; this one is closed
     "too_many_sessions",  # limits.max_sessions sockets are open; the socket is closed
     "unknown_take",  # a take_id that is not a take of this session

@@ -42,6 +42,7 @@ from backend.directing.jobs import TakeJob, TakeOutcome
 from backend.directing.length_guard import guard_frames
 from backend.directing.live_take import LiveTake, sampling_info
 from backend.directing.loop import QueueFull
+from backend.directing.scenes import DELETED
 from backend.directing.script import kept_history
 from backend.state import ServerState
 from backend.store import StoredTake, audio_url
@@ -75,6 +76,8 @@ class Session:
                 raise p.ProtocolError("unknown_session", f"no session {message.session_id[:64]!r} is stored; "
                                                          "open a new one without session_id")
             session_id = message.session_id
+            if store.scene_deleted(session_id):
+                raise p.ProtocolError("scene_deleted", DELETED)
             store.finish_orphaned_takes(session_id)  # a take its replica left when it died ends as heard
             previous = state.sessions.get(session_id)
             if previous is not None:
@@ -319,7 +322,13 @@ class Session:
         self.outbox.message(p.History(kept.history, [], None, kept.hears))
 
     async def handle(self, message: p.ClientMessage) -> None:
-        """An in-order message (everything but session.open, take.cancel and ping)."""
+        """An in-order message (everything but session.open, take.cancel and ping); the scene's
+        last change is now."""
+        await self.dispatch(message)
+        if self.session_id is not None:
+            self.state.store.touch(self.session_id)
+
+    async def dispatch(self, message: p.ClientMessage) -> None:
         match message:
             case p.VoiceSet():
                 await self.set_voice(message)

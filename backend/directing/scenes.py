@@ -1,0 +1,160 @@
+"""The scenes a director keeps: `/sessions` (docs/protocol.md §8.2). A scene is a directing
+session; these routes list, create, rename, duplicate, delete and restore them.
+
+Design choices:
+- The list is of the scenes the client names (`POST /sessions/list` with their ids): the
+  server keeps every scene, but which ones a director works on is the director's (the studio
+  keeps the ids it opened), so one server serves several directors without showing each the
+  others' scenes.
+- Deleting keeps everything (`deleted_ms`): the scene leaves the list and does not open, and
+  `POST /sessions/{id}/restore` brings it back whole. So deleting needs no confirmation and is
+  undone from the notice that follows it.
+- A scene's duration is its kept takes' length (what the scene export holds), in seconds at
+  the engine's rate.
+- Bodies are small JSON objects; a field of the wrong type or length is a 400 that names it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from backend.directing import protocol as p
+from backend.scene_store import SceneSummary
+from backend.state import ServerState
+
+MAX_NAME_CHARS = 128
+MAX_LISTED = 1000
+DELETED = "this scene was deleted; restore it (the studio's Undo, or POST /sessions/{id}/restore) to open it"
+
+
+def scene_json(scene: SceneSummary, sample_rate: int) -> dict[str, Any]:
+    return {"session_id": scene.session_id, "name": scene.name, "created_ms": scene.created_ms,
+            "updated_ms": scene.updated_ms, "deleted_ms": scene.deleted_ms, "lines": scene.lines,
+            "takes": scene.takes, "kept": scene.kept, "seconds": round(scene.kept_samples / sample_rate, 2)}
+
+
+def bad(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+async def body_of(request: Request) -> dict[str, Any] | JSONResponse:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return bad("the body must be a JSON object")
+    return body if isinstance(body, dict) else bad("the body must be a JSON object")
+
+
+def name_of(body: dict[str, Any], default: str | None = None) -> str | JSONResponse:
+    name = body.get("name", default)
+    if not isinstance(name, str) or len(name.strip()) > MAX_NAME_CHARS or "\n" in name:
+        return bad(f"name must be a single line of at most {MAX_NAME_CHARS} characters")
+    return name.strip()
+
+
+def summary(state: ServerState, session_id: str) -> JSONResponse:
+    found = state.store.scenes([session_id])
+    if not found:
+        return bad(f"no scene {session_id[:64]!r}", 404)
+    return JSONResponse(scene_json(found[0], state.engine.sample_rate))
+
+
+def known(state: ServerState, session_id: str) -> JSONResponse | None:
+    """A 404 unless the scene exists (deleted or not)."""
+    return None if state.store.has_session(session_id) else bad(f"no scene {session_id[:64]!r}", 404)
+
+
+async def list_scenes(request: Request) -> Response:
+    """POST /sessions/list {"sessions": [{"session_id"}, ...]}: those scenes that exist and are not deleted."""
+    state: ServerState = request.app.state.retake
+    body = await body_of(request)
+    if isinstance(body, JSONResponse):
+        return body
+    wanted = body.get("sessions", [])
+    if not isinstance(wanted, list) or len(wanted) > MAX_LISTED or not all(
+            isinstance(item, dict) and isinstance(item.get("session_id"), str) for item in wanted):
+        return bad(f'sessions must be a list of at most {MAX_LISTED} {{"session_id"}} objects')
+    ids = [item["session_id"][:128] for item in wanted]
+    found = [s for s in state.store.scenes(ids) if s.deleted_ms is None]
+    listed = {s.session_id for s in found}
+    return JSONResponse({"sessions": [scene_json(s, state.engine.sample_rate) for s in found],
+                         "unknown": [i for i in ids if i not in listed]})
+
+
+async def create_scene(request: Request) -> Response:
+    """POST /sessions {"name"?}: a new, empty scene."""
+    state: ServerState = request.app.state.retake
+    body = await body_of(request)
+    if isinstance(body, JSONResponse):
+        return body
+    name = name_of(body, "")
+    if isinstance(name, JSONResponse):
+        return name
+    session_id = state.store.create_session()
+    state.store.rename_scene(session_id, name)
+    response = summary(state, session_id)
+    response.status_code = 201
+    return response
+
+
+async def scene(request: Request) -> Response:
+    """PATCH /sessions/{id} {"name"}: rename; DELETE /sessions/{id}: delete (restorable)."""
+    state: ServerState = request.app.state.retake
+    session_id = request.path_params["session_id"]
+    if (missing := known(state, session_id)) is not None:
+        return missing
+    if request.method == "DELETE":
+        state.store.delete_scene(session_id)
+        holder = state.sessions.get(session_id)
+        if holder is not None:  # the page that holds it learns it is gone
+            holder.outbox.message(p.Error("scene_deleted", DELETED, None, None, None))
+            holder.outbox.close(1000, "scene deleted")
+            holder.detach()
+        return summary(state, session_id)
+    body = await body_of(request)
+    if isinstance(body, JSONResponse):
+        return body
+    if "name" not in body:
+        return bad("give the scene's new name: {\"name\": ...}")
+    name = name_of(body)
+    if isinstance(name, JSONResponse):
+        return name
+    state.store.rename_scene(session_id, name)
+    return summary(state, session_id)
+
+
+async def restore_scene(request: Request) -> Response:
+    """POST /sessions/{id}/restore: bring a deleted scene back."""
+    state: ServerState = request.app.state.retake
+    session_id = request.path_params["session_id"]
+    if (missing := known(state, session_id)) is not None:
+        return missing
+    state.store.delete_scene(session_id, deleted=False)
+    return summary(state, session_id)
+
+
+async def duplicate_scene(request: Request) -> Response:
+    """POST /sessions/{id}/duplicate {"name"?}: a copy of the scene (default name: "<name> (copy)")."""
+    state: ServerState = request.app.state.retake
+    session_id = request.path_params["session_id"]
+    if (missing := known(state, session_id)) is not None:
+        return missing
+    body = await body_of(request)
+    if isinstance(body, JSONResponse):
+        return body
+    original = state.store.scene_name(session_id)
+    name = name_of(body, f"{original or 'Untitled scene'} (copy)"[:MAX_NAME_CHARS])
+    if isinstance(name, JSONResponse):
+        return name
+    copy_id = state.store.create_session()
+    state.store.duplicate_scene(session_id, copy_id, name)
+    response = summary(state, copy_id)
+    response.status_code = 201
+    return response
