@@ -1,8 +1,9 @@
 // The second half of tests/e2e/studio.mjs: directing a scene with two characters. A cast (a
 // described character, and one with an uploaded and a recorded clip), takes for both, a note and
 // a rating, A/B comparison, a deleted line brought back with Undo, a reload where everything is
-// back at once (no take vocoded again), the server restarted in the middle of a take, and the
-// layouts at three sizes. `t` holds the page and the helpers studio.mjs made.
+// back at once (no take vocoded again), the server restarted in the middle of a take, a second
+// scene (renamed, listed, duplicated, deleted and restored, reopened), and the layouts at three
+// sizes. `t` holds the page and the helpers studio.mjs made.
 import { join } from "node:path";
 import { serverControl, sineWav } from "./lib.mjs";
 
@@ -180,7 +181,50 @@ export async function sceneSteps(t) {
   const recovered = await takeLine(2, lines[2]);
   check("a take after the restart plays", recovered.samples > 0);
 
-  // 14. Layouts: a laptop, a desktop and a phone; nothing wider than the screen, and the
+  // 14. Scenes: this one renamed from the top bar; a second scene made, directed and listed with
+  //     the first (names, durations); a duplicate, deleted and brought back with Undo; the first
+  //     opened again from the list, whole.
+  const firstScene = await studio(() => window.retake.ready.session_id);
+  await page.locator("#scene-name").click();
+  await page.locator(".scene-title .name-input").fill("The lighthouse");
+  await page.locator(".scene-title .name-input").press("Enter");
+  await page.waitForFunction(() => document.getElementById("scene-name").textContent === "The lighthouse");
+  await page.locator("#scenes-open").click();
+  await page.locator(`#scene-list li[data-scene="${firstScene}"]`).waitFor();
+  await page.locator("#scene-new").click();
+  await page.waitForURL(/\?new/);
+  await t.waitReady();
+  const secondScene = await studio(() => window.retake.ready.session_id);
+  check("New scene opens an empty scene of its own", secondScene !== firstScene && (await studio(() => window.retake.scene.takes.size)) === 0
+    && (await page.locator("#scene-name").textContent()) === "Untitled scene", secondScene);
+  check("its URL opens it", new URL(page.url()).searchParams.get("session") === secondScene, page.url());
+  const aside = await takeLine(0, "Meanwhile, in the harbour.");
+  check("the second scene takes its own lines", aside.samples > 0);
+  await page.locator("#scenes-open").click();
+  await page.waitForFunction((ids) => ids.every((id) => document.querySelector(`#scene-list li[data-scene="${id}"]`)), [firstScene, secondScene]);
+  const rows = await page.locator("#scene-list li").evaluateAll((items) => items.map((li) => ({
+    id: li.dataset.scene, name: li.querySelector(".scene-name").textContent, size: li.querySelector(".scene-size").textContent })));
+  check("the list shows both scenes, the last changed first, with names and durations",
+    rows[0].id === secondScene && rows[1].id === firstScene && rows[1].name === "The lighthouse" && /^\d+\.\d s kept · 3 lines · \d+ takes$/.test(rows[1].size),
+    JSON.stringify(rows));
+  await page.locator(`#scene-list li[data-scene="${firstScene}"] button`, { hasText: "Duplicate" }).click();
+  await page.waitForFunction(() => [...document.querySelectorAll("#scene-list .scene-name")].some((el) => el.textContent === "The lighthouse (copy)"));
+  const copyId = await page.locator("#scene-list li").evaluateAll((items) =>
+    items.find((li) => li.querySelector(".scene-name").textContent === "The lighthouse (copy)").dataset.scene);
+  await page.locator(`#scene-list li[data-scene="${copyId}"] button[aria-label="delete scene"]`).click();
+  await page.waitForFunction((id) => !document.querySelector(`#scene-list li[data-scene="${id}"]`), copyId);
+  check("a deleted scene leaves the list", true);
+  await page.locator("#notice-undo").click();
+  await page.waitForFunction((id) => document.querySelector(`#scene-list li[data-scene="${id}"]`), copyId);
+  check("Undo brings the deleted scene back", true);
+  await page.locator(`#scene-list li[data-scene="${firstScene}"] button`, { hasText: "Open" }).click();
+  await page.waitForURL((url) => url.searchParams.get("session") === firstScene);
+  await t.waitReady();
+  const reopened = await studio(() => ({ name: window.retake.scene.name, cast: window.retake.scene.cast.length, lines: window.retake.scene.lines.length }));
+  check("the first scene opens again from the list, whole", reopened.name === "The lighthouse" && reopened.cast === 2 && reopened.lines === 3,
+    JSON.stringify(reopened));
+
+  // 15. Layouts: a laptop, a desktop and a phone; nothing wider than the screen, and the
   //     selected line with its takes in view.
   for (const [name, size] of [["1280x720", { width: 1280, height: 720 }], ["1920x1080", { width: 1920, height: 1080 }],
     ["phone", { width: 390, height: 844 }]]) {

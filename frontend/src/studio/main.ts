@@ -15,6 +15,7 @@ import { byId } from "../shared/dom";
 import { ExportPanel, HistoryPanel, NoticeBar, SamplingPanel, TopBar } from "./ui/panels";
 import { ScriptView } from "./ui/script_view";
 import { CastPanel } from "./ui/cast_panel";
+import { ScenesPanel } from "./ui/scenes_panel";
 
 const params = new URLSearchParams(location.search);
 const socketUrl = new URL("/ws", location.href);
@@ -44,6 +45,7 @@ const sampling = new SamplingPanel(studio);
 const history = new HistoryPanel(studio);
 const exporter = new ExportPanel(studio);
 const notice = new NoticeBar(studio);
+const scenes = new ScenesPanel(studio);
 
 let frame = 0;
 let metersOnly = true;
@@ -63,6 +65,7 @@ studio.onChange = (what) => {
     history.update();
     exporter.update();
     notice.update();
+    scenes.update();
   });
 };
 

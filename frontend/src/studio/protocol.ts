@@ -94,7 +94,7 @@ export type FinishReason = "stop" | "length" | "deadline" | "cancelled" | "error
 export type TakeState = "queued" | "running" | "done";
 export type ErrorCode =
   | "bad_json" | "unknown_type" | "bad_field" | "binary_not_supported" | "message_too_big"
-  | "session_not_open" | "session_already_open" | "unknown_session" | "session_taken_over"
+  | "session_not_open" | "session_already_open" | "unknown_session" | "scene_deleted" | "session_taken_over"
   | "too_many_sessions" | "unknown_take" | "unknown_line" | "too_many_lines" | "take_not_finished" | "take_not_usable"
   | "too_many_takes" | "busy" | "draining" | "bad_reference" | "internal" | "unknown_character" | "too_many_characters";
 

@@ -30,6 +30,7 @@ import { Scene, readStoredScene, type StoredScene, type Take } from "./scene";
 import { StudioSocket, type ConnectionState } from "./socket";
 import { TakeAudio, type WavFile } from "./take_audio";
 import { UndoStack, type UndoEntry } from "./undo";
+import { rememberScene, restoreScene } from "./scenes";
 
 export type Change = "script" | "takes" | "connection" | "voice" | "errors" | "meter" | "session";
 /** Where an error is shown: `line:<id>`, `take:<id>`, `voice`, or `session`. */
@@ -37,6 +38,7 @@ export type ErrorTarget = string;
 
 const SESSION_KEY = "retake.session";
 const SESSION_PARAM = "session";
+const NEW_PARAM = "new";
 /** Text edits wait this long after the last keystroke before they are sent. */
 const TEXT_DEBOUNCE_MS = 400;
 /** Take audio the page holds at most (~11 minutes at 44.1 kHz, 60 MB); see Scene.trimAudio. */
@@ -91,6 +93,10 @@ export class Studio {
   private live = false;
   /** The session the URL asked for, tried once before the one in localStorage. */
   private requestedSession = new URLSearchParams(location.search).get(SESSION_PARAM);
+  /** `?new` in the URL: open a new scene, not the browser's last one. */
+  private wantsNew = new URLSearchParams(location.search).has(NEW_PARAM);
+  /** The scene this page holds was deleted (scene_deleted): the banner offers to restore it. */
+  sceneDeleted = false;
   /** The browser's stored draft is read into the scene once per page, at its first session.ready. */
   private draftRead = false;
   private textTimer: number | undefined;
@@ -305,12 +311,13 @@ export class Studio {
     return this.send({ type: "take.keep", take_id: takeId, ref: this.nextRef(`take:${takeId}`) });
   }
 
-  private remember(label: string, undo: UndoEntry["undo"]): void {
+  /** Keep an undoable action (with its notice). */
+  remember(label: string, undo: UndoEntry["undo"]): void {
     this.undoStack.push({ label, undo });
     this.showNotice(label, true);
   }
 
-  private showNotice(text: string, undo: boolean): void {
+  showNotice(text: string, undo = false): void {
     this.notice = { text, undo, at: performance.now() };
     this.onChange("errors");
   }
@@ -423,6 +430,20 @@ export class Studio {
     return this.audio.exportScene(takes, gapMs, this.sessionId);
   }
 
+  /** Bring back the deleted scene this page held, and open it again. */
+  async restoreScene(): Promise<void> {
+    const id = this.sessionId;
+    if (id === null) return;
+    try {
+      await restoreScene(id);
+    } catch (error) {
+      return this.setError("session", `the scene could not be restored: ${(error as Error).message}`);
+    }
+    this.sceneDeleted = false;
+    this.socket.connect();
+    this.onChange("session");
+  }
+
   /** Reconnect after another tab took the session over. */
   reclaim(): void {
     this.takenOver = false;
@@ -444,7 +465,7 @@ export class Studio {
 
   private openSession(): void {
     this.live = false;
-    const id = this.requestedSession ?? localStorage.getItem(SESSION_KEY);
+    const id = this.requestedSession ?? (this.wantsNew ? null : localStorage.getItem(SESSION_KEY));
     this.socket.send({ type: "session.open", ...(id !== null ? { session_id: id } : {}), ref: this.nextRef("session") });
   }
 
@@ -515,7 +536,10 @@ export class Studio {
     const stored = this.draftRead ? null : this.loadScene(ready.session_id);
     this.draftRead = true;
     this.requestedSession = ready.session_id;
+    this.wantsNew = false;
+    this.sceneDeleted = false;
     localStorage.setItem(SESSION_KEY, ready.session_id);
+    rememberScene(ready.session_id);
     this.showSessionInUrl(ready.session_id);
     this.ready = ready;
     this.live = true;
@@ -554,6 +578,11 @@ export class Studio {
     if (error.code === "session_taken_over") {
       this.takenOver = true;
       this.onChange("session");
+    }
+    if (error.code === "scene_deleted") {
+      // The socket closes (1000) and does not reconnect: the banner offers Restore.
+      this.sceneDeleted = true;
+      return this.onChange("session");
     }
     const fromRef = error.ref === null ? undefined : this.refs.get(error.ref);
     let target = fromRef ?? (error.take_id !== null ? `take:${error.take_id}` : "session");
@@ -622,7 +651,8 @@ export class Studio {
   /** Put the session in the address bar, so the URL opens this scene in any browser. */
   private showSessionInUrl(sessionId: string): void {
     const url = new URL(location.href);
-    if (url.searchParams.get(SESSION_PARAM) === sessionId) return;
+    if (url.searchParams.get(SESSION_PARAM) === sessionId && !url.searchParams.has(NEW_PARAM)) return;
+    url.searchParams.delete(NEW_PARAM);
     url.searchParams.set(SESSION_PARAM, sessionId);
     history.replaceState(history.state, "", url);
   }

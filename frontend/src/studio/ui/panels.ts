@@ -25,12 +25,14 @@ export class TopBar {
   private readonly sessionBanner = byId("banner-session");
   private readonly sessionText = byId("banner-session-text");
   private readonly reclaim = byId<HTMLButtonElement>("reclaim");
+  private readonly restore = byId<HTMLButtonElement>("restore-scene");
   private readonly offline = byId("banner-offline");
   private readonly offlineText = byId("banner-offline-text");
   private countdown: number | undefined;
 
   constructor(private readonly studio: Studio) {
     this.reclaim.addEventListener("click", () => studio.reclaim());
+    this.restore.addEventListener("click", () => void studio.restoreScene());
     const retry = () => {
       if (studio.connection.state !== "open") studio.socket.reconnect();
     };
@@ -50,10 +52,12 @@ export class TopBar {
     this.connection.title = detail === "" ? CONNECTION_LABELS[state] : `${CONNECTION_LABELS[state]}: ${detail}`;
     this.showOffline();
     const error = studio.errors.get("session");
-    const banner = studio.takenOver ? "This session was opened in another tab or window; this page stopped." : error;
+    const banner = studio.sceneDeleted ? "This scene was deleted. Restore it to go on directing it, or open another from Scenes."
+      : studio.takenOver ? "This session was opened in another tab or window; this page stopped." : error;
     this.sessionBanner.hidden = banner === undefined;
     setText(this.sessionText, banner ?? "");
-    this.reclaim.hidden = !studio.takenOver;
+    this.reclaim.hidden = !studio.takenOver || studio.sceneDeleted;
+    this.restore.hidden = !studio.sceneDeleted;
     this.meters();
   }
 
