@@ -62,7 +62,7 @@ from engine.drama3.decoder import Decoder
 from engine.drama3.fast import install_fast_path
 from engine.drama3.model import Drama3Model, cache_bytes
 from engine.drama3.moe import GATHER_MAX_PAIRS
-from engine.drama3.prefix import CPU_BUDGET_GIB, GPU_FREE_SHARE, PrefixCache
+from engine.drama3.prefix import CPU_BUDGET_GIB, PrefixCache
 from engine.drama3.prompt import MAX_PROMPT_ROWS, Codes, HistoryTurn, Prompt, Reference, build_prompt, checked_codes
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.slots import Slots
@@ -281,8 +281,9 @@ class Drama3Engine:
         if done.finish_reason == "error":
             raise RuntimeError(f"the warm-up take failed: {done.error}")
         prefix = self.decoder.prefix
-        if prefix is not None and self.spec.prefix_cache_gib is None and self.device.type == "cuda":
-            prefix.budget = int(GPU_FREE_SHARE * torch.cuda.mem_get_info(self.device)[0])
+        if prefix is not None and self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0]
+            prefix.fit_free_memory(free, asked=self.spec.prefix_cache_gib is not None)
         rate = done.timings["decode_frames_per_s"]
         return {"warm_up_s": round(time.perf_counter() - started, 2), "fast_path": self.fast_path,
                 "slots": self.slots, "slots_why": self.slots_why,

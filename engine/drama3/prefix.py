@@ -57,7 +57,8 @@ Design choices:
   included, and leave nothing. Each eviction logs a line (what went, what is held against
   the budgets); /metrics counts them. The budget is
   the engine's (`--prefix-cache-gib`): on a GPU by default half the memory free after
-  warm-up; on a CPU a fixed 1 GiB.
+  warm-up, and never more than 90% of it (a larger one asked for is lowered, with a
+  warning); on a CPU a fixed 1 GiB.
 - Shared across sessions: keys are the exact rows, so two sessions with the same voice
   share the system message's snapshot, and a director who reconnects finds their scene's
   snapshots, on the same replica. No state is ever used for rows that differ from its own,
@@ -84,6 +85,7 @@ log = logging.getLogger("retake.engine")
 END_MARK = b"end of prompt"  # a whole-prompt key's last part: never a row's bytes (88 of them)
 CPU_BUDGET_GIB = 1.0  # the default budget on a CPU
 GPU_FREE_SHARE = 0.5  # the default budget on a GPU: this share of the memory free after warm-up
+GPU_FREE_MAX = 0.9  # a budget asked for is capped at this share of it (the takes need the rest)
 
 
 @dataclass(eq=False)
@@ -179,6 +181,18 @@ class PrefixCache:
         """Bytes of one snapshot's DeltaNet states (conv and recurrent, every layer)."""
         return sum(d.conv_state[0].numel() * d.conv_state.element_size()
                    + d.recurrent_state[0].numel() * d.recurrent_state.element_size() for d in self.deltanets)
+
+    def fit_free_memory(self, free: int, asked: bool) -> None:
+        """At warm-up on a GPU, with `free` bytes free: the default budget is a share of them; a
+        budget asked for is capped at most of them (snapshots past the free memory would fail
+        the takes that record them), with a warning."""
+        if not asked:
+            self.budget = int(GPU_FREE_SHARE * free)
+        elif self.budget > GPU_FREE_MAX * free:
+            log.warning("prefix cache: %.1f GiB asked for, but %.1f GiB of GPU memory are free after warm-up; "
+                        "the budget is %.1f GiB (give a smaller --prefix-cache-gib to silence this)",
+                        self.budget / 2**30, free / 2**30, GPU_FREE_MAX * free / 2**30)
+            self.budget = int(GPU_FREE_MAX * free)
 
     def stats(self) -> dict[str, int]:
         return self.counters.as_dict()

@@ -262,3 +262,20 @@ def test_the_budget_option_is_checked(tiny_checkpoint):
         load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", prefix_cache_gib=-1))
     off = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", prefix_cache_gib=0))
     assert off.decoder.prefix is None and off.prefix_cache_stats() is None
+
+
+def test_on_a_gpu_the_budget_follows_the_memory_free_after_warm_up(tiny, caplog):
+    """(The arithmetic, run here; tests/engine/drama3/test_prefix_gpu.py runs it at warm-up.) No
+    budget given: half the free memory; one given past 90% of it: lowered to that, with a warning."""
+    gib = 2**30
+    default = PrefixCache(tiny.decoder.model, budget=0)
+    default.fit_free_memory(8 * gib, asked=False)
+    assert default.budget == 4 * gib
+    asked = PrefixCache(tiny.decoder.model, budget=6 * gib)
+    asked.fit_free_memory(8 * gib, asked=True)
+    assert asked.budget == 6 * gib and not caplog.records  # within the free memory: as asked
+    asked.fit_free_memory(4 * gib, asked=True)
+    assert asked.budget == int(0.9 * 4 * gib)
+    assert [r.getMessage() for r in caplog.records] == ["prefix cache: 6.0 GiB asked for, but 4.0 GiB of GPU memory "
+                                                        "are free after warm-up; the budget is 3.6 GiB (give a smaller "
+                                                        "--prefix-cache-gib to silence this)"]

@@ -82,3 +82,17 @@ def test_cached_prefixes_equal_a_prefill_from_row_zero_on_the_gpu(gpu):
         assert codes(gpu, line).tolist() == first.tolist()
     finally:
         cache.budget = budget
+
+
+def test_a_budget_past_the_free_memory_is_lowered_at_warm_up(tiny_checkpoint, caplog):
+    """Snapshots past the free memory would fail the takes that record them: warm-up caps an
+    asked budget at 90% of the memory free then, and says so."""
+    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", prefix_cache_gib=1e6, slots=1))
+    warm = engine.warm_up()
+    cache = engine.decoder.prefix
+    assert cache is not None and 0 < cache.budget < torch.cuda.get_device_properties(engine.device).total_memory
+    assert warm["prefix_cache_gib"] == round(cache.budget / 2**30, 2) < 1e6
+    assert any("GiB asked for, but" in record.getMessage() for record in caplog.records)
+    prompt = engine.prompt("Within the memory.", None, HISTORY, SAMPLING)
+    assert codes(engine, prompt).tolist() == codes(engine, prompt).tolist()  # recorded, then restored
+    assert cache.stats()["hits"] >= 1
