@@ -19,16 +19,17 @@ Design choices:
   `call_soon_threadsafe` (the sink's callbacks).
 - Audio a user sends before `listening` is dropped: the agent is not listening yet, and
   keeping it would put the user's words late for the whole conversation.
-- Idle slots are fed silence and their output is ignored; a new conversation recycles its
-  slot (engine.start), which forgets the slot's history.
-- `seed` re-seeds the engine's one random stream when a conversation starts (the streams of
-  slots are not separate), so a conversation alone on the server is reproducible.
+- Idle slots are fed silence and wait; a conversation that ends releases its slot
+  (engine.release) and a new one recycles it (engine.start), which forgets the slot's
+  history. A tick runs only up to the highest slot in use (the engine's batch buckets),
+  and a new conversation takes the lowest free slot, so ticks stay as small as they can.
+- `seed` seeds the conversation's own draws (the engine's are per slot, counter-based), so
+  a seeded conversation is reproducible whoever else is talking.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -103,6 +104,7 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         self._joins: deque[_Join] = deque()
         self._starting: set[int] = set()  # slots of joins the engine thread took and is starting
         self._talks: dict[int, Conversation] = {}  # slot -> conversation
+        self._released: list[int] = []  # slots left since the last tick, released by the engine thread
 
     @property
     def sample_rate(self) -> int:
@@ -173,6 +175,7 @@ class ConversationLoop(EngineThread[PersonaPlex]):
             talk.closed = True
             if self._talks.get(talk.slot) is talk:
                 del self._talks[talk.slot]
+                self._released.append(talk.slot)
             self._condition.notify_all()
 
     # The engine thread ----------------------------------------------------------------
@@ -194,6 +197,8 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                 joins = list(self._joins)
                 self._joins.clear()
                 self._starting.update(join.conversation.slot for join in joins)
+                released = [slot for slot in self._released if slot not in self._talks]
+                self._released.clear()
                 if joins:  # start them first: a slot's system prompt begins at the next tick
                     user = None
                 else:
@@ -203,6 +208,8 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                             user[talk.slot] = talk.frames.popleft()
                         talk.waiting_since = time.monotonic() if talk.frames else None
                     talks = dict(self._talks)
+            for slot in released:
+                engine.release(slot)
             for join in joins:
                 self._start(engine, join)
             if user is None:
@@ -256,14 +263,12 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         try:
             if join.voice is not None and join.voice not in self.voices:  # a name, never a path on the server
                 raise RequestError(f"unknown voice {join.voice!r}; the voices are {', '.join(self.voices) or 'none'}")
-            if join.seed is not None:
-                engine.set_sampling(dataclasses.replace(engine.sampling, seed=join.seed))
             voice: Voice | None
             if join.clip is not None:
                 voice = engine.clip_voice(join.clip)
             else:
                 voice = engine.voice() if join.voice is None else engine.voice(join.voice)
-            engine.start(talk.slot, join.persona, voice)
+            engine.start(talk.slot, join.persona, voice, seed=join.seed)
             talk.voice = None if voice is None else voice.name
         except Exception as error:  # noqa: BLE001 - RequestError for the client; anything else too, as a message
             join.done.set_exception(error if isinstance(error, RequestError) else RequestError(str(error)))
@@ -271,4 +276,6 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         with self._condition:
             if not talk.closed:
                 self._talks[talk.slot] = talk
+        if talk.closed:  # the client left while its slot started
+            engine.release(talk.slot)
         join.done.set_result(None)

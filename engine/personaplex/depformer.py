@@ -13,8 +13,9 @@ Design choices:
 - The keys and values span only the steps of the current frame: a static buffer per slot
   (`setup_streams`, streaming.py), written at step t and read up to t, so no mask, no
   positional embedding (`depformer_pos_emb` "none") and nothing to reset.
-- Sampling is a function passed in (greedy or top-k, sampling.py), because each step's
+- Sampling is a function of (logits, step) passed in (sampling.py), because each step's
   code is the next step's input.
+- A call of B rows uses the first B slots' key/value scratch (a batch bucket).
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ class StepAttention(StreamingModule):
         w_in = self.in_proj_weight.view(self.steps, 3 * D, D)[step]
         w_out = self.out_proj.weight.view(self.steps, D, D)[step]
         q, k, v = F.linear(x, w_in).view(B, 3, self.num_heads, 1, D // self.num_heads).unbind(1)  # [B, H, 1, Dh]
-        self.keys[:, :, step:step + 1] = k
-        self.values[:, :, step:step + 1] = v
-        out = F.scaled_dot_product_attention(q, self.keys[:, :, :step + 1], self.values[:, :, :step + 1])
+        keys, values = self.keys[:B, :, :step + 1], self.values[:B, :, :step + 1]  # a batch bucket: the first B
+        keys[:, :, step:] = k
+        values[:, :, step:] = v
+        out = F.scaled_dot_product_attention(q, keys, values)
         return F.linear(out.transpose(1, 2).reshape(B, 1, D), w_out)
 
 
@@ -96,10 +98,10 @@ class Depformer(StreamingModule):
         self.linears = nn.ModuleList(nn.Linear(dim, cfg.card, bias=False) for _ in range(steps))
 
     def forward(self, hidden: torch.Tensor, text: torch.Tensor, targets: torch.Tensor, provided: torch.Tensor,
-                sample: Callable[[torch.Tensor], torch.Tensor], steps: int | None = None) -> torch.Tensor:
+                sample: Callable[[torch.Tensor, int], torch.Tensor], steps: int | None = None) -> torch.Tensor:
         """hidden [B, 1, D], text [B], targets/provided [B, all steps] -> sampled codes [B, steps].
 
-        `sample` maps logits [B, card] (fp32) to tokens [B]. `steps` runs only the first
+        `sample` maps logits [B, card] (fp32) and the step to tokens [B]. `steps` runs only the first
         steps (the depformer is causal over steps, so they do not depend on the later ones).
         """
         codes = []
@@ -109,7 +111,7 @@ class Depformer(StreamingModule):
             x = self.depformer_in[t](hidden) + embed_rows(table, previous)[:, None]  # [B, 1, dim]
             for layer in self.depformer.layers:
                 x = layer(x, t)
-            token = sample(self.linears[t](x)[:, 0].float())
+            token = sample(self.linears[t](x)[:, 0].float(), t)
             codes.append(token)
             previous = torch.where(provided[:, t], targets[:, t], token)
         return torch.stack(codes, dim=1)

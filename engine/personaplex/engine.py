@@ -1,40 +1,49 @@
 """The PersonaPlex engine: B conversation slots that listen and speak together, 80 ms a tick.
 
     engine = PersonaPlex.load("DIR")                   # or None: the tiny demo checkpoint
-    engine.open(persona="You are ...", voice="NATF2")  # every slot gets this system prompt
+    engine.open(persona="You are ...", voice="NATF2")  # every slot gets this system prompt at once
     frames = engine.step(user_pcm)                     # [B, 1920] float -> per slot Frame | None
-    engine.start(slot, persona, voice)                 # restart one slot while the others talk
+    engine.start(slot, persona, voice, seed=7)         # a new conversation in one slot while the others talk
+    engine.release(slot)                               # the slot is free (the others keep talking)
     frames = engine.step_codes(user_codes)             # golden replay from precomputed codes
 
 Design choices:
-- One thread owns an engine. A tick is: Mimi-encode every slot's user frame, one lockstep
-  tick (lockstep.py), Mimi-decode the agent codes of the slots that speak. Slots in their
-  system prompt or warm-up get the silence codes before the batched decode (their agent
-  rows may hold the initial token, which is out of range for the codebooks) and no Frame;
-  a slot's Mimi streams restart when its system prompt ends, as the reference resets
-  Mimi after the prompt.
-- A slot's system prompt is a queue of prefill ticks (prompt.py) consumed one per tick,
-  so starting a slot never stalls the others. `open` runs every slot's prompt at once
-  without Mimi work.
+- One thread owns an engine. A tick (ticks.py) is: Mimi-encode every slot's user frame, one
+  lockstep tick (lockstep.py), Mimi-decode the agent codes of the slots that speak (the
+  others get silence codes: their agent rows may hold the initial token, which is out of
+  range for the codebooks), on static buffers, so on CUDA it replays one captured graph
+  per batch bucket: a tick runs the first n slots, n the smallest bucket holding every
+  slot in use.
+- A slot is free, reading its system prompt, or live. A system prompt is planned on the
+  host (prompt.py) and read by the model in chunks of up to PROMPT_CHUNK positions, one
+  chunk before each tick, while the slot waits (inactive) and the other slots keep
+  their tick: a new conversation listens after a few ticks, not one tick per prompt
+  position. When it is read the slot takes the planned staging ring, its Mimi streams
+  restart (as the reference resets Mimi after the prompt) and it is live.
+- `open` reads one system prompt into every slot at once, with no tick.
+- Sampling settings and seeds are per slot (sampling.py): counter-based draws, so a seeded
+  conversation is reproducible whatever shares the batch.
 - Text pieces: EPAD (0) and PAD (3) are hidden (PP-server), and so are SentencePiece's
   control pieces (`<s>`, `</s>`) and the persona's `<system>` tag (a user-defined piece the
   model can sample, but never says); "▁" becomes a space.
 - `record_voice` makes a voice bundle from a clip the way the reference saves one
-  (voices.py), on a cold-started lockstep (it restarts every slot).
+  (voices.py), without touching any slot.
+- The key/value ring is float8 on CUDA by default (`kv`, ring.py): half the memory, so
+  128 conversations of full context fit on one H200; the fused Triton kernels
+  (ring attention, token draws) run on CUDA unless `fused=False`. `memory()` says what a
+  conversation costs.
 - No checkpoint means the tiny demo (tiny.py), written on first use; the device and the
   model dtype are engine/device.py's, as for Drama 3.
 - Audio and codes cross the engine's boundary as numpy (user PCM in, `Frame.pcm` float32
   and `Frame.tokens` out, `step_codes`' codes in); torch stays inside. A `Voice` is the
   engine's own object: callers get one from `voice` or `clip_voice` and pass it back.
-- Random draws come from the engine's own generator (`Sampling.seed`), greedy when asked.
-- On CUDA the lockstep's model step and Mimi's encode and decode are captured CUDA graphs
-  (engine/graphs.py) replayed every tick; the host bookkeeping between them is eager.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,21 +55,27 @@ from numpy.typing import NDArray
 from engine.checkpoints import resolve_checkpoint
 from engine.device import model_dtype, pick_device
 from engine.errors import RequestError
-from engine.graphs import StepGraphs
 from engine.personaplex.checkpoint import HUB_PATTERNS, load_lm, load_mimi, load_tokenizer, read_config, voices_dir
 from engine.personaplex.config import EPAD_TOKEN, PAD_TOKEN, PersonaPlexConfig
+from engine.personaplex.depformer import Depformer
 from engine.personaplex.lockstep import Lockstep
 from engine.personaplex.mimi import Mimi
 from engine.personaplex.prompt import (
     SYSTEM_TAG,
+    Plan,
     PrefillStep,
     TextTokenizer,
     Voice,
     check_fits,
     persona_tokens,
+    plan,
     system_prompt,
 )
-from engine.personaplex.sampling import Sampling, sample_token
+from engine.personaplex.ring import FP8, RingAttention
+from engine.personaplex.sampling import Sampling
+from engine.personaplex.streaming import StreamingModule
+from engine.personaplex.temporal import Temporal
+from engine.personaplex.ticks import Ticks
 from engine.personaplex.tiny import demo_checkpoint
 from engine.personaplex.voices import (
     AUDIO_SUFFIXES,
@@ -71,12 +86,15 @@ from engine.personaplex.voices import (
     read_audio,
     record_voice,
 )
+from engine.readback import to_device
 
 DEFAULT_VOICE = "NATF2"  # vllm-omni's default; the tiny checkpoint ships it
 DEFAULT_PERSONA = ("You are a wise and friendly teacher. Answer questions or provide advice in a clear and "
                    "engaging way.")  # PP-offline's default --text-prompt
 _DEFAULT = object()
 MAX_CLIP_SECONDS = 30.0  # a voice clip given as audio (the released voices are prompts of a few seconds)
+PROMPT_CHUNK = 256  # system prompt positions read before one tick (a persona of a few hundred tokens: one tick)
+KV_CHOICES = ("auto", "model", "float8")  # auto: float8 on CUDA, the model's dtype elsewhere
 
 
 @dataclass
@@ -86,50 +104,30 @@ class Frame:
     tokens: NDArray[np.int64]  # [K] the de-delayed tokens: text, agent codes, user codes
 
 
-class CodecSteps:
-    """Mimi encode and decode of all slots on static buffers, each captured as a CUDA graph on the GPU.
+@dataclass
+class _Prompt:
+    """A system prompt being read into a slot, a chunk before each tick."""
 
-    Capturing runs a step a few times, which would advance the streams: their state is
-    saved before and put back after, so the first real step continues where it should.
-    """
+    plan: Plan
+    read: int = 0  # positions read so far
 
-    def __init__(self, mimi: Mimi, slots: int, device: torch.device, graphs: bool):
-        n, size = mimi.codebooks, mimi.frame_size
-        self.mimi = mimi
-        self.pcm_in = torch.zeros(slots, size, device=device)
-        self.codes_out = torch.zeros(slots, n, dtype=torch.long, device=device)
-        self.codes_in = torch.zeros(slots, n, dtype=torch.long, device=device)
-        self.pcm_out = torch.zeros(slots, size, device=device)
-        enabled = graphs and device.type == "cuda"
-        self.encoder = StepGraphs(lambda _: self.codes_out.copy_(mimi.encode(self.pcm_in)), [0], enabled=enabled)
-        self.decoder = StepGraphs(lambda _: self.pcm_out.copy_(mimi.decode(self.codes_in)), [0], enabled=enabled)
 
-    def _run(self, step: StepGraphs) -> None:
-        if step.enabled and not step.graphs:
-            state = [b.clone() for b in self.mimi.buffers()]
-            step.capture()
-            for buffer, saved in zip(self.mimi.buffers(), state):
-                buffer.copy_(saved)
-        step(0)
-
-    def encode(self, pcm: torch.Tensor) -> torch.Tensor:
-        """pcm [B, frame_size] -> codes [B, codebooks]."""
-        self.pcm_in.copy_(pcm)
-        self._run(self.encoder)
-        return self.codes_out.clone()
-
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, codebooks] (valid codes) -> pcm [B, frame_size]."""
-        self.codes_in.copy_(codes)
-        self._run(self.decoder)
-        return self.pcm_out.clone()
+def configure_rings(temporal: Temporal, kv: str, fused: bool, device: torch.device) -> None:
+    """Helium's key/value ring dtype and kernel, before its streams are set up."""
+    if kv not in KV_CHOICES:
+        raise RequestError(f"kv must be one of {', '.join(KV_CHOICES)}; got {kv!r}")
+    float8 = kv == "float8" or (kv == "auto" and device.type == "cuda")
+    for module in temporal.modules():
+        if isinstance(module, RingAttention):
+            module.kv_dtype = FP8 if float8 else None
+            module.fused = fused
 
 
 class PersonaPlex:
     name = "personaplex"
 
     def __init__(self, root: Path, cfg: PersonaPlexConfig, lockstep: Lockstep, mimi: Mimi, tokenizer: TextTokenizer,
-                 device: torch.device, sampling: Sampling) -> None:
+                 device: torch.device, sampling: Sampling, graphs: bool = True, parts: bool = False) -> None:
         self.root = root
         self.cfg = cfg
         self.lockstep = lockstep
@@ -143,28 +141,38 @@ class PersonaPlex:
         self.frame_rate = cfg.mimi.frame_rate
         self.demo_weights = cfg.demo_weights
         self.voices = voices_dir(root)
-        self.queues: list[deque[PrefillStep]] = [deque() for _ in range(self.slots)]
         self.silence = torch.tensor(cfg.lm.silence_tokens, device=device)
         self.timings: dict[str, float] = {}
-        self.generator: torch.Generator | None = None
-        self.sampling = Sampling()
-        self.set_sampling(sampling)
+        self.sampling = sampling.checked()
+        self.prompts: dict[int, _Prompt] = {}  # slot -> its system prompt being read
+        self.live: set[int] = set()  # slots in a conversation past their system prompt
         mimi.setup_streams(self.slots)
-        self.codec = CodecSteps(mimi, self.slots, device, graphs=lockstep.use_graphs)
+        self.ticks = Ticks(mimi, lockstep, self.silence, device, graphs=graphs, parts=parts)
+        lockstep.sampling.set(slice(None), self.sampling)
 
     @staticmethod
     def load(checkpoint: str | Path | None = None, device: str = "auto", slots: int = 1,
-             sampling: Sampling | None = None, graphs: bool = True) -> PersonaPlex:
-        """`graphs`: replay CUDA graphs on a GPU (ignored on CPU)."""
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise RequestError(f"slots must be an integer >= 1; got {slots!r}")
+             sampling: Sampling | None = None, graphs: bool = True, kv: str = "auto", fused: bool = True,
+             parts: bool = False) -> PersonaPlex:
+        """`graphs`: replay CUDA graphs on a GPU (ignored on CPU); `kv`: the key/value ring's dtype
+        (KV_CHOICES); `fused`: the Triton kernels on a GPU; `parts`: time encode, model and decode apart."""
+        check_slots(slots)
         dev = pick_device(device)
         root = demo_checkpoint() if checkpoint is None else resolve_checkpoint(checkpoint, HUB_PATTERNS)
         cfg = read_config(root)
         temporal, depformer = load_lm(root, cfg, dev, model_dtype(dev))
-        lockstep = Lockstep(cfg.lm, temporal, depformer, slots, dev, graphs=graphs)
-        return PersonaPlex(root, cfg, lockstep, load_mimi(root, cfg, dev), load_tokenizer(root, cfg), dev,
-                           sampling or Sampling())
+        return PersonaPlex.build(root, cfg, temporal, depformer, load_mimi(root, cfg, dev), load_tokenizer(root, cfg),
+                                 dev, slots, sampling or Sampling(), graphs, kv, fused, parts)
+
+    @staticmethod
+    def build(root: Path, cfg: PersonaPlexConfig, temporal: Temporal, depformer: Depformer, mimi: Mimi,
+              tokenizer: TextTokenizer, device: torch.device, slots: int, sampling: Sampling, graphs: bool = True,
+              kv: str = "auto", fused: bool = True, parts: bool = False) -> PersonaPlex:
+        """An engine of `slots` slots on loaded modules (their streams are set up anew)."""
+        check_slots(slots)
+        configure_rings(temporal, kv, fused and device.type == "cuda", device)
+        lockstep = Lockstep(cfg.lm, temporal, depformer, slots, device)
+        return PersonaPlex(root, cfg, lockstep, mimi, tokenizer, device, sampling, graphs, parts)
 
     @property
     def limits(self) -> dict[str, int]:
@@ -172,18 +180,9 @@ class PersonaPlex:
                 "sample_rate": self.sample_rate}
 
     def set_sampling(self, sampling: Sampling) -> None:
+        """The settings of every slot from now on (and of conversations started later)."""
         self.sampling = sampling.checked()
-        self.generator = None
-        if not sampling.greedy:
-            self.generator = torch.Generator(self.device)
-            self.generator.manual_seed(sampling.seed if sampling.seed is not None else int(torch.seed() % 2 ** 62))
-        self._install_samplers()
-
-    def _install_samplers(self) -> None:
-        s, gen = self.sampling, self.generator
-        self.lockstep.set_samplers(lambda logits: sample_token(logits, s.text_temperature, s.text_top_k, gen),
-                                   lambda logits: sample_token(logits, s.audio_temperature, s.audio_top_k, gen),
-                                   gen)
+        self.lockstep.sampling.set(slice(None), self.sampling)
 
     # -- voices and system prompts ---------------------------------------------------------
 
@@ -224,26 +223,72 @@ class PersonaPlex:
         return system_prompt(self.cfg.lm, self.frame_rate, voice, tokens)
 
     def open(self, persona: str | None = None, voice: str | Voice | object | None = _DEFAULT) -> None:
-        """Restart every slot and run the same system prompt on all of them (batched, no Mimi work)."""
-        steps = self.programme(persona, self.voice(voice))
-        self.lockstep.cold_start()
-        self.queues = [deque(steps) for _ in range(self.slots)]
-        idle = torch.zeros(self.slots, self.cfg.lm.codebooks, dtype=torch.long, device=self.device)
-        while any(self.queues):
-            self._tick(idle)
+        """Restart every slot with the same system prompt, read into all of them at once (no tick)."""
+        planned = plan(self.cfg.lm, self.programme(persona, self.voice(voice)))
+        self.prompts.clear()
+        self.live.clear()
+        self.lockstep.sampling.set(slice(None), self.sampling)
+        self._read_prompt(slice(None), _Prompt(planned), planned.positions)
 
-    def start(self, slot: int, persona: str | None = None, voice: str | Voice | object | None = _DEFAULT) -> None:
-        """Restart one slot: its history is forgotten and its system prompt runs in the next ticks."""
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.slots:
-            raise RequestError(f"slot must be in 0..{self.slots - 1}; got {slot!r}")
-        steps = self.programme(persona, self.voice(voice))
-        self.lockstep.reset_streams(self.rows(slot))
-        self.queues[slot] = deque(steps)
+    def start(self, slot: int, persona: str | None = None, voice: str | Voice | object | None = _DEFAULT,
+              seed: int | None = None) -> None:
+        """A new conversation in `slot`: its history is forgotten and its system prompt is read before the
+        next ticks (`prefilling` until then); `seed` makes it reproducible (default: the engine's)."""
+        self._check_slot(slot)
+        planned = plan(self.cfg.lm, self.programme(persona, self.voice(voice)))
+        sampling = self.sampling if seed is None else dataclasses.replace(self.sampling, seed=seed).checked()
+        self.release(slot)
+        self.lockstep.sampling.set(slot, sampling)
+        self.prompts[slot] = _Prompt(planned)
+
+    def release(self, slot: int) -> None:
+        """The conversation in `slot` ends: the slot stops and waits, fresh, for the next one."""
+        self._check_slot(slot)
+        self.prompts.pop(slot, None)
+        self.live.discard(slot)
+        self._set_rows(slot, False)
+        self.lockstep.reset(self.rows(slot))  # at position -1 it costs nothing to the tick's attention
 
     def prefilling(self, slot: int) -> bool:
-        return bool(self.queues[slot])
+        return slot in self.prompts
+
+    def _check_slot(self, slot: int) -> None:
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.slots:
+            raise RequestError(f"slot must be in 0..{self.slots - 1}; got {slot!r}")
+
+    def _set_rows(self, rows: int | slice, live: bool) -> None:
+        """Whether `rows` advance with the ticks and speak (device flags, no host sync)."""
+        self.lockstep.active[rows] = live
+        self.ticks.speaking[rows] = live
+
+    @torch.no_grad()
+    def _read_prompt(self, rows: int | slice, prompt: _Prompt, positions: int) -> None:
+        """Read up to `positions` more positions of a system prompt into `rows`; when it is all read, the
+        rows take its staging ring, their Mimi streams restart and they are live."""
+        span = rows if isinstance(rows, slice) else slice(rows, rows + 1)
+        span = slice(*span.indices(self.slots))
+        planned = prompt.plan
+        if prompt.read == 0:
+            self._set_rows(span, False)
+            self.lockstep.reset(self.rows(*range(self.slots)[span]))
+        stop = min(planned.positions, prompt.read + positions)
+        for start in range(prompt.read, stop, PROMPT_CHUNK):
+            self.lockstep.prefill(span, planned, start, min(start + PROMPT_CHUNK, stop))
+        prompt.read = stop
+        if stop < planned.positions:
+            return
+        self.lockstep.finish(span, planned)
+        self.mimi.reset_streams(self.rows(*range(self.slots)[span]))
+        self._set_rows(span, True)
+        self.live.update(range(self.slots)[span])
 
     # -- ticks ------------------------------------------------------------------------------
+
+    @property
+    def bucket(self) -> int:
+        """The slots a tick runs: the smallest bucket holding every slot in use."""
+        used = max([*self.live, *self.prompts], default=0) + 1
+        return next(b for b in self.ticks.buckets if b >= used)
 
     def step(self, pcm: NDArray[np.floating[Any]]) -> list[Frame | None]:
         """One tick from user audio [B, frame_size] (or [frame_size] with one slot), floats in [-1, 1]."""
@@ -256,10 +301,7 @@ class PersonaPlex:
                                f"got an array of shape {pcm.shape}")
         if not np.isfinite(pcm).all():
             raise RequestError("user audio holds non-finite samples")
-        start = time.perf_counter()
-        codes = self.codec.encode(torch.from_numpy(pcm).to(self.device))
-        self.timings = {"encode_ms": (time.perf_counter() - start) * 1000}
-        return self._tick(codes)
+        return self._tick(pcm, None)
 
     def step_codes(self, codes: NDArray[np.integer[Any]]) -> list[Frame | None]:
         """One tick from precomputed user codes [B, codebooks] (golden replays skip the encoder)."""
@@ -270,31 +312,27 @@ class PersonaPlex:
             raise RequestError(f"expected user codes of shape ({self.slots}, {n}) as integers; got {got}")
         if ((codes < 0) | (codes >= self.cfg.lm.card)).any():
             raise RequestError(f"user codes must be in 0..{self.cfg.lm.card - 1}")
-        self.timings = {"encode_ms": 0.0}
-        return self._tick(torch.tensor(codes, dtype=torch.long, device=self.device))
+        return self._tick(None, torch.from_numpy(codes.astype(np.int64)))
 
     @torch.no_grad()
-    def _tick(self, codes: torch.Tensor) -> list[Frame | None]:
-        start = time.perf_counter()
-        steps = [queue.popleft() if queue else None for queue in self.queues]
-        out = self.lockstep.tick(codes, steps)
-        model_ms = (time.perf_counter() - start) * 1000
-        speaking = [out.ran and out.ready[b] and steps[b] is None for b in range(self.slots)]
+    def _tick(self, pcm: NDArray[np.float32] | None, codes: torch.Tensor | None) -> list[Frame | None]:
+        started = time.perf_counter()
+        prompt_ms = 0.0
+        if self.prompts:  # one chunk of the oldest waiting system prompt
+            slot, prompt = next(iter(self.prompts.items()))
+            self._read_prompt(slot, prompt, PROMPT_CHUNK)
+            if slot in self.live:
+                del self.prompts[slot]
+            prompt_ms = (time.perf_counter() - started) * 1000
+        n = self.bucket
+        out_pcm, out_tokens, timings = self.ticks.run(None if pcm is None else pcm[:n], n,
+                                                      None if codes is None else codes[:n])
         frames: list[Frame | None] = [None] * self.slots
-        if any(speaking) and out.tokens is not None:
-            n = self.cfg.lm.codebooks
-            quiet = torch.tensor([not s for s in speaking], device=self.device)[:, None]
-            agent = torch.where(quiet, self.silence[None], out.tokens[:, 1:1 + n])  # [B, n]
-            pcm = self.codec.decode(agent).cpu().numpy()  # [B, frame_size]
-            tokens = out.tokens.cpu().numpy()  # [B, K]
-            for b in np.flatnonzero(speaking):
-                frames[b] = Frame(pcm=pcm[b], text=self.text_piece(int(tokens[b, 0])), tokens=tokens[b])
-        finished = [steps[b] is not None and not self.queues[b] for b in range(self.slots)]
-        if any(finished):
-            self.mimi.reset_streams(torch.tensor(finished, device=self.device))
-        total = (time.perf_counter() - start) * 1000
-        self.timings |= {"model_ms": model_ms, "decode_ms": total - model_ms,
-                         "tick_ms": total + self.timings.get("encode_ms", 0.0)}
+        for b in sorted(self.live):
+            tokens = out_tokens[b].copy()  # [K]
+            frames[b] = Frame(pcm=out_pcm[b].copy(), text=self.text_piece(int(tokens[0])), tokens=tokens)
+        self.timings = {**timings, "prompt_ms": prompt_ms, "bucket": float(n),
+                        "tick_ms": (time.perf_counter() - started) * 1000}
         return frames
 
     def text_piece(self, token: int) -> str | None:
@@ -310,15 +348,46 @@ class PersonaPlex:
         return piece.replace("\u2581", " ")
 
     def record_voice(self, pcm: NDArray[np.floating[Any]], name: str = "recorded") -> Voice:
-        """A voice bundle from a clip, as the reference saves one (voices.py `record_voice`).
-
-        Restarts every slot: call `open` afterwards.
-        """
-        self.queues = [deque() for _ in range(self.slots)]
-        return record_voice(self.lockstep, self.voice_frames(pcm), self.frame_rate, name)
+        """A voice bundle from a clip, as the reference saves one (voices.py `record_voice`)."""
+        return record_voice(self.cfg.lm, self.lockstep.temporal, self.voice_frames(pcm), self.frame_rate, name)
 
     def rows(self, *slots: int) -> torch.Tensor:
         """bool [B] marking `slots`: the rows argument of `reset_streams`."""
-        mask = torch.zeros(self.slots, dtype=torch.bool, device=self.device)
+        mask = torch.zeros(self.slots, dtype=torch.bool)
         mask[list(slots)] = True
-        return mask
+        return to_device(mask, self.device)
+
+    def memory(self) -> dict[str, float]:
+        """GiB of state per conversation (Helium's key/value rings, Mimi's streams) and of the weights."""
+        gib = 2 ** 30
+        kv = sum(m.stream_bytes() for m in self.lockstep.temporal.modules() if isinstance(m, RingAttention))
+        weights = sum(p.nbytes for module in (self.lockstep.temporal, self.lockstep.depformer, self.mimi)
+                      for p in module.parameters())
+        return {"kv_gib_per_conversation": kv / gib, "mimi_gib_per_conversation": stream_bytes(self.mimi) / gib,
+                "weights_gib": weights / gib}
+
+    def close(self) -> None:
+        """Free this engine's device state (graphs, rings, buffers): a bench frees each size before the next."""
+        self.ticks.close()
+        for module in (self.lockstep.temporal, self.lockstep.depformer, self.mimi):
+            module.setup_streams(0)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def stream_bytes(module: torch.nn.Module) -> float:
+    """Bytes of per-slot streaming state in `module`'s tree, per slot."""
+    total, slots = 0, 1
+    for child in module.modules():
+        if isinstance(child, StreamingModule):
+            for name in child._non_persistent_buffers_set:
+                buffer = getattr(child, name)
+                if buffer.dim():
+                    total, slots = total + buffer.nbytes, max(slots, buffer.shape[0])
+    return total / slots
+
+
+def check_slots(slots: int) -> None:
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise RequestError(f"slots must be an integer >= 1; got {slots!r}")

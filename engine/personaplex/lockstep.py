@@ -1,203 +1,122 @@
-"""The lockstep tick: B slots advance one 80 ms frame together through Helium and the depformer.
+"""The lockstep tick: the active slots advance one 80 ms frame together through Helium and the depformer.
 
-Token rows (K = 17): text, agent codebooks 0..7, user codebooks 0..7, each with a delay
-(text 0, codebook 0 0, codebooks 1..7 1). State, as in PP-lm `LMGen` and the seed:
-`ring` [B, K, CT = max_delay + 3] of tokens, `provided` [B, K, CT] (a value was written
-from outside and must not be overwritten by a sample), one physical offset `phys` shared
-by all slots, and each slot's local step `local` [B] (where it is in its own stream).
+    lockstep.reset(rows)                  # bool [B]: these slots start fresh streams
+    lockstep.prefill(slice(s, s + 1), plan, 0, 64)   # a system prompt, a chunk of positions
+    lockstep.finish(slice(s, s + 1), plan)           # ... whose staging ring the slot takes
+    lockstep.tick(user_codes, n)          # the first n slots; the frame lands in `tokens[:n]`
 
-One tick at physical offset o (`tick`):
-1. Restore a voice bundle's staging cache into slots whose prefill step asks for it,
-   rolled by the slot's phase (o - local).
-2. Write the user codes, and the forced agent/text tokens of slots in prefill, at column
-   (o + delay) % CT, marking them provided.
-3. Warm-up gate: rows whose delay is >= the slot's local step get their initial token
-   (text: text_card, audio: card) at column o % CT.
-4. o == 0 is the cold start: column 0 is set to the initial tokens and nothing runs.
-5. The model input is column (o - 1) % CT, embedded (or replaced by a voice embedding),
-   through Helium at each slot's position; the text is sampled; the depformer expands
-   the audio codebooks, teacher-forced where column o % CT is provided.
-6. Column (o - 1) % CT stops being provided; samples go to column o % CT where nothing
-   was provided.
-7. Output (slots past warm-up, local > max_delay): the de-delayed frame,
-   token k from column (o - max_delay + delay_k) % CT.
+A tick of slot b at its local step L (staging.py has the token bookkeeping):
+1. the user's codes go to the staging ring, the warm-up rows get their initial tokens;
+2. the model input is the ring's column of step L - 1, embedded, through Helium at
+   position L - 1; the text token is drawn, then the depformer draws the agent's
+   codebooks, teacher-forced where the target column is provided;
+3. the samples go to the ring; the de-delayed frame of the step goes to `tokens`.
 
 Design choices:
-- Slot positions are Helium's key/value positions. A slot whose stream is reset
-  (`reset_streams`, the verb of streaming.py) while others converse restarts at
-  position -1: its sacrifice tick writes a key no later tick can see (layers.py), so its
-  history and that write are both masked, and from its next tick on it runs exactly the
-  positions of a fresh stream.
+- A tick is a function of static device buffers only (the ring, the steps, `active`, the
+  sampling rows, the user codes): no host value, no branch on a phase, no host sync, so
+  the engine captures the whole tick (with Mimi) as one CUDA graph per batch bucket.
+  `active` [B] says which slots advance; the others (free, or waiting while their system
+  prompt is read) keep their staging ring and step. A waiting slot's query writes a key at
+  its next position, which that position's real write replaces before anything reads it
+  (ring.py), so it needs no mask in the model.
+- Slot positions are Helium's key/value positions (step - 1). A slot whose streams are
+  reset restarts at step 0, position -1: its first tick's key is never seen again, so a
+  recycled slot runs exactly the positions of a fresh stream (the cold start of the
+  reference), without touching the other slots.
+- A system prompt forces every stream, so it is read as chunks of many positions
+  (`prefill`: Helium only, no text head, no depformer, no sampling) from its plan
+  (prompt.py), between ticks, and the slot then takes the planned staging ring (`finish`).
 - The depformer runs the agent's 8 steps only. Its steps 8..15 predict the user codebooks,
-  whose targets are always provided (user codes, or the sine / initial tokens, are
-  written before every tick, and the warm-up gate covers a fresh slot), and the depformer
-  is causal over steps, so skipping them changes no agent code: the reference's own
-  inference (reference/personaplex.md §1.4), checked against `all_steps=True` by
-  tests/engine/personaplex/test_slots.py. It halves the depformer's work.
-- Everything per slot is a row of a static tensor; phases (prefill, live) are data (the
-  per-slot `PrefillStep`), never branches inside the model. The model part of a tick
-  (`_model_step`: embeddings, Helium, text sampling, depformer) reads and writes static
-  buffers only, so on CUDA it is captured once as a graph (engine/graphs.py) and replayed
-  every tick; host bookkeeping (ring writes, gates, output gather) stays eager.
+  whose targets are always provided (user codes are written before every tick, and the
+  warm-up gate covers a fresh slot), and the depformer is causal over steps, so skipping
+  them changes no agent code: the reference's own inference (reference/personaplex.md
+  §1.4), checked against `all_steps=True` by tests/engine/personaplex/test_slots.py. It
+  halves the depformer's work.
+- Draws are counter-based (sampling.py): keyed by the slot's seed and its step, so a slot's
+  tokens do not depend on which other slots share the batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
-from engine.graphs import StepGraphs
+from engine.personaplex import staging
 from engine.personaplex.config import LMConfig
 from engine.personaplex.depformer import Depformer
-from engine.personaplex.prompt import PrefillStep
+from engine.personaplex.prompt import Plan, initial_tokens
+from engine.personaplex.sampling import SamplingRows
 from engine.personaplex.temporal import Temporal
-
-Sampler = Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass
-class TickOut:
-    ran: bool  # False on the cold-start tick
-    tokens: torch.Tensor | None  # [B, K] the de-delayed frame (valid where `ready`)
-    ready: list[bool]  # slots past warm-up
-    embeddings: torch.Tensor | None  # [B, 1, D] the model input embeddings as computed from tokens
-
-
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    return logits.argmax(dim=-1)
+from engine.readback import to_device
 
 
 class Lockstep:
     def __init__(self, cfg: LMConfig, temporal: Temporal, depformer: Depformer, slots: int, device: torch.device,
-                 all_steps: bool = False, graphs: bool = False):
+                 all_steps: bool = False):
         self.cfg = cfg
         self.all_steps = all_steps
         self.temporal = temporal
         self.depformer = depformer
         self.slots = slots
         self.device = device
-        self.use_graphs = graphs and device.type == "cuda"
-        K, CT = cfg.rows, cfg.ring_columns
-        dtype = temporal.text_linear.weight.dtype
-        # The model step's static inputs and outputs (`_model_step`, graph-capturable).
-        self.inputs = torch.zeros(slots, K, dtype=torch.long, device=device)  # model input column
-        self.goal = torch.zeros(slots, K, dtype=torch.long, device=device)  # target column
-        self.goal_provided = torch.zeros(slots, K, dtype=torch.bool, device=device)
-        self.override = torch.zeros(slots, 1, cfg.dim, dtype=dtype, device=device)  # voice embeddings
-        self.override_rows = torch.zeros(slots, dtype=torch.bool, device=device)
-        self.embeddings = torch.zeros(slots, 1, cfg.dim, dtype=dtype, device=device)
-        self.sampled = torch.zeros(slots, K, dtype=torch.long, device=device)  # text + audio codes
-        self.set_samplers(greedy, greedy, None)
-        self.initial = torch.tensor([cfg.text_card] + [cfg.card] * cfg.n_q, device=device)  # [K]
+        K, CT, n = cfg.rows, cfg.ring_columns, cfg.codebooks
+        self.initial = initial_tokens(cfg).to(device)  # [K]
         self.delays = torch.tensor(cfg.delays, device=device)  # [K]
-        self.warmup = torch.tensor(cfg.delays)  # [K] on the host, next to `local`
-        self.sine = torch.tensor(cfg.sine_tokens, device=device)  # [codebooks]
-        self.rows = torch.arange(K, device=device)
-        self.ring = torch.zeros(slots, K, CT, dtype=torch.long, device=device)
+        self.user_rows = torch.arange(K, device=device) >= 1 + n  # [K]: the rows written from outside
+        self.ring = self.initial[None, :, None].repeat(slots, 1, CT)  # [B, K, CT]
         self.provided = torch.zeros(slots, K, CT, dtype=torch.bool, device=device)
-        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
-        self.local = torch.zeros(slots, dtype=torch.long)  # CPU: gates and output decisions
-        self.phys = 0
+        self.local = torch.zeros(slots, dtype=torch.long, device=device)  # each slot's step
+        self.active = torch.zeros(slots, dtype=torch.bool, device=device)  # the slots that advance
+        self.tokens = torch.zeros(slots, K, dtype=torch.long, device=device)  # the last tick's frames
+        self.sampling = SamplingRows(slots, device)
         temporal.setup_streams(slots)
         depformer.setup_streams(slots)
-        self.cold_start()
 
-    def cold_start(self) -> None:
-        """Every slot fresh and the physical offset back to 0: the next tick is the cold start."""
-        self.phys = 0
-        self.reset_streams(torch.ones(self.slots, dtype=torch.bool))
+    def reset(self, rows: torch.Tensor) -> None:
+        """The slots marked in `rows` (bool [B]) start fresh streams at their next tick; the others are
+        unaffected. Helium's ring needs nothing: the slot's positions restart at -1 (ring.py)."""
+        rows = rows.to(self.device, torch.bool)
+        self.ring.copy_(torch.where(rows[:, None, None], self.initial[:, None], self.ring))
+        self.provided.masked_fill_(rows[:, None, None], False)
+        self.local.masked_fill_(rows, 0)
 
-    def reset_streams(self, rows: torch.Tensor) -> None:
-        """The slots marked in `rows` (bool [B]) start fresh streams at the next tick (their
-        sacrifice tick); the other slots are unaffected. Helium's and the depformer's rings
-        need nothing: the slot's positions restart at -1 (streaming.py, layers.py)."""
-        rows = rows.to(torch.bool)
-        self.ring[rows.to(self.device)] = self.initial[:, None]
-        self.provided[rows.to(self.device)] = False
-        self.local[rows.cpu()] = 0
-        self.positions[rows.to(self.device)] = -1
+    def tick(self, user: torch.Tensor, n: int) -> None:
+        """One tick of the first n slots from the user's codes [n, codebooks] (device only, capturable)."""
+        cfg = self.cfg
+        ring, provided, local, active = self.ring[:n], self.provided[:n], self.local[:n], self.active[:n]
+        values = torch.cat([self.initial[None, :1 + cfg.codebooks].expand(n, -1), user], dim=1)  # [n, K]
+        staging.write(ring, provided, local, self.delays, values, self.user_rows[None] & active[:, None])
+        staging.gate(ring, provided, local, self.delays, self.initial, active)
+        inputs, goal, goal_provided = staging.read(ring, provided, local)
+        sampled = self._model(inputs, goal, goal_provided, local, n)
+        staging.commit(ring, provided, local, sampled, active)
+        self.tokens[:n] = staging.frame(ring, local, self.delays, cfg.max_delay)
 
-    def set_samplers(self, text: Sampler, audio: Sampler, generator: torch.Generator | None) -> None:
-        """The samplers of the model step (`generator`: the one they draw from); drops captured graphs."""
-        self.samplers = (text, audio)
-        self.graphs = StepGraphs(lambda _: self._model_step(), [0], enabled=self.use_graphs,
-                                 generators=() if generator is None else (generator,))
-
-    def phase(self, slot: int) -> int:
-        return (self.phys - int(self.local[slot])) % self.cfg.ring_columns
-
-    def _write_inputs(self, user: torch.Tensor, steps: list[PrefillStep | None]) -> None:
-        """Steps 1-3, and the voice embeddings that replace some slots' input this tick."""
-        B, n, o, CT = self.slots, self.cfg.codebooks, self.phys, self.cfg.ring_columns
-        for slot, step in enumerate(steps):
-            if step is not None and step.restore is not None:
-                self.ring[slot] = torch.roll(step.restore.to(self.device), shifts=self.phase(slot), dims=-1)
-        values = torch.cat([self.initial[None, :1 + n].expand(B, -1), user.to(self.device)], dim=1)  # [B, K]
-        write = torch.zeros(B, self.cfg.rows, dtype=torch.bool)
-        write[:, 1 + n:] = True
-        self.override_rows.zero_()
-        for slot, step in enumerate(steps):
-            if step is None:
-                continue
-            write[slot] = True
-            values[slot, 1 + n:] = self.sine if step.user_sine else self.initial[1 + n:]
-            values[slot, 0] = step.text
-            if step.agent is not None:
-                values[slot, 1:1 + n] = torch.tensor(step.agent, device=self.device)
-            if step.embedding is not None:
-                self.override[slot, 0] = step.embedding.to(self.device)
-                self.override_rows[slot] = True
-        write = write.to(self.device)
-        cols = (o + self.delays) % CT  # [K]
-        self.ring[:, self.rows, cols] = torch.where(write, values, self.ring[:, self.rows, cols])
-        self.provided[:, self.rows, cols] |= write
-        gate = (self.local[:, None] <= self.warmup[None]).to(self.device)  # [B, K]
-        self.ring[:, :, o % CT] = torch.where(gate, self.initial[None], self.ring[:, :, o % CT])
-        self.provided[:, :, o % CT] |= gate
-
-    def _model_step(self) -> None:
-        """Step 5 on static buffers only: embed (or take the voice embedding), Helium, text, depformer."""
-        sample_text, sample_audio = self.samplers
-        n = self.cfg.depformer_steps if self.all_steps else self.cfg.codebooks
-        embeddings = self.temporal.embed(self.inputs)  # [B, 1, D]
-        self.embeddings.copy_(embeddings)
-        x = torch.where(self.override_rows[:, None, None], self.override, embeddings)
-        hidden, text_logits = self.temporal(x, self.positions[:, None])
-        text = sample_text(text_logits[:, 0].float())  # [B]
-        goal, provided = self.goal, self.goal_provided
+    def _model(self, inputs: torch.Tensor, goal: torch.Tensor, provided: torch.Tensor, local: torch.Tensor,
+               n: int) -> torch.Tensor:
+        """Embed, Helium at position step - 1, draw the text, the depformer: the samples [n, K]."""
+        steps = self.cfg.depformer_steps if self.all_steps else self.cfg.codebooks
+        hidden, text_logits = self.temporal(self.temporal.embed(inputs), (local - 1)[:, None], slice(0, n))
+        text = self.sampling.text(text_logits[:, 0].float(), local)  # [n]
         text_in = torch.where(provided[:, 0], goal[:, 0], text)
-        audio = self.depformer(hidden, text_in, goal[:, 1:], provided[:, 1:], sample_audio, steps=n)  # [B, n]
-        self.sampled[:, 0] = text
-        self.sampled[:, 1:1 + n] = audio
-        self.sampled[:, 1 + n:] = goal[:, 1 + n:]  # the user rows are always provided
+        audio = self.depformer(hidden, text_in, goal[:, 1:], provided[:, 1:],
+                               lambda logits, t: self.sampling.audio(logits, local, t), steps=steps)  # [n, steps]
+        return torch.cat([text[:, None], audio, goal[:, 1 + steps:]], dim=1)  # user rows: always provided
 
     @torch.no_grad()
-    def tick(self, user: torch.Tensor, steps: list[PrefillStep | None]) -> TickOut:
-        """user [B, codebooks] codes; steps[b] is slot b's prefill step, None when live."""
-        self._write_inputs(user, steps)
-        o, CT = self.phys, self.cfg.ring_columns
-        if o == 0:
-            self.ring[:, :, 0] = self.initial[None]
-            self._advance()
-            return TickOut(False, None, [False] * self.slots, None)
-        source, target = (o - 1) % CT, o % CT
-        self.inputs.copy_(self.ring[:, :, source])
-        self.goal.copy_(self.ring[:, :, target])
-        self.goal_provided.copy_(self.provided[:, :, target])
-        if self.use_graphs and not self.graphs.graphs:
-            self.graphs.capture()  # its runs only rewrite this tick's key/value slots and scratch buffers
-        self.graphs(0)
-        self.provided[:, :, source] = False
-        self.ring[:, :, target] = torch.where(self.goal_provided, self.goal, self.sampled)
-        ready = (self.local > self.cfg.max_delay).tolist()
-        cols = (o - self.cfg.max_delay + self.delays) % CT  # [K]
-        tokens = self.ring[:, self.rows, cols]  # [B, K]
-        self._advance()
-        return TickOut(True, tokens, ready, self.embeddings.clone())
+    def prefill(self, rows: slice, plan: Plan, start: int, stop: int) -> None:
+        """Read prompt positions start..stop - 1 of `plan` into the key/value rings of the slots `rows`."""
+        inputs = to_device(plan.inputs[start:stop], self.device)  # [T, K]
+        x = self.temporal.embed(inputs)[:, 0]  # [T, D]
+        for i, embedding in enumerate(plan.embeddings[start:stop]):
+            if embedding is not None:  # a stored voice: its embedding is the whole input
+                x[i] = embedding.to(x.device, x.dtype)
+        count = len(range(self.slots)[rows])
+        positions = torch.arange(start, stop, device=self.device).expand(count, -1)  # [B, T]
+        self.temporal.trunk(x[None].expand(count, -1, -1), positions, rows)
 
-    def _advance(self) -> None:
-        self.phys += 1
-        self.local += 1
-        self.positions += 1
+    def finish(self, rows: slice, plan: Plan) -> None:
+        """The slots `rows` take the staging ring and step of their read prompt."""
+        self.ring[rows] = to_device(plan.ring, self.device)
+        self.provided[rows] = to_device(plan.provided, self.device)
+        self.local[rows] = plan.ticks

@@ -8,7 +8,8 @@ Design choices:
 - All state is per slot and static (streaming.py): conv contexts, the transformers'
   key/value rings (context 250 positions, two positions a frame) and their positions.
   `reset_streams(rows)` gives chosen rows a fresh stream while the others keep theirs;
-  `encode` and `decode` have independent state (a slot is reset for both at once).
+  `encode` and `decode` have independent state (a slot is reset for both at once). A
+  call of B rows runs the first B slots (a batch bucket): every module slices its state.
 - The transformers' parameters follow the checkpoint keys once `.transformer.` is dropped
   (`encoder_transformer.layers.{i}.self_attn.in_proj_weight`, `norm1.weight`,
   `layer_scale_1.scale`, `linear1.weight`...). The codebooks are computed at load from the
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.personaplex.config import MimiConfig
-from engine.personaplex.layers import RingAttention, RingStep, ring_step
+from engine.personaplex.ring import RingAttention, RingStep, ring_step
 from engine.personaplex.seanet import SEANetDecoder, SEANetEncoder, StreamingConv1d, StreamingConvTranspose1d
 from engine.personaplex.streaming import StreamingModule
 
@@ -72,16 +73,17 @@ class MimiTransformer(StreamingModule):
         self.offset = torch.zeros(batch, dtype=torch.long, device=next(self.parameters()).device)
 
     def _reset_stream(self, rows: torch.Tensor) -> None:
-        self.offset[rows] = 0
+        self.offset.masked_fill_(rows, 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        T = x.shape[-1]
-        positions = self.offset[:, None] + torch.arange(T, device=x.device)  # [B, T]
+        B, _, T = x.shape
+        offset = self.offset[:B]  # a batch bucket runs the first B slots
+        positions = offset[:, None] + torch.arange(T, device=x.device)  # [B, T]
         step = ring_step(positions, self.context, self.context, self.head_dim, self.max_period)
         h = x.transpose(1, 2)
         for layer in self.layers:
             h = layer(h, step)
-        self.offset += T
+        offset += T
         return h.transpose(1, 2)
 
 

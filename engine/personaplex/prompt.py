@@ -14,9 +14,16 @@ Design choices:
   returns None at offset 0), while a stored voice's first embedding is stepped again
   after it (`step_embeddings` loops). We keep both behaviours: a voice bundle's embeddings
   all follow the sacrifice; otherwise the first prompt tick is dropped.
-- A voice bundle's staging cache (`restore`) is put back, rolled to the slot's phase, at
-  the start of the first silence tick, i.e. right after the voice ticks, as the
-  reference's `voice_end` does between ticks.
+- A voice bundle's staging cache (`restore`) is put back at the start of the first
+  silence tick, i.e. right after the voice ticks, as the reference's `voice_end` does
+  between ticks (a slot's staging ring counts from its own stream start, staging.py, so
+  the cache needs no roll).
+- Every stream is forced during a system prompt, so nothing in it depends on a sample: the
+  whole programme is planned on the host first (`plan`: the staging ring stepped tick by
+  tick, staging.py), giving the model input of every prompt position and the ring after
+  the prompt. The model then reads the prompt as chunks of many positions (lockstep.py
+  `prefill`), not one position per 80 ms tick: a system prompt takes a few ticks of
+  wall time while the other slots keep talking.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Literal, Protocol
 import torch
 
 from engine.errors import RequestError
+from engine.personaplex import staging
 from engine.personaplex.config import PAD_TOKEN, SILENCE_SECONDS, LMConfig
 
 SYSTEM_TAG = "<system>"
@@ -118,3 +126,53 @@ def check_fits(cfg: LMConfig, frame_rate: float, voice: Voice | None, persona: l
             f"the persona is {len(persona)} tokens, but with the voice prompt ({voice_ticks} frames) and the "
             f"silences ({2 * silence_frames(frame_rate)} frames) the system prompt must fit in the model's "
             f"context of {cfg.context} frames: shorten the persona to at most {max(room, 0)} tokens")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A system prompt as the model reads it: one input per position 0 .. positions - 1."""
+
+    inputs: torch.Tensor  # [positions, K] the tokens of each model input (CPU)
+    embeddings: list[torch.Tensor | None]  # per position: a voice embedding [D] that replaces the input
+    ring: torch.Tensor  # [K, CT] the staging ring after the prompt
+    provided: torch.Tensor  # [K, CT] bool
+    ticks: int  # the slot's local step after the prompt
+
+    @property
+    def positions(self) -> int:
+        return len(self.inputs)
+
+
+def initial_tokens(cfg: LMConfig) -> torch.Tensor:
+    """[K]: the initial token of each row (text: text_card, audio: card)."""
+    return torch.tensor([cfg.text_card] + [cfg.card] * cfg.n_q)
+
+
+def plan(cfg: LMConfig, steps: list[PrefillStep]) -> Plan:
+    """Step a fresh staging ring through the programme (CPU): every stream is forced, so no sample enters."""
+    K, CT, n = cfg.rows, cfg.ring_columns, cfg.codebooks
+    initial, delays = initial_tokens(cfg), torch.tensor(cfg.delays)
+    ring = initial[None, :, None].repeat(1, 1, CT)  # [1, K, CT]: a fresh stream
+    provided = torch.zeros(1, K, CT, dtype=torch.bool)
+    local = torch.zeros(1, dtype=torch.long)
+    every, one = torch.ones(1, K, dtype=torch.bool), torch.ones(1, dtype=torch.bool)
+    inputs, embeddings = [], []
+    for i, step in enumerate(steps):
+        if step.restore is not None:
+            ring[0] = step.restore.cpu()
+        values = initial.clone()
+        values[0] = step.text
+        if step.agent is not None:
+            values[1:1 + n] = torch.tensor(step.agent)
+        if step.user_sine:
+            values[1 + n:] = torch.tensor(cfg.sine_tokens)
+        staging.write(ring, provided, local, delays, values[None], every)
+        staging.gate(ring, provided, local, delays, initial, one)
+        source, target, forced = staging.read(ring, provided, local)
+        assert bool(forced.all()), "a system prompt forces every stream"
+        if i > 0:  # local step 0 is the stream's first tick: its input (position -1) is never seen
+            inputs.append(source[0])
+            embeddings.append(step.embedding)
+        staging.commit(ring, provided, local, target, one)
+    return Plan(torch.stack(inputs) if inputs else torch.zeros(0, K, dtype=torch.long), embeddings, ring[0],
+                provided[0], len(steps))

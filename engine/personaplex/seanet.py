@@ -1,8 +1,9 @@
 """Mimi's convolutions: streaming causal Conv1d / ConvTranspose1d and the SEANet encoder and decoder.
 
 Design choices:
-- Every convolution streams (streaming.py): its state is a static per-slot buffer and
-  `reset_streams(rows)` gives chosen rows a fresh stream, as Moshi's `StreamingConv1d` /
+- Every convolution streams (streaming.py): its state is a static per-slot buffer (a
+  call of B rows uses the first B slots: a batch bucket), and `reset_streams(rows)` gives
+  chosen rows a fresh stream (a masked fill: no host sync), as Moshi's `StreamingConv1d` /
   `StreamingConvTranspose1d` do (moshi `modules/conv.py`):
   - Conv1d keeps the last `effective_kernel - stride` input samples as left context, zero
     at stream start; with `replicate` (the 25 -> 12.5 Hz resampler) the first input sample
@@ -42,16 +43,18 @@ class StreamingConv1d(StreamingModule):
         self.first = torch.ones(batch, dtype=torch.bool, device=w.device)
 
     def _reset_stream(self, rows: torch.Tensor) -> None:
-        self.previous[rows] = 0
-        self.first[rows] = True
+        self.previous.masked_fill_(rows[:, None, None], 0)
+        self.first.logical_or_(rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.context > 0:
+            previous = self.previous[:x.shape[0]]  # a batch bucket runs the first B slots
             if self.replicate:
-                self.previous.copy_(torch.where(self.first[:, None, None], x[..., :1], self.previous))
-                self.first.zero_()
-            x = torch.cat([self.previous, x], dim=-1)
-            self.previous.copy_(x[..., -self.context:])
+                first = self.first[:x.shape[0]]
+                previous.copy_(torch.where(first[:, None, None], x[..., :1], previous))
+                first.zero_()
+            x = torch.cat([previous, x], dim=-1)
+            previous.copy_(x[..., -self.context:])
         out: torch.Tensor = self.conv(x)
         return out
 
@@ -71,17 +74,18 @@ class StreamingConvTranspose1d(StreamingModule):
         self.partial = torch.zeros(batch, cout, self.tail, dtype=w.dtype, device=w.device)
 
     def _reset_stream(self, rows: torch.Tensor) -> None:
-        self.partial[rows] = 0
+        self.partial.masked_fill_(rows[:, None, None], 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = self.convtr(x)
         if self.tail == 0:
             return y
-        y[..., :self.tail] += self.partial
+        partial = self.partial[:x.shape[0]]  # a batch bucket runs the first B slots
+        y[..., :self.tail] += partial
         tail = y[..., -self.tail:]
         if self.convtr.bias is not None:
             tail = tail - self.convtr.bias[:, None]
-        self.partial.copy_(tail)
+        partial.copy_(tail)
         return y[..., :-self.tail]
 
 

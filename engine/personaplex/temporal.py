@@ -8,9 +8,12 @@ Design choices:
   rows summed first as Moshi does; a token of -1 gives a zero vector (Moshi's `zero_idx`).
   It is a separate call so a caller can replace a row's input by a stored voice-prompt
   embedding.
-- `forward(x, positions)` is one function for every phase: the caller owns the
-  positions (a reset row restarts at -1), the keys and values go to a static per-slot
-  ring (`setup_streams`, streaming.py), and the mask is computed once per call for all layers.
+- `forward(x, positions, rows)` is one function for every phase: the caller owns the
+  positions (a reset row restarts at -1) and says which slots run (`rows`: a tick's
+  batch bucket, or the one slot whose system prompt is being read); the keys and values
+  go to a static per-slot ring (`setup_streams`, streaming.py; ring.py), whose mask and
+  rope tables are computed once per call for all layers. `trunk` is the same without
+  the text head, for system prompts, whose text is forced.
 - Pre-norm layers, RMSNorm in fp32, interleaved RoPE, gated SiLU MLP, no biases, no layer
   scale; `out_norm` then the text head.
 """
@@ -24,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.personaplex.config import LMConfig
-from engine.personaplex.layers import GatedMLP, RingAttention, RingStep, RMSNorm, ring_step
+from engine.personaplex.layers import GatedMLP, RMSNorm
+from engine.personaplex.ring import RingAttention, RingStep, ring_step
 from engine.personaplex.streaming import StreamingModule
 
 
@@ -73,11 +77,16 @@ class Temporal(StreamingModule):
         x = x + embed_rows(self.text_emb.weight, tokens[:, 0])
         return x[:, None]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, T, D] at positions [B, T] -> (hidden [B, T, D] after out_norm, text logits [B, T, text_card])."""
+    def trunk(self, x: torch.Tensor, positions: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        """x [B, T, D] at positions [B, T] of the slots `rows` (default the first B) -> the last layer's [B, T, D]."""
         cfg = self.cfg
-        step = ring_step(positions, cfg.context, cfg.context, cfg.dim // cfg.num_heads, cfg.max_period)
+        step = ring_step(positions, cfg.context, cfg.context, cfg.dim // cfg.num_heads, cfg.max_period, rows)
         for layer in self.transformer.layers:
             x = layer(x, step)
-        hidden = self.out_norm(x)
+        return x
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                rows: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, D] at positions [B, T] -> (hidden [B, T, D] after out_norm, text logits [B, T, text_card])."""
+        hidden = self.out_norm(self.trunk(x, positions, rows))
         return hidden, self.text_linear(hidden)

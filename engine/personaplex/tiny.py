@@ -37,7 +37,6 @@ from safetensors.torch import save_file
 import engine.checkpoints as checkpoints
 from engine.personaplex.checkpoint import lm_shapes, load_lm, load_mimi, mimi_shapes, read_config
 from engine.personaplex.config import PersonaPlexConfig
-from engine.personaplex.lockstep import Lockstep
 from engine.personaplex.voices import clip_codes, record_voice, save_voice_bundle
 
 VOICE_NAME = "NATF2"
@@ -167,10 +166,9 @@ def write_tiny_checkpoint(path: str | Path, seed: int = 0) -> list[Path]:
 
     cfg = read_config(root)  # with this Mimi's silence and sine codes
     cpu = torch.device("cpu")
-    temporal, depformer = load_lm(root, cfg, cpu, torch.float32)
-    lockstep = Lockstep(cfg.lm, temporal, depformer, 1, cpu)
+    temporal, _ = load_lm(root, cfg, cpu, torch.float32)
     clip = clip_codes(mimi, voice_clip(seed, cfg.mimi.sample_rate), cfg.mimi.sample_rate, cpu)
-    bundle = record_voice(lockstep, clip, cfg.mimi.frame_rate, VOICE_NAME)
+    bundle = record_voice(cfg.lm, temporal, clip, cfg.mimi.frame_rate, VOICE_NAME)
     voice = root / "voices" / f"{VOICE_NAME}.pt"
     save_voice_bundle(bundle, voice)
     return [config, mimi_config, lm_file, mimi_file, tokenizer, voice]

@@ -11,7 +11,7 @@ Design choices:
   K-weighting, 400 ms blocks with 75 % overlap, absolute and relative gates), cut into
   frames (the last zero-padded), then Mimi-encoded on a fresh stream (`clip_codes`).
 - `record_voice` makes a bundle from a clip's codes the way the reference saves one:
-  the voice ticks of a system prompt, run on a cold-started lockstep.
+  the voice ticks of a fresh stream's system prompt (planned: no slot is touched).
 - Every problem a user can cause is a `RequestError` that says what to change.
 """
 
@@ -29,9 +29,9 @@ from numpy.typing import NDArray
 
 from engine.errors import RequestError
 from engine.personaplex.config import LMConfig
-from engine.personaplex.lockstep import Lockstep
 from engine.personaplex.mimi import Mimi
-from engine.personaplex.prompt import Voice, system_prompt
+from engine.personaplex.prompt import Voice, plan, system_prompt
+from engine.personaplex.temporal import Temporal
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
 TARGET_LUFS = -24.0
@@ -176,17 +176,12 @@ def clip_codes(mimi: Mimi, pcm: NDArray[np.floating[Any]], sample_rate: int, dev
 
 
 @torch.no_grad()
-def record_voice(lockstep: Lockstep, codes: torch.Tensor, frame_rate: float, name: str) -> Voice:
+def record_voice(cfg: LMConfig, temporal: Temporal, codes: torch.Tensor, frame_rate: float, name: str) -> Voice:
     """A voice bundle from a clip's codes [frames, codebooks], as the reference saves one
-    (`save_voice_prompt_embeddings`): cold-starts `lockstep` before and after."""
-    voice_part = system_prompt(lockstep.cfg, frame_rate, Voice(name, frames=codes), [])[:len(codes)]
-    lockstep.cold_start()
-    idle = torch.zeros(lockstep.slots, lockstep.cfg.codebooks, dtype=torch.long, device=lockstep.device)
-    embeddings = []
-    for step in voice_part:  # the samples are all overwritten by forced tokens: any sampler will do
-        out = lockstep.tick(idle, [step] * lockstep.slots)
-        if out.ran and out.embeddings is not None:
-            embeddings.append(out.embeddings[0, 0].float())
-    cache = lockstep.ring[0].clone()
-    lockstep.cold_start()
-    return Voice(name, embeddings=torch.stack(embeddings), cache=cache)
+    (`save_voice_prompt_embeddings`): the model inputs of the voice ticks of a fresh stream, embedded,
+    and the staging ring after them (planned, prompt.py: every stream is forced, no model step runs)."""
+    steps = system_prompt(cfg, frame_rate, Voice(name, frames=codes), [])[:len(codes)]
+    voice = plan(cfg, steps)
+    device = temporal.text_linear.weight.device
+    embeddings = temporal.embed(voice.inputs.to(device))[:, 0].float()  # [frames - 1, D]
+    return Voice(name, embeddings=embeddings, cache=voice.ring.to(device))

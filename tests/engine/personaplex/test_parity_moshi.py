@@ -89,7 +89,7 @@ def test_depformer_greedy_codes_match_moshi(models):
     for t in range(6):
         hidden, _ = temporal(temporal.embed(tokens[:, :, t]), torch.full((B, 1), t))
         text = torch.randint(0, cfg.lm.text_card, (B,), generator=torch.Generator().manual_seed(t))
-        ours = depformer(hidden, text, none.long(), none, lambda logits: logits.argmax(-1))
+        ours = depformer(hidden, text, none.long(), none, lambda logits, _: logits.argmax(-1))
         assert torch.equal(ours, gen.depformer_step(text, hidden))
 
 
@@ -106,7 +106,7 @@ def test_teacher_forced_depformer_logits_match_moshi_training_pass(models):
     targets = torch.randint(0, cfg.lm.card, (B, S), generator=g)
     seen = []
 
-    def record(logits: torch.Tensor) -> torch.Tensor:
+    def record(logits: torch.Tensor, _: int) -> torch.Tensor:
         seen.append(logits)
         return logits.argmax(-1)
 

@@ -1,0 +1,195 @@
+"""Decode attention over a ring of past keys and values: one query per row, float8 or bfloat16 ring.
+
+    out = ring_attention(q, keys, values, key_scales, value_scales, positions, context)
+    # q [B, H, Dh]; keys, values [B, H, C, Dh] (float8_e4m3fn with float32 scales [B, H, C],
+    # or any float dtype with scales None); positions [B] (int64) -> out [B, H, Dh] in q's dtype
+
+The ring is PersonaPlex's (engine/personaplex/ring.py): position p lives in slot p % C,
+and the position slot j holds is recomputed from the query's own position q:
+held = q - ((q - j) mod C). A slot is visible when held >= 0 and q - held < context, or
+when it is the query's own (held == q, which keeps a row at position -1 defined).
+
+Design choices:
+- Split-K decoding (flash-decoding): each program owns one (row, head, split) and runs an
+  online softmax over its share of the ring in blocks of BLOCK_N slots, writing its max,
+  sum and weighted values; a second kernel combines the splits. Splits are chosen from
+  the batch so a lone conversation still spreads over the GPU's SMs.
+- Only the slots a row has written are read: before the ring wraps a row at position q
+  has slots 0..q, so a young conversation costs what its history holds, not the whole
+  ring; a row at position -1 (a slot between conversations) reads its own slot only.
+- Float8 keys and values are read as they are stored (one byte each) and scaled by their
+  per-vector scale in float32: the memory traffic, which is what a decode step costs,
+  is half of bfloat16's. Scores, softmax and sums are float32.
+- Masked scores are a large finite negative number, not -inf, so a block (or a split)
+  with nothing visible adds exactly zero instead of NaN.
+- `ring_attention_reference` is the plain-torch definition; tests hold the kernel to it
+  (in Triton's interpreter on a CPU, and on the GPU).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs have no Triton; only the reference runs there
+    triton = None
+    tl = None
+
+NEGATIVE = -1.0e30  # a masked score: exp(NEGATIVE - m) is 0 for any real m, and NEGATIVE - NEGATIVE is 0
+BLOCK_N = 64  # ring slots per block
+TARGET_PROGRAMS = 512  # about four per SM of an H200 (132 SMs)
+MAX_SPLITS = 16
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
+
+
+# ─── torch reference ─────────────────────────────────────────────────────────
+
+
+def visible_slots(positions: torch.Tensor, capacity: int, context: int) -> torch.Tensor:
+    """bool [B, C]: which ring slots a query at positions [B] sees."""
+    q = positions[:, None]  # [B, 1]
+    slots = torch.arange(capacity, device=positions.device)
+    held = q - torch.remainder(q - slots, capacity)  # [B, C]
+    return ((held >= 0) & (q - held < context)) | (held == q)
+
+
+def ring_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                             key_scales: torch.Tensor | None, value_scales: torch.Tensor | None,
+                             positions: torch.Tensor, context: int) -> torch.Tensor:
+    """q [B, H, Dh], ring [B, H, C, Dh] (+ scales [B, H, C]), positions [B] -> [B, H, Dh] in q's dtype."""
+    k, v = keys.float(), values.float()
+    if key_scales is not None and value_scales is not None:
+        k, v = k * key_scales[..., None], v * value_scales[..., None]
+    scores = torch.einsum("bhd,bhcd->bhc", q.float(), k) / math.sqrt(q.shape[-1])  # [B, H, C]
+    visible = visible_slots(positions, keys.shape[2], context)[:, None]  # [B, 1, C]
+    weights = torch.softmax(scores.masked_fill(~visible, -torch.inf), dim=-1)
+    return torch.einsum("bhc,bhcd->bhd", weights, v).to(q.dtype)
+
+
+# ─── Triton ──────────────────────────────────────────────────────────────────
+
+if triton is not None:
+
+    @triton.jit
+    def _block(first, stop, position, capacity, context, sm_scale, q, m, total, acc,
+               k_row, v_row, ks_row, vs_row, stride_kc, stride_vc,
+               DH: tl.constexpr, BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr):
+        """The online softmax over ring slots first .. first + BLOCK (those below `stop`)."""
+        d = tl.arange(0, DH)
+        slot = first + tl.arange(0, BLOCK)  # [BLOCK]
+        inside = slot < stop
+        held = position - (position - slot + capacity) % capacity  # position >= -1, slot < C
+        seen = inside & (((held >= 0) & (position - held < context)) | (held == position))
+        k = tl.load(k_row + slot[:, None] * stride_kc + d[None, :], mask=inside[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_row + slot[:, None] * stride_vc + d[None, :], mask=inside[:, None], other=0.0).to(tl.float32)
+        if HAS_SCALE:
+            k = k * tl.load(ks_row + slot, mask=inside, other=0.0)[:, None]
+            v = v * tl.load(vs_row + slot, mask=inside, other=0.0)[:, None]
+        score = tl.where(seen, tl.sum(k * q[None, :], 1) * sm_scale, NEGATIVE)  # [BLOCK]
+        new_m = tl.maximum(m, tl.max(score, 0))
+        alpha = tl.exp(m - new_m)
+        p = tl.where(seen, tl.exp(score - new_m), 0.0)
+        return new_m, total * alpha + tl.sum(p, 0), acc * alpha + tl.sum(p[:, None] * v, 0)
+
+    @triton.jit
+    def _split_kernel(
+        q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, part_ptr,
+        stride_qb, stride_qh, stride_kb, stride_kh, stride_kc, stride_vb, stride_vh, stride_vc,
+        stride_sb, stride_sh, stride_tb, stride_th,
+        capacity, context, sm_scale,
+        H: tl.constexpr, DH: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr,
+        DYNAMIC: tl.constexpr, STATIC_BLOCKS: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1).to(tl.int64)
+        split = tl.program_id(2)
+        d = tl.arange(0, DH)
+        q = tl.load(q_ptr + row * stride_qb + head * stride_qh + d).to(tl.float32)  # [DH]
+        position = tl.load(pos_ptr + row)
+        # The written slots: 0..min(q, C - 1) from position 0 on; at -1 only the last (its own).
+        lo = tl.where(position >= 0, 0, capacity - 1)
+        hi = tl.where(position >= 0, tl.minimum(position + 1, capacity), capacity)
+        share = tl.cdiv(tl.cdiv(hi - lo, SPLITS), BLOCK) * BLOCK
+        start = lo + split * share
+        stop = tl.minimum(start + share, hi)
+        k_row = k_ptr + row * stride_kb + head * stride_kh
+        v_row = v_ptr + row * stride_vb + head * stride_vh
+        ks_row = ks_ptr + row * stride_sb + head * stride_sh
+        vs_row = vs_ptr + row * stride_tb + head * stride_th
+        m = NEGATIVE
+        total = 0.0
+        acc = tl.zeros([DH], dtype=tl.float32)
+        if DYNAMIC:  # on the GPU: only the blocks this row has written
+            for first in range(start, stop, BLOCK):
+                m, total, acc = _block(first, stop, position, capacity, context, sm_scale, q, m, total, acc,
+                                       k_row, v_row, ks_row, vs_row, stride_kc, stride_vc, DH, BLOCK, HAS_SCALE)
+        else:  # Triton's interpreter cannot loop to a loaded bound: every block, masked
+            for i in range(0, STATIC_BLOCKS):
+                m, total, acc = _block(start + i * BLOCK, stop, position, capacity, context, sm_scale, q, m, total,
+                                       acc, k_row, v_row, ks_row, vs_row, stride_kc, stride_vc, DH, BLOCK,
+                                       HAS_SCALE)
+        out = part_ptr + ((row * H + head) * SPLITS + split) * (DH + 2)
+        tl.store(out + d, acc)
+        tl.store(out + DH, m)
+        tl.store(out + DH + 1, total)
+
+    @triton.jit
+    def _combine_kernel(part_ptr, out_ptr, stride_ob, stride_oh,
+                        H: tl.constexpr, DH: tl.constexpr, SPLITS: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1).to(tl.int64)
+        d = tl.arange(0, DH)
+        s = tl.arange(0, SPLITS)
+        base = part_ptr + (row * H + head) * SPLITS * (DH + 2)
+        m = tl.load(base + s * (DH + 2) + DH)  # [SPLITS]
+        total = tl.load(base + s * (DH + 2) + DH + 1)
+        acc = tl.load(base + s[:, None] * (DH + 2) + d[None, :])  # [SPLITS, DH]
+        weight = tl.exp(m - tl.max(m, 0))
+        denominator = tl.sum(total * weight, 0)
+        value = tl.sum(acc * weight[:, None], 0) / tl.where(denominator > 0, denominator, 1.0)
+        tl.store(out_ptr + row * stride_ob + head * stride_oh + d, value.to(out_ptr.dtype.element_ty))
+
+
+def splits_for(batch: int, heads: int) -> int:
+    """Programs per (row, head): enough to fill the GPU when the batch is small (a power of two)."""
+    wanted = max(1, min(MAX_SPLITS, TARGET_PROGRAMS // max(1, batch * heads)))
+    return 1 << (wanted.bit_length() - 1)
+
+
+def ring_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          key_scales: torch.Tensor | None, value_scales: torch.Tensor | None,
+                          positions: torch.Tensor, context: int) -> torch.Tensor:
+    """`ring_attention_reference` as two Triton launches (no host sync: capturable)."""
+    B, H, C, DH = keys.shape
+    assert q.shape == (B, H, DH) and values.shape == keys.shape and positions.shape == (B,)
+    assert keys.stride(-1) == 1 and values.stride(-1) == 1 and q.stride(-1) == 1 and DH == triton.next_power_of_2(DH)
+    splits = splits_for(B, H)
+    part = torch.empty(B, H, splits, DH + 2, dtype=torch.float32, device=q.device)
+    out = torch.empty(B, H, DH, dtype=q.dtype, device=q.device)
+    has_scale = key_scales is not None
+    ks = key_scales if key_scales is not None else part  # unused when not has_scale
+    vs = value_scales if value_scales is not None else part
+    _split_kernel[(B, H, splits)](
+        q, keys, values, ks, vs, positions, part,
+        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
+        values.stride(0), values.stride(1), values.stride(2),
+        ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
+        C, context, 1.0 / math.sqrt(DH),
+        H=H, DH=DH, SPLITS=splits, BLOCK=BLOCK_N, HAS_SCALE=has_scale, DYNAMIC=not INTERPRETED,
+        STATIC_BLOCKS=triton.cdiv(triton.cdiv(C, splits), BLOCK_N) if INTERPRETED else 0, num_warps=4,
+    )
+    _combine_kernel[(B, H)](part, out, out.stride(0), out.stride(1), H=H, DH=DH, SPLITS=splits, num_warps=1)
+    return out
+
+
+def ring_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   key_scales: torch.Tensor | None, value_scales: torch.Tensor | None,
+                   positions: torch.Tensor, context: int) -> torch.Tensor:
+    """The kernel on CUDA, the reference elsewhere."""
+    run = ring_attention_kernel if q.is_cuda and triton is not None else ring_attention_reference
+    return run(q, keys, values, key_scales, value_scales, positions, context)

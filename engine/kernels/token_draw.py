@@ -1,0 +1,77 @@
+"""PersonaPlex's token draw as one Triton launch per call, after one sort: top-k Gumbel-max.
+
+    tokens = draw_kernel(logits, temperature, top_k, seed, counter, stream)   # [B] int64
+
+The definition is `engine.personaplex.sampling.draw_reference`: among the logits >= the
+row's k-th largest, argmax(logits / T + Gumbel noise), the noise counter-based
+(draws.py: Philox keyed by the row's seed, its counter, the stream and the candidate's
+id); a temperature of 0 takes the argmax of the logits.
+
+Design choices:
+- The k-th largest logit comes from one torch sort (any top_k per row, no cap); the
+  kernel does the rest in one pass over the row: the noise for every candidate (hundreds
+  of small integer ops in torch, each a launch), the division, the mask and both argmaxes.
+- Scores are float64, as in the reference, so kernel and reference pick the same token
+  except on an exact tie of two float64 scores. Ties go to the lower id, as torch's argmax.
+- One program per row, the row in blocks of BLOCK: the text vocabulary (32,000) is a
+  loop of 32 blocks, an audio codebook (2,048) two.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    from engine.kernels.draws import gumbel
+except ImportError:  # CPU installs have no Triton
+    triton = None
+    tl = None
+
+BLOCK = 1024
+
+if triton is not None:
+
+    @triton.jit
+    def _draw_kernel(logits_ptr, kth_ptr, temperature_ptr, seed_ptr, counter_ptr, out_ptr, stride, stream,
+                     V: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        kth = tl.load(kth_ptr + row)
+        temperature = tl.load(temperature_ptr + row)
+        t = tl.where(temperature > 0, temperature, 1.0).to(tl.float64)
+        seed = tl.load(seed_ptr + row)
+        counter = tl.load(counter_ptr + row)
+        best_score = -float("inf")
+        best = 0
+        top_logit = -float("inf")
+        top = 0
+        for first in range(0, V, BLOCK):
+            index = first + tl.arange(0, BLOCK)
+            inside = index < V
+            x = tl.load(logits_ptr + row * stride + index, mask=inside, other=-float("inf"))
+            score = tl.where(inside & (x >= kth), x.to(tl.float64) / t + gumbel(seed, counter, stream, index),
+                             -float("inf"))
+            block_best = tl.max(score, 0)
+            block_index = first + tl.argmax(score, 0)
+            better = block_best > best_score  # strictly: an earlier block wins a tie
+            best = tl.where(better, block_index, best)
+            best_score = tl.where(better, block_best, best_score)
+            block_top = tl.max(x, 0)
+            higher = block_top > top_logit
+            top = tl.where(higher, first + tl.argmax(x, 0), top)
+            top_logit = tl.where(higher, block_top, top_logit)
+        tl.store(out_ptr + row, tl.where(temperature > 0, best, top).to(tl.int64))
+
+
+def draw_kernel(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, seed: torch.Tensor,
+                counter: torch.Tensor, stream: int) -> torch.Tensor:
+    """`draw_reference` as a sort and one Triton launch (no host sync: capturable)."""
+    B, V = logits.shape
+    logits = logits.float().contiguous()
+    kth = logits.sort(dim=-1, descending=True).values.gather(-1, (top_k.clamp(1, V) - 1)[:, None])[:, 0]  # [B]
+    out = torch.empty(B, dtype=torch.long, device=logits.device)
+    _draw_kernel[(B,)](logits, kth.contiguous(), temperature.float().contiguous(), seed.contiguous(),
+                       counter.contiguous(), out, logits.stride(0), stream, V=V, BLOCK=BLOCK, num_warps=4)
+    return out
