@@ -74,6 +74,12 @@ def start_conversation_loop(settings: Settings) -> ConversationLoop:
     """Load the PersonaPlex engine for `/converse` on its own thread (raises what loading raised)."""
     def load() -> PersonaPlex:
         checkpoint = None if settings.conversation == "demo" else settings.conversation
+        if settings.conversation_random is not None:  # released size: random weights made on the GPU
+            from engine.device import pick_device
+            from engine.personaplex.random_weights import random_engine, random_parts
+
+            parts = random_parts(settings.conversation_random, pick_device(settings.device))
+            return random_engine(parts, slots=settings.conversation_slots)
         device = "cpu" if checkpoint is None and settings.device == "auto" else settings.device
         return PersonaPlex.load(checkpoint, device=device, slots=settings.conversation_slots)
 

@@ -37,6 +37,7 @@ class Settings:
     static_dir: Path = FRONTEND_DIST
     conversation: Path | str | None = None  # a PersonaPlex checkpoint for /converse; "demo": the tiny one; None: off
     conversation_slots: int = 2  # conversations at once
+    conversation_random: str | None = None  # PersonaPlex with random weights of this size ("released", "tiny")
 
     @property
     def database(self) -> Path | str:

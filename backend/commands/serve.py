@@ -4,7 +4,9 @@ The engine is loaded and warmed up before uvicorn starts listening, so a bad che
 one-line error (exit 2) and the first visitor does not pay for compilation. Without
 `--checkpoint` the tiny random-weight demo checkpoint runs on the CPU, and the log says so;
 `--random-weights --preset full` serves the full-size model with random weights made on the
-GPU (the serving path measured without real weights), flagged as demo weights the same way.
+GPU (the serving path measured without real weights), flagged as demo weights the same way;
+with `--converse` too, PersonaPlex gets random weights of `--size` (released: the 7B model on
+the GPU, for `retake loadtest --converse`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--converse", nargs="?", const="demo", default=None, metavar="DIR",
                         help="also serve live conversations on /converse with PersonaPlex from DIR (a checkpoint "
                              "directory or repo id; without DIR: the tiny demo checkpoint with random weights)")
+    parser.add_argument("--size", choices=("released", "tiny"), default=None,
+                        help="with --random-weights and --converse: PersonaPlex's size (released: the 7B "
+                             "model with random weights made on the GPU, for load tests; labelled RANDOM like "
+                             "--preset; default released on a GPU, tiny on a CPU)")
     parser.add_argument("--converse-slots", type=int, default=2,
                         help="conversations at once, ticked together in one batch (default 2)")
     parser.add_argument("--drain-seconds", type=float, default=60.0,
@@ -138,8 +144,20 @@ def settings_from(args: argparse.Namespace) -> Settings:
     device = "cpu" if (demo or random_weights == "tiny") and args.device == "auto" else args.device
     if random_weights == "full" and device == "cpu":
         raise UsageError("--random-weights --preset full needs a GPU (--device cuda); use --preset tiny on a CPU")
+    conversation_random = None
+    if args.size is not None and not (args.random_weights and args.converse is not None):
+        raise UsageError("--size is PersonaPlex's size with --random-weights and --converse; give both or drop it")
+    if args.random_weights and args.converse is not None:
+        if args.converse != "demo":
+            raise UsageError("--random-weights and --converse DIR exclude each other; drop DIR for random weights")
+        import torch
+
+        on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+        conversation_random = args.size or ("tiny" if on_cpu else "released")
+        if conversation_random == "released" and on_cpu:
+            raise UsageError("--random-weights --size released needs a GPU (--device cuda); use --size tiny on a CPU")
     return Settings(data_dir=args.data_dir, database_url=args.database or None, checkpoint=args.checkpoint,
-                    random_weights=random_weights, device=device,
+                    random_weights=random_weights, device=device, conversation_random=conversation_random,
                     first_window_frames=args.first_window_frames, slots=args.slots, threads=args.threads,
                     prefix_cache_gib=args.prefix_cache_gib, prefix_cache_host_gib=args.prefix_cache_host_gib,
                     allow_origins=tuple(args.allow_origin),

@@ -2,21 +2,32 @@
 
 Design choices:
 - Real sizes without real weights: `--size released` builds the released configuration
-  (7.6B LM in bf16, Mimi in fp32) with random weights drawn on the device; routing-free
-  dense maths, so the timing is that of the real model. `--checkpoint DIR` times a
-  checkpoint instead (the tiny one by default with `--size tiny`).
-- Each slot count gets a fresh engine: `open` (the system prompt, timed), warm-up ticks,
-  then timed ticks of random user audio. A tick is encode + lockstep + decode, ended by
-  the host copy of the agent audio, so the wall time is the GPU time.
-- Prints a table and one JSON line; nothing is asserted.
+  (7.6B LM in bf16, Mimi in fp32) with random weights drawn on the device
+  (engine/personaplex/random_weights.py); dense maths, so the timing is that of the real
+  model. `--checkpoint DIR` times a checkpoint instead (the tiny one by default with
+  `--size tiny`).
+- The weights are built once; each slot count gets its own engine on them (its rings,
+  streams and graphs), which is closed and freed before the next (`engine.close()`), so
+  one process times every size.
+- Each slot count: `open` (every slot's system prompt, timed), then, by default, every
+  conversation is moved a whole context ahead (`--history full`: each tick reads a full
+  key/value ring, the cost of a call past its first four minutes), warm-up ticks, timed
+  ticks of random user audio.
+- A tick's time is CUDA events around it on the GPU (`gpu_ms`), and the host's wall time
+  to the agent audio in pinned memory (`tick_ms`); `--parts` captures encode, model and
+  decode as separate graphs and times each with events (host timers do not wait for the
+  GPU). The floor is the bytes a tick must read (weights, the rings it attends to) over
+  the copy bandwidth measured here. Released sizes print Kyutai's moshi 0.2.13 figures on
+  the same GPU beside ours (CUDA graphs, dep_q 16; docs/perf.md).
+- Prints a table, what a conversation costs in memory and how many fit, and one JSON line
+  (`--json FILE` writes it too); nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import math
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,8 +36,11 @@ if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     import torch
 
     from engine.personaplex.engine import PersonaPlex
+    from engine.personaplex.random_weights import Parts
 
 HELP = "PersonaPlex tick time (encode + Helium + depformer + decode) per slot count"
+MOSHI_MS = {1: 24.2, 8: 25.6, 32: 35.9, 64: 49.9}  # moshi 0.2.13 + CUDA graphs, released size, H200 (2026-12-03)
+FRAME_MS = 80.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,120 +51,175 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slots", type=int, nargs="+", default=[1], help="slot counts to time")
     parser.add_argument("--ticks", type=int, default=50, help="timed ticks per slot count")
     parser.add_argument("--warmup", type=int, default=5, help="untimed ticks first")
+    parser.add_argument("--history", choices=("full", "fresh"), default="full",
+                        help="full: every conversation a whole context in (each tick reads a full ring); "
+                             "fresh: right after the system prompt")
+    parser.add_argument("--kv", choices=("auto", "model", "float8"), default="auto",
+                        help="the key/value ring's dtype (auto: float8 on CUDA)")
+    parser.add_argument("--no-fused", action="store_true", help="the torch paths instead of the Triton kernels")
+    parser.add_argument("--parts", action="store_true", help="time encode, model and decode apart (CUDA events)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     parser.add_argument("--greedy", action="store_true", help="argmax instead of the reference sampling")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--json", type=Path, default=None, help="also write the JSON line to this file")
 
 
-def _randomize(module: torch.nn.Module, generator: torch.Generator) -> None:
-    """Random weights in place, scaled like the tiny checkpoint's (tiny.py)."""
+def copy_bandwidth(device: torch.device) -> float | None:
+    """Bytes per second of a 1 GiB device-to-device copy (read + write counted), or None on a CPU."""
     import torch
 
-    for name, p in module.named_parameters():
-        if name.endswith("alpha") or (".norm" in name and name.endswith("weight")):
-            p.data.fill_(1.0)
-        elif name.endswith(".bias"):
-            p.data.normal_(0.0, 0.05 if ".norm" not in name else 0.0, generator=generator)
-        elif name.endswith(".scale"):
-            p.data.fill_(0.01)
-        elif "emb" in name:
-            p.data.normal_(0.0, 1.0, generator=generator)
-        else:
-            fan_in = p.shape[-1] if p.dim() == 2 else p.shape[1] * p.shape[2]
-            p.data.normal_(0.0, 1 / math.sqrt(fan_in), generator=generator)
-    for name, b in module.named_buffers():
-        if name.endswith("codebooks"):
-            b.normal_(0.0, 1.0, generator=generator)
-    torch.nn.Module.eval(module)
+    if device.type != "cuda":
+        return None
+    a = torch.empty(2**30, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        b.copy_(a)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1000 / 5
+    del a, b
+    return 2 * 2**30 / seconds
 
 
-def random_engine(dev: torch.device, slots: int, greedy: bool, graphs: bool) -> PersonaPlex:
-    """The released configuration with random weights, built directly on the device."""
-    import sentencepiece
-    import torch
+def tick_bytes(engine: PersonaPlex, slots: int, history: int) -> int:
+    """Bytes one tick must read at least: every weight once, and each slot's key/value ring up to its history."""
+    lm = engine.cfg.lm
+    ring = engine.lockstep.temporal.transformer.layers[0].self_attn
+    per_position = 2 * lm.dim * ring.keys.dtype.itemsize + (2 * lm.num_heads * 4 if ring.float8 else 0)
+    weights = sum(p.nbytes for module in (engine.lockstep.temporal, engine.mimi) for p in module.parameters())
+    dep = engine.lockstep.depformer
+    steps = lm.codebooks  # the agent's 8 depformer steps run; each reads its own weights
+    weights += sum(p.nbytes for p in dep.parameters()) * steps // lm.depformer_steps
+    return int(weights + slots * lm.num_layers * min(history, lm.context) * per_position)
 
+
+def build(args: argparse.Namespace, dev: torch.device) -> Parts:
+    from engine.personaplex.random_weights import Parts, random_parts
+
+    if args.checkpoint is None and args.size == "released":
+        return random_parts("released", dev)
+    from engine.checkpoints import resolve_checkpoint
     from engine.device import model_dtype
-    from engine.personaplex.config import PersonaPlexConfig
-    from engine.personaplex.depformer import Depformer
-    from engine.personaplex.engine import PersonaPlex
-    from engine.personaplex.lockstep import Lockstep
-    from engine.personaplex.mimi import Mimi
-    from engine.personaplex.sampling import Sampling
-    from engine.personaplex.temporal import Temporal
-    from engine.personaplex.tiny import tiny_tokenizer_model
+    from engine.personaplex.checkpoint import HUB_PATTERNS, load_lm, load_mimi, load_tokenizer, read_config
+    from engine.personaplex.tiny import demo_checkpoint
 
-    cfg = PersonaPlexConfig.from_dicts({}, None)
-    dtype = model_dtype(dev)
-    generator = torch.Generator(dev).manual_seed(0)
-    with torch.device("meta"):
-        temporal, depformer, mimi = Temporal(cfg.lm), Depformer(cfg.lm), Mimi(cfg.mimi, cfg.lm.codebooks)
-    for module, kind in ((temporal, dtype), (depformer, dtype), (mimi, torch.float32)):
-        module.to_empty(device=dev)
-        module.to(kind)
-        _randomize(module, generator)
-    tokenizer = sentencepiece.SentencePieceProcessor(model_proto=tiny_tokenizer_model())
-    lockstep = Lockstep(cfg.lm, temporal, depformer, slots, dev, graphs=graphs)
-    root = Path(tempfile.mkdtemp(prefix="personaplex-bench-"))
-    return PersonaPlex(root, cfg, lockstep, mimi, tokenizer, dev, Sampling(greedy=greedy))
+    root = demo_checkpoint() if args.checkpoint is None else resolve_checkpoint(args.checkpoint, HUB_PATTERNS)
+    cfg = read_config(root)
+    temporal, depformer = load_lm(root, cfg, dev, model_dtype(dev))
+    return Parts(root, cfg, temporal, depformer, load_mimi(root, cfg, dev), load_tokenizer(root, cfg), dev)
 
 
-def run(args: argparse.Namespace) -> int:
+def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: float | None) -> dict[str, Any]:
+    """One slot count on its own engine, closed before returning."""
     import numpy as np
     import torch
 
-    from engine.device import pick_device
-    from engine.personaplex.engine import DEFAULT_PERSONA, PersonaPlex
+    from engine.personaplex.engine import DEFAULT_PERSONA
+    from engine.personaplex.random_weights import random_engine
     from engine.personaplex.sampling import Sampling
+
+    dev = parts.device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    engine = random_engine(parts, slots, Sampling(greedy=args.greedy), graphs=not args.eager, kv=args.kv,
+                           fused=not args.no_fused, parts_timed=args.parts)
+    try:
+        started = time.perf_counter()
+        engine.open(persona=DEFAULT_PERSONA, voice=None)
+        prefill_ms = (time.perf_counter() - started) * 1000
+        lm = engine.cfg.lm
+        history = int(engine.lockstep.local[0]) - 1
+        if args.history == "full":  # a whole context ahead, in whole staging-ring turns: every ring is full
+            ahead = -(-lm.context // lm.ring_columns) * lm.ring_columns
+            engine.lockstep.local += ahead
+            history += ahead
+        rng = np.random.default_rng(0)
+        rows: dict[str, list[float]] = {}
+        for i in range(args.warmup + args.ticks):
+            pcm = rng.uniform(-0.3, 0.3, (slots, engine.frame_size)).astype(np.float32)
+            engine.step(pcm)
+            if i >= args.warmup:
+                for name, value in engine.timings.items():
+                    rows.setdefault(name, []).append(value)
+        memory = engine.memory()
+        kv_dtype = str(engine.lockstep.temporal.transformer.layers[0].self_attn.keys.dtype).removeprefix("torch.")
+        floor_ms = tick_bytes(engine, slots, history + args.warmup + args.ticks) / bandwidth * 1000 \
+            if bandwidth else None
+        graphed = engine.ticks.graphed
+    finally:
+        engine.close()
+        del engine
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def mean(name: str) -> float | None:
+        values = rows.get(name)
+        return round(sum(values) / len(values), 2) if values else None
+
+    ticks = sorted(rows["gpu_ms"])
+    row: dict[str, Any] = {
+        "slots": slots, "device": dev.type, "graphs": graphed, "history": args.history,
+        "kv_dtype": kv_dtype, "prefill_ms": round(prefill_ms, 1),
+        "gpu_ms_mean": mean("gpu_ms"), "gpu_ms_p50": round(ticks[len(ticks) // 2], 2),
+        "gpu_ms_p95": round(ticks[min(len(ticks) - 1, int(0.95 * len(ticks)))], 2), "tick_ms_mean": mean("tick_ms"),
+        **{f"{part}_ms_mean": mean(f"{part}_ms") for part in ("encode", "model", "decode")},
+        "kv_gib_per_conversation": round(memory["kv_gib_per_conversation"], 4),
+        "mimi_gib_per_conversation": round(memory["mimi_gib_per_conversation"], 4),
+        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if dev.type == "cuda" else None,
+        "floor_ms": None if floor_ms is None else round(floor_ms, 2)}
+    row["realtime_factor"] = round(row["tick_ms_mean"] / FRAME_MS, 3)
+    if args.size == "released" and args.checkpoint is None and dev.type == "cuda" and slots in MOSHI_MS:
+        row["moshi_ms"] = MOSHI_MS[slots]
+        row["moshi_ratio"] = round(MOSHI_MS[slots] / row["gpu_ms_mean"], 2)  # > 1: faster than moshi
+    return row
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from engine.device import pick_device
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     dev = pick_device(args.device)
-    device = dev.type
-    rows: list[dict[str, Any]] = []  # one printed and JSON row per slot count
-    for slots in args.slots:
-        if args.checkpoint is None and args.size == "released":
-            engine = random_engine(dev, slots, args.greedy, graphs=not args.eager)
-        else:
-            engine = PersonaPlex.load(args.checkpoint, device=device, slots=slots,
-                                      sampling=Sampling(greedy=args.greedy), graphs=not args.eager)
-        started = time.perf_counter()
-        engine.open(persona=DEFAULT_PERSONA, voice=None)
-        prefill_ticks = engine.lockstep.phys
-        prefill_ms = (time.perf_counter() - started) * 1000
-        rng = np.random.default_rng(0)
-        ticks: list[float] = []
-        parts: dict[str, list[float]] = {"encode_ms": [], "model_ms": [], "decode_ms": []}
-        for i in range(args.warmup + args.ticks):
-            pcm = rng.uniform(-0.3, 0.3, (slots, engine.frame_size)).astype(np.float32)
-            started = time.perf_counter()
-            engine.step(pcm)
-            elapsed = (time.perf_counter() - started) * 1000
-            if i >= args.warmup:
-                ticks.append(elapsed)
-                for name in parts:
-                    parts[name].append(engine.timings[name])
-        ticks_sorted = sorted(ticks)
-        row = {"slots": slots, "device": device, "graphs": engine.lockstep.use_graphs,
-               "size": args.size if args.checkpoint is None else args.checkpoint,
-               "prefill_ticks": prefill_ticks, "prefill_ms": round(prefill_ms, 1),
-               "tick_ms_mean": round(sum(ticks) / len(ticks), 2),
-               "tick_ms_p50": round(ticks_sorted[len(ticks) // 2], 2),
-               "tick_ms_p95": round(ticks_sorted[min(len(ticks) - 1, int(0.95 * len(ticks)))], 2),
-               **{f"{k}_mean": round(sum(v) / len(v), 2) for k, v in parts.items()},
-               "peak_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if device == "cuda" else None}
-        row["realtime_factor"] = round(row["tick_ms_mean"] / (engine.frame_size / engine.sample_rate * 1000), 3)
-        rows.append(row)
-        del engine
-        if device == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-    print(f"{'slots':>5} {'tick ms':>8} {'p95':>7} {'encode':>7} {'model':>7} {'decode':>7} {'RTF':>6} "
-          f"{'prefill ms':>10}")
+    parts = build(args, dev)
+    weights_gib = sum(p.nbytes for m in (parts.temporal, parts.depformer, parts.mimi) for p in m.parameters()) / 2**30
+    bandwidth = copy_bandwidth(dev)
+    rows = [time_slots(args, parts, slots, bandwidth) for slots in args.slots]
+    size = args.size if args.checkpoint is None else args.checkpoint
+    print(f"personaplex {size} on {dev.type}: history {args.history}, key/value ring {rows[0]['kv_dtype']}, "
+          f"{'CUDA graphs' if rows[0]['graphs'] else 'eager'}{', demo weights' if parts.cfg.demo_weights else ''}")
+    print(f"{'slots':>5} {'tick ms':>8} {'p95':>7} {'host ms':>8} {'encode':>7} {'model':>7} {'decode':>7} "
+          f"{'floor':>6} {'moshi':>6} {'ratio':>6} {'RTF':>6} {'peak GiB':>8} {'prompt ms':>9}")
+
+    def cell(value: float | None, width: int, digits: int = 2) -> str:
+        return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
     for r in rows:
-        print(f"{r['slots']:>5} {r['tick_ms_mean']:>8.2f} {r['tick_ms_p95']:>7.2f} {r['encode_ms_mean']:>7.2f} "
-              f"{r['model_ms_mean']:>7.2f} {r['decode_ms_mean']:>7.2f} {r['realtime_factor']:>6.3f} "
-              f"{r['prefill_ms']:>10.1f}")
-    print(json.dumps({"bench": "personaplex", "rows": rows}))
+        print(f"{r['slots']:>5} {cell(r['gpu_ms_mean'], 8)} {cell(r['gpu_ms_p95'], 7)} {cell(r['tick_ms_mean'], 8)} "
+              f"{cell(r['encode_ms_mean'], 7)} {cell(r['model_ms_mean'], 7)} {cell(r['decode_ms_mean'], 7)} "
+              f"{cell(r['floor_ms'], 6)} {cell(r.get('moshi_ms'), 6, 1)} {cell(r.get('moshi_ratio'), 6)} "
+              f"{cell(r['realtime_factor'], 6, 3)} {cell(r['peak_gib'], 8)} {cell(r['prefill_ms'], 9, 1)}")
+    per = rows[0]["kv_gib_per_conversation"] + rows[0]["mimi_gib_per_conversation"]
+    line = (f"memory: weights {weights_gib:.2f} GiB; per conversation {per * 1024:.1f} MiB (key/value ring "
+            f"{rows[0]['kv_gib_per_conversation'] * 1024:.1f}, Mimi streams "
+            f"{rows[0]['mimi_gib_per_conversation'] * 1024:.1f})")
+    fits = None
+    if dev.type == "cuda":
+        total = torch.cuda.get_device_properties(dev).total_memory / 2**30
+        fits = int((total * 0.9 - weights_gib) // per)
+        line += f"; {fits} conversations fit in 90% of this GPU's {total:.0f} GiB"
+    print(line)
+    report = {"bench": "personaplex", "size": size, "weights_gib": round(weights_gib, 2),
+              "gib_per_conversation": round(per, 4), "conversations_fit": fits,
+              "bandwidth_gb_s": None if bandwidth is None else round(bandwidth / 1e9, 1), "rows": rows}
+    print(json.dumps(report))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

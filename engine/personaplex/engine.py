@@ -171,6 +171,7 @@ class PersonaPlex:
         """An engine of `slots` slots on loaded modules (their streams are set up anew)."""
         check_slots(slots)
         configure_rings(temporal, kv, fused and device.type == "cuda", device)
+        check_memory(cfg, temporal, slots, device)
         lockstep = Lockstep(cfg.lm, temporal, depformer, slots, device)
         return PersonaPlex(root, cfg, lockstep, mimi, tokenizer, device, sampling, graphs, parts)
 
@@ -386,6 +387,31 @@ def stream_bytes(module: torch.nn.Module) -> float:
                 if buffer.dim():
                     total, slots = total + buffer.nbytes, max(slots, buffer.shape[0])
     return total / slots
+
+
+def slot_bytes(cfg: PersonaPlexConfig, temporal: Temporal) -> int:
+    """Bytes of state one slot needs: Helium's key/value rings (as configured) and Mimi's streams."""
+    lm, mimi = cfg.lm, cfg.mimi
+    ring = temporal.transformer.layers[0].self_attn
+    dtype = ring.kv_dtype or ring.in_proj_weight.dtype
+    kv = lm.num_layers * 2 * lm.context * lm.dim * dtype.itemsize
+    if dtype == FP8:
+        kv += lm.num_layers * 2 * lm.context * lm.num_heads * 4  # float32 scales
+    codec = 2 * mimi.num_layers * 2 * mimi.context * mimi.d_model * 4  # encoder and decoder rings, float32
+    return kv + codec
+
+
+def check_memory(cfg: PersonaPlexConfig, temporal: Temporal, slots: int, device: torch.device) -> None:
+    """On a GPU: the slots' state must fit in free memory (with 10% for activations and graphs), or a
+    RequestError says how many slots fit, rather than an out-of-memory error mid-setup."""
+    if device.type != "cuda":
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    per_slot = slot_bytes(cfg, temporal)
+    if slots * per_slot * 1.1 > free:
+        raise RequestError(f"{slots} PersonaPlex slots need {slots * per_slot / 2**30:.1f} GiB of state "
+                           f"({per_slot / 2**30:.2f} GiB each), but {free / 2**30:.1f} GiB of the GPU are free: "
+                           f"use at most {int(free / 1.1 // per_slot)} slots")
 
 
 def check_slots(slots: int) -> None:
