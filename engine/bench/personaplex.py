@@ -79,7 +79,7 @@ def copy_bandwidth(device: torch.device) -> float | None:
         b.copy_(a)
     end.record()
     end.synchronize()
-    seconds = start.elapsed_time(end) / 1000 / 5
+    seconds: float = start.elapsed_time(end) / 1000 / 5
     del a, b
     return 2 * 2**30 / seconds
 
@@ -87,7 +87,7 @@ def copy_bandwidth(device: torch.device) -> float | None:
 def tick_bytes(engine: PersonaPlex, slots: int, history: int) -> int:
     """Bytes one tick must read at least: every weight once, and each slot's key/value ring up to its history."""
     lm = engine.cfg.lm
-    ring = engine.lockstep.temporal.transformer.layers[0].self_attn
+    ring = engine.lockstep.temporal.rings()[0]
     per_position = 2 * lm.dim * ring.keys.dtype.itemsize + (2 * lm.num_heads * 4 if ring.float8 else 0)
     weights = sum(p.nbytes for module in (engine.lockstep.temporal, engine.mimi) for p in module.parameters())
     dep = engine.lockstep.depformer
@@ -145,7 +145,7 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
                 for name, value in engine.timings.items():
                     rows.setdefault(name, []).append(value)
         memory = engine.memory()
-        kv_dtype = str(engine.lockstep.temporal.transformer.layers[0].self_attn.keys.dtype).removeprefix("torch.")
+        kv_dtype = str(engine.lockstep.temporal.rings()[0].keys.dtype).removeprefix("torch.")
         floor_ms = tick_bytes(engine, slots, history + args.warmup + args.ticks) / bandwidth * 1000 \
             if bandwidth else None
         graphed = engine.ticks.graphed

@@ -71,7 +71,7 @@ from engine.personaplex.prompt import (
     plan,
     system_prompt,
 )
-from engine.personaplex.ring import FP8, RingAttention
+from engine.personaplex.ring import FP8
 from engine.personaplex.sampling import Sampling
 from engine.personaplex.streaming import StreamingModule
 from engine.personaplex.temporal import Temporal
@@ -117,10 +117,9 @@ def configure_rings(temporal: Temporal, kv: str, fused: bool, device: torch.devi
     if kv not in KV_CHOICES:
         raise RequestError(f"kv must be one of {', '.join(KV_CHOICES)}; got {kv!r}")
     float8 = kv == "float8" or (kv == "auto" and device.type == "cuda")
-    for module in temporal.modules():
-        if isinstance(module, RingAttention):
-            module.kv_dtype = FP8 if float8 else None
-            module.fused = fused
+    for ring in temporal.rings():
+        ring.kv_dtype = FP8 if float8 else None
+        ring.fused = fused
 
 
 class PersonaPlex:
@@ -361,7 +360,7 @@ class PersonaPlex:
     def memory(self) -> dict[str, float]:
         """GiB of state per conversation (Helium's key/value rings, Mimi's streams) and of the weights."""
         gib = 2 ** 30
-        kv = sum(m.stream_bytes() for m in self.lockstep.temporal.modules() if isinstance(m, RingAttention))
+        kv = sum(ring.stream_bytes() for ring in self.lockstep.temporal.rings())
         weights = sum(p.nbytes for module in (self.lockstep.temporal, self.lockstep.depformer, self.mimi)
                       for p in module.parameters())
         return {"kv_gib_per_conversation": kv / gib, "mimi_gib_per_conversation": stream_bytes(self.mimi) / gib,
@@ -392,7 +391,7 @@ def stream_bytes(module: torch.nn.Module) -> float:
 def slot_bytes(cfg: PersonaPlexConfig, temporal: Temporal) -> int:
     """Bytes of state one slot needs: Helium's key/value rings (as configured) and Mimi's streams."""
     lm, mimi = cfg.lm, cfg.mimi
-    ring = temporal.transformer.layers[0].self_attn
+    ring = temporal.rings()[0]
     dtype = ring.kv_dtype or ring.in_proj_weight.dtype
     kv = lm.num_layers * 2 * lm.context * lm.dim * dtype.itemsize
     if dtype == FP8:

@@ -77,6 +77,10 @@ class Temporal(StreamingModule):
         x = x + embed_rows(self.text_emb.weight, tokens[:, 0])
         return x[:, None]
 
+    def rings(self) -> list[RingAttention]:
+        """Each layer's attention (its key/value ring)."""
+        return [cast(Layer, layer).self_attn for layer in self.transformer.layers]
+
     def trunk(self, x: torch.Tensor, positions: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
         """x [B, T, D] at positions [B, T] of the slots `rows` (default the first B) -> the last layer's [B, T, D]."""
         cfg = self.cfg

@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -141,7 +141,7 @@ class Ticks:
         self.host_tokens[:n] = self.lockstep.tokens[:n]
         return self.host_pcm[:n].numpy(), self.host_tokens[:n].numpy(), _timings(marks, stages)
 
-    def _run_cuda(self, stages: list[Callable[[int], None]], n: int,
+    def _run_cuda(self, stages: Sequence[Callable[[int], None]], n: int,
                   ) -> tuple[NDArray[np.float32], NDArray[np.int64], dict[str, float]]:
         events = self.events
         events[0].record()
@@ -161,7 +161,7 @@ class Ticks:
         return self.host_pcm[:n].numpy(), self.host_tokens[:n].numpy(), _timings(marks, stages)
 
 
-def _timings(marks: list[float], stages: list[Callable[[int], None]]) -> dict[str, float]:
+def _timings(marks: list[float], stages: Sequence[Callable[[int], None]]) -> dict[str, float]:
     """Milliseconds of the tick (`gpu_ms`) and, when its parts ran apart, of each part."""
     ms = [(b - a) * 1000 for a, b in itertools.pairwise(marks)]
     out = {"gpu_ms": sum(ms)}

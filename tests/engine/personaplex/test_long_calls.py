@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from engine.personaplex.engine import PersonaPlex

@@ -1,0 +1,126 @@
+"""On a GPU: the captured tick equals the eager tick (buckets, recycled and released slots, a ring that
+wraps), batched equals single with sampled draws, the fused kernels follow the torch paths, the
+released size captures and runs, and a closed engine gives its memory back."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.personaplex.engine import Frame, PersonaPlex
+from engine.personaplex.sampling import Sampling
+
+pytestmark = pytest.mark.gpu
+
+
+def audio(ticks: int, slots: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-0.3, 0.3, (ticks, slots, 1920)).astype(np.float32)
+
+
+def short_context(root: Path, slots: int, sampling: Sampling, **options: object) -> PersonaPlex:
+    """The tiny checkpoint on CUDA with a context of 16 frames: a few dozen ticks wrap the ring."""
+    from engine.personaplex.checkpoint import load_lm, load_mimi, load_tokenizer, read_config
+
+    cfg = read_config(root)
+    cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, context=16))
+    dev = torch.device("cuda")
+    temporal, depformer = load_lm(root, cfg, dev, torch.float32)  # float32: graph and eager agree to rounding
+    return PersonaPlex.build(root, cfg, temporal, depformer, load_mimi(root, cfg, dev), load_tokenizer(root, cfg),
+                             dev, slots, sampling, **options)  # type: ignore[arg-type]
+
+
+def conversation(engine: PersonaPlex, ticks: int) -> list[list[Frame | None]]:
+    """Slot 0 from the start, slot 5 from tick 10 to 30, slot 0 recycled at tick 40."""
+    frames = []
+    engine.start(0, persona="Hello", seed=3)
+    for tick, pcm in enumerate(audio(ticks, engine.slots, seed=0)):
+        if tick == 10:
+            engine.start(5, persona="Your name is Jane.", voice="NATF2", seed=4)
+        if tick == 30:
+            engine.release(5)
+        if tick == 40:
+            engine.start(0, persona="Hi", seed=5)
+        frames.append(engine.step(pcm))
+    return frames
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("kv", ["model", "float8"])
+def test_captured_ticks_equal_eager_ticks(personaplex_checkpoint: Path, kv: str):
+    runs = []
+    for graphs in (True, False):
+        engine = short_context(personaplex_checkpoint, 8, Sampling(seed=1), graphs=graphs, kv=kv)
+        assert engine.ticks.graphed == graphs
+        if graphs:  # every bucket captured, none left eager (graphs.py checks each for host reads)
+            assert all(not g.eager and len(g.graphs) == 4 for g in engine.ticks.graphs.values())
+        runs.append(conversation(engine, 70))
+        engine.close()
+    spoken = 0
+    for graphed, eager in zip(*runs):
+        for a, b in zip(graphed, eager):
+            assert (a is None) == (b is None)
+            if a is not None:
+                spoken += 1
+                assert np.array_equal(a.tokens, b.tokens)
+                np.testing.assert_allclose(a.pcm, b.pcm, atol=1e-4)
+    assert spoken > 80
+
+
+@torch.no_grad()
+def test_a_seeded_conversation_draws_the_same_alone_and_in_a_batch(personaplex_checkpoint: Path):
+    big = short_context(personaplex_checkpoint, 8, Sampling(seed=1))
+    alone = short_context(personaplex_checkpoint, 1, Sampling(seed=1))
+    big.start(2, persona="Hello", seed=11)
+    big.start(6, persona="Your name is Jane.", seed=7)
+    pcm = audio(40, 8, seed=1)
+    batched = [big.step(a)[6] for a in pcm]
+    alone.start(0, persona="Your name is Jane.", seed=7)
+    alone.step(pcm[0][6])  # its prompt is read at its first tick; slot 6's at big's second
+    for a, b in zip(batched[1:], (alone.step(p[6])[0] for p in pcm[1:])):
+        assert a is not None and b is not None
+        assert np.array_equal(a.tokens, b.tokens)
+        np.testing.assert_allclose(a.pcm, b.pcm, atol=1e-4)
+
+
+@torch.no_grad()
+def test_the_fused_kernels_follow_the_torch_paths(personaplex_checkpoint: Path):
+    """Helium's hidden states with the fused ring attention vs SDPA over the dequantised ring (float32 model)."""
+    runs = []
+    for fused in (True, False):
+        engine = short_context(personaplex_checkpoint, 2, Sampling(greedy=True), fused=fused, kv="float8")
+        temporal, cfg = engine.lockstep.temporal, engine.cfg.lm
+        x = torch.randn(2, 40, cfg.dim, generator=torch.Generator().manual_seed(0)).cuda()
+        temporal.setup_streams(2)
+        runs.append(torch.cat([temporal(x[:, t:t + 1], torch.full((2, 1), t, device="cuda"))[0]
+                               for t in range(40)], 1))
+        engine.close()
+    torch.testing.assert_close(runs[0], runs[1], rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_the_released_size_captures_runs_and_frees_its_memory():
+    from engine.personaplex.random_weights import random_engine, random_parts
+
+    parts = random_parts("released", torch.device("cuda"))
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for slots in (2, 4):
+        engine = random_engine(parts, slots, Sampling(seed=0))
+        assert engine.ticks.graphed and all(not g.eager for g in engine.ticks.graphs.values())
+        memory = engine.memory()
+        assert 0.7 < memory["kv_gib_per_conversation"] < 0.8  # float8: 32 layers x 2 x 3,000 x 4,096 + scales
+        engine.start(0, persona="You are a wise and friendly teacher.", voice="RANDOM", seed=1)
+        for pcm in audio(6, slots, seed=2):
+            frames = engine.step(pcm)
+        assert frames[0] is not None and np.isfinite(frames[0].pcm).all()
+        assert engine.timings["gpu_ms"] > 0 and engine.timings["bucket"] == 1
+        engine.close()
+        del engine, frames
+        gc.collect()
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_allocated() - before < 64 * 2**20  # every ring, stream and graph given back
