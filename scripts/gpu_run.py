@@ -21,9 +21,11 @@ that fails or runs out of time is recorded and the next one runs):
   retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off
 - numerics: `retake bench numerics`: compiled vs eager in float32, per experts path and TF32
 - kernels: `retake bench kernels` (when the kernels exist)
-- personaplex: `retake bench personaplex --size released` at 1, 8, 32, 64 slots
-- converse: `retake serve --converse --random-weights --size released` + `retake loadtest
-  --converse` (when serve has --size)
+- personaplex: `retake bench personaplex --size released` at 1, 8, 32, 64, 128 slots (a full
+  context each), then encode / model / decode apart (`--parts`) at 1 and 64
+- converse: `retake serve --converse --random-weights --size released --preset tiny
+  --converse-slots 128` (Drama 3 tiny: the GPU's memory is PersonaPlex's) + `retake loadtest
+  --converse` at 1, 64 (+ one joining), 128 conversations
 
 OUT gets at most 4 files: summary.json (everything measured, per stage), log.txt (each
 stage's output, its tail when long), server.log (the served engine's log), profile.txt
@@ -65,7 +67,7 @@ PY = sys.executable
 CLI = [PY, "-m", "backend.cli"]
 STAGES = ("env", "pytest", "serve", "takes", "retake", "numerics", "kernels", "personaplex", "converse")
 LIMITS_S = {"env": 30, "pytest": 200, "serve": 300, "takes": 240, "retake": 300, "numerics": 150, "kernels": 90,
-            "personaplex": 120, "converse": 150}
+            "personaplex": 80, "converse": 70}
 SMOKE_LIMITS_S = {name: 900 for name in STAGES}
 LOG_TAIL = 120_000  # characters of each stage's output kept in log.txt
 LOADS = ((1, 5), (8, 2), (32, 2), (64, 2))  # (sessions, takes each) against the full-size server
@@ -299,9 +301,10 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
     """A server of random weights; load tests against it while time allows; its log."""
     port = free_port()
     data_dir = WORK / f"data-{port}"
-    if converse:
-        argv = [*CLI, "serve", "--converse", "--random-weights", "--size", "tiny" if run.smoke else "released",
-                "--preset", "tiny", "--device", "cpu" if run.smoke else "cuda"]  # Drama 3 small beside it
+    if converse:  # Drama 3 tiny: the GPU's memory is for PersonaPlex's rings
+        argv = [*CLI, "serve", "--converse", "--random-weights", "--preset", "tiny", "--size",
+                "tiny" if run.smoke else "released", "--converse-slots", "2" if run.smoke else "128",
+                "--device", "cpu" if run.smoke else "cuda"]
     else:
         argv = [*CLI, "serve", "--random-weights", "--preset", "tiny" if run.smoke else "full",
                 "--device", "cpu" if run.smoke else "cuda"]
@@ -323,16 +326,21 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
                 raise StageTimeout
             time.sleep(1)
         data["health"], data["ready_s"] = found, round(time.monotonic() - started, 1)
-        if converse:
-            loads = [(1, 10.0), (8, 10.0)] if not run.smoke else [(1, 3.0)]
-            for sessions, seconds in loads:
+        if converse:  # (conversations, seconds, joining while they talk)
+            loads = [(1, 10.0, 0), (64, 10.0, 1), (128, 10.0, 0)] if not run.smoke else [(1, 3.0, 1)]
+            for sessions, seconds, joins in loads:
                 left = stage_end - time.monotonic()
                 if left < 30:
                     data["loads"].append({"sessions": sessions, "skipped": "out of time"})
                     continue
+                report = WORK / f"converse-{sessions}.json"
+                report.unlink(missing_ok=True)
                 talked = run.command([*CLI, "loadtest", "--converse", "--url", f"ws://127.0.0.1:{port}/ws",
-                                      "--sessions", str(sessions), "--seconds", str(seconds)], left - 10, log)
-                data["loads"].append({"sessions": sessions, "seconds": seconds, "exit_code": talked})
+                                      "--sessions", str(sessions), "--seconds", str(seconds), "--stagger-ms", "20",
+                                      "--join", str(joins), "--json", str(report)], left - 10, log)
+                row = read_json(report) or {"conversations": sessions}
+                row["exit_code"] = talked
+                data["loads"].append(row)
         else:
             tokens = "12" if run.smoke else "200"
             for sessions, takes in SMOKE_LOADS if run.smoke else LOADS:
@@ -416,11 +424,18 @@ def kernels_stage(run: Run, stage: Stage, log: Path) -> Json | None:
 
 
 def personaplex_stage(run: Run, stage: Stage, log: Path) -> Json:
-    size = ["--size", "tiny", "--device", "cpu", "--slots", "1", "--ticks", "3", "--warmup", "1"] if run.smoke \
-        else ["--size", "released", "--device", "cuda", "--slots", "1", "8", "32", "64", "--ticks", "50", "--warmup",
-              "5"]
-    checked(run, stage, [*CLI, "bench", "personaplex", *size], log)
-    return {"output": log.read_text(errors="replace")[-4000:]}
+    report, parts = WORK / "personaplex.json", WORK / "personaplex-parts.json"
+    if run.smoke:
+        sizes = [["--size", "tiny", "--device", "cpu", "--slots", "1", "2", "--ticks", "3", "--warmup", "1"]]
+    else:
+        sizes = [["--size", "released", "--device", "cuda", "--slots", "1", "8", "32", "64", "128", "--ticks", "50",
+                  "--warmup", "5"]]
+    data = bench_stage(run, stage, log, [*CLI, "bench", "personaplex", *sizes[0], "--json", str(report)], report)
+    apart = ["--size", "tiny", "--device", "cpu", "--slots", "1", "--ticks", "3", "--warmup", "1"] if run.smoke \
+        else ["--size", "released", "--device", "cuda", "--slots", "1", "64", "--ticks", "20", "--warmup", "3"]
+    data["parts"] = bench_stage(run, stage, log, [*CLI, "bench", "personaplex", *apart, "--parts", "--json",
+                                                  str(parts)], parts)
+    return data
 
 
 def converse_stage(run: Run, stage: Stage, log: Path) -> Json | None:

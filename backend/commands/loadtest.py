@@ -34,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resumes", type=int, default=50, help="with --resume: resumes per scene (default 50)")
     parser.add_argument("--seconds", type=float, default=10.0, help="with --converse: how long each user talks "
                                                                     "(default 10)")
+    parser.add_argument("--join", type=int, default=0, metavar="N",
+                        help="with --converse: N more conversations open one after another while the others talk "
+                             "(their system prompt time, and the others' tick latency meanwhile)")
+    parser.add_argument("--join-after", type=float, default=2.0, metavar="S",
+                        help="with --join: seconds after every first conversation listens (default 2)")
+    parser.add_argument("--join-every", type=float, default=1.0, metavar="S",
+                        help="with --join: seconds between joins (default 1)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,8 +59,12 @@ def run(args: argparse.Namespace) -> int:
 
         if not args.seconds > 0:
             raise UsageError("--seconds must be positive")
+        if args.join < 0 or args.join_after < 0 or args.join_every < 0:
+            raise UsageError("--join, --join-after and --join-every must be at least 0")
         url = args.url.removesuffix("/ws") + "/converse" if args.url.endswith("/ws") else args.url
-        return conversation_load.run(url, args.sessions, args.seconds, args.stagger_ms, args.token)
+        joins = conversation_load.Joins(args.join, args.join_after, args.join_every)
+        return conversation_load.run(url, args.sessions, args.seconds, args.stagger_ms, args.token, joins,
+                                     args.json)
     from backend.tools import loadtest
 
     return loadtest.run(loadtest.LoadTest(url=args.url, sessions=args.sessions, takes=args.takes,

@@ -14,6 +14,12 @@ measures on the client:
 It prints the system prompt time and p50 / p95 / p99 / max of both over all conversations,
 and how many conversations kept real time (no stall above 100 ms).
 
+With `joins` (`--join N`), N more conversations open one after another while the first ones
+talk (the first `join_after_s` after they all listen, then one every `join_every_s`): their
+system prompt time (open sent to listening) is a row of its own, and so is the tick latency
+of the talking conversations' frames sent while a join's system prompt was being read,
+which says whether the others keep their tick.
+
 Design choices:
 - The user audio is made here (`user_voice`: a wobbling tone with noise), so the test needs
   no recording; the tests use the same voice.
@@ -27,6 +33,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -37,10 +44,22 @@ from backend.transport import unpack_audio_frame
 @dataclass(frozen=True)
 class TalkStats:
     conversation: int
+    opened: float  # when converse.open was sent (monotonic)
     prompt_s: float  # converse.open sent -> listening
+    sent: list[float]  # when each user frame was sent (monotonic)
     latencies_s: list[float]  # per tick: user frame sent -> agent frame received
     longest_gap_s: float
+    joined: bool = False  # opened while the others talked
 
+
+@dataclass(frozen=True)
+class Joins:
+    """Conversations that open while the others talk (`--join`)."""
+
+    count: int = 0
+    after_s: float = 2.0  # after every first conversation listens
+    every_s: float = 1.0
+    seconds: float = 2.0  # how long each talks
 
 def user_voice(seconds: float, sample_rate: int, seed: int = 0) -> np.ndarray:
     """int16 [seconds * sample_rate]: a wobbling tone with noise, like a voice in the microphone."""
@@ -55,7 +74,9 @@ def user_frames(seconds: float, frame_samples: int, sample_rate: int, seed: int)
     return [pcm[k: k + frame_samples].tobytes() for k in range(0, len(pcm) - frame_samples + 1, frame_samples)]
 
 
-async def talk(index: int, url: str, seconds: float, stagger_s: float, token: str | None) -> TalkStats:
+async def talk(index: int, url: str, seconds: float, stagger_s: float, token: str | None,
+               listening: asyncio.Event | None = None, joined: bool = False) -> TalkStats:
+    """One conversation; `listening` is set once it listens."""
     import websockets
 
     await asyncio.sleep(index * stagger_s)
@@ -69,6 +90,8 @@ async def talk(index: int, url: str, seconds: float, stagger_s: float, token: st
         while json.loads(await socket.recv()).get("type") != "converse.listening":
             pass
         prompt_s = time.monotonic() - opened
+        if listening is not None:
+            listening.set()
         frame_samples, rate = int(ready["frame_samples"]), int(ready["sample_rate"])
         frames = user_frames(seconds, frame_samples, rate, seed=index)
         tick_s = frame_samples / rate
@@ -94,35 +117,69 @@ async def talk(index: int, url: str, seconds: float, stagger_s: float, token: st
                     raise RuntimeError(message)
 
         await asyncio.gather(send(), receive())
-    return TalkStats(index, prompt_s, [a - s for s, a in zip(sent, arrived)],
-                     longest_stall(arrived, [tick_s] * len(arrived)))
+    return TalkStats(index, opened, prompt_s, sent, [a - s for s, a in zip(sent, arrived)],
+                     longest_stall(arrived, [tick_s] * len(arrived)), joined)
 
 
-def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: str | None) -> int:
+def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: str | None,
+        joins: Joins = Joins(), report: Path | None = None) -> int:
     results: list[TalkStats] = []
     failures: list[str] = []
+    listening = [asyncio.Event() for _ in range(conversations)]
 
-    async def one(index: int) -> None:
+    async def one(index: int, joined: bool = False) -> None:
         try:
-            results.append(await talk(index, url, seconds, stagger_ms / 1000, token))
+            if joined:  # once the others all talk, one after another
+                await asyncio.gather(*(event.wait() for event in listening))
+                await asyncio.sleep(joins.after_s + (index - conversations) * joins.every_s)
+                results.append(await talk(index, url, joins.seconds, 0.0, token, joined=True))
+            else:
+                results.append(await talk(index, url, seconds, stagger_ms / 1000, token, listening[index]))
         except Exception as error:  # noqa: BLE001 - reported, and the other conversations go on
             failures.append(f"conversation {index}: {type(error).__name__}: {error}")
+            if not joined:
+                listening[index].set()
 
     async def main() -> float:
         started = time.monotonic()
-        await asyncio.gather(*(one(i) for i in range(conversations)))
+        await asyncio.gather(*(one(i) for i in range(conversations)),
+                             *(one(conversations + j, joined=True) for j in range(joins.count)))
         return time.monotonic() - started
 
     wall = asyncio.run(main())
-    latencies = [value for r in results for value in r.latencies_s]
-    gaps = [r.longest_gap_s for r in results]
-    print(f"{conversations} conversations x {seconds:g} s of talking against {url}: {len(results)} done "
-          f"in {wall:.1f} s")
+    talkers = [r for r in results if not r.joined]
+    joiners = [r for r in results if r.joined]
+    latencies = [value for r in talkers for value in r.latencies_s]
+    gaps = [r.longest_gap_s for r in talkers]
+    windows = [(r.opened, r.opened + r.prompt_s) for r in joiners]
+    during = [value for r in talkers for sent, value in zip(r.sent, r.latencies_s)
+              if any(start <= sent <= end for start, end in windows)]
+    print(f"{conversations} conversations x {seconds:g} s of talking against {url}: {len(talkers)} done "
+          f"in {wall:.1f} s" + (f"; {len(joiners)} of {joins.count} joined while they talked" if joins.count else ""))
     print(f"{'ms':28} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}")
-    print(f"{'system prompt':28} {percentiles([r.prompt_s for r in results])}")
+    print(f"{'system prompt':28} {percentiles([r.prompt_s for r in talkers])}")
     print(f"{'tick latency':28} {percentiles(latencies)}")
     print(f"{'longest gap vs playback':28} {percentiles(gaps)}")
+    if joins.count:
+        print(f"{'system prompt, joining':28} {percentiles([r.prompt_s for r in joiners])}")
+        print(f"{'tick latency during joins':28} {percentiles(during)}")
     print(f"conversations that kept real time (no gap above 100 ms): {sum(g <= 0.1 for g in gaps)} of {len(gaps)}")
     for failure in failures:
         print(f"FAILED {failure}")
+    if report is not None:
+        report.write_text(json.dumps({
+            "conversations": conversations, "seconds": seconds, "wall_s": round(wall, 2), "joins": joins.count,
+            "prompt_ms": ms([r.prompt_s for r in talkers]), "tick_latency_ms": ms(latencies),
+            "longest_gap_ms": ms(gaps), "joining_prompt_ms": ms([r.prompt_s for r in joiners]),
+            "tick_latency_during_joins_ms": ms(during), "kept_real_time": sum(g <= 0.1 for g in gaps),
+            "failures": failures}, indent=1) + "\n")
     return 1 if failures else 0
+
+
+def ms(values: list[float]) -> dict[str, float] | None:
+    """p50, p95, p99 and max in milliseconds, or None."""
+    if not values:
+        return None
+    p50, p95, p99 = np.percentile(np.array(values), [50, 95, 99])
+    return {"p50": round(float(p50) * 1000, 1), "p95": round(float(p95) * 1000, 1),
+            "p99": round(float(p99) * 1000, 1), "max": round(max(values) * 1000, 1)}

@@ -125,7 +125,7 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     engine = random_engine(parts, slots, Sampling(greedy=args.greedy), graphs=not args.eager, kv=args.kv,
-                           fused=not args.no_fused, parts_timed=args.parts)
+                           fused=not args.no_fused, parts_timed=args.parts, buckets=[slots])  # the one it times
     try:
         started = time.perf_counter()
         engine.open(persona=DEFAULT_PERSONA, voice=None)

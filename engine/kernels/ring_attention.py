@@ -40,7 +40,6 @@ except ImportError:  # CPU installs have no Triton; only the reference runs ther
     triton = None
     tl = None
 
-NEGATIVE = -1.0e30  # a masked score: exp(NEGATIVE - m) is 0 for any real m, and NEGATIVE - NEGATIVE is 0
 BLOCK_N = 64  # ring slots per block
 TARGET_PROGRAMS = 512  # about four per SM of an H200 (132 SMs)
 MAX_SPLITS = 16
@@ -74,6 +73,7 @@ def ring_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.
 # ─── Triton ──────────────────────────────────────────────────────────────────
 
 if triton is not None:
+    NEGATIVE = tl.constexpr(-1.0e30)  # a masked score: exp(NEGATIVE - m) is 0 for any real m, NEGATIVE - NEGATIVE 0
 
     @triton.jit
     def _block(first, stop, position, capacity, context, sm_scale, q, m, total, acc,
@@ -121,8 +121,9 @@ if triton is not None:
         v_row = v_ptr + row * stride_vb + head * stride_vh
         ks_row = ks_ptr + row * stride_sb + head * stride_sh
         vs_row = vs_ptr + row * stride_tb + head * stride_th
-        m = NEGATIVE
-        total = 0.0
+        zero = position.to(tl.float32) * 0.0  # loop-carried scalars start as float32 tensors, not constants
+        m = zero + NEGATIVE
+        total = zero
         acc = tl.zeros([DH], dtype=tl.float32)
         if DYNAMIC:  # on the GPU: only the blocks this row has written
             for first in range(start, stop, BLOCK):

@@ -43,10 +43,11 @@ if triton is not None:
         t = tl.where(temperature > 0, temperature, 1.0).to(tl.float64)
         seed = tl.load(seed_ptr + row)
         counter = tl.load(counter_ptr + row)
-        best_score = -float("inf")
-        best = 0
-        top_logit = -float("inf")
-        top = 0
+        zero = temperature * 0.0  # loop-carried scalars start as tensors of their types, not constants
+        best_score = zero.to(tl.float64) - float("inf")
+        best = zero.to(tl.int32)
+        top_logit = zero - float("inf")
+        top = zero.to(tl.int32)
         for first in range(0, V, BLOCK):
             index = first + tl.arange(0, BLOCK)
             inside = index < V

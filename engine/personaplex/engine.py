@@ -126,7 +126,8 @@ class PersonaPlex:
     name = "personaplex"
 
     def __init__(self, root: Path, cfg: PersonaPlexConfig, lockstep: Lockstep, mimi: Mimi, tokenizer: TextTokenizer,
-                 device: torch.device, sampling: Sampling, graphs: bool = True, parts: bool = False) -> None:
+                 device: torch.device, sampling: Sampling, graphs: bool = True, parts: bool = False,
+                 buckets: list[int] | None = None) -> None:
         self.root = root
         self.cfg = cfg
         self.lockstep = lockstep
@@ -146,7 +147,7 @@ class PersonaPlex:
         self.prompts: dict[int, _Prompt] = {}  # slot -> its system prompt being read
         self.live: set[int] = set()  # slots in a conversation past their system prompt
         mimi.setup_streams(self.slots)
-        self.ticks = Ticks(mimi, lockstep, self.silence, device, graphs=graphs, parts=parts)
+        self.ticks = Ticks(mimi, lockstep, self.silence, device, graphs=graphs, parts=parts, buckets=buckets)
         lockstep.sampling.set(slice(None), self.sampling)
 
     @staticmethod
@@ -166,13 +167,15 @@ class PersonaPlex:
     @staticmethod
     def build(root: Path, cfg: PersonaPlexConfig, temporal: Temporal, depformer: Depformer, mimi: Mimi,
               tokenizer: TextTokenizer, device: torch.device, slots: int, sampling: Sampling, graphs: bool = True,
-              kv: str = "auto", fused: bool = True, parts: bool = False) -> PersonaPlex:
-        """An engine of `slots` slots on loaded modules (their streams are set up anew)."""
+              kv: str = "auto", fused: bool = True, parts: bool = False,
+              buckets: list[int] | None = None) -> PersonaPlex:
+        """An engine of `slots` slots on loaded modules (their streams are set up anew); `buckets`: the batch
+        sizes a tick may run (default 1, 2, 4, ... slots)."""
         check_slots(slots)
         configure_rings(temporal, kv, fused and device.type == "cuda", device)
         check_memory(cfg, temporal, slots, device)
         lockstep = Lockstep(cfg.lm, temporal, depformer, slots, device)
-        return PersonaPlex(root, cfg, lockstep, mimi, tokenizer, device, sampling, graphs, parts)
+        return PersonaPlex(root, cfg, lockstep, mimi, tokenizer, device, sampling, graphs, parts, buckets)
 
     @property
     def limits(self) -> dict[str, int]:

@@ -53,10 +53,10 @@ def buckets_for(slots: int) -> list[int]:
 
 class Ticks:
     def __init__(self, mimi: Mimi, lockstep: Lockstep, silence: torch.Tensor, device: torch.device,
-                 graphs: bool, parts: bool = False) -> None:
+                 graphs: bool, parts: bool = False, buckets: list[int] | None = None) -> None:
         B, size, cb, K = lockstep.slots, mimi.frame_size, mimi.codebooks, lockstep.cfg.rows
         self.mimi, self.lockstep, self.silence, self.device = mimi, lockstep, silence, device
-        self.buckets = buckets_for(B)
+        self.buckets = sorted({*(buckets or buckets_for(B)), B})  # the whole batch is always one
         cuda = device.type == "cuda"
         self.pcm_in = torch.zeros(B, size, device=device)
         self.codes = torch.zeros(B, cb, dtype=torch.long, device=device)

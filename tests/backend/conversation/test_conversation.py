@@ -232,17 +232,21 @@ def test_a_server_without_conversations_says_so(server: LiveServer) -> None:
     run(main())
 
 
+def wait_until_idle(server: LiveServer) -> None:
+    for _ in range(100):  # the earlier tests' conversations free their slots just after they close
+        with urllib.request.urlopen(f"{server.http}/metrics", timeout=30) as response:
+            if "retake_conversations 0\n" in response.read().decode():
+                return
+        time.sleep(0.05)
+
+
 def test_loadtest_talks_in_real_time_and_reports(talk_server: LiveServer, capsys: pytest.CaptureFixture[str],
                                                  ) -> None:
     """`retake loadtest --converse`: every conversation's ticks come back in order and are reported;
     a conversation past the slots is a reported failure, not a crash."""
     from backend.cli import main
 
-    for _ in range(100):  # the earlier tests' conversations free their slots just after they close
-        with urllib.request.urlopen(f"{talk_server.http}/metrics", timeout=30) as response:
-            if "retake_conversations 0\n" in response.read().decode():
-                break
-        time.sleep(0.05)
+    wait_until_idle(talk_server)
     url = talk_server.converse.removesuffix("/converse") + "/ws"
     assert main(["loadtest", "--converse", "--url", url, "--sessions", str(SLOTS), "--seconds", "1"]) == 0
     out = capsys.readouterr().out
@@ -253,6 +257,27 @@ def test_loadtest_talks_in_real_time_and_reports(talk_server: LiveServer, capsys
                  "--stagger-ms", "300"]) == 1
     out = capsys.readouterr().out
     assert f"FAILED conversation {SLOTS}: RuntimeError: busy: all {SLOTS} conversation slots are in use" in out
+
+
+
+def test_loadtest_measures_a_join_while_the_others_talk(talk_server: LiveServer, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--join 1`: one more conversation opens while the first talks; its system prompt and the
+    talker's tick latency meanwhile are reported, on the terminal and in --json."""
+    from backend.cli import main
+
+    wait_until_idle(talk_server)
+    url = talk_server.converse.removesuffix("/converse") + "/ws"
+    report = tmp_path / "converse.json"
+    assert main(["loadtest", "--converse", "--url", url, "--sessions", "1", "--seconds", "3", "--join", "1",
+                 "--join-after", "0.5", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 1 joined while they talked" in out
+    assert "system prompt, joining" in out and "tick latency during joins" in out
+    data = json.loads(report.read_text())
+    assert data["joins"] == 1 and data["failures"] == [] and data["kept_real_time"] in (0, 1)
+    assert data["joining_prompt_ms"]["p50"] > 0 and data["tick_latency_ms"]["p99"] > 0
+    assert data["tick_latency_during_joins_ms"] is not None  # the talker sent frames during the join
 
 
 def wav_file(pcm: np.ndarray, rate: int) -> str:
