@@ -19,7 +19,10 @@ Design choices:
   Streams: 0 the text token, 1 + t the depformer's step t.
 - `draw_reference` below is the definition; on CUDA the fused kernel
   (engine/kernels/token_draw.py) computes the same from one sort, without the hundreds of
-  small integer ops the Philox reference takes in torch.
+  small integer ops the Philox reference takes in torch. On a CPU, where each torch op
+  costs microseconds of dispatch, the same Philox words are computed in numpy
+  (`gumbel_numpy`: the same words, the noise within an ulp of the reference's log): the CPU
+  demo keeps its tick.
 - A seed that is not given is drawn from the OS at `set` time, so unseeded
   conversations differ.
 """
@@ -33,9 +36,11 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.errors import RequestError
+from engine.kernels import draws
 from engine.kernels.draws import gumbel_reference
 
 log = logging.getLogger("retake.personaplex")
@@ -78,6 +83,32 @@ def draw_reference(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     return torch.where(temperature > 0, score.argmax(-1), logits.argmax(-1))
 
 
+def gumbel_numpy(seed: torch.Tensor, counter: torch.Tensor, stream: int, columns: int) -> torch.Tensor:
+    """`gumbel_reference(seed, counter, stream, arange(columns))` [B, columns] float64, in numpy (CPU)."""
+    mask = np.uint64(draws.MASK32)
+    key = seed.numpy().astype(np.uint64)[:, None]  # [B, 1]
+    step = counter.numpy().astype(np.uint64)[:, None]
+    k0, k1 = key & mask, key >> np.uint64(32)
+    c0 = np.arange(columns, dtype=np.uint64)[None]  # [1, V]
+    c1, c2, c3 = step & mask, np.full_like(step, stream), step >> np.uint64(32)
+    for _ in range(draws.ROUNDS):
+        b, a = np.uint64(draws.ROUND_B) * c2, np.uint64(draws.ROUND_A) * c0  # 32 x 32 bits: exact in 64
+        c0, c1, c2, c3 = (b >> np.uint64(32)) ^ c1 ^ k0, b & mask, (a >> np.uint64(32)) ^ c3 ^ k1, a & mask
+        k0, k1 = (k0 + np.uint64(draws.KEY_A)) & mask, (k1 + np.uint64(draws.KEY_B)) & mask
+    uniform = (np.broadcast_to(c0, (len(key), columns)).astype(np.float64) + 0.5) * draws.UNIFORM_SCALE
+    return torch.from_numpy(-np.log(-np.log(uniform)))
+
+
+def _draw_cpu(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, seed: torch.Tensor,
+              counter: torch.Tensor, stream: int) -> torch.Tensor:
+    """`draw_reference` with the noise from `gumbel_numpy`."""
+    V = logits.shape[-1]
+    kth = logits.sort(dim=-1, descending=True).values.gather(-1, (top_k.clamp(1, V) - 1)[:, None])  # [B, 1]
+    t = torch.where(temperature > 0, temperature, 1.0).double()[:, None]
+    score = torch.where(logits >= kth, logits.double() / t + gumbel_numpy(seed, counter, stream, V), -torch.inf)
+    return torch.where(temperature > 0, score.argmax(-1), logits.argmax(-1))
+
+
 @functools.cache
 def _kernel() -> Callable[..., torch.Tensor] | None:
     try:
@@ -91,8 +122,10 @@ def _kernel() -> Callable[..., torch.Tensor] | None:
 def draw(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, seed: torch.Tensor,
          counter: torch.Tensor, stream: int, fused: bool) -> torch.Tensor:
     """`draw_reference`, by the fused kernel on CUDA when `fused`."""
-    if not logits.is_cuda and not bool((temperature > 0).any()):  # all greedy on a CPU: no noise to draw
-        return logits.argmax(-1)
+    if not logits.is_cuda:
+        if not bool((temperature > 0).any()):  # all greedy: no noise to draw
+            return logits.argmax(-1)
+        return _draw_cpu(logits, temperature, top_k, seed, counter, stream)
     kernel = _kernel() if fused and logits.is_cuda else None
     run = kernel or draw_reference
     return run(logits, temperature, top_k, seed, counter, stream)
