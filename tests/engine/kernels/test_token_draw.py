@@ -60,3 +60,18 @@ def test_kernel_equals_reference_at_the_released_vocabularies(V: int) -> None:
         args = rows(5, V, "cuda", seed)
         for stream in (0, 1, 8):
             assert torch.equal(token_draw.draw_kernel(*args, stream), draw_reference(*args, stream))
+
+
+def test_the_cpu_draws_are_the_references() -> None:
+    """On a CPU the Philox words are computed in numpy: the same noise (to an ulp of log), the same draws."""
+    from engine.kernels.draws import gumbel_reference
+    from engine.personaplex.sampling import draw, gumbel_numpy
+
+    seed, counter = torch.tensor([1, 2**40 + 5, 0, 2**63 - 1]), torch.tensor([0, 7, 2**33, 5])
+    torch.testing.assert_close(gumbel_numpy(seed, counter, 3, 700),
+                               gumbel_reference(seed, counter, 3, torch.arange(700).expand(4, -1)), rtol=0,
+                               atol=1e-14)
+    logits, temperature, top_k, seed, counter = rows(5, 300, "cpu", 1)
+    for c in range(20):
+        assert torch.equal(draw(logits, temperature, top_k, seed, counter + c, 2, fused=True),
+                           draw_reference(logits, temperature, top_k, seed, counter + c, 2))
