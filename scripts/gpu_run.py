@@ -22,10 +22,11 @@ that fails or runs out of time is recorded and the next one runs):
 - numerics: `retake bench numerics`: compiled vs eager in float32, per experts path and TF32
 - kernels: `retake bench kernels` (when the kernels exist)
 - personaplex: `retake bench personaplex --size released` at 1, 8, 32, 64, 128 slots (a full
-  context each), then encode / model / decode apart (`--parts`) at 1 and 64
+  context each), then encode / model / decode apart (`--parts`) at 1 and 64 if time is left
 - converse: `retake serve --converse --random-weights --size released --preset tiny
   --converse-slots 128` (Drama 3 tiny: the GPU's memory is PersonaPlex's) + `retake loadtest
-  --converse` at 1, 64 (+ one joining), 128 conversations
+  --converse` at 127 conversations with one joining while they talk (all 128 slots), then 64
+  with one joining if time is left
 
 OUT gets at most 4 files: summary.json (everything measured, per stage), log.txt (each
 stage's output, its tail when long), server.log (the served engine's log), profile.txt
@@ -67,7 +68,7 @@ PY = sys.executable
 CLI = [PY, "-m", "backend.cli"]
 STAGES = ("env", "pytest", "serve", "takes", "retake", "numerics", "kernels", "personaplex", "converse")
 LIMITS_S = {"env": 30, "pytest": 200, "serve": 300, "takes": 240, "retake": 300, "numerics": 150, "kernels": 90,
-            "personaplex": 80, "converse": 70}
+            "personaplex": 75, "converse": 80}
 SMOKE_LIMITS_S = {name: 900 for name in STAGES}
 LOG_TAIL = 120_000  # characters of each stage's output kept in log.txt
 LOADS = ((1, 5), (8, 2), (32, 2), (64, 2))  # (sessions, takes each) against the full-size server
@@ -327,7 +328,8 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
             time.sleep(1)
         data["health"], data["ready_s"] = found, round(time.monotonic() - started, 1)
         if converse:  # (conversations, seconds, joining while they talk)
-            loads = [(1, 10.0, 0), (64, 10.0, 1), (128, 10.0, 0)] if not run.smoke else [(1, 3.0, 1)]
+            # 127 talking + 1 joining: the 128 slots full, and a system prompt read while 127 others talk
+            loads = [(127, 10.0, 1), (64, 8.0, 1)] if not run.smoke else [(1, 3.0, 1)]
             for sessions, seconds, joins in loads:
                 left = stage_end - time.monotonic()
                 if left < 30:
@@ -424,17 +426,29 @@ def kernels_stage(run: Run, stage: Stage, log: Path) -> Json | None:
 
 
 def personaplex_stage(run: Run, stage: Stage, log: Path) -> Json:
-    report, parts = WORK / "personaplex.json", WORK / "personaplex-parts.json"
-    if run.smoke:
-        sizes = [["--size", "tiny", "--device", "cpu", "--slots", "1", "2", "--ticks", "3", "--warmup", "1"]]
-    else:
-        sizes = [["--size", "released", "--device", "cuda", "--slots", "1", "8", "32", "64", "128", "--ticks", "50",
-                  "--warmup", "5"]]
-    data = bench_stage(run, stage, log, [*CLI, "bench", "personaplex", *sizes[0], "--json", str(report)], report)
-    apart = ["--size", "tiny", "--device", "cpu", "--slots", "1", "--ticks", "3", "--warmup", "1"] if run.smoke \
-        else ["--size", "released", "--device", "cuda", "--slots", "1", "64", "--ticks", "20", "--warmup", "3"]
-    data["parts"] = bench_stage(run, stage, log, [*CLI, "bench", "personaplex", *apart, "--parts", "--json",
-                                                  str(parts)], parts)
+    """The bench at every slot count first; encode / model / decode apart (`--parts`) with the time left.
+    Each command's JSON is read even when it ran out of time: the bench writes each size as it is timed."""
+    stage_end = time.monotonic() + run.limit(stage)
+    common = ["--size", "tiny", "--device", "cpu", "--ticks", "3", "--warmup", "1"] if run.smoke \
+        else ["--size", "released", "--device", "cuda"]
+    runs = [("sizes", ["--slots", "1", "2"] if run.smoke else
+             ["--slots", "1", "8", "32", "64", "128", "--ticks", "50", "--warmup", "5"]),
+            ("parts", ["--slots", "1", "--parts"] if run.smoke else
+             ["--slots", "1", "64", "--ticks", "20", "--warmup", "3", "--parts"])]
+    data: Json = {}
+    for name, extra in runs:
+        left = stage_end - time.monotonic()
+        if left < 30:
+            data[name] = {"skipped": "out of time"}
+            continue
+        report = WORK / f"personaplex-{name}.json"
+        report.unlink(missing_ok=True)
+        rc = run.command([*CLI, "bench", "personaplex", *common, *extra, "--json", str(report)], left - 5, log)
+        data[name] = {**(read_json(report) or {}), "exit_code": rc}
+        if rc is None:
+            stage.status, stage.note = "timeout", f"{name} ran out of time"
+        elif rc != 0:
+            stage.status, stage.note = "failed", f"{name}: exit code {rc}"
     return data
 
 

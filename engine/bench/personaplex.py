@@ -20,7 +20,8 @@ Design choices:
   the copy bandwidth measured here. Released sizes print Kyutai's moshi 0.2.13 figures on
   the same GPU beside ours (CUDA graphs, dep_q 16; docs/perf.md).
 - Prints a table, what a conversation costs in memory and how many fit, and one JSON line
-  (`--json FILE` writes it too); nothing is asserted.
+  (`--json FILE` writes it too, and after each slot count its rows so far, marked
+  `partial`, so a run stopped mid-way keeps what it timed); nothing is asserted.
 """
 
 from __future__ import annotations
@@ -185,12 +186,21 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    from engine.personaplex.engine import check_slots
+
+    for slots in args.slots:  # before any weights are built
+        check_slots(slots)
     dev = pick_device(args.device)
     parts = build(args, dev)
     weights_gib = sum(p.nbytes for m in (parts.temporal, parts.depformer, parts.mimi) for p in m.parameters()) / 2**30
     bandwidth = copy_bandwidth(dev)
-    rows = [time_slots(args, parts, slots, bandwidth) for slots in args.slots]
     size = args.size if args.checkpoint is None else args.checkpoint
+    rows: list[dict[str, Any]] = []
+    for slots in args.slots:
+        rows.append(time_slots(args, parts, slots, bandwidth))
+        if args.json is not None:  # each size as it is timed: a run stopped at a later size keeps these
+            args.json.write_text(json.dumps({"bench": "personaplex", "size": size, "partial": True,
+                                             "rows": rows}, indent=1) + "\n")
     print(f"personaplex {size} on {dev.type}: history {args.history}, key/value ring {rows[0]['kv_dtype']}, "
           f"{'CUDA graphs' if rows[0]['graphs'] else 'eager'}{', demo weights' if parts.cfg.demo_weights else ''}")
     print(f"{'slots':>5} {'tick ms':>8} {'p95':>7} {'host ms':>8} {'encode':>7} {'model':>7} {'decode':>7} "

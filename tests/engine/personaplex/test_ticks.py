@@ -150,3 +150,33 @@ def test_the_bench_times_every_size_in_one_process(capsys: pytest.CaptureFixture
     for row in report["rows"]:
         assert row["gpu_ms_mean"] > 0 and row["encode_ms_mean"] > 0 and row["model_ms_mean"] > 0
         assert row["kv_gib_per_conversation"] > 0 and row["history"] == "full"
+
+
+def test_a_bench_stopped_at_a_later_size_keeps_the_sizes_it_timed(tmp_path: Path):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "bench.json"
+    bench = subprocess.Popen([sys.executable, "-m", "backend.cli", "bench", "personaplex", "--slots", "1", "2",
+                              "--ticks", "8", "--warmup", "0", "--greedy", "--device", "cpu", "--json", str(out)],
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not out.exists() and bench.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    bench.send_signal(signal.SIGINT)  # the 2-slot engine is being built or timed: 8 ticks take seconds
+    assert bench.wait(timeout=120) != 0
+    report = json.loads(out.read_text())
+    assert report["partial"] and [r["slots"] for r in report["rows"]] == [1]
+    assert report["rows"][0]["gpu_ms_mean"] > 0
+
+
+def test_the_bench_refuses_a_slot_count_below_one_before_any_work(capsys: pytest.CaptureFixture[str]):
+    from backend.cli import main
+
+    assert main(["bench", "personaplex", "--slots", "1", "0", "--device", "cpu"]) == 2
+    assert "slots must be an integer >= 1; got 0" in capsys.readouterr().err
