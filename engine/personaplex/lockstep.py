@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.personaplex import staging
+import engine.personaplex.staging as staging
 from engine.personaplex.config import LMConfig
 from engine.personaplex.depformer import Depformer
 from engine.personaplex.prompt import Plan, initial_tokens

@@ -33,8 +33,8 @@ from typing import Literal, Protocol
 
 import torch
 
+import engine.personaplex.staging as staging
 from engine.errors import RequestError
-from engine.personaplex import staging
 from engine.personaplex.config import PAD_TOKEN, SILENCE_SECONDS, LMConfig
 
 SYSTEM_TAG = "<system>"
