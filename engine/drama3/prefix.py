@@ -193,6 +193,7 @@ class PrefixCache:
                         "the budget is %.1f GiB (give a smaller --prefix-cache-gib to silence this)",
                         self.budget / 2**30, free / 2**30, GPU_FREE_MAX * free / 2**30)
             self.budget = int(GPU_FREE_MAX * free)
+        self.fit()  # what warm-up recorded, within the budget now
 
     def stats(self) -> dict[str, int]:
         return self.counters.as_dict()
