@@ -1,9 +1,10 @@
 """The conversation load test behind `retake loadtest --converse`: N live conversations at once,
 each a user talking in real time.
 
-Each conversation opens `/converse`, waits for `listening`, then sends one 80 ms frame of
-user audio every 80 ms (on an absolute schedule, as a microphone does) for `--seconds`, and
-measures on the client:
+Each conversation opens `/converse`, waits for `listening`, streams silence (a microphone in
+a quiet room) until every conversation listens, then sends one 80 ms frame of user audio
+every 80 ms (on an absolute schedule, as a microphone does) for `--seconds`, so all of them
+talk at once, and measures on the client, from the first frame of talk:
 
 - latency: from sending user frame k to receiving agent frame k (the server ticks on the
   user's audio, so this is the tick's round trip: queueing, the batched tick, the network);
@@ -25,6 +26,10 @@ Design choices:
   no recording; the tests use the same voice.
 - Frames go out on an absolute 80 ms schedule: a late send does not push the later ones
   back, as with a microphone.
+- The first conversations talk together: system prompts are read one before each tick, so
+  N opened at once listen over about N ticks, and without waiting the first would be done
+  before the last began. Until then each streams silence, as a microphone does, so the
+  server's ticks and the client's frames stay paired (agent frame k answers user frame k).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +81,11 @@ def user_frames(seconds: float, frame_samples: int, sample_rate: int, seed: int)
 
 
 async def talk(index: int, url: str, seconds: float, stagger_s: float, token: str | None,
-               listening: asyncio.Event | None = None, joined: bool = False) -> TalkStats:
-    """One conversation; `listening` is set once it listens."""
+               listening: asyncio.Event | None = None, joined: bool = False,
+               together: Callable[[], Awaitable[object]] | None = None) -> TalkStats:
+    """One conversation; `listening` is set once it listens. With `together`, it streams silence
+    from then on (a microphone in a quiet room) until `together()` returns, and only then talks
+    for `seconds`: what is measured are the frames from there."""
     import websockets
 
     await asyncio.sleep(index * stagger_s)
@@ -94,19 +103,34 @@ async def talk(index: int, url: str, seconds: float, stagger_s: float, token: st
             listening.set()
         frame_samples, rate = int(ready["frame_samples"]), int(ready["sample_rate"])
         frames = user_frames(seconds, frame_samples, rate, seed=index)
+        quiet = bytes(2 * frame_samples)
         tick_s = frame_samples / rate
         sent: list[float] = []
         arrived: list[float] = []
+        sending = True
+        waiting = asyncio.ensure_future(together()) if together is not None else None
+        first = 0  # the first measured frame: silence before it
 
         async def send() -> None:
+            nonlocal sending, first
             start = time.monotonic()
-            for k, frame in enumerate(frames):
+            k = 0
+            while waiting is not None and not waiting.done():  # silence, on the schedule, until all talk
                 await asyncio.sleep(max(0.0, start + k * tick_s - time.monotonic()))
+                if waiting.done():
+                    break
+                sent.append(time.monotonic())
+                await socket.send(quiet)
+                k += 1
+            first = k
+            for j, frame in enumerate(frames):
+                await asyncio.sleep(max(0.0, start + (k + j) * tick_s - time.monotonic()))
                 sent.append(time.monotonic())
                 await socket.send(frame)
+            sending = False
 
         async def receive() -> None:
-            while len(arrived) < len(frames):
+            while sending or len(arrived) < len(sent):
                 message = await socket.recv()
                 if isinstance(message, bytes):
                     header, _ = unpack_audio_frame(message)
@@ -116,7 +140,12 @@ async def talk(index: int, url: str, seconds: float, stagger_s: float, token: st
                 elif json.loads(message).get("type") == "error":
                     raise RuntimeError(message)
 
-        await asyncio.gather(send(), receive())
+        try:
+            await asyncio.gather(send(), receive())
+        finally:
+            if waiting is not None:
+                waiting.cancel()
+    sent, arrived = sent[first:], arrived[first:]
     return TalkStats(index, opened, prompt_s, sent, [a - s for s, a in zip(sent, arrived)],
                      longest_stall(arrived, [tick_s] * len(arrived)), joined)
 
@@ -133,8 +162,9 @@ def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: 
                 await asyncio.gather(*(event.wait() for event in listening))
                 await asyncio.sleep(joins.after_s + (index - conversations) * joins.every_s)
                 results.append(await talk(index, url, joins.seconds, 0.0, token, joined=True))
-            else:
-                results.append(await talk(index, url, seconds, stagger_ms / 1000, token, listening[index]))
+            else:  # every first conversation talks at once, from when the last of them listens
+                results.append(await talk(index, url, seconds, stagger_ms / 1000, token, listening[index],
+                                          together=lambda: asyncio.gather(*(e.wait() for e in listening))))
         except Exception as error:  # noqa: BLE001 - reported, and the other conversations go on
             failures.append(f"conversation {index}: {type(error).__name__}: {error}")
             if not joined:
@@ -154,8 +184,11 @@ def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: 
     windows = [(r.opened, r.opened + r.prompt_s) for r in joiners]
     during = [value for r in talkers for sent, value in zip(r.sent, r.latencies_s)
               if any(start <= sent <= end for start, end in windows)]
+    talking = [r.sent for r in talkers if r.sent]
+    together = max(0.0, min(s[-1] for s in talking) - max(s[0] for s in talking)) if talking else 0.0
     print(f"{conversations} conversations x {seconds:g} s of talking against {url}: {len(talkers)} done "
-          f"in {wall:.1f} s" + (f"; {len(joiners)} of {joins.count} joined while they talked" if joins.count else ""))
+          f"in {wall:.1f} s, all talking at once for {together:.1f} s"
+          + (f"; {len(joiners)} of {joins.count} joined while they talked" if joins.count else ""))
     print(f"{'ms':28} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}")
     print(f"{'system prompt':28} {percentiles([r.prompt_s for r in talkers])}")
     print(f"{'tick latency':28} {percentiles(latencies)}")
@@ -168,7 +201,8 @@ def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: 
         print(f"FAILED {failure}")
     if report is not None:
         report.write_text(json.dumps({
-            "conversations": conversations, "seconds": seconds, "wall_s": round(wall, 2), "joins": joins.count,
+            "conversations": conversations, "seconds": seconds, "wall_s": round(wall, 2),
+            "all_talking_s": round(together, 2), "joins": joins.count,
             "prompt_ms": ms([r.prompt_s for r in talkers]), "tick_latency_ms": ms(latencies),
             "longest_gap_ms": ms(gaps), "joining_prompt_ms": ms([r.prompt_s for r in joiners]),
             "tick_latency_during_joins_ms": ms(during), "kept_real_time": sum(g <= 0.1 for g in gaps),

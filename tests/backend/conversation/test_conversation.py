@@ -280,6 +280,23 @@ def test_loadtest_measures_a_join_while_the_others_talk(talk_server: LiveServer,
     assert data["tick_latency_during_joins_ms"] is not None  # the talker sent frames during the join
 
 
+def test_loadtest_conversations_talk_together_however_far_apart_they_open(talk_server: LiveServer, tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Opened 1.5 s apart to talk 1 s each, the conversations still talk at the same time: each streams
+    silence from `listening` until all listen, and what is measured starts there."""
+    from backend.cli import main
+
+    wait_until_idle(talk_server)
+    url = talk_server.converse.removesuffix("/converse") + "/ws"
+    report = tmp_path / "converse.json"
+    assert main(["loadtest", "--converse", "--url", url, "--sessions", str(SLOTS), "--seconds", "1",
+                 "--stagger-ms", "1500", "--json", str(report)]) == 0
+    assert "all talking at once for" in capsys.readouterr().out
+    data = json.loads(report.read_text())
+    assert data["failures"] == [] and data["all_talking_s"] >= 0.5  # apart, they would not overlap at all
+    assert len(data["tick_latency_ms"]) == 4
+
+
 def wav_file(pcm: np.ndarray, rate: int) -> str:
     buffer = io.BytesIO()
     sf.write(buffer, pcm, rate, format="WAV", subtype="PCM_16")
