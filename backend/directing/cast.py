@@ -5,6 +5,8 @@ Design choices:
 - A character's voice is checked exactly as `voice.set` checks the session's: the clips are
   encoded and a prompt is laid out with it on the engine thread before anything is stored, so a
   cast member always has a voice a take can use.
+- A saved voice (§8.1, shared with the speech API's `voice`) joins a cast as a copy of its clips
+  or its description (under the cast member's name), as `voice.set` takes one.
 - A line without a character of its own is said by the scene's first character; a scene
   without a cast speaks with the session's voice (`voice.set`), as a single-voice scene
   always did.
@@ -84,9 +86,21 @@ async def set_member(state: ServerState, session_id: str, message: p.CastSet) ->
         return
     character = None if voice.description is None else p.CharacterSpec(message.name, voice.description, voice.scene)
     clips = [(clip.audio, clip.text) for clip in voice.references]
+    if voice.saved_voice is not None:  # a copy, under the cast member's name: deleting it later changes nothing
+        clips, saved = saved_voice(store, voice.saved_voice, "voice.saved_voice")
+        character = None if saved is None else p.CharacterSpec(message.name, saved.description, saved.scene)
     references = await encode_voice(state, clips, character, "voice.")
     stored = store.add_voice(session_id, references, character) if references or character else None
     store.set_cast_member(session_id, message.character_id, message.name, None if stored is None else stored.voice_id)
+
+
+def saved_voice(store: Store, key: str, field: str) -> tuple[list[tuple[bytes, str]], p.CharacterSpec | None]:
+    """A saved voice's clips and character, by its name or id (`bad_field` naming the saved ones)."""
+    saved = store.saved_voice(key)
+    if saved is None:
+        names = ", ".join(voice.name for voice in store.saved_voices()) or "none yet"
+        raise p.ProtocolError("bad_field", f"{field}: unknown voice {key!r}; the saved voices are {names}")
+    return saved.clips, saved.character
 
 
 def delete_member(store: Store, session_id: str, character_id: str) -> None:

@@ -216,11 +216,14 @@ def _cast_set(obj: JsonObject, limits: Limits, ref: str | None) -> CastSet:
     clips = _clips(raw.get("references"), limits, "voice.")
     description = _string(raw, "description", limits.max_text_chars, required=False, path="voice.")
     scene = _string(raw, "scene", limits.max_text_chars, required=False, path="voice.")
+    saved_voice = _string(raw, "saved_voice", limits.max_id_chars, required=False, path="voice.")
     if clips and description is not None:
         raise ProtocolError("bad_field", "voice: give either references or a description, not both")
+    if saved_voice is not None and (clips or description is not None):
+        raise ProtocolError("bad_field", "voice: give a saved_voice alone: it is the voice's clips or description")
     if scene is not None and description is None:
         raise _bad("voice.scene", "given with a description (a scene sets a described character)")
-    return CastSet(character_id, name.strip(), CastVoice(clips, description, scene), ref)
+    return CastSet(character_id, name.strip(), CastVoice(clips, description, scene, saved_voice), ref)
 
 
 def _take_note(obj: JsonObject, limits: Limits, ref: str | None) -> TakeNote:

@@ -160,12 +160,13 @@ class LineSet:
 
 @dataclass(frozen=True)
 class CastVoice:
-    """A cast member's voice: reference clips, or a description (a described character), or
-    neither (the engine's default voice)."""
+    """A cast member's voice: reference clips, a description (a described character), a saved
+    voice (by name or id: a copy of its clips or description), or none (the engine's default voice)."""
 
     references: tuple[ReferenceClip, ...] = ()
     description: str | None = None
     scene: str | None = None
+    saved_voice: str | None = None
 
 
 @dataclass(frozen=True)

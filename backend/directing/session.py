@@ -35,6 +35,7 @@ from backend.directing.cast import (
     delete_member,
     encode_voice,
     history_turns,
+    saved_voice,
     set_member,
     take_voice,
 )
@@ -157,12 +158,7 @@ class Session:
         references = [(clip.audio, clip.text) for clip in message.references]
         character = message.character
         if message.saved_voice is not None:  # a copy of the saved voice: deleting it later changes nothing here
-            saved = self.state.store.saved_voice(message.saved_voice)
-            if saved is None:
-                names = ", ".join(voice.name for voice in self.state.store.saved_voices()) or "none yet"
-                raise p.ProtocolError("bad_field", f"saved_voice: unknown voice {message.saved_voice!r}; the saved "
-                                                   f"voices are {names}")
-            references, character = saved.clips, saved.character
+            references, character = saved_voice(self.state.store, message.saved_voice, "saved_voice")
         stored = self.state.store.set_voice(session_id, await encode_voice(self.state, references, character),
                                             character)
         self.outbox.message(p.VoiceReady(None if stored is None else stored.info(), message.ref))

@@ -195,3 +195,50 @@ def test_the_store_keeps_saved_voices_on_either_database(database: Path | str) -
     assert deleted is not None and deleted.name == "Ada" and store.saved_voice("Ada") is None
     assert store.delete_saved_voice("Ada") is None and [v.name for v in store.saved_voices()] == ["Mara"]
     store.close()
+
+
+def test_saved_voices_join_a_cast_as_copies(voice_server: LiveServer) -> None:
+    """cast.set with voice.saved_voice: the character speaks exactly as one given the same clips (or
+    description) directly, under its cast name; deleting the saved voice leaves the cast as it is."""
+    clip = base64.b64encode(wav(hz=440)).decode()
+    status, cleo = http(voice_server, "POST", "/v1/audio/voices", {
+        "name": "Cleo", "references": [{"audio": clip, "text": "Good evening."}]})
+    assert status == 200
+    status, dan = http(voice_server, "POST", "/v1/audio/voices", {
+        "name": "Dan", "character": {"name": "Dan", "description": "a gruff ferryman", "scene": "Fog."}})
+    assert status == 200
+    take = {"sampling": {"max_new_tokens": 8, "seed": 3}, "length_guard": False}
+
+    async def main() -> None:
+        director = await Director.connect(voice_server.ws)
+        await director.open()
+        members = (await director.request({"type": "cast.set", "character_id": "c", "name": "Cleo Vane",
+                                           "voice": {"saved_voice": "Cleo"}}, "cast"))["characters"]
+        assert [r["text"] for r in members[0]["voice"]["references"]] == ["Good evening."]
+        members = (await director.request({"type": "cast.set", "character_id": "d", "name": "Old Dan",
+                                           "voice": {"saved_voice": dan["id"]}}, "cast"))["characters"]
+        assert members[1]["voice"]["character"] == {"name": "Old Dan", "description": "a gruff ferryman",
+                                                    "scene": "Fog."}
+        await director.request({"type": "line.set", "line_id": "l1", "text": "Who's there?"}, "script")
+        saved = await director.take("l1", "Who's there?", **take)
+        # The same clip given directly: the same take, sample for sample.
+        await director.request({"type": "cast.set", "character_id": "c", "name": "Cleo Vane",
+                                "voice": {"references": [{"audio": clip, "text": "Good evening."}]}}, "cast")
+        direct = await director.take("l1", "Who's there?", **take)
+        np.testing.assert_array_equal(saved.pcm, direct.pcm)
+        assert saved.pcm.size > 0
+
+        for voice, says in [({"saved_voice": "Zed"}, "voice.saved_voice: unknown voice 'Zed'; the saved voices "
+                                                     "are Cleo, Dan"),
+                            ({"saved_voice": "Cleo", "description": "x"}, "give a saved_voice alone")]:
+            error = await director.request({"type": "cast.set", "character_id": "z", "name": "Zed",
+                                            "voice": voice}, "error")
+            assert error["code"] == "bad_field" and says in error["message"], error
+        for voice in (cleo, dan):
+            assert http(voice_server, "DELETE", f"/v1/audio/voices/{voice['id']}")[0] == 200
+        members = (await director.request({"type": "cast.set", "character_id": "d", "name": "Dan"}, "cast"))[
+            "characters"]
+        assert members[1]["voice"]["character"]["description"] == "a gruff ferryman"
+        await director.close()
+
+    run(main())
