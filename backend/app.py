@@ -3,7 +3,8 @@
 Routes: `/ws` (directing sessions, backend/directing/ws.py), `POST /v1/audio/speech`
 (backend/directing/speech.py), `/v1/audio/voices` (saved voices, backend/directing/voices.py),
 `GET /sessions/{session_id}/takes/{take_id}.wav` (a take's kept audio, backend/directing/export.py),
-`/sessions` (the scenes: list, new, rename, duplicate, delete, restore; backend/directing/scenes.py),
+`/sessions` (the scenes: list, new, rename, duplicate, delete, restore, and a scene's WAV, stems
+and subtitles; backend/directing/scenes.py),
 `/converse` (live
 conversations, backend/conversation/ws.py), `/api/chat` (the same conversations in the Moshi
 protocol of the official PersonaPlex and moshi clients, backend/conversation/moshi.py),
@@ -36,7 +37,7 @@ from backend.conversation.moshi import moshi_socket
 from backend.conversation.ws import conversation_socket
 from backend.directing.export import export_take
 from backend.directing.loop import EngineLoop
-from backend.directing.scenes import create_scene, duplicate_scene, list_scenes, restore_scene, scene
+from backend.directing.scenes import create_scene, duplicate_scene, list_scenes, restore_scene, scene, scene_file
 from backend.directing.speech import speech
 from backend.directing.voices import delete_voice, voices
 from backend.directing.ws import directing_socket
@@ -252,6 +253,8 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
         Route("/sessions/{session_id}", scenes_route(scene), methods=["PATCH", "DELETE"]),
         Route("/sessions/{session_id}/restore", scenes_route(restore_scene), methods=["POST"]),
         Route("/sessions/{session_id}/duplicate", scenes_route(duplicate_scene), methods=["POST"]),
+        Route("/sessions/{session_id}/scene.wav", scenes_route(scene_file)),
+        Route("/sessions/{session_id}/scene.srt", scenes_route(scene_file)),
     ]
     if (settings.static_dir / "index.html").is_file():
         routes.append(Mount("/", StaticFiles(directory=settings.static_dir, html=True)))

@@ -83,8 +83,9 @@ class Metrics:
                   f"retake_conversations {self.conversations()}",
                   "# HELP retake_draining 1 while the replica drains (SIGTERM): no new takes, sockets move away.",
                   "# TYPE retake_draining gauge", f"retake_draining {int(self.draining())}",
-                  "# HELP retake_take_exports_total Take exports, by where the audio came from (kept when the take "
-                  "ended, or vocoded again on the engine).", "# TYPE retake_take_exports_total counter"]
+                  "# HELP retake_take_exports_total Take exports (alone or in a scene's export), by where the audio "
+                  "came from (kept when the take ended, or vocoded again on the engine).",
+                  "# TYPE retake_take_exports_total counter"]
         lines += [f'retake_take_exports_total{{audio="{source}"}} {count}' for source, count in self.exports.items()]
         lines += self.first_audio.lines() + self.decode_fps.lines()
         lines += prefix_cache_lines(self.prefix_cache())

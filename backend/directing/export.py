@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from backend.directing.loop import QueueFull
 from backend.state import ServerState
+from backend.store import StoredTake
 
 
 def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
@@ -33,6 +34,17 @@ def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
     return buffer.getvalue()
 
 
+async def take_pcm(state: ServerState, take: StoredTake) -> np.ndarray:
+    """An ended take's audio, int16 [samples]: its kept audio, else vocoded from its codes (QueueFull
+    when the engine's queue is full). Counted in /metrics by where it came from."""
+    kept = state.store.take_audio(take.take_id)
+    codes = None if kept is not None else state.store.take_codes(take.take_id)
+    state.metrics.exports["kept" if kept is not None or codes is None else "vocoded"] += 1
+    if codes is not None:
+        return await state.call(lambda engine: engine.vocode_take(codes))
+    return np.zeros(0, dtype=np.int16) if kept is None else kept[0]
+
+
 async def export_take(request: Request) -> Response:
     state: ServerState = request.app.state.retake
     session_id, raw_id = request.path_params["session_id"], request.path_params["take_id"]
@@ -41,16 +53,10 @@ async def export_take(request: Request) -> Response:
         return JSONResponse({"error": f"no take {raw_id} in session {session_id}"}, status_code=404)
     if take.state != "done":
         return JSONResponse({"error": f"take {take.take_id} is still {take.state}"}, status_code=409)
-    kept = state.store.take_audio(take.take_id)
-    codes = None if kept is not None else state.store.take_codes(take.take_id)
-    state.metrics.exports["kept" if kept is not None or codes is None else "vocoded"] += 1
-    pcm = np.zeros(0, dtype=np.int16) if kept is None else kept[0]
-    if codes is not None:
-        try:
-            pcm = await state.call(lambda engine: engine.vocode_take(codes))
-        except QueueFull as error:
-            return JSONResponse({"error": str(error)}, status_code=503,
-                                headers={"Retry-After": str(error.retry_after_s)})
+    try:
+        pcm = await take_pcm(state, take)
+    except QueueFull as error:
+        return JSONResponse({"error": str(error)}, status_code=503, headers={"Retry-After": str(error.retry_after_s)})
     filename = f"take-{take.take_id}.wav"
     return Response(wav_bytes(pcm, state.engine.sample_rate), media_type="audio/wav",
                     headers={"Content-Disposition": f'attachment; filename="{filename}"'})

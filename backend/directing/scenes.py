@@ -1,5 +1,6 @@
 """The scenes a director keeps: `/sessions` (docs/protocol.md §8.2). A scene is a directing
-session; these routes list, create, rename, duplicate, delete and restore them.
+session; these routes list, create, rename, duplicate, delete and restore them, and export one
+whole (backend/directing/scene_export.py).
 
 Design choices:
 - The list is of the scenes the client names (`POST /sessions/list` with their ids): the
@@ -23,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from backend.directing import protocol as p
+from backend.directing.scene_export import export_scene
 from backend.scene_store import SceneSummary
 from backend.state import ServerState
 
@@ -138,6 +140,17 @@ async def restore_scene(request: Request) -> Response:
         return missing
     state.store.delete_scene(session_id, deleted=False)
     return summary(state, session_id)
+
+
+async def scene_file(request: Request) -> Response:
+    """GET /sessions/{id}/scene.wav (?gap_ms, ?character) or scene.srt (backend/directing/scene_export.py)."""
+    state: ServerState = request.app.state.retake
+    session_id = request.path_params["session_id"]
+    if (missing := known(state, session_id)) is not None:
+        return missing
+    if state.store.scene_deleted(session_id):
+        return bad(DELETED, 409)
+    return await export_scene(request, state, session_id, request.url.path.rsplit(".", 1)[-1])
 
 
 async def duplicate_scene(request: Request) -> Response:
