@@ -1,9 +1,11 @@
 // The second half of tests/e2e/studio.mjs: directing a scene with two characters. A cast (a
-// described character, and one with an uploaded and a recorded clip), takes for both, a note and
+// described character, one with an uploaded and a recorded clip, and a saved voice that joins
+// and leaves), takes for both, a note and
 // a rating, A/B comparison, a deleted line brought back with Undo, a reload where everything is
 // back at once (no take vocoded again), the server restarted in the middle of a take, a second
-// scene (renamed, listed, duplicated, deleted and restored, reopened), and the layouts at three
-// sizes. `t` holds the page and the helpers studio.mjs made.
+// scene (renamed, listed, duplicated, deleted and restored, reopened), takes of both kept and the
+// scene exported (whole, Bo's stem, subtitles), and the layouts at three sizes. `t` holds the page and the helpers studio.mjs made.
+import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { serverControl, sineWav } from "./lib.mjs";
 
@@ -59,6 +61,30 @@ export async function sceneSteps(t) {
     bo.name === "Bo" && bo.voice.references.length === 2 && bo.voice.references.every((r) => r.frames > 0), JSON.stringify(bo.voice));
   await page.locator('#cast .cast-member').nth(1).waitFor();
   check("the cast panel lists both", (await page.locator("#cast .cast-name").allTextContents()).join() === "Mara,Bo");
+
+  //    A voice saved on the server (the speech API's) joins the cast as a copy; removing the
+  //    character (after the page asks) leaves Mara and Bo.
+  const savedStatus = await studio(async () => (await fetch("/v1/audio/voices", {
+    method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ name: "Nell", character: { name: "Nell", description: "a harbour pilot, dry and calm" } }),
+  })).status);
+  check("a voice is saved through the speech API's voices", savedStatus === 200, String(savedStatus));
+  await page.locator("#add-character").click();
+  await page.locator('#cast-panel .tabs button[data-tab="saved"]').click();
+  await page.waitForFunction(() => [...document.getElementById("character-saved").options].some((o) => o.text === "Nell"));
+  await page.locator("#character-saved").selectOption({ label: "Nell" });
+  check("choosing a saved voice names the character after it", await page.locator("#character-name").inputValue() === "Nell");
+  check("the editor says what the saved voice is",
+    (await page.locator("#saved-voice-about").textContent()).startsWith("described: a harbour pilot"));
+  await page.locator("#save-character").click();
+  await page.waitForFunction(() => window.retake.scene.cast.length === 3);
+  const nell = await studio(() => window.retake.scene.cast[2]);
+  check("the saved voice's copy is the character's voice",
+    nell.name === "Nell" && nell.voice.character?.description === "a harbour pilot, dry and calm", JSON.stringify(nell));
+  page.once("dialog", (dialog) => void dialog.accept());
+  await page.locator("#cast .cast-member").nth(2).locator('button[aria-label="remove"]').click();
+  await page.waitForFunction(() => window.retake.scene.cast.length === 2);
+  await studio(() => fetch("/v1/audio/voices/Nell", { method: "DELETE" }));
 
   // 8. Line 2 is Bo's (chosen on its row); line 1 has none of its own: Mara, the first, says it.
   await page.locator("#s-max").fill(String(maxFrames));
@@ -192,7 +218,8 @@ export async function sceneSteps(t) {
   await page.locator("#scenes-open").click();
   await page.locator(`#scene-list li[data-scene="${firstScene}"]`).waitFor();
   await page.locator("#scene-new").click();
-  await page.waitForURL(/\?new/);
+  // ?new, or already the new scene's ?session= (the page names it as soon as the server answers)
+  await page.waitForURL((url) => url.searchParams.get("session") !== firstScene);
   await t.waitReady();
   const secondScene = await studio(() => window.retake.ready.session_id);
   check("New scene opens an empty scene of its own", secondScene !== firstScene && (await studio(() => window.retake.scene.takes.size)) === 0
@@ -224,7 +251,40 @@ export async function sceneSteps(t) {
   check("the first scene opens again from the list, whole", reopened.name === "The lighthouse" && reopened.cast === 2 && reopened.lines === 3,
     JSON.stringify(reopened));
 
-  // 15. Layouts: a laptop, a desktop and a phone; nothing wider than the screen, and the
+  // 15. Takes for both kept, then the scene exported: the whole scene, Bo's stem from the server
+  //     (the same timeline with only his take) and the subtitles (who says what, when).
+  for (const [index, take] of [[0, mara], [1, boTake]]) {
+    await page.locator(".line").nth(index).click({ position: { x: 5, y: 5 } });
+    await page.locator(`.take[data-take="${take.takeId}"] .keep`).click();
+    await page.waitForFunction((id) => window.retake.scene.serverHistory.includes(id), take.takeId);
+  }
+  const saved = async (button) => {
+    const [download] = await Promise.all([page.waitForEvent("download"), page.locator(button).click()]);
+    const path = join(args.out, `export-${download.suggestedFilename()}`);
+    await download.saveAs(path);
+    return { name: download.suggestedFilename(), bytes: await readFile(path) };
+  };
+  const samplesOf = (file) => new Int16Array(file.bytes.buffer.slice(file.bytes.byteOffset + 44, file.bytes.byteOffset + file.bytes.length));
+  await page.locator("#export-gap").fill("200");
+  const whole = samplesOf(await saved("#export-scene"));
+  await page.locator("#export-what").selectOption({ label: "Bo's stem" });
+  const stemFile = await saved("#export-scene");
+  const stem = samplesOf(stemFile);
+  const subtitles = (await saved("#export-srt")).bytes.toString("utf8");
+  const kept = await studio(() => window.retake.scene.keptInScriptOrder().map((take) => take.samples));
+  const boIndex = await studio((id) => window.retake.scene.serverHistory.indexOf(id), boTake.takeId);
+  const gap = Math.round(0.2 * (await studio(() => window.retake.ready.sample_rate)));
+  const boStart = kept.slice(0, boIndex).reduce((n, s) => n + s + gap, 0);
+  const boEnd = boStart + kept[boIndex];
+  check("Bo's stem is named after the scene and him", stemFile.name === "The-lighthouse-Bo.wav", stemFile.name);
+  check("Bo's stem has the scene's timeline: his take where the scene has it, silence elsewhere",
+    stem.length === whole.length && boEnd > boStart && stem.subarray(boStart, boEnd).every((v, k) => v === whole[boStart + k])
+      && stem.subarray(0, boStart).every((v) => v === 0) && stem.subarray(boEnd).every((v) => v === 0),
+    JSON.stringify({ stem: stem.length, whole: whole.length, boStart, boEnd }));
+  check("the subtitles say who says what", subtitles.includes(`Mara: ${lines[0]}`) && subtitles.includes(`Bo: ${lines[1]}`), subtitles);
+  await page.locator("#export-what").selectOption({ label: "Whole scene" });
+
+  // 16. Layouts: a laptop, a desktop and a phone; nothing wider than the screen, and the
   //     selected line with its takes in view.
   for (const [name, size] of [["1280x720", { width: 1280, height: 720 }], ["1920x1080", { width: 1920, height: 1080 }],
     ["phone", { width: 390, height: 844 }]]) {

@@ -12,7 +12,8 @@
 import "../shared/style.css";
 import { Studio } from "./studio";
 import { byId } from "../shared/dom";
-import { ExportPanel, HistoryPanel, NoticeBar, SamplingPanel, TopBar } from "./ui/panels";
+import { HistoryPanel, NoticeBar, SamplingPanel, TopBar } from "./ui/panels";
+import { ExportPanel } from "./ui/export_panel";
 import { ScriptView } from "./ui/script_view";
 import { CastPanel } from "./ui/cast_panel";
 import { ScenesPanel } from "./ui/scenes_panel";

@@ -65,7 +65,8 @@ export type ClientMessage =
   | { type: "cast.delete"; character_id: string; ref?: string }
   | { type: "ping"; t?: number; ref?: string };
 
-export type CastVoiceSpec = { references: ReferenceClip[] } | { description: string; scene?: string } | Record<string, never>;
+export type CastVoiceSpec = { references: ReferenceClip[] } | { description: string; scene?: string }
+  | { saved_voice: string } | Record<string, never>;
 
 /** The JSON text frame of a client message; optional fields left undefined are not sent. */
 export function encodeClient(message: ClientMessage): string {

@@ -34,6 +34,12 @@ const sceneInfo: Check<SceneInfo> = record<SceneInfo>({
 
 export class SceneError extends Error {}
 
+/** The server's `{"error": ...}` sentence, else the status. */
+function errorOf(value: unknown, status: number): string {
+  return typeof value === "object" && value !== null && typeof (value as { error?: unknown }).error === "string"
+    ? (value as { error: string }).error : `HTTP ${status}`;
+}
+
 async function call<T>(method: string, path: string, check: Check<T>, body?: unknown): Promise<T> {
   let reply: Response;
   try {
@@ -50,11 +56,7 @@ async function call<T>(method: string, path: string, check: Check<T>, body?: unk
   } catch {
     throw new SceneError(`the server answered ${reply.status} without JSON`);
   }
-  if (!reply.ok) {
-    const message = typeof value === "object" && value !== null && typeof (value as { error?: unknown }).error === "string"
-      ? (value as { error: string }).error : `HTTP ${reply.status}`;
-    throw new SceneError(message);
-  }
+  if (!reply.ok) throw new SceneError(errorOf(value, reply.status));
   return check(value, "answer");
 }
 
@@ -100,6 +102,33 @@ export async function restoreScene(sessionId: string): Promise<SceneInfo> {
   const scene = await call("POST", `/sessions/${encodeURIComponent(sessionId)}/restore`, sceneInfo);
   rememberScene(sessionId);
   return scene;
+}
+
+/**
+ * The server's export of a whole scene: `wav` (with `characterId`, that character's stem) or
+ * `srt` (subtitles), with `gapMs` of silence between the kept takes; the file's name is the
+ * server's (Content-Disposition).
+ */
+export async function sceneFile(sessionId: string, kind: "wav" | "srt", gapMs: number,
+                                characterId?: string): Promise<{ name: string; data: ArrayBuffer }> {
+  const url = new URL(`/sessions/${encodeURIComponent(sessionId)}/scene.${kind}`, location.href);
+  url.searchParams.set("gap_ms", String(gapMs));
+  if (characterId !== undefined) url.searchParams.set("character", characterId);
+  let reply: Response;
+  try {
+    reply = await fetch(url);
+  } catch {
+    throw new SceneError("the server cannot be reached");
+  }
+  if (!reply.ok) {
+    let value: unknown = null;
+    try {
+      value = JSON.parse(await reply.text());
+    } catch { /* not JSON: the status says it */ }
+    throw new SceneError(errorOf(value, reply.status));
+  }
+  const name = /filename="([^"]+)"/.exec(reply.headers.get("Content-Disposition") ?? "")?.[1] ?? `scene.${kind}`;
+  return { name, data: await reply.arrayBuffer() };
 }
 
 /** The URL that opens a scene (or a new one). */

@@ -1,21 +1,24 @@
 /**
  * The cast panel: the scene's characters (name and voice), and an editor to add one or change
  * one: its name, and a voice from reference clips (uploaded or recorded, with transcripts), a
- * description (and an optional scene), or the engine's default voice. Saved with cast.set; the
- * cast in use comes back in `cast` (docs/protocol.md §2.2).
+ * description (and an optional scene), one of the server's saved voices, or the engine's default
+ * voice. Saved with cast.set; the cast in use comes back in `cast` (docs/protocol.md §2.2).
  *
  * Design choices:
  * - Editing a character sends its voice only when the director gave it a new one (clips, a
  *   changed description, or the default voice): renaming keeps the voice, whose clips the page
  *   no longer has (the server keeps their codes).
  * - Removing a character asks first: its lines go back to the scene's first character.
+ * - Saved voices are listed each time the editor opens (another client may have saved one); the
+ *   character gets a copy, so deleting the saved voice later leaves the cast as it is.
  */
 import type { CastInfo, CastVoiceSpec, VoiceInfo } from "../protocol";
 import type { Studio } from "../studio";
 import { ClipList } from "./clips";
+import { listSavedVoices, savedVoiceSummary, type SavedVoice } from "../saved_voices";
 import { byId, h, placeChildren, setText } from "../../shared/dom";
 
-type Tab = "clips" | "description" | "default";
+type Tab = "clips" | "description" | "saved" | "default";
 
 /** A voice in words: "2 clips · 3.1 s", "described: a tired keeper", "default voice". */
 export function voiceSummary(voice: VoiceInfo | null, frameRate: number): string {
@@ -41,6 +44,9 @@ export class CastPanel {
   private readonly description = byId<HTMLTextAreaElement>("character-description");
   private readonly scene = byId<HTMLTextAreaElement>("character-scene");
   private readonly save = byId<HTMLButtonElement>("save-character");
+  private readonly saved = byId<HTMLSelectElement>("character-saved");
+  private readonly savedAbout = byId("saved-voice-about");
+  private savedVoices: SavedVoice[] = [];
   private readonly keepHint = byId("keep-voice-hint");
   private readonly error = byId("cast-error");
   private readonly clips: ClipList;
@@ -57,6 +63,12 @@ export class CastPanel {
     byId("cancel-character").addEventListener("click", () => this.close());
     this.save.addEventListener("click", () => this.send());
     for (const field of [this.description, this.scene]) field.addEventListener("input", () => (this.voiceChanged = true));
+    this.saved.addEventListener("change", () => {
+      this.voiceChanged = true;
+      const voice = this.savedVoices.find((v) => v.id === this.saved.value);
+      if (voice !== undefined && this.name.value.trim() === "") this.name.value = voice.name;
+      this.describeSaved();
+    });
     for (const tab of document.querySelectorAll<HTMLButtonElement>("#cast-panel .tabs button")) {
       tab.addEventListener("click", () => ((this.voiceChanged = true), this.showTab((tab.dataset["tab"] ?? "clips") as Tab)));
     }
@@ -122,6 +134,29 @@ export class CastPanel {
     this.voiceChanged = member === null;
     this.editor.hidden = false;
     this.name.focus();
+    void this.loadSavedVoices();
+  }
+
+  private async loadSavedVoices(): Promise<void> {
+    this.saved.disabled = true;
+    setText(this.savedAbout, "Loading the saved voices…");
+    const voices = await listSavedVoices();
+    if (typeof voices === "string") {
+      this.savedVoices = [];
+      setText(this.savedAbout, voices);
+      return;
+    }
+    this.savedVoices = voices;
+    placeChildren(this.saved, voices.map((v) => h("option", { value: v.id }, v.name)));
+    this.saved.disabled = voices.length === 0;
+    this.describeSaved();
+  }
+
+  private describeSaved(): void {
+    const voice = this.savedVoices.find((v) => v.id === this.saved.value);
+    setText(this.savedAbout, voice !== undefined
+      ? `${savedVoiceSummary(voice)}. The character gets a copy of it.`
+      : "No saved voices on this server yet (POST /v1/audio/voices saves one; see the README).");
   }
 
   private close(): void {
@@ -165,6 +200,9 @@ export class CastPanel {
       const scene = this.scene.value.trim();
       if (description === "") return this.fail("a described character needs a description");
       voice = { description, ...(scene !== "" ? { scene } : {}) };
+    } else if (!keep && this.tab === "saved") {
+      if (this.saved.value === "") return this.fail("choose a saved voice (the server has none yet: see the README)");
+      voice = { saved_voice: this.saved.value };
     } else if (!keep && this.tab === "default") {
       voice = {};
     }

@@ -1,11 +1,12 @@
 /**
  * The smaller panels: the top bar (engine, meters, connection, banners), sampling controls,
- * the directing history of the selected line, and the scene export.
+ * the directing history of the selected line, and the notice with Undo (the export is
+ * export_panel.ts).
  */
 import type { SamplingSpec } from "../protocol";
 import { checkSetting, rangeWords, samplingRules, type SamplingKey } from "../sampling";
 import type { Studio } from "../studio";
-import { byId, download, h, ms, placeChildren, seconds, setText } from "../../shared/dom";
+import { byId, h, ms, placeChildren, seconds, setText } from "../../shared/dom";
 
 const SAMPLING_KEY = "retake.sampling";
 const NOTICE_MS = 8000;
@@ -236,28 +237,5 @@ export class NoticeBar {
     this.undo.title = "Undo (Ctrl+Z)";
     window.clearTimeout(this.timer);
     this.timer = window.setTimeout(() => this.update(), left + 10);
-  }
-}
-
-export class ExportPanel {
-  private readonly button = byId<HTMLButtonElement>("export-scene");
-  private readonly gap = byId<HTMLInputElement>("export-gap");
-  private readonly summary = byId("export-summary");
-
-  constructor(private readonly studio: Studio) {
-    this.button.addEventListener("click", () => {
-      const gapMs = Math.max(0, Number(this.gap.value) || 0);
-      this.button.disabled = true;
-      void studio.exportScene(gapMs)
-        .then((file) => file && download(file.name, file.wav))
-        .finally(() => (this.button.disabled = false));
-    });
-  }
-
-  update(): void {
-    const takes = this.studio.scene.keptInScriptOrder();
-    const samples = takes.reduce((n, t) => n + t.samples, 0);
-    setText(this.summary, `${takes.length} kept take${takes.length === 1 ? "" : "s"} · ${seconds(samples, this.studio.sampleRate)}`);
-    this.button.disabled = takes.length === 0;
   }
 }
