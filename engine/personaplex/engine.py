@@ -20,7 +20,7 @@ Design choices:
   their tick: a new conversation listens after a few ticks, not one tick per prompt
   position. When it is read the slot takes the planned staging ring, its Mimi streams
   restart (as the reference resets Mimi after the prompt) and it is live.
-- `open` reads one system prompt into every slot at once, with no tick.
+- `open` reads one system prompt into every slot, OPEN_ROWS slots at a time, with no tick.
 - Sampling settings and seeds are per slot (sampling.py): counter-based draws, so a seeded
   conversation is reproducible whatever shares the batch.
 - Text pieces: EPAD (0) and PAD (3) are hidden (PP-server), and so are SentencePiece's
@@ -94,6 +94,9 @@ DEFAULT_PERSONA = ("You are a wise and friendly teacher. Answer questions or pro
 _DEFAULT = object()
 MAX_CLIP_SECONDS = 30.0  # a voice clip given as audio (the released voices are prompts of a few seconds)
 PROMPT_CHUNK = 256  # system prompt positions read before one tick (a persona of a few hundred tokens: one tick)
+OPEN_ROWS = 16  # rows `open` reads a prompt into at once: the torch attention of a chunk dequantises the
+# float8 ring of every row it reads (~0.25 GiB a row in float32 at the released size), so 128 at once
+# would take ~30 GiB on top of 128 full rings
 KV_CHOICES = ("auto", "model", "float8")  # auto: float8 on CUDA, the model's dtype elsewhere
 
 
@@ -231,7 +234,8 @@ class PersonaPlex:
         self.prompts.clear()
         self.live.clear()
         self.lockstep.sampling.set(slice(None), self.sampling)
-        self._read_prompt(slice(None), _Prompt(planned), planned.positions)
+        for first in range(0, self.slots, OPEN_ROWS):  # a few rows at a time: the prompt's attention
+            self._read_prompt(slice(first, first + OPEN_ROWS), _Prompt(planned), planned.positions)
 
     def start(self, slot: int, persona: str | None = None, voice: str | Voice | object | None = _DEFAULT,
               seed: int | None = None) -> None:

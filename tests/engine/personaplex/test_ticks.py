@@ -180,3 +180,19 @@ def test_the_bench_refuses_a_slot_count_below_one_before_any_work(capsys: pytest
 
     assert main(["bench", "personaplex", "--slots", "1", "0", "--device", "cpu"]) == 2
     assert "slots must be an integer >= 1; got 0" in capsys.readouterr().err
+
+
+@torch.no_grad()
+def test_open_reads_the_prompt_a_few_rows_at_a_time_as_all_at_once(personaplex_checkpoint: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch):
+    """`open` in groups of OPEN_ROWS rows (2 here, over 3 slots: a last group of one) gives every slot
+    the state that reading all of them at once gives: the same ticks after it."""
+    runs = []
+    for rows in (16, 2):
+        monkeypatch.setattr(engine_module, "OPEN_ROWS", rows)
+        engine = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=3, sampling=GREEDY)
+        engine.open(persona="Your name is Jane.")
+        assert engine.live == {0, 1, 2}
+        runs.append([engine.step(pcm) for pcm in user(6, 3, seed=4)])
+    for once, grouped in zip(*runs):
+        assert_same(grouped, once)
