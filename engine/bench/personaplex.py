@@ -9,7 +9,8 @@ Design choices:
 - The weights are built once; each slot count gets its own engine on them (its rings,
   streams and graphs), which is closed and freed before the next (`engine.close()`), so
   one process times every size.
-- Each slot count: `open` (every slot's system prompt, timed), then, by default, every
+- Each slot count: `open` (every slot's system prompt: the default voice and persona, timed
+  to the end of its GPU work), then, by default, every
   conversation is moved a whole context ahead (`--history full`: each tick reads a full
   key/value ring, the cost of a call past its first four minutes), warm-up ticks, timed
   ticks of random user audio.
@@ -129,7 +130,9 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
                            fused=not args.no_fused, parts_timed=args.parts, buckets=[slots])  # the one it times
     try:
         started = time.perf_counter()
-        engine.open(persona=DEFAULT_PERSONA, voice=None)
+        engine.open(persona=DEFAULT_PERSONA)  # and the default voice: RANDOM at the released size
+        if dev.type == "cuda":
+            torch.cuda.synchronize()  # the prompt's kernels run after open returns
         prefill_ms = (time.perf_counter() - started) * 1000
         lm = engine.cfg.lm
         history = int(engine.lockstep.local[0]) - 1
