@@ -4,23 +4,24 @@
     scripts/gpu OUT --smoke             # on a CPU: every stage's command at the tiny size, to catch typos
     scripts/gpu OUT --stages serve,takes --budget 500 --slots 64
 
-Everything takes about 20 minutes on an H200, more than one 10-minute command: run it as
-    scripts/gpu OUT1 --stages pytest,serve
-    scripts/gpu OUT2 --stages takes,numerics,kernels,personaplex,converse
+The default stages fit one 10-minute command (--budget 555 s: 400 s for Drama 3 and 155 s
+for PersonaPlex; each stage's limit in LIMITS_S); `retake` runs only when asked
+(`--stages retake`, about 3 minutes).
 
 Stages, in this order (each within its own time limit and what is left of --budget; a stage
 that fails or runs out of time is recorded and the next one runs):
 
 - env: torch, CUDA, the GPU, package versions
 - pytest: `pytest -m gpu` over every test file with GPU tests (verbose; junit once it ends)
-- serve: `retake serve --random-weights --preset full`, then `retake loadtest` at 1 session
-  (first audio at client and server, gaps) and at 8, 32, 64 (the concurrency table)
 - takes: `retake bench takes --random-weights --preset full --device cuda --profile FILE`:
-  decode, prefill, first audio, vocode
-- retake: `retake bench retake --random-weights --preset full --device cuda`: first audio of a
-  retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off
+  decode (graph, floor), first audio, prefill, the step with 1..64 of 64 slots decoding,
+  vocode (the bench writes its JSON after each part: a timeout keeps what was measured)
+- serve: `retake serve --random-weights --preset full`, then `retake loadtest` at 1 session
+  (first audio at client and server, gaps) and at 16 and 64 (the concurrency table)
+- kernels: `retake bench kernels` (each decode kernel against its torch reference)
 - numerics: `retake bench numerics`: compiled vs eager in float32, per experts path and TF32
-- kernels: `retake bench kernels` (when the kernels exist)
+- retake (only with --stages): `retake bench retake --random-weights --preset full --device
+  cuda`: first audio of a retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off
 - personaplex: `retake bench personaplex --size released` at 1, 8, 32, 64, 128 slots (a full
   context each), then encode / model / decode apart (`--parts`) at 1 and 64 if time is left
 - converse: `retake serve --converse --random-weights --size released --preset tiny
@@ -28,9 +29,11 @@ that fails or runs out of time is recorded and the next one runs):
   --converse` at 127 conversations with one joining while they talk (all 128 slots), then 64
   with one joining if time is left
 
-OUT gets at most 4 files: summary.json (everything measured, per stage), log.txt (each
-stage's output, its tail when long), server.log (the served engine's log), profile.txt
-(the kernel tables of `bench takes --profile`). Work files live in /tmp/retake-gpu.
+OUT gets at most 6 files: summary.json (everything measured, per stage; rewritten after
+each stage, so a run cut short keeps what it measured), summary.txt (the figures that
+matter, readable; also printed at the end), log.txt (each stage's output, its tail when
+long), server.log and converse-server.log (the served engines' logs), profile.txt (the
+kernel tables of `bench takes --profile`). Work files live in /tmp/retake-gpu.
 
 Design choices:
 - Python orchestrates (subprocesses, time limits, the server's life); scripts/gpu only
@@ -63,15 +66,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_summary import readable  # beside this file (scripts/ is on sys.path when run as a script)
+
 WORK = Path("/tmp/retake-gpu")
 PY = sys.executable
 CLI = [PY, "-m", "backend.cli"]
-STAGES = ("env", "pytest", "serve", "takes", "retake", "numerics", "kernels", "personaplex", "converse")
-LIMITS_S = {"env": 30, "pytest": 200, "serve": 300, "takes": 240, "retake": 300, "numerics": 150, "kernels": 90,
+STAGES = ("env", "pytest", "takes", "serve", "kernels", "numerics", "retake", "personaplex", "converse")
+DEFAULT_STAGES = tuple(s for s in STAGES if s != "retake")  # retake's ~3 minutes do not fit one command
+# Seconds per stage: the default stages add up to the default budget (one 10-minute command
+# with the wheels' install): Drama 3 400 s, PersonaPlex 155 s. A stage that ends early
+# leaves its time to the later ones (each is capped by what is left of --budget).
+LIMITS_S = {"env": 15, "pytest": 70, "takes": 140, "serve": 130, "kernels": 20, "numerics": 25, "retake": 240,
             "personaplex": 75, "converse": 80}
+BUDGET_S = 555.0
 SMOKE_LIMITS_S = {name: 900 for name in STAGES}
 LOG_TAIL = 120_000  # characters of each stage's output kept in log.txt
-LOADS = ((1, 5), (8, 2), (32, 2), (64, 2))  # (sessions, takes each) against the full-size server
+LOADS = ((1, 4), (16, 2), (64, 2))  # (sessions, takes each) against the full-size server
 SMOKE_LOADS = ((1, 2), (2, 1))
 Json = dict[str, Any]
 
@@ -139,15 +149,21 @@ class Run:
                          + (text if len(text) <= LOG_TAIL else f"[... {len(text) - LOG_TAIL} characters ...]\n"
                             + text[-LOG_TAIL:]))
         print(f"[gpu] {name}: {stage.status} in {stage.seconds} s {stage.note}", flush=True)
+        self.write()  # after every stage: a run cut short keeps what it measured
 
     def limit(self, stage: Stage) -> float:
         return max(1.0, min(self.limits[stage.name], self.left() - 15))
 
-    def finish(self) -> None:
-        self.summary["stages"] = [asdict(s) for s in self.summary["stages"]]
-        self.summary["elapsed_s"] = round(time.monotonic() - self.started, 1)
-        (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1, default=str) + "\n")
+    def write(self) -> None:
+        summary = {**self.summary, "stages": [asdict(s) for s in self.summary["stages"]],
+                   "elapsed_s": round(time.monotonic() - self.started, 1)}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
         (self.out / "log.txt").write_text("\n\n".join(self.logs) + "\n")
+        (self.out / "summary.txt").write_text(readable(json.loads(json.dumps(summary, default=str))))
+
+    def finish(self) -> None:
+        self.write()
+        print(readable(json.loads((self.out / "summary.json").read_text())), flush=True)
 
 
 class StageTimeout(Exception):
@@ -475,12 +491,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="scripts/gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="where summary.json and the logs go")
     parser.add_argument("--smoke", action="store_true", help="the tiny preset on the CPU: check every command line")
-    parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
+    parser.add_argument("--stages", default=",".join(DEFAULT_STAGES),
+                        help=f"comma-separated, of {', '.join(STAGES)} (default all but retake)")
     parser.add_argument("--budget", type=float, default=None,
-                        help="seconds for the whole run (default 530 on a GPU, 3600 with --smoke)")
+                        help=f"seconds for the whole run (default {BUDGET_S:.0f} on a GPU, 3600 with --smoke)")
     parser.add_argument("--slots", type=int, default=None, help="retake serve --slots (default: the server's)")
     args = parser.parse_args()
-    args.budget = args.budget or (3600.0 if args.smoke else 530.0)
+    args.budget = args.budget or (3600.0 if args.smoke else BUDGET_S)
     wanted = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in STAGES]
     if unknown:

@@ -18,6 +18,9 @@
 Design choices:
 - Random weights are drawn on the GPU (random_weights.py) in the released dtypes; the
   routing of random weights is near-uniform, which every report says.
+- The parts run in the order of what matters most (decode, first audio and vocode,
+  prefill, the 64-slot step by decoding rows, the profile) and the JSON is rewritten after
+  each, so a run stopped by a time limit (scripts/gpu) keeps what it measured.
 - Prompts are synthetic frame rows (text rows, then audio rows): tokenising is not part of
   what is measured; `prompt_ms` is measured by `retake say` instead.
 - GPU times come from CUDA events around the region after warm-up; CPU runs print the
@@ -31,11 +34,13 @@ import functools
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from engine.drama3.fast import DEFAULT_KERNELS, KERNELS
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from torch.autograd.profiler_util import FunctionEvent
@@ -64,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model size with --random-weights (full: the assumed 35B-A3B dimensions)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-compile", action="store_true", help="leave decode layers uncompiled")
+    parser.add_argument("--kernels", nargs="*", choices=KERNELS, metavar="NAME", default=None,
+                        help=f"the decode step's Triton kernels to install, of {', '.join(KERNELS)} (default: "
+                             f"{' '.join(DEFAULT_KERNELS)}; none: --kernels with no name)")
     parser.add_argument("--compile-prefill", action="store_true",
                         help="also compile the layers for prefill chunks (symbolic row count)")
     parser.add_argument("--profile", type=Path, metavar="FILE",
@@ -251,7 +259,7 @@ def step_op_counts(decoder: Decoder, kv_len: int) -> dict[str, int]:
 
 
 def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device, steps: int, compile_layers: bool,
-                 compile_prefill: bool = False) -> tuple[list[Row], list[str]]:
+                 compile_prefill: bool = False, kernels: Sequence[str] | None = None) -> tuple[list[Row], list[str]]:
     """Eager steps of the plain model and its op counts, the same with projections fused,
     then the fast path installed: compiled steps and graph replays. Rows: the decode row,
     then one `step_ops` row (ops and GEMMs per part of the step) per model, plain and fused."""
@@ -284,7 +292,8 @@ def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device,
     for _ in range(3):
         eager.advance(bucket)
     row["fused_eager_ms"] = round(statistics.median(timed_ms(lambda: eager.advance(bucket), device, steps)), 3)
-    installed = install_fast_path(model, compile_layers=compile_layers, compile_prefill=compile_prefill)
+    installed = install_fast_path(model, compile_layers=compile_layers, compile_prefill=compile_prefill,
+                                  **({} if kernels is None else {"kernels": kernels}))
     installed = ["fused_projections"] + [name for name in installed if name != "fused_projections"]  # also on CPU
     if compile_layers and device.type == "cuda":
         started = time.perf_counter()
@@ -454,30 +463,44 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint is None and not args.random_weights:
         args.random_weights, args.preset = True, args.preset
     started = time.perf_counter()
+    rows: list[Row] = []
+    meta: dict[str, object] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                               "torch": torch.__version__, "note": NOTE, "targets": TARGETS}
+
+    def flush() -> None:  # the JSON after each part: a run stopped by a time limit keeps what it measured
+        if device.type == "cuda":
+            meta["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        if args.json:
+            args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
+
     with torch.inference_mode():
         model, codec, config, source = build(args)
-        built_s = time.perf_counter() - started
-        rows: list[Row] = []
+        meta.update(source=source, build_s=round(time.perf_counter() - started, 1))
+        # Parts in the order of what matters most if a time limit stops the run early.
         if args.bench in ("decode", "takes"):
             decode_rows, installed = bench_decode(model, config, device, args.steps, not args.no_compile,
-                                                  args.compile_prefill)
+                                                  args.compile_prefill, args.kernels)
             rows += decode_rows
-            rows += bench_rows(model, config, device, args.steps, args.slots)
         else:
             from engine.drama3.fast import install_fast_path
 
             installed = install_fast_path(model, compile_layers=not args.no_compile,
-                                          compile_prefill=args.compile_prefill)
-        if args.bench in ("prefill", "takes"):
-            rows += bench_prefill(model, config, device, args.prompt_rows)
+                                          compile_prefill=args.compile_prefill,
+                                          **({} if args.kernels is None else {"kernels": args.kernels}))
+        meta["kernels"] = installed
+        flush()
         if args.bench == "takes":
             rows += bench_takes(model, codec, config, device, args.prompt_rows[0])
+            flush()
+        if args.bench in ("prefill", "takes"):
+            rows += bench_prefill(model, config, device, args.prompt_rows)
+            flush()
+        if args.bench in ("decode", "takes"):
+            rows += bench_rows(model, config, device, args.steps, args.slots)
+            flush()
         if args.profile:
             args.profile.write_text(profile_tables(model, config, device), encoding="utf-8")
-    meta = {"source": source, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "kernels": installed, "build_s": round(built_s, 1), "note": NOTE,
-            "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-            if device.type == "cuda" else None, "targets": TARGETS}
+    flush()
     print(f"# {meta['device']}, torch {meta['torch']}, {source}; kernels: {', '.join(installed) or 'none'}")
     print(f"# {NOTE}")
     for row in rows:
@@ -502,8 +525,6 @@ def run(args: argparse.Namespace) -> int:
         print("targets: first audio " + ", ".join(f"{r['first_audio_ms']} ms (first window "
                                                  f"{r['first_window_frames']}, {r['vocoder']})" for r in first)
               + f" (<= {TARGETS['first_audio_ms']})")
-    if meta["peak_memory_gib"] is not None:
+    if meta.get("peak_memory_gib") is not None:
         print(f"peak GPU memory {meta['peak_memory_gib']} GiB")
-    if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -89,8 +89,8 @@ class DecoderLayer(nn.Module):
             h = self.self_attn(h, rope, input_pos, slots, kv_len)
         else:
             h = self.linear_attn(h, input_pos, slots)
-        x = x + h
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        normed, x = self.post_attention_layernorm.add(x, h)  # x + h, and its norm
+        out: torch.Tensor = x + self.mlp(normed)
         return out
 
 

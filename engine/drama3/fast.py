@@ -3,6 +3,7 @@
     fuse_projections(model)                      # one GEMM per group of linears over one input (any device)
     install_fast_path(model)                     # fused projections; fla DeltaNet prefill; the DeltaNet
                                                  # decode-step kernel; compiled decode layers
+    install_fast_path(model, kernels=("deltanet_step", "add_rms_norm"))   # kernels picked (KERNELS)
 
 The decode step's CUDA graphs are the Decoder's (decoder.py, engine/graphs.py).
 
@@ -23,8 +24,13 @@ Design choices:
   delta rule, gated norm) as one Triton launch per layer (engine/kernels/deltanet_step.py,
   tested against its torch reference and the layer). torch.compile does not trace into
   it (a graph break): inside the decode step's CUDA graph a break costs nothing.
-- The RMSNorms stay torch code: in the compiled decode layers Inductor fuses each with
-  the residual add before it, which is what engine/kernels/norm.py's kernel does.
+- Each Triton kernel of the step is selectable (`kernels`, `retake bench decode
+  --kernels`), so each is measured in the step against the step without it. By default
+  the residual add + RMSNorm stays torch code: in the compiled decode layers Inductor
+  fuses each norm with the add before it, which is what engine/kernels/norm.py's kernel
+  does; `add_rms_norm` puts the kernel (a graph break, like the DeltaNet step) at the
+  layers' `RMSNorm.add` instead. The block-FP8 W8A8 experts always run their kernel on
+  CUDA (moe.py): it is the release's arithmetic, and without host syncs.
 - Decode calls (one row per slot) of every backbone and tower layer run torch.compile'd
   code (Inductor fuses the norms, rope, gates and the DeltaNet step into a few kernels);
   calls over many rows (prefill) stay eager, so prompts of any length never recompile.
@@ -33,15 +39,18 @@ Design choices:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.drama3.backbone import DecoderLayer
 from engine.drama3.deltanet import GatedDeltaNet, recurrent_delta_rule
+from engine.drama3.layers import RMSNorm
 from engine.drama3.model import Drama3Model
+from engine.drama3.tower import TowerBlock
 
 
 class PackedLinear(nn.Module):
@@ -132,13 +141,35 @@ def deltanet_decode(layer: GatedDeltaNet) -> Callable[..., torch.Tensor]:
     return run
 
 
+def norm_kernel(norm: RMSNorm) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """`norm.add` (a residual add and the norm after it) as one launch of the fused kernel."""
+    from engine.kernels.norm import add_rms_norm
+
+    add = norm.add
+
+    def launch(x: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.dtype != update.dtype or x.shape != update.shape:  # the kernel rounds the sum to one dtype
+            return add(x, update)
+        return add_rms_norm(x, update, norm.weight, norm.eps)
+
+    return cast(Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                torch.compiler.disable(launch))  # compiled callers break around it
+
+
+KERNELS = ("deltanet_step", "add_rms_norm")  # the step's Triton kernels install_fast_path can put in
+DEFAULT_KERNELS = ("deltanet_step",)  # add_rms_norm: Inductor fuses the compiled layers' norms already
+
+
 def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compile_prefill: bool = False,
-                      decode_kernels: bool = True) -> list[str]:
+                      kernels: Iterable[str] = DEFAULT_KERNELS) -> list[str]:
     """Install the GPU fast path into `model` (a no-op on CPU); return what was installed.
 
     compile_prefill (off by default until measured, see docs/perf.md) also compiles the
     layers for prefill chunks: eager prefill launches every small op from Python.
-    decode_kernels: the DeltaNet decode-step kernel (tests leave it out of a reference)."""
+    kernels: which of KERNELS to install (tests leave them out of a reference)."""
+    kernels = tuple(kernels)
+    if unknown := [name for name in kernels if name not in KERNELS]:
+        raise ValueError(f"unknown decode kernels {unknown}; choose from {', '.join(KERNELS)}")
     installed: list[str] = []
     if model.candidate_head.device.type != "cuda":
         return installed
@@ -153,11 +184,18 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
             if isinstance(module, GatedDeltaNet):
                 module.rule = fla_delta_rule
         installed.append("fla_prefill")
-    if decode_kernels:
+    if "deltanet_step" in kernels:
         for module in model.modules():
             if isinstance(module, GatedDeltaNet) and "forward" not in vars(module):  # not installed yet
                 vars(module)["forward"] = deltanet_decode(module)  # shadows the class's forward
         installed.append("deltanet_step_kernel")
+    if "add_rms_norm" in kernels:
+        for module in model.modules():
+            if isinstance(module, (DecoderLayer, TowerBlock)):
+                norm = module.post_attention_layernorm if isinstance(module, DecoderLayer) else module.ffn_norm
+                if "add" not in vars(norm):
+                    vars(norm)["add"] = norm_kernel(norm)  # shadows RMSNorm.add
+        installed.append("add_rms_norm_kernel")
     if compile_layers:
         import torch._dynamo
 

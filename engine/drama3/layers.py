@@ -3,7 +3,8 @@ attention over that cache.
 
 Design choices:
 - RMSNorm is zero-centred (`x_norm * (1 + w)`, computed in float32) everywhere in
-  Drama 3: backbone and tower norms, and the per-head q/k norms.
+  Drama 3: backbone and tower norms, and the per-head q/k norms. `RMSNorm.add` is a
+  residual add with the norm after it, the one place a fused kernel can take both.
 - Rope tables are built by `setup_caches` (one row per cache position), like gpt-fast:
   a model built on the meta device has no tables until its caches exist. Rotation runs
   in float32. The backbone rotates the first `rotary_dim` dims NeoX-style (halves), the
@@ -34,6 +35,12 @@ class RMSNorm(nn.Module):
         y = x.float()
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * (1.0 + self.weight.float())).type_as(x)
+
+    def add(self, x: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + update), x + update): a residual add and the norm after it (the GPU fast
+        path runs both as one kernel, engine/kernels/norm.py)."""
+        summed = x + update
+        return self(summed), summed
 
 
 def rope_table(rows: int, rotary_dim: int, base: float, device: torch.device | str) -> torch.Tensor:

@@ -96,8 +96,8 @@ class TowerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
                 kv_len: int | None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), rope, input_pos, slots, kv_len)
-        y: torch.Tensor = x + self.feed_forward(self.ffn_norm(x))
+        normed, x = self.ffn_norm.add(x, self.attention(self.attention_norm(x), rope, input_pos, slots, kv_len))
+        y: torch.Tensor = x + self.feed_forward(normed)
         return y
 
 

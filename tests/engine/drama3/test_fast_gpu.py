@@ -16,7 +16,7 @@ import torch
 
 from engine.drama3.decoder import Decoder
 from engine.drama3.deltanet import chunked_delta_rule, l2_normalize
-from engine.drama3.fast import fla_delta_rule, install_fast_path
+from engine.drama3.fast import KERNELS, fla_delta_rule, install_fast_path
 from engine.drama3.moe import Experts
 
 pytestmark = pytest.mark.gpu
@@ -86,7 +86,7 @@ def test_fast_path_decode_matches_eager(tiny_checkpoint, exact_float32) -> None:
     steps, max_rows = 24, len(prompt.rows) + 64
     model.setup_caches(1, max_rows, "cuda", torch.float32)
     with torch.inference_mode():
-        install_fast_path(model, compile_layers=False, decode_kernels=False)  # fla prefill in both runs
+        install_fast_path(model, compile_layers=False, kernels=())  # fla prefill in both runs
         eager = Decoder(model, max_rows)
         kv = eager.kv_len(len(prompt.rows) + steps)
         reference = frames_of(eager, prompt, steps, lambda position: eager.advance(kv))
@@ -117,7 +117,7 @@ def test_compiled_prefill_matches_eager(tiny_checkpoint, exact_float32) -> None:
     prompts = [build_prompt(text, None, [], Sampling(max_new_tokens=16, seed=1), tokenizer, config)
                for text in ("A first prompt.", "A second, longer prompt of another length.")]
     with torch.inference_mode():
-        install_fast_path(model, compile_layers=False, decode_kernels=False)  # fla prefill in both runs
+        install_fast_path(model, compile_layers=False, kernels=())  # fla prefill in both runs
         decoder = Decoder(model, max_rows)
         reference = []
         for prompt in prompts:
@@ -214,3 +214,28 @@ def test_a_seeded_take_draws_the_same_frames_in_any_row_and_bucket(tiny_checkpoi
     assert all(torch.equal(four[slot], alone[which]) for slot, which in {1: 0, 0: 1, 3: 2, 2: 3}.items())
     assert all(torch.equal(three[slot], alone[which]) for slot, which in {2: 3, 0: 1, 1: 0}.items())
     assert torch.equal(launched[3], pair[3]) and torch.equal(launched[1], pair[1])
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_each_decode_kernel_gives_the_step_without_it(tiny_checkpoint, exact_float32, kernel: str) -> None:
+    """Each Triton kernel of the step (fast.py KERNELS) selected alone, layers not compiled:
+    the same frames of a seeded take and the same hidden state to float32 rounding as the
+    step with none (TF32 off, the experts' plain path)."""
+    from engine.drama3.checkpoint import load_model
+    from engine.drama3.prompt import build_prompt
+    from engine.drama3.sampling import Sampling
+
+    model, config, tokenizer = load_model(tiny_checkpoint, device="cuda", dtype=torch.float32)
+    float_activations(model)
+    prompt = build_prompt("Each kernel, checked.", None, [], Sampling(max_new_tokens=32, seed=6), tokenizer, config)
+    steps, max_rows = 16, len(prompt.rows) + 64
+    with torch.inference_mode():
+        assert f"{kernel}_kernel" not in install_fast_path(model, compile_layers=False, kernels=())
+        decoder = Decoder(model, max_rows)
+        kv = decoder.kv_len(len(prompt.rows) + steps)
+        reference = frames_of(decoder, prompt, steps, lambda position: decoder.advance(kv))
+        hidden_reference = decoder.hidden.clone()
+        assert f"{kernel}_kernel" in install_fast_path(model, compile_layers=False, kernels=(kernel,))
+        fast = frames_of(decoder, prompt, steps, lambda position: decoder.advance(kv))
+        assert (decoder.hidden - hidden_reference).norm() / hidden_reference.norm() < 1e-5
+    assert torch.equal(fast, reference)

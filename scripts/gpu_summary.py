@@ -1,0 +1,162 @@
+"""The figures of a `scripts/gpu` run that matter, as text: `readable(summary)`.
+
+    python3 scripts/gpu_summary.py OUT/summary.json     # the same text again, from a saved run
+
+Design choices:
+- Reads only summary.json's dict (what each stage's bench wrote), so it also reads a run
+  cut short or a stage that failed half-way: every missing figure prints as "?", and a
+  part that cannot be read says so on its line instead of raising.
+- One block per stage, in the run's order, each figure beside its target where there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Json = dict[str, Any]
+
+
+def get(row: Json | None, key: str, unit: str = "") -> str:
+    value = (row or {}).get(key)
+    return "?" if value is None else f"{value}{unit}"
+
+
+def pct(stats: Json | None, unit: str = " ms") -> str:
+    if not stats:
+        return "?"
+    return "/".join(str(stats.get(q, "?")) for q in ("p50", "p95", "p99")) + unit
+
+
+def rows_of(data: Json | None, bench: str) -> list[Json]:
+    return [r for r in (data or {}).get("rows", []) if isinstance(r, dict) and r.get("bench") == bench]
+
+
+def pytest_lines(data: Json) -> list[str]:
+    counts = data.get("counts", {})
+    lines = [f"pytest -m gpu: {counts.get('PASSED', 0)} passed, {counts.get('FAILED', 0)} failed, "
+             f"{counts.get('SKIPPED', 0)} skipped, {counts.get('ERROR', 0)} errors (exit {data.get('exit_code')})"]
+    for failure in data.get("failures", [])[:20]:
+        lines.append(f"  FAILED {failure.get('test')}: {str(failure.get('message', ''))[:240]}")
+    if not data.get("failures"):
+        lines += [f"  {outcome} {test}" for test, outcome in data.get("results", {}).items()
+                  if outcome in ("FAILED", "ERROR")][:20]
+    return lines
+
+
+def takes_lines(data: Json) -> list[str]:
+    meta = data.get("meta", {})
+    lines = [f"bench takes ({meta.get('source', '?')}; kernels: {', '.join(meta.get('kernels', [])) or '?'}; "
+             f"peak {get(meta, 'peak_memory_gib', ' GiB')})"]
+    for d in rows_of(data, "decode"):
+        lines.append(f"  decode per frame: eager {get(d, 'eager_ms')}, compiled {get(d, 'compiled_ms')}, "
+                     f"graph {get(d, 'graph_ms', ' ms')} (target <= 4 ms); floor {get(d, 'floor_ms', ' ms')} "
+                     f"({get(d, 'step_gib', ' GiB')} at {get(d, 'bandwidth_gb_s', ' GB/s')}), "
+                     f"{get(d, 'ratio_to_floor', 'x')} the floor; compile {get(d, 'compile_s', ' s')}, "
+                     f"capture {get(d, 'capture_s', ' s')}")
+    by_rows = rows_of(data, "decode_rows")
+    if by_rows:
+        lines.append(f"  graphed step of {by_rows[0].get('slots')} slots, by decoding rows: "
+                     + ", ".join(f"{r.get('rows')}: {r.get('graph_ms')} ms ({r.get('frames_per_s')} frames/s)"
+                                 for r in by_rows))
+    for f in rows_of(data, "first_audio"):
+        lines.append(f"  first audio, {f.get('prompt_rows')}-row prompt, first window {f.get('first_window_frames')}, "
+                     f"vocoder {f.get('vocoder')}: {get(f, 'first_audio_ms', ' ms')} (target <= 60 ms)")
+    for p in rows_of(data, "prefill"):
+        lines.append(f"  prefill {p.get('rows')} rows: graph {get(p, 'graph_ms', ' ms')} (target <= "
+                     f"{get(p, 'target_ms', ' ms')}), eager {get(p, 'eager_ms', ' ms')}; chunks that run eagerly: "
+                     f"{p.get('eager_chunk_sizes') or 'none'}")
+    vocode = rows_of(data, "vocode")
+    if vocode:
+        lines.append("  vocode per window (frames+context: eager / graph ms, target <= 10): "
+                     + ", ".join(f"{v.get('frames')}+{v.get('context_frames')}: {get(v, 'eager_ms')} / "
+                                 f"{get(v, 'graph_ms')}" for v in vocode))
+    return lines
+
+
+def serve_lines(data: Json) -> list[str]:
+    lines = [f"serve: {data.get('command', '?')}",
+             f"  ready in {get(data, 'ready_s', ' s')}, {get(data, 'slots')} slots, decode step "
+             f"{get(data, 'decode_step_ms', ' ms')}, peak {get(data, 'peak_memory_gib', ' GiB')}; server exit "
+             f"{data.get('server_exit_code')}",
+             "  sessions  takes  audio s/s  first audio client p50/p95/p99  server p50/p95/p99  "
+             "longest gap p50/p95/p99  real time"]
+    for load in data.get("loads", []):
+        if "skipped" in load:
+            lines.append(f"  {load.get('sessions')!s:>8}  skipped: {load['skipped']}")
+            continue
+        if "first_audio_client_ms" not in load and "takes" not in load:  # converse: exit codes only
+            lines.append(f"  {load.get('sessions')!s:>8}  {load.get('seconds', '?')} s, exit {load.get('exit_code')}")
+            continue
+        lines.append(f"  {load.get('sessions')!s:>8}  {load.get('takes', '?')!s:>5}  {get(load, 'audio_per_s'):>9}  "
+                     f"{pct(load.get('first_audio_client_ms')):>30}  {pct(load.get('first_audio_server_ms')):>17}  "
+                     f"{pct(load.get('longest_gap_ms')):>23}  {load.get('real_time')}"
+                     + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
+                     + (f"  exit {load.get('exit_code')}" if load.get("exit_code") not in (0,) else ""))
+    problems = [line for line in data.get("log", []) if "Traceback" in line or "Error" in line or "eagerly" in line]
+    lines += [f"  log: {line[:200]}" for line in problems[:8]]
+    return lines
+
+
+def kernels_lines(data: Json) -> list[str]:
+    lines = ["kernels (kernel vs torch reference, ms; ratio to its bandwidth floor; share of a step)"]
+    for r in data.get("rows", []):
+        lines.append(f"  {r.get('kernel')!s:<22} rows {r.get('rows')!s:>3}: {get(r, 'kernel_ms')} vs "
+                     f"{get(r, 'reference_ms')} ({r.get('reference_mode')}), {get(r, 'speedup', 'x')}, "
+                     f"{get(r, 'ratio_to_floor', 'x')} floor, {get(r, 'step_ms')} ms per step")
+    return lines
+
+
+def numerics_lines(data: Json) -> list[str]:
+    lines = ["numerics (compiled vs eager, float32): experts, TF32 -> prefill rel. error, first step rel. error, "
+             "frames equal"]
+    for r in data.get("rows", []):
+        if "error" in r:
+            lines.append(f"  {r.get('experts')}, {r.get('tf32')}: {r['error'][:200]}")
+        else:
+            lines.append(f"  {r.get('experts')}, {r.get('tf32')}: {get(r, 'prefill_rel_error')}, "
+                         f"{get(r, 'first_step_rel_error')}, {r.get('frames_equal')}/{r.get('steps')} "
+                         f"(first differing step {r.get('first_differing_step')})")
+    return lines
+
+
+def other_lines(name: str) -> Callable[[Json], list[str]]:
+    def lines(data: Json) -> list[str]:
+        text = data.get("output")
+        if isinstance(text, str):
+            return [f"{name}:"] + [f"  {line}" for line in text.strip().splitlines()[-15:]]
+        return [f"{name}: " + json.dumps(data, default=str)[:1500]]
+    return lines
+
+
+BLOCKS: dict[str, Callable[[Json], list[str]]] = {
+    "pytest": pytest_lines, "takes": takes_lines, "serve": serve_lines, "kernels": kernels_lines,
+    "numerics": numerics_lines, "converse": serve_lines,
+}
+
+
+def readable(summary: Json) -> str:
+    env = summary.get("env", {})
+    lines = [f"===== Retake on {env.get('gpu') or 'cpu'} (torch {env.get('torch')}, CUDA {env.get('cuda_version')}), "
+             f"{summary.get('elapsed_s', '?')} s of a {summary.get('budget_s', '?')} s budget"
+             + (" (smoke: tiny preset on the CPU)" if summary.get("smoke") else ""),
+             "stages: " + " | ".join(f"{s.get('name')} {s.get('status')} {s.get('seconds')} s"
+                                     + (f" ({s.get('note')})" if s.get("note") else "")
+                                     for s in summary.get("stages", []))]
+    for stage in summary.get("stages", []):
+        name = stage.get("name")
+        data = summary.get(name)
+        if name == "env" or not isinstance(data, dict):
+            continue
+        try:
+            lines += BLOCKS.get(name, other_lines(name))(data)
+        except Exception as error:  # noqa: BLE001 - a summary never fails the run
+            lines.append(f"{name}: (could not summarise: {type(error).__name__}: {error})")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(readable(json.loads(Path(sys.argv[1]).read_text())), end="")
