@@ -9,10 +9,11 @@ batched step at a time.
 Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed slots):
 - Fixed slots, one per Decoder row. `start` takes the lowest free slot; which take to
   start, and when, is the caller's choice (the backend loop picks earliest deadline
-  first). Its prompt is prefilled by the next steps, a few chunks per step
-  (`prefill_rows`, about 512 rows) while other takes decode, so a new director does not
-  give everyone else a playback gap as long as the whole prompt; with no take decoding,
-  a step runs the whole prefill at once. Prompts waiting for their prefill go in start
+  first). Its prompt is prefilled by the next steps, a few chunks per step while other
+  takes decode: as many rows as keep a step within most of a frame's duration, measured
+  as the steps go (admission.py), so a new director never makes the others fall behind
+  real time; `prefill_rows` fixes the rows per step instead. With no take decoding, a
+  step runs the whole prefill at once. Prompts waiting for their prefill go in start
   order.
 - `step` polls every decoding take's stop rules (cancel, deadline), runs one decode
   step for all slots at the KV bucket of the furthest take, reads the status of every
@@ -32,6 +33,7 @@ from concurrent.futures import Executor
 
 import torch
 
+from engine.drama3.admission import Admission
 from engine.drama3.codec import Codec
 from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.decoder import Decoder
@@ -41,7 +43,6 @@ from engine.drama3.stream import StreamSchedule
 from engine.drama3.take import AudioWindow, Done, Take
 
 Events = list[AudioWindow | Done]
-PREFILL_ROWS_PER_STEP = 512  # prompt rows prefilled between two decode steps while takes decode
 
 
 class Slots:
@@ -49,9 +50,11 @@ class Slots:
 
     def __init__(self, decoder: Decoder, codec: Codec, *, overlap: int, first_window: int | None,
                  executor: Executor | None = None, graphs: WindowGraphs | None = None,
-                 prefill_rows: int = PREFILL_ROWS_PER_STEP) -> None:
+                 prefill_rows: int | None = None) -> None:
         self.decoder, self.codec, self.executor, self.graphs = decoder, codec, executor, graphs
-        self.overlap, self.first_window, self.prefill_rows = overlap, first_window, prefill_rows
+        self.overlap, self.first_window = overlap, first_window
+        self.prefill_rows = prefill_rows  # prompt rows per step while takes decode; None: `admission`'s
+        self.admission = Admission(frame_s=codec.frame_samples / codec.sample_rate)
         self.takes: list[Take | None] = [None] * decoder.num_slots  # the take of each slot (prefilling or decoding)
         self.prefills: dict[Take, Prefill] = {}  # takes whose prompt is not all prefilled yet, in start order
         self.closing: list[Take] = []  # ended, slot free, last windows still to hand out
@@ -101,15 +104,17 @@ class Slots:
             self.end(take, "error", f"{type(exc).__name__}: {exc}")
         return take
 
-    def prefill(self) -> None:
+    def prefill(self) -> int:
         """Run waiting prompts' prefill chunks, in start order: about `prefill_rows` rows of them
-        while takes decode; with none decoding, the first prompt's whole prefill (nobody is
-        stalled by it). A take whose prefill is done decodes from this step on."""
-        budget = self.prefill_rows
+        (or the admission budget's) while takes decode; with none decoding, the first prompt's
+        whole prefill (nobody is stalled by it). A take whose prefill is done decodes from
+        this step on. Returns the rows prefilled while takes decode."""
+        decoding = bool(self.decoding())
+        budget = allowed = (self.prefill_rows or self.admission.rows()) if decoding else 0
         for take, prefill in list(self.prefills.items()):
             left = sum(end - start for start, end in prefill.chunks)
             try:
-                done = self.decoder.prefill_more(prefill, budget if self.decoding() else None)
+                done = self.decoder.prefill_more(prefill, budget if decoding else None)
             except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the others
                 self.end(take, "error", f"{type(exc).__name__}: {exc}")
                 continue
@@ -117,8 +122,9 @@ class Slots:
                 del self.prefills[take]
                 take.prefilled()
             budget -= left - sum(end - start for start, end in prefill.chunks)
-            if budget <= 0:
-                return
+            if decoding and budget <= 0:
+                break
+        return allowed - budget if decoding else 0
 
     def end(self, take: Take, reason: str, error: str | None = None) -> None:
         """Stop a take in a slot (prefilling or decoding): free its slot, send its last window."""
@@ -136,8 +142,8 @@ class Slots:
         for take in self.started():
             if (reason := take.stopped()) is not None:
                 self.end(take, reason)
-        if self.prefills:
-            self.prefill()
+        started, beside = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
+        admitted = self.prefill() if self.prefills else 0  # prompt rows prefilled beside decoding takes
         stepping = self.decoding()
         if stepping:
             timer = time.perf_counter()
@@ -149,6 +155,8 @@ class Slots:
                     self.end(take, "error", f"{type(exc).__name__}: {exc}")
             else:
                 step_s = time.perf_counter() - timer
+                if beside:  # (a step after a whole prefill says nothing of the budget)
+                    self.admission.record(time.perf_counter() - started, admitted)
                 for take in stepping:
                     if (reason := take.advance(status[take.slot], step_s)) is not None:
                         self.end(take, reason)

@@ -206,6 +206,8 @@ def test_a_long_prompt_is_prefilled_between_the_steps_of_a_take_playing(batched,
             events[take] += new
         prefill_steps += 1
     assert prefill_steps >= 2 and first.steps - playing >= 2  # chunks between frames, not one stall
+    admission = batched.slot_table.admission  # the budget measured those steps (admission.py)
+    assert admission.decode_s is not None and admission.row_s is not None
     while batched.in_flight:
         for take, new in batched.step():
             events[take] += new
