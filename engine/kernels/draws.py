@@ -13,7 +13,8 @@ Design choices:
 - Philox 4x32 with 10 rounds, through Triton's own `tl.philox` in the kernels: key = the
   seed's low and high 32-bit words, counter words = (index, counter low, stream, counter
   high). `philox_reference` computes the same words with int64 tensor arithmetic (16-bit
-  halves keep every product below 2**63), so kernel and reference agree bit for bit.
+  halves keep every product below 2**63), so kernel and reference agree bit for bit. On a
+  CPU (where the reference is what samples) the same words come from numpy's uint64.
 - A uniform is (r + 0.5) / 2**32 in float64 from the first output word r: strictly inside
   (0, 1), so the Gumbel noise -log(-log u) is always finite and no clamp is needed.
 - Gumbel-max instead of argmax(p / Exponential) (the old sampler): the same distribution,
@@ -26,6 +27,7 @@ Design choices:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 try:
@@ -59,7 +61,32 @@ def philox_reference(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, c2:
                      c3: torch.Tensor) -> torch.Tensor:
     """The first output word of Philox 4x32-10 (as `tl.philox`): uint32 values in int64.
 
-    seed int64 [B, 1] (>= 0); counter words c0..c3 int64 (uint32 values), broadcastable to [B, N]."""
+    seed int64 [B, 1] (>= 0); counter words c0..c3 int64 (uint32 values), broadcastable to [B, N].
+    CPU tensors go through numpy (`philox_numpy`, the same words)."""
+    if not any(t.is_cuda for t in (seed, c0, c1, c2, c3)):
+        return philox_numpy(seed, c0, c1, c2, c3)
+    return philox_torch(seed, c0, c1, c2, c3)
+
+
+def philox_numpy(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor,
+                 c3: torch.Tensor) -> torch.Tensor:
+    """`philox_torch` in numpy's uint64, where a 32 x 32-bit product is exact: on a CPU a
+    draw's ~250 tiny tensor ops cost milliseconds in torch's dispatch, microseconds here."""
+    mask = np.uint64(MASK32)
+    words = np.broadcast_arrays(*(t.cpu().numpy().astype(np.uint64) for t in (seed, c0, c1, c2, c3)))
+    key, (x0, x1, x2, x3) = words[0], (word & mask for word in words[1:])
+    k0, k1 = key & mask, (key >> np.uint64(32)) & mask
+    for _ in range(ROUNDS):
+        product_b, product_a = np.uint64(ROUND_B) * x2, np.uint64(ROUND_A) * x0  # < 2**64
+        x0, x1, x2, x3 = ((product_b >> np.uint64(32)) ^ x1 ^ k0, product_b & mask,
+                          (product_a >> np.uint64(32)) ^ x3 ^ k1, product_a & mask)
+        k0, k1 = (k0 + np.uint64(KEY_A)) & mask, (k1 + np.uint64(KEY_B)) & mask
+    return torch.from_numpy(x0.astype(np.int64))
+
+
+def philox_torch(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor,
+                 c3: torch.Tensor) -> torch.Tensor:
+    """`philox_reference` in int64 tensor arithmetic (any device)."""
     k0, k1 = seed & MASK32, (seed >> 32) & MASK32
     zero = torch.zeros_like(c0 + c1 + c2 + c3 + k0)  # in the words' common broadcast shape
     c0, c1, c2, c3 = ((word + zero) & MASK32 for word in (c0, c1, c2, c3))
