@@ -80,16 +80,32 @@ class RowSettings(Protocol):
 # ─── torch reference ─────────────────────────────────────────────────────────
 
 
+def ranked(x: torch.Tensor, k: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first k (None: all) of a stable descending sort of float32 x [B, V]: values and
+    indices [B, k]. For k below V, a top-k of the kernels' int64 keys (float bits made
+    order-preserving, then the complement of the index: every key distinct, equal values
+    rank by index), which on a CPU costs a fraction of sorting the row."""
+    if k is None or k >= x.shape[-1]:
+        return x.sort(dim=-1, descending=True, stable=True)
+    x = torch.where(x == 0.0, 0.0, x)  # -0.0 and 0.0 are one value, as for torch.sort
+    bits = x.view(torch.int32).long()  # [B, V]
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed order of the bits = float order
+    index = torch.arange(x.shape[-1], device=x.device)
+    order = ((ordered << 32) | (x.shape[-1] - 1 - index)).topk(k, dim=-1).indices  # [B, k]
+    return x.gather(-1, order), order
+
+
 def draw_reference(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                    seed: torch.Tensor, counter: torch.Tensor, stream: int, *, keep_crossing: bool,
                    max_k: int | None = None) -> torch.Tensor:
     """The drawn column [B] (int64) of each row of logits [B, V]; the other tensors are [B].
 
-    max_k, a static bound on every row's top_k, ranks only that many candidates."""
+    max_k, a static bound on every row's top_k, ranks only that many candidates (on a CPU
+    the rows' largest top_k bounds it: ranks past a row's top_k are never kept)."""
     x = logits.float()  # [B, V]
-    sorted_x, order = x.sort(dim=-1, descending=True, stable=True)  # [B, V]
-    if max_k is not None:
-        sorted_x, order = sorted_x[:, :max_k], order[:, :max_k]  # [B, k]
+    if max_k is None and not x.is_cuda:  # a host read costs nothing here; CUDA keeps static shapes
+        max_k = int(top_k.max().clamp(min=1))
+    sorted_x, order = ranked(x, max_k)  # [B, k]
     t = temperature.float().clamp(min=MIN_TEMPERATURE).double()[:, None]  # [B, 1]
     scaled = sorted_x.double() / t  # [B, k]
     top = scaled[:, :1]

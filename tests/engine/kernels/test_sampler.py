@@ -234,3 +234,18 @@ def test_kernels_replay_in_a_cuda_graph() -> None:
         expected = sampler.sample_main_reference(logits, ids, window, settings, seed, counter, SEMANTIC_START,
                                                  width - 1)
         assert torch.equal(out[:, 0], expected)
+
+
+@pytest.mark.parametrize("k", [1, 30, 4096, 4097, None])
+def test_ranking_a_few_equals_the_head_of_a_stable_sort(k) -> None:
+    """The references rank a row's first k by a top-k of distinct int64 keys (on a CPU the
+    main draw ranks its rows' largest top_k): the order a stable descending sort gives,
+    with ties (bfloat16 values), both zeros and infinities in the rows."""
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 4097, generator=generator).bfloat16().float()  # [4, 4097], many equal values
+    x[0, :100], x[0, 100:200] = 0.0, -0.0
+    x[1] = -torch.rand(4097, generator=generator)
+    x[2, 5], x[3, 7], x[3, 9] = torch.inf, -torch.inf, torch.inf
+    values, order = sampler.ranked(x, k)
+    sorted_values, sorted_order = x.sort(dim=-1, descending=True, stable=True)
+    assert torch.equal(order, sorted_order[:, :k]) and torch.equal(values, sorted_values[:, :k])
