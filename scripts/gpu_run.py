@@ -12,7 +12,8 @@ Stages, in this order (each within its own time limit and what is left of --budg
 that fails or runs out of time is recorded and the next one runs):
 
 - env: torch, CUDA, the GPU, package versions
-- pytest: `pytest -m gpu` over every test file with GPU tests (verbose; junit once it ends)
+- pytest: `pytest -m gpu` over every test file with GPU tests (verbose; junit once it ends),
+  the kernels, the decoder's and the fast path's files first (FIRST_TESTS)
 - takes: `retake bench takes --random-weights --preset full --device cuda --profile FILE`:
   decode (graph, floor), first audio, prefill, the step with 1..64 of 64 slots decoding,
   vocode (the bench writes its JSON after each part: a timeout keeps what was measured)
@@ -246,9 +247,21 @@ def env_stage(run: Run, stage: Stage, log: Path) -> Json:
     return data
 
 
+# GPU test files run first (in this order) when the stage's time limit may not reach them all:
+# the kernels (no compile), the first window and graph replays, graph == eager, then the rest.
+FIRST_TESTS = ("tests/engine/kernels/", "tests/engine/drama3/test_decoder_gpu.py",
+               "tests/engine/drama3/test_fast_gpu.py", "tests/engine/drama3/test_prefill_gpu.py",
+               "tests/engine/drama3/test_codec_graphs_gpu.py")
+
+
 def gpu_test_files() -> list[str]:
-    return sorted(str(p) for p in Path("tests").rglob("test_*.py")
-                  if re.search(r"pytest\.mark\.gpu|pytestmark = pytest\.mark\.gpu", p.read_text(errors="replace")))
+    files = sorted(str(p) for p in Path("tests").rglob("test_*.py")
+                   if re.search(r"pytest\.mark\.gpu|pytestmark = pytest\.mark\.gpu", p.read_text(errors="replace")))
+
+    def rank(path: str) -> int:
+        return next((i for i, first in enumerate(FIRST_TESTS) if path.startswith(first)), len(FIRST_TESTS))
+
+    return sorted(files, key=rank)  # stable: alphabetical within a rank
 
 
 def pytest_stage(run: Run, stage: Stage, log: Path) -> Json:
