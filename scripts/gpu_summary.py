@@ -95,7 +95,7 @@ def serve_lines(data: Json) -> list[str]:
                      f"{pct(load.get('first_audio_client_ms')):>30}  {pct(load.get('first_audio_server_ms')):>17}  "
                      f"{pct(load.get('longest_gap_ms')):>23}  {load.get('real_time')}"
                      + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
-                     + (f"  exit {load.get('exit_code')}" if load.get("exit_code") not in (0,) else ""))
+                     + (f"  exit {load['exit_code']}" if load.get("exit_code", 0) != 0 else ""))
     problems = [line for line in data.get("log", []) if "Traceback" in line or "Error" in line or "eagerly" in line]
     lines += [f"  log: {line[:200]}" for line in problems[:8]]
     return lines
