@@ -128,14 +128,14 @@ def other_lines(name: str) -> Callable[[Json], list[str]]:
         text = data.get("output")
         if isinstance(text, str):
             return [f"{name}:"] + [f"  {line}" for line in text.strip().splitlines()[-15:]]
-        return [f"{name}: " + json.dumps(data, default=str)[:1500]]
+        return [f"{name}: " + json.dumps({k: v for k, v in data.items() if k != "log"}, default=str)[:3000]]
     return lines
 
 
 BLOCKS: dict[str, Callable[[Json], list[str]]] = {
     "pytest": pytest_lines, "takes": takes_lines, "serve": serve_lines, "kernels": kernels_lines,
-    "numerics": numerics_lines, "converse": serve_lines,
-}
+    "numerics": numerics_lines,
+}  # other stages (personaplex, converse, retake): their JSON, compact
 
 
 def readable(summary: Json) -> str:
