@@ -248,3 +248,35 @@ def test_the_first_window_is_handed_out_while_the_take_decodes(single):
                                                             Sampling(max_new_tokens=120, seed=0)))
     assert frames > 30  # long enough to tell (this seed's take ends at 68 frames)
     assert first is not None and first < frames // 2
+
+
+def test_the_gpus_fp8_kernel_serves_64_slots_and_the_gathered_path_its_pairs(tiny_model):
+    """On CUDA the FP8 experts' kernel has no pair limit: 64 slots (the row buckets' top);
+    off it the gathered expert path keeps slots x experts per token within its pairs."""
+    from engine.drama3.engine import MAX_SLOTS, most_slots
+    from engine.drama3.moe import GATHER_MAX_PAIRS
+
+    _, config, _ = tiny_model
+    assert config.fp8_experts
+    assert most_slots(config, torch.device("cuda")) == MAX_SLOTS == 64
+    per_token = config.text.num_experts_per_tok
+    assert most_slots(config, torch.device("cpu")) == GATHER_MAX_PAIRS // per_token
+    dense = dataclasses.replace(config, fp8_experts=False)  # a checkpoint with bfloat16 experts
+    assert most_slots(dense, torch.device("cuda")) == GATHER_MAX_PAIRS // per_token
+
+
+@pytest.mark.gpu
+def test_slots_are_sized_from_the_gpus_free_memory(tiny_model):
+    """On the GPU: as many slots as the free memory holds caches for, at most 64, capped by
+    --slots; the reason in words for the log."""
+    from engine.drama3.engine import GPU_RESERVE, sized_slots
+    from engine.drama3.model import cache_bytes
+
+    _, config, _ = tiny_model
+    device, rows = torch.device("cuda"), 8192 + 1200
+    free, total = torch.cuda.mem_get_info(device)
+    fits = int((free - GPU_RESERVE * total) // cache_bytes(config, rows, torch.bfloat16)) - 1
+    slots, why = sized_slots(config, device, rows, torch.bfloat16, None)
+    assert slots == min(64, fits) and "GiB free" in why and "at most 64" in why
+    capped, why = sized_slots(config, device, rows, torch.bfloat16, 3)
+    assert capped == 3 and "--slots 3" in why
