@@ -28,7 +28,8 @@ Design choices:
   (engine/kernels/ring_attention.py: reads float8 or bfloat16, computes the visibility
   from the position, skips the ring slots a young conversation has not written) when
   `fused` is set; everything else, and every CPU call, is the torch path below, which is
-  the kernel's reference.
+  the kernel's reference. A kernel that fails to build on the GPU gives way to its
+  reference, logged once (engine/kernels/fallback.py).
 """
 
 from __future__ import annotations
@@ -96,13 +97,15 @@ def dequantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> t
 
 @functools.cache
 def _fused_kernel() -> Callable[..., torch.Tensor] | None:
-    """The fused decode attention, or None (no Triton): imported on first use."""
+    """The fused decode attention (falling back to its reference if it fails on this GPU), or None
+    (no Triton): imported on first use."""
     try:
-        from engine.kernels.ring_attention import ring_attention
+        from engine.kernels.fallback import guarded
+        from engine.kernels.ring_attention import ring_attention_kernel, ring_attention_reference
     except ImportError as error:  # a CUDA torch without Triton: the torch path, said once
         log.warning("fused ring attention unavailable (%s): using the torch path", error)
         return None
-    return ring_attention
+    return functools.partial(guarded, "ring attention", ring_attention_kernel, ring_attention_reference)
 
 
 class RingAttention(StreamingModule):

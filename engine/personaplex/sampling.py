@@ -19,7 +19,8 @@ Design choices:
   Streams: 0 the text token, 1 + t the depformer's step t.
 - `draw_reference` below is the definition; on CUDA the fused kernel
   (engine/kernels/token_draw.py) computes the same from one sort, without the hundreds of
-  small integer ops the Philox reference takes in torch. On a CPU, where each torch op
+  small integer ops the Philox reference takes in torch (if it fails to build on the GPU,
+  the reference runs, logged once: engine/kernels/fallback.py). On a CPU, where each torch op
   costs microseconds of dispatch, the same Philox words are computed in numpy
   (`gumbel_numpy`: the same words, the noise within an ulp of the reference's log): the CPU
   demo keeps its tick.
@@ -111,12 +112,14 @@ def _draw_cpu(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tens
 
 @functools.cache
 def _kernel() -> Callable[..., torch.Tensor] | None:
+    """The fused draw (falling back to `draw_reference` if it fails on this GPU), or None (no Triton)."""
     try:
+        from engine.kernels.fallback import guarded
         from engine.kernels.token_draw import draw_kernel
     except ImportError as error:
         log.warning("fused token draw unavailable (%s): using the torch path", error)
         return None
-    return draw_kernel
+    return functools.partial(guarded, "token draw", draw_kernel, draw_reference)
 
 
 def draw(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, seed: torch.Tensor,
