@@ -227,7 +227,14 @@ def run(args: argparse.Namespace) -> int:
         fits = int((total * 0.9 - weights_gib) // per)
         line += f"; {fits} conversations fit in 90% of this GPU's {total:.0f} GiB"
     print(line)
+    from engine.kernels.fallback import failures
+
+    fell_back = failures()
+    if fell_back:  # the rows above then timed the torch references in their place
+        print("kernels that failed and ran as their torch references: "
+              + "; ".join(f"{name} ({why})" for name, why in fell_back.items()))
     report = {"bench": "personaplex", "size": size, "weights_gib": round(weights_gib, 2),
+              "kernel_fallbacks": fell_back,
               "gib_per_conversation": round(per, 4), "conversations_fit": fits,
               "bandwidth_gb_s": None if bandwidth is None else round(bandwidth / 1e9, 1), "rows": rows}
     print(json.dumps(report))
