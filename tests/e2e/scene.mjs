@@ -3,7 +3,7 @@
 // and leaves), takes for both, a note and
 // a rating, A/B comparison, a deleted line brought back with Undo, a reload where everything is
 // back at once (no take vocoded again), the server restarted in the middle of a take, a second
-// scene (renamed, listed, duplicated, deleted and restored, reopened), takes of both kept and the
+// scene (its script pasted; renamed, listed, duplicated, deleted and restored, reopened), takes of both kept and the
 // scene exported (whole, Bo's stem, subtitles), and the layouts at three sizes. `t` holds the page and the helpers studio.mjs made.
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
@@ -225,6 +225,22 @@ export async function sceneSteps(t) {
   check("New scene opens an empty scene of its own", secondScene !== firstScene && (await studio(() => window.retake.scene.takes.size)) === 0
     && (await page.locator("#scene-name").textContent()) === "Untitled scene", secondScene);
   check("its URL opens it", new URL(page.url()).searchParams.get("session") === secondScene, page.url());
+  //     Its script is pasted: the empty first line takes the first row, names join the cast.
+  await page.locator("#paste-open").click();
+  await page.locator("#paste-text").fill("HARBOUR MASTER: Meanwhile, in the harbour.\nGull: Kraa!\nKraa kraa.\n");
+  await page.locator("#paste-add").click();
+  await page.waitForFunction(() => window.retake.scene.cast.length === 2 && window.retake.scene.lines.length === 3
+    && window.retake.scene.script.draft.length === 0);
+  const pasted = await studio(() => {
+    const s = window.retake.scene;
+    const names = new Map(s.cast.map((c) => [c.character_id, c.name]));
+    return s.lines.map((l) => `${names.get(l.characterId) ?? "?"}: ${l.text}`);
+  });
+  check("a pasted script becomes lines, each given to its character, new names joining the cast",
+    JSON.stringify(pasted) === JSON.stringify(["HARBOUR MASTER: Meanwhile, in the harbour.", "Gull: Kraa!", "Gull: Kraa kraa."]),
+    JSON.stringify(pasted));
+  check("the paste is announced", (await page.locator("#notice-text").textContent())
+    === "Added 3 lines; HARBOUR MASTER, Gull joined the cast with the default voice", await page.locator("#notice-text").textContent());
   const aside = await takeLine(0, "Meanwhile, in the harbour.");
   check("the second scene takes its own lines", aside.samples > 0);
   await page.locator("#scenes-open").click();

@@ -17,6 +17,7 @@ import { ExportPanel } from "./ui/export_panel";
 import { ScriptView } from "./ui/script_view";
 import { CastPanel } from "./ui/cast_panel";
 import { ScenesPanel } from "./ui/scenes_panel";
+import { PastePanel } from "./ui/paste_panel";
 
 const params = new URLSearchParams(location.search);
 const socketUrl = new URL("/ws", location.href);
@@ -47,6 +48,7 @@ const history = new HistoryPanel(studio);
 const exporter = new ExportPanel(studio);
 const notice = new NoticeBar(studio);
 const scenes = new ScenesPanel(studio);
+new PastePanel(studio);
 
 let frame = 0;
 let metersOnly = true;

@@ -120,8 +120,8 @@ export class Scene {
     return this.script.line(id);
   }
 
-  addLine(text = "", after: string | null = this.selectedLineId): Line {
-    const line = this.script.add(text, after);
+  addLine(text = "", after: string | null = this.selectedLineId, characterId?: string | null): Line {
+    const line = this.script.add(text, after, characterId);
     this.selectedLineId = line.id;
     return line;
   }

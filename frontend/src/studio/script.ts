@@ -92,10 +92,11 @@ export class Script {
 
   // ─── edits made here ───────────────────────────────────────────────────────
 
-  add(text: string, after: string | null): Line {
+  add(text: string, after: string | null, characterId?: string | null): Line {
     const id = newLineId();
     const known = after !== null && this.line(after) !== undefined;
-    this.edit(known ? { kind: "set", lineId: id, text, after } : { kind: "set", lineId: id, text });
+    const said = characterId !== undefined ? { characterId } : {};
+    this.edit(known ? { kind: "set", lineId: id, text, after, ...said } : { kind: "set", lineId: id, text, ...said });
     return this.line(id)!;
   }
 

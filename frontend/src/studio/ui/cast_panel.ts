@@ -30,7 +30,7 @@ export function voiceSummary(voice: VoiceInfo | null, frameRate: number): string
 }
 
 let counter = 0;
-function newCharacterId(): string {
+export function newCharacterId(): string {
   counter++;
   return `character-${Date.now().toString(36)}-${Math.floor(Math.random() * 1e9).toString(36)}-${counter}`;
 }
