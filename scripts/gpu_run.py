@@ -398,7 +398,7 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
         data["server_exit_code"] = server.returncode
         shown = r"ready on|DEMO|loading|bucket \d+ runs eagerly|PersonaPlex ticks|slots|Traceback|Error"
         data["log"] = [line for line in text.splitlines() if re.search(shown, line)][:60]
-        ready = re.search(r"one decode step ([\d.?]+) ms, (\d+) slots?, peak memory ([\d.]+) GiB", text)
+        ready = re.search(r"one decode step ([\d.?]+) ms, (\d+) slots?, peak memory ([\d.]+ GiB|n/a)", text)
         if ready:
             data["decode_step_ms"], data["slots"], data["peak_memory_gib"] = ready.groups()
     failed = [load for load in data["loads"] if load.get("exit_code") not in (0, None) or load.get("failures")]

@@ -80,7 +80,7 @@ def takes_lines(data: Json) -> list[str]:
 def serve_lines(data: Json) -> list[str]:
     lines = [f"serve: {data.get('command', '?')}",
              f"  ready in {get(data, 'ready_s', ' s')}, {get(data, 'slots')} slots, decode step "
-             f"{get(data, 'decode_step_ms', ' ms')}, peak {get(data, 'peak_memory_gib', ' GiB')}; server exit "
+             f"{get(data, 'decode_step_ms', ' ms')}, peak memory {get(data, 'peak_memory_gib')}; server exit "
              f"{data.get('server_exit_code')}",
              "  sessions  takes  audio s/s  first audio client p50/p95/p99  server p50/p95/p99  "
              "longest gap p50/p95/p99  real time"]
