@@ -419,8 +419,8 @@ def bench_stage(run: Run, stage: Stage, log: Path, argv: list[str], report: Path
 
 def takes_stage(run: Run, stage: Stage, log: Path) -> Json:
     report, profile = WORK / "takes.json", run.out / "profile.txt"
-    size = ["--preset", "tiny", "--device", "cpu", "--no-compile", "--steps", "3", "--prompt-rows", "24", "40"] \
-        if run.smoke else ["--preset", "full", "--device", "cuda", "--steps", "50"]
+    size = ["--preset", "tiny", "--device", "cpu", "--no-compile", "--steps", "3", "--slots", "4",
+            "--prompt-rows", "24", "40"] if run.smoke else ["--preset", "full", "--device", "cuda", "--steps", "50"]
     return bench_stage(run, stage, log, [*CLI, "bench", "takes", "--random-weights", *size, "--json", str(report),
                                          "--profile", str(profile)], report)  # --steps 50: fewer graphs
 
