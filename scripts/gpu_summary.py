@@ -51,6 +51,8 @@ def takes_lines(data: Json) -> list[str]:
     meta = data.get("meta", {})
     lines = [f"bench takes ({meta.get('source', '?')}; kernels: {', '.join(meta.get('kernels', [])) or '?'}; "
              f"peak {get(meta, 'peak_memory_gib', ' GiB')})"]
+    if meta.get("kernel_fallbacks"):
+        lines.append(f"  KERNELS THAT FELL BACK TO THEIR REFERENCE: {meta['kernel_fallbacks']}")
     for d in rows_of(data, "decode"):
         lines.append(f"  decode per frame: eager {get(d, 'eager_ms')}, compiled {get(d, 'compiled_ms')}, "
                      f"graph {get(d, 'graph_ms', ' ms')} (target <= 4 ms); floor {get(d, 'floor_ms', ' ms')} "

@@ -468,6 +468,9 @@ def run(args: argparse.Namespace) -> int:
                                "torch": torch.__version__, "note": NOTE, "targets": TARGETS}
 
     def flush() -> None:  # the JSON after each part: a run stopped by a time limit keeps what it measured
+        from engine.kernels.fallback import failures
+
+        meta["kernel_fallbacks"] = failures()  # kernels that failed on this GPU: their references ran
         if device.type == "cuda":
             meta["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
         if args.json:

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.drama3.deltanet import l2_normalize, recurrent_delta_rule
+from engine.kernels.fallback import guarded
 
 if TYPE_CHECKING:
     from engine.drama3.deltanet import GatedDeltaNet
@@ -187,6 +188,9 @@ def deltanet_step_kernel(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.Ten
 
 def deltanet_step(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
                   positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """The kernel on CUDA, the reference elsewhere."""
-    run = deltanet_step_kernel if mixed.is_cuda and triton is not None else deltanet_step_reference
-    return run(layer, mixed, z, b, a, positions, slots)
+    """The kernel on CUDA (its reference from then on if it fails to build there:
+    fallback.py), the reference elsewhere."""
+    if mixed.is_cuda and triton is not None:
+        return guarded("DeltaNet step", deltanet_step_kernel, deltanet_step_reference, layer, mixed, z, b, a,
+                       positions, slots)
+    return deltanet_step_reference(layer, mixed, z, b, a, positions, slots)

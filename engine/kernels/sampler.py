@@ -55,6 +55,7 @@ from engine.drama3.sampler import (
     RAS_WINDOW_FRAMES,
 )
 from engine.kernels.draws import STREAM_CODE, STREAM_MAIN, STREAM_RAS, gumbel_reference
+from engine.kernels.fallback import guarded
 
 try:
     import triton
@@ -336,14 +337,20 @@ def sample_code_kernel(logits: torch.Tensor, settings: RowSettings, seed: torch.
 def sample_main(candidate_logits: torch.Tensor, candidate_ids: torch.Tensor, ras_window: torch.Tensor,
                 settings: RowSettings, seed: torch.Tensor, counter: torch.Tensor, semantic_start: int,
                 codebook_size: int, finite: torch.Tensor | None = None) -> torch.Tensor:
-    """The main token ids [B]: the kernel on CUDA, the reference elsewhere (same tokens)."""
-    run = sample_main_kernel if candidate_logits.is_cuda and triton is not None else sample_main_reference
-    return run(candidate_logits, candidate_ids, ras_window, settings, seed, counter, semantic_start,
-               codebook_size, finite)
+    """The main token ids [B]: the kernel on CUDA (its reference from then on if it fails to
+    build there: fallback.py), the reference elsewhere (same tokens)."""
+    args = (candidate_logits, candidate_ids, ras_window, settings, seed, counter, semantic_start, codebook_size,
+            finite)
+    if candidate_logits.is_cuda and triton is not None:
+        return guarded("sampler (main token)", sample_main_kernel, sample_main_reference, *args)
+    return sample_main_reference(*args)
 
 
 def sample_code(logits: torch.Tensor, settings: RowSettings, seed: torch.Tensor, counter: torch.Tensor,
                 head: int, finite: torch.Tensor | None = None) -> torch.Tensor:
-    """Codebook head `head`'s codes [B]: the kernel on CUDA, the reference elsewhere (same codes)."""
-    run = sample_code_kernel if logits.is_cuda and triton is not None else sample_code_reference
-    return run(logits, settings, seed, counter, head, finite)
+    """Codebook head `head`'s codes [B]: the kernel on CUDA (its reference from then on if it
+    fails to build there), the reference elsewhere (same codes)."""
+    if logits.is_cuda and triton is not None:
+        return guarded("sampler (codebook heads)", sample_code_kernel, sample_code_reference, logits, settings, seed,
+                       counter, head, finite)
+    return sample_code_reference(logits, settings, seed, counter, head, finite)
