@@ -396,7 +396,7 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
         text = server_log.read_text(errors="replace")
         (run.out / server_log.name).write_text(text[-2_000_000:])
         data["server_exit_code"] = server.returncode
-        shown = r"ready on|DEMO|loading|bucket \d+ runs eagerly|PersonaPlex ticks|slots|Traceback|Error"
+        shown = r"ready on|DEMO|loading|bucket \d+ runs eagerly|kernel failed|PersonaPlex ticks|slots|Traceback|Error"
         data["log"] = [line for line in text.splitlines() if re.search(shown, line)][:60]
         ready = re.search(r"one decode step ([\d.?]+) ms, (\d+) slots?, peak memory ([\d.]+ GiB|n/a)", text)
         if ready:

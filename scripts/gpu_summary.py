@@ -98,7 +98,8 @@ def serve_lines(data: Json) -> list[str]:
                      f"{pct(load.get('longest_gap_ms')):>23}  {load.get('real_time')}"
                      + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
                      + (f"  exit {load['exit_code']}" if load.get("exit_code", 0) != 0 else ""))
-    problems = [line for line in data.get("log", []) if "Traceback" in line or "Error" in line or "eagerly" in line]
+    problems = [line for line in data.get("log", [])
+                if any(word in line for word in ("Traceback", "Error", "eagerly", "failed"))]
     lines += [f"  log: {line[:200]}" for line in problems[:8]]
     return lines
 
