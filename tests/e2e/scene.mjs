@@ -3,8 +3,8 @@
 // and leaves), takes for both, a note and
 // a rating, A/B comparison, a deleted line brought back with Undo, a reload where everything is
 // back at once (no take vocoded again), the server restarted in the middle of a take, a second
-// scene (its script pasted; renamed, listed, duplicated, deleted and restored, reopened), takes of both kept and the
-// scene exported (whole, Bo's stem, subtitles), and the layouts at three sizes. `t` holds the page and the helpers studio.mjs made.
+// scene (its script pasted; renamed, listed, duplicated, deleted and restored, reopened), takes of both kept, the
+// scene exported (whole, Bo's stem, subtitles) and played through, and the layouts at three sizes. `t` holds the page and the helpers studio.mjs made.
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { serverControl, sineWav } from "./lib.mjs";
@@ -299,6 +299,21 @@ export async function sceneSteps(t) {
     JSON.stringify({ stem: stem.length, whole: whole.length, boStart, boEnd }));
   check("the subtitles say who says what", subtitles.includes(`Mara: ${lines[0]}`) && subtitles.includes(`Bo: ${lines[1]}`), subtitles);
   await page.locator("#export-what").selectOption({ label: "Whole scene" });
+  //     Play scene: the kept takes one after another, in script order, each to its end.
+  const keptOrder = await studio(() => window.retake.scene.keptInScriptOrder().filter((t) => t.samples > 0).map((t) => t.id));
+  await page.locator("#play-scene").click();
+  const heard = [];
+  for (const id of keptOrder) {
+    await page.waitForFunction((take) => window.retake.run?.current === take && window.retake.isSounding(take), id);
+    if (heard.length === 0) check("the button says where the scene is", (await page.locator("#play-scene").textContent()) === `■ Stop · line 1 of ${keptOrder.length}`,
+      await page.locator("#play-scene").textContent());
+    heard.push(id);
+  }
+  await page.waitForFunction(() => window.retake.run === null);
+  const last = await studio(() => window.retake.report);
+  check("Play scene plays every kept take in script order, the last to its end",
+    JSON.stringify(heard) === JSON.stringify(keptOrder) && keptOrder.length >= 2 && last.takeId === keptOrder.at(-1) && last.stateName === "ended"
+      && last.rendered === kept.at(-1), JSON.stringify({ heard, keptOrder, last: [last.takeId, last.stateName, last.rendered] }));
 
   // 16. Layouts: a laptop, a desktop and a phone; nothing wider than the screen, and the
   //     selected line with its takes in view.

@@ -22,6 +22,7 @@
  * - The UI reads state from here and is told what changed through `onChange`.
  */
 import { Player, type PlayerReport } from "../audio/player";
+import { SceneRun } from "./scene_run";
 import {
   takeStart, type CastVoiceSpec, type ClientMessage, type SamplingSpec,
   type ServerMessage, type ServerMessageOf, type VoiceInfo,
@@ -76,6 +77,8 @@ export class Studio {
   /** The take last asked for from this page, with its first-audio latency once heard. */
   lastLatencyMs: number | null = null;
   report: PlayerReport | null = null;
+  /** The scene playing from its first kept take to its last (Play scene); null when none. */
+  run: SceneRun | null = null;
   takenOver = false;
   /** The last destructive actions, to undo (undo.ts); `notice` is the latest, shown with its Undo button. */
   readonly undoStack = new UndoStack();
@@ -338,9 +341,11 @@ export class Studio {
     return take.phase !== "done" || take.samples > 0;
   }
 
-  async play(takeId: number, fromSample = 0): Promise<void> {
+  /** Play a take from `fromSample`; anything but the scene run (`run`) playing ends the run. */
+  async play(takeId: number, fromSample = 0, run: SceneRun | null = null): Promise<void> {
     const take = this.scene.takes.get(takeId);
     if (take === undefined || !this.playable(take)) return;
+    if (run !== this.run) this.endRun(this.run);
     const loading = this.ensureAudio();
     this.playingTakeId = takeId;
     this.playOffset = fromSample;
@@ -397,7 +402,26 @@ export class Studio {
     void this.play(takeId, here < length ? here : 0);
   }
 
+  /** Play the kept take of every line in script order, `gapMs` apart (scene_run.ts). */
+  playScene(gapMs: number): void {
+    const takes = this.scene.keptInScriptOrder().filter((t) => t.samples > 0);
+    if (takes.length === 0) return this.setError("session", "keep a take first: the scene plays the kept take of each line");
+    this.endRun(this.run);
+    this.run = new SceneRun(this, takes.map((t) => t.id), gapMs);
+    this.run.start();
+    this.onChange("takes");
+  }
+
+  /** The scene run is over (or stopped): forget it. */
+  endRun(run: SceneRun | null): void {
+    if (run === null || run !== this.run) return;
+    run.stop();
+    this.run = null;
+    this.onChange("takes");
+  }
+
   stop(): void {
+    this.endRun(this.run);
     this.player?.stop();
     this.playingTakeId = null;
     this.onChange("takes");
@@ -601,6 +625,7 @@ export class Studio {
 
   private onReport(report: PlayerReport): void {
     this.report = report;
+    this.run?.report(report);
     const take = this.scene.takes.get(report.takeId);
     if (take !== undefined && report.firstHeardAt !== null && take.requestedAt !== null && take.heardLatencyMs === null) {
       take.heardLatencyMs = report.firstHeardAt - take.requestedAt;

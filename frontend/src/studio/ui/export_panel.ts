@@ -1,5 +1,6 @@
 /**
- * The export panel: the whole scene as one WAV (the kept take of every line, in script order,
+ * The export panel (and the script's ▶ Play scene, which plays what the export holds): the
+ * whole scene as one WAV (the kept take of every line, in script order,
  * with a gap), one character's stem (the server's `scene.wav?character=`: the same timeline,
  * silence where the others speak), and subtitles (`scene.srt`: who says what, when).
  *
@@ -20,6 +21,7 @@ export class ExportPanel {
   private readonly gap = byId<HTMLInputElement>("export-gap");
   private readonly summary = byId("export-summary");
   private readonly error = byId("export-error");
+  private readonly play = byId<HTMLButtonElement>("play-scene");
   private busy = false;
 
   constructor(private readonly studio: Studio) {
@@ -33,6 +35,10 @@ export class ExportPanel {
       const file = await sceneFile(this.sessionId(), "wav", gapMs, characterId);
       download(file.name, file.data);
     }));
+    this.play.addEventListener("click", () => {
+      if (studio.run !== null) studio.stop();
+      else studio.playScene(this.gapMs());
+    });
     this.subtitles.addEventListener("click", () => void this.run(async (gapMs) => {
       const file = await sceneFile(this.sessionId(), "srt", gapMs);
       download(file.name, file.data, "application/x-subrip");
@@ -45,12 +51,16 @@ export class ExportPanel {
     return id;
   }
 
+  private gapMs(): number {
+    return Math.max(0, Math.round(Number(this.gap.value) || 0));
+  }
+
   private async run(job: (gapMs: number) => Promise<void>): Promise<void> {
     this.busy = true;
     this.error.hidden = true;
     this.update();
     try {
-      await job(Math.max(0, Math.round(Number(this.gap.value) || 0)));
+      await job(this.gapMs());
     } catch (error) {
       setText(this.error, `Export failed: ${error instanceof Error ? error.message : String(error)}`);
       this.error.hidden = false;
@@ -71,5 +81,8 @@ export class ExportPanel {
     this.what.value = cast.some((c) => c.character_id === chosen) ? chosen : "";
     this.what.hidden = cast.length === 0;
     this.button.disabled = this.subtitles.disabled = this.busy || takes.length === 0;
+    const run = this.studio.run;
+    setText(this.play, run === null ? "▶ Play scene" : `■ Stop · line ${run.position}`);
+    this.play.disabled = run === null && takes.length === 0;
   }
 }
