@@ -8,8 +8,10 @@ and subtitles; backend/directing/scenes.py),
 `/converse` (live
 conversations, backend/conversation/ws.py), `/api/chat` (the same conversations in the Moshi
 protocol of the official PersonaPlex and moshi clients, backend/conversation/moshi.py),
-`/health`, `/metrics`, and the studio's built files at `/`. The HTTP routes check the token
-here; the sockets check it on admission (backend/transport.py).
+`/health`, `/metrics`, the studio's built files at `/`, and `POST /auth` (sets the token
+cookie the studio uses). Every request and socket passes admission first
+(backend/admission.py: host, origin, token, body size), a middleware around all routes, so
+routes never check credentials themselves.
 
 The lifespan runs before uvicorn accepts connections: it opens the store (finishing takes a
 previous run left unfinished), starts the engine loop thread, which loads the engine and
@@ -23,14 +25,17 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from backend.admission import TOKEN_COOKIE, Admission, bearer
 from backend.conversation.info import conversation_info
 from backend.conversation.loop import ConversationLoop
 from backend.conversation.moshi import moshi_socket
@@ -45,7 +50,6 @@ from backend.metrics import Metrics
 from backend.settings import Settings
 from backend.state import EngineInfo, ServerState
 from backend.store import Store
-from backend.transport import token_ok
 from engine import Drama3Engine
 from engine.personaplex import PersonaPlex
 
@@ -93,13 +97,17 @@ def start_conversation_loop(settings: Settings) -> ConversationLoop:
     return conversations
 
 
-def authorized(request: Request) -> bool:
-    return token_ok(request.headers, request.query_params, request.app.state.retake.settings)
-
-
-def unauthorized() -> JSONResponse:
-    return JSONResponse({"error": {"message": "a valid token is needed: Authorization: Bearer TOKEN or ?token=TOKEN",
-                                   "type": "authentication_error", "param": None, "code": None}}, status_code=401)
+async def auth(request: Request) -> Response:
+    """`POST /auth` with `Authorization: Bearer TOKEN` (admission checked it): the token as an
+    HttpOnly, SameSite=Strict cookie, which browsers send on the studio's socket and fetches."""
+    state: ServerState = request.app.state.retake
+    token = bearer(dict(request.headers))
+    if state.settings.token is None or token is None:
+        return JSONResponse({"cookie": False})
+    response = JSONResponse({"cookie": True})
+    response.set_cookie(TOKEN_COOKIE, token, max_age=30 * 86400, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+    return response
 
 
 async def health(request: Request) -> Response:
@@ -113,39 +121,11 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    if not authorized(request):
-        return unauthorized()
     state: ServerState = request.app.state.retake
     return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-async def info_route(request: Request) -> Response:
-    if not authorized(request):
-        return unauthorized()
-    return await conversation_info(request)
-
-
-async def export_route(request: Request) -> Response:
-    if not authorized(request):
-        return unauthorized()
-    return await export_take(request)
-
-
-async def speech_route(request: Request) -> Response:
-    if not authorized(request):
-        return unauthorized()
-    return await speech(request)
-
-
-def scenes_route(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    async def route(request: Request) -> Response:
-        return unauthorized() if not authorized(request) else await handler(request)
-    return route
-
-
 async def voices_route(request: Request) -> Response:
-    if not authorized(request):
-        return unauthorized()
     return await (delete_voice(request) if request.method == "DELETE" else voices(request))
 
 
@@ -242,22 +222,28 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
         WebSocketRoute("/converse", conversation_socket),
         WebSocketRoute("/api/chat", moshi_socket),
         Route("/health", health),
-        Route("/converse/info", info_route),
+        Route("/converse/info", conversation_info),
         Route("/metrics", metrics),
-        Route("/v1/audio/speech", speech_route, methods=["POST"]),
+        Route("/auth", auth, methods=["POST"]),
+        Route("/v1/audio/speech", speech, methods=["POST"]),
         Route("/v1/audio/voices", voices_route, methods=["GET", "POST"]),
         Route("/v1/audio/voices/{voice}", voices_route, methods=["DELETE"]),
-        Route("/sessions/{session_id}/takes/{take_id}.wav", export_route),
-        Route("/sessions", scenes_route(create_scene), methods=["POST"]),
-        Route("/sessions/list", scenes_route(list_scenes), methods=["POST"]),
-        Route("/sessions/{session_id}", scenes_route(scene), methods=["PATCH", "DELETE"]),
-        Route("/sessions/{session_id}/restore", scenes_route(restore_scene), methods=["POST"]),
-        Route("/sessions/{session_id}/duplicate", scenes_route(duplicate_scene), methods=["POST"]),
-        Route("/sessions/{session_id}/scene.wav", scenes_route(scene_file)),
-        Route("/sessions/{session_id}/scene.srt", scenes_route(scene_file)),
+        Route("/sessions/{session_id}/takes/{take_id}.wav", export_take),
+        Route("/sessions", create_scene, methods=["POST"]),
+        Route("/sessions/list", list_scenes, methods=["POST"]),
+        Route("/sessions/{session_id}", scene, methods=["PATCH", "DELETE"]),
+        Route("/sessions/{session_id}/restore", restore_scene, methods=["POST"]),
+        Route("/sessions/{session_id}/duplicate", duplicate_scene, methods=["POST"]),
+        Route("/sessions/{session_id}/scene.wav", scene_file),
+        Route("/sessions/{session_id}/scene.srt", scene_file),
     ]
     if (settings.static_dir / "index.html").is_file():
         routes.append(Mount("/", StaticFiles(directory=settings.static_dir, html=True)))
     else:
         routes.append(Route("/", not_built))
-    return Starlette(routes=routes, lifespan=lifespan)
+    middleware = [Middleware(Admission, settings=settings)]
+    if settings.allow_origins:  # pages on those origins may read the API's answers too
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(settings.allow_origins),
+                                     allow_methods=["GET", "POST"], allow_credentials="*" not in settings.allow_origins,
+                                     allow_headers=["Authorization", "Content-Type", "Retake-Session-Key"]))
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)

@@ -1,7 +1,7 @@
 """What both sockets (`/ws` directing, `/converse` conversation) share: admission, the outbox,
 the close signal, the send loop, and the binary audio frame.
 
-    if not await admit(websocket, settings): return          # origin and token; accepted if True
+    if not await admit(websocket, settings): return          # accepts (backend/admission.py checked it)
     outbox = Outbox(dump, max_audio_frames)                   # filled by handlers and engine sinks
     outbox.message(m); outbox.audio(frame); outbox.close(code, reason)
     await send_loop(websocket, outbox)                        # raises Stop once the close is sent
@@ -20,9 +20,9 @@ Design choices:
 - The outbox is typed by its protocol's server message: each protocol gives its `dump`, which
   makes a text frame (JSON on `/ws` and `/converse`) or a binary one (the Moshi protocol on
   `/api/chat`, where every message is a kind byte and its payload).
-- Admission happens before the WebSocket is accepted, so a refused origin or token is an HTTP
-  403 to the browser, not an open socket. Clients without an Origin header (not browsers) are
-  allowed; browsers only from the server's own origin and `--allow-origin`.
+- Admission (host, origin, token) happens before any route runs, in backend/admission.py's
+  middleware, so a refused socket is an HTTP error at the handshake, never an open socket;
+  `admit` only accepts.
 - Audio travels in binary frames with a 16-byte little-endian header (docs/protocol.md §5),
   the same on both sockets.
 """
@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import secrets
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from starlette import status
 from starlette.websockets import WebSocket
 
 from backend.settings import Settings
@@ -122,32 +120,9 @@ async def send_loop(websocket: WebSocket, outbox: Outbox[M]) -> None:
 # ─── Admission ────────────────────────────────────────────────────────────────
 
 
-def origin_allowed(headers: Mapping[str, str], scheme: str, settings: Settings) -> bool:
-    """Same origin by default; clients without an Origin header (not browsers) are allowed."""
-    origin = headers.get("origin")
-    if origin is None or "*" in settings.allow_origins or origin in settings.allow_origins:
-        return True
-    http = {"ws": "http", "wss": "https"}.get(scheme, scheme)
-    return origin == f"{http}://{headers.get('host', '')}"
-
-
-def token_ok(headers: Mapping[str, str], query: Mapping[str, str], settings: Settings) -> bool:
-    """Whether the request carries the server's token (`Authorization: Bearer` or `?token=`), if it has one."""
-    if settings.token is None:
-        return True
-    given = query.get("token") or ""
-    authorization = headers.get("authorization", "")
-    if authorization.lower().startswith("bearer "):
-        given = authorization[7:].strip()
-    return secrets.compare_digest(given.encode(), settings.token.encode())
-
-
 async def admit(websocket: WebSocket, settings: Settings) -> bool:
-    """Accept the socket if its origin and token are allowed; else refuse it (HTTP 403) and say False."""
-    if not origin_allowed(websocket.headers, websocket.url.scheme, settings) or not token_ok(
-            websocket.headers, websocket.query_params, settings):
-        await websocket.close(status.WS_1008_POLICY_VIOLATION)  # before accept: HTTP 403
-        return False
+    """Accept the socket. Host, origin and token were checked before any route ran
+    (backend/admission.py), so a refused one never gets here; True once accepted."""
     await websocket.accept()
     return True
 

@@ -52,11 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="store sessions and takes in PostgreSQL instead (postgresql://user@host[:port]/db, "
                              "shared by replicas; the password from PGPASSWORD or ~/.pgpass; default "
                              "$RETAKE_DATABASE; none: SQLite under --data-dir)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="a name the server answers to (the Host header) besides localhost, IP addresses and "
+                             "--host; pages on it are allowed too (repeatable)")
     parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                        help="a browser origin allowed on /ws besides the server's own (repeatable; * = any)")
+                        help="a browser origin (scheme://name[:port]) allowed besides the server's own "
+                             "(repeatable; * = any)")
     parser.add_argument("--token", default=os.environ.get("RETAKE_TOKEN"),
-                        help="require 'Authorization: Bearer TOKEN' (or ?token=) on /ws, the API and exports "
-                             "(default $RETAKE_TOKEN; none)")
+                        help="require 'Authorization: Bearer TOKEN' (the studio: open /#token=TOKEN once) on the "
+                             "sockets, the API and exports (default $RETAKE_TOKEN; none)")
     parser.add_argument("--first-window-frames", type=int,
                         help="frames in a take's first audio window (default 4; the seed's is 10; smaller: earlier "
                              "first audio)")
@@ -111,9 +115,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
     from backend.directing.protocol import Limits
     from backend.settings import Settings
 
-    for name in ("max_sessions", "max_queue", "deadline_ms", "max_deadline_ms", "port"):
+    for name in ("max_sessions", "max_queue", "deadline_ms", "max_deadline_ms"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port must be between 1 and 65535 (got {args.port})")
     if args.slots is not None and args.slots < 1:
         raise UsageError("--slots must be at least 1")
     if args.gpus is not None and args.replicas is not None:
@@ -160,7 +166,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     random_weights=random_weights, device=device, conversation_random=conversation_random,
                     first_window_frames=args.first_window_frames, slots=args.slots, threads=args.threads,
                     prefix_cache_gib=args.prefix_cache_gib, prefix_cache_host_gib=args.prefix_cache_host_gib,
-                    allow_origins=tuple(args.allow_origin),
+                    host=args.host, allow_hosts=tuple(args.allow_host), allow_origins=tuple(args.allow_origin),
                     token=args.token or None, limits=limits,
                     silence=SilenceGuard(args.silence_seconds, args.silence_level, args.silence_retries),
                     conversation=args.converse, conversation_slots=args.converse_slots)
@@ -202,11 +208,11 @@ def check_port(host: str, port: int) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
 
     from backend.app import build_app, log_ready, start_conversation_loop, start_engine_loop
     from backend.cli import UsageError
     from backend.draining import DrainingServer
+    from backend.http_server import uvicorn_config
     from backend.store import NewerSchema, Unreachable, check_schema, describe
 
     settings = settings_from(args)
@@ -254,11 +260,10 @@ def run(args: argparse.Namespace) -> int:
         if not (settings.static_dir / "index.html").is_file():
             log.warning("the studio is not built (%s is missing): run npm run build", settings.static_dir)
         log.info("serving on http://%s:%d", args.host, args.port)
+        if args.host in ("0.0.0.0", "::") and not args.allow_host:
+            log.info("on every address: browsers may use an IP address; add --allow-host NAME for a host name")
         app = build_app(settings, engine_loop, conversations)
-        config = uvicorn.Config(
-            app, host=args.host, port=args.port, log_level=args.log_level,
-            ws="websockets-sansio", ws_per_message_deflate=False,
-            ws_max_size=settings.limits.max_message_bytes + 2**20, lifespan="on")
+        config = uvicorn_config(app, settings, host=args.host, port=args.port, log_level=args.log_level)
         server = DrainingServer(config, app, args.drain_seconds)
         server.run()
     finally:

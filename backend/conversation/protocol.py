@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from backend import json_input
+
 MAX_PERSONA_CHARS = 4000
 
 ErrorCode = Literal[
@@ -143,8 +145,8 @@ def _open(obj: dict[str, object]) -> ConversationOpen:
 def parse_client_message(text: str) -> ClientMessage:
     """A client text frame as a typed message, or ConversationError with a code and what to change."""
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as error:
+        obj = json_input.loads(text)
+    except ValueError as error:
         raise ConversationError("bad_json", f"text frames must be JSON objects; this is not JSON: {error}") from None
     if not isinstance(obj, dict):
         raise ConversationError("bad_json", "text frames must be JSON objects")

@@ -48,7 +48,9 @@ async def take_pcm(state: ServerState, take: StoredTake) -> np.ndarray:
 async def export_take(request: Request) -> Response:
     state: ServerState = request.app.state.retake
     session_id, raw_id = request.path_params["session_id"], request.path_params["take_id"]
-    take = state.store.take(session_id, int(raw_id)) if raw_id.isdigit() and len(raw_id) < 11 else None
+    # isascii: str.isdigit also accepts digits int() refuses, such as the superscript "²"
+    number = raw_id.isascii() and raw_id.isdigit() and len(raw_id) < 11
+    take = state.store.take(session_id, int(raw_id)) if number else None
     if take is None:
         return JSONResponse({"error": f"no take {raw_id} in session {session_id}"}, status_code=404)
     if take.state != "done":

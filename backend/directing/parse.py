@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import math
 from typing import Literal, TypeAlias
 
+from backend import json_input
 from backend.directing.protocol import (
     CastDelete,
     CastSet,
@@ -79,12 +79,20 @@ def _number(obj: JsonObject, name: str, low: float, high: float, *, low_open: bo
     value = obj.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite(value):
         raise _bad(path + name, "a finite number")
     if value < low or value > high or (low_open and value == low):
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
         raise _bad(path + name, f"in {interval} (got {value:g})")
     return float(value)
+
+
+def finite(value: int | float) -> bool:
+    """Whether a JSON number is finite as a float (an integer of 400 digits is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _object(obj: JsonObject, name: str, path: str = "") -> JsonObject | None:
@@ -245,8 +253,8 @@ def parse_client_message(text: str | bytes, limits: Limits) -> ClientMessage:
         raise ProtocolError("message_too_big", f"messages are limited to {limits.max_message_bytes} bytes "
                                                f"(got {size})")
     try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        obj = json_input.loads(text)
+    except ValueError as error:
         raise ProtocolError("bad_json", f"not valid JSON: {error}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("bad_json", "a message must be a JSON object with a type")

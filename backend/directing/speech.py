@@ -36,6 +36,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from backend import json_input
 from backend.audio_formats import Encoder
 from backend.directing.jobs import TakeJob, TakeOutcome
 from backend.directing.loop import QueueFull
@@ -48,7 +49,7 @@ from engine import AudioWindow, Drama3Engine, HistoryTurn, Prompt, Reference, Re
 
 
 def openai_error(message: str, status_code: int = 400, headers: dict[str, str] | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status_code == 400 else "server_error"
+    kind = "invalid_request_error" if status_code < 500 else "server_error"
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}},
                         status_code=status_code, headers=headers)
 
@@ -91,9 +92,11 @@ def speech_prompt(engine: Drama3Engine, request: SpeechRequest, sampling: Sampli
 
 async def speech(request: Request) -> Response:
     state: ServerState = request.app.state.retake
+    if request.headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
+        return openai_error("send the body as JSON, with Content-Type: application/json", 415)
     try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        body = json_input.loads(await request.body())
+    except ValueError as error:
         return openai_error(f"the body must be JSON: {error}")
     try:
         if not isinstance(body, dict):

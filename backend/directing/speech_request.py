@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from backend import json_input
 from engine import Character, RequestError, Sampling, check_text, checked_character
 from engine.drama3.sampling import FIELDS as SAMPLING_FIELDS
 from engine.drama3.sampling import MAX_NEW_TOKENS
@@ -101,8 +101,8 @@ def parse_speech_request(body: object) -> SpeechRequest:
         return SpeechRequest(text=text, references=voice, history=[], character=None, sampling=sampling)
 
     try:
-        envelope = json.loads(text[len(ENVELOPE_MARKER):])
-    except json.JSONDecodeError as error:
+        envelope = json_input.loads(text[len(ENVELOPE_MARKER):])
+    except ValueError as error:
         raise RequestError(f"malformed envelope after {ENVELOPE_MARKER}: {error}") from error
     if not isinstance(envelope, Mapping):
         raise RequestError(f"the envelope after {ENVELOPE_MARKER} must be a JSON object")

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_server import LiveServer
+from live_server import CONVERSATION_SLOTS, LiveServer
 
-from backend.app import start_engine_loop
+from backend.app import start_conversation_loop, start_engine_loop
+from backend.conversation.loop import ConversationLoop
 from backend.directing.jobs import SilenceGuard
 from backend.directing.loop import EngineLoop
 from backend.settings import Settings
@@ -45,6 +46,23 @@ def make_server(engine_loop: EngineLoop, tmp_path_factory: pytest.TempPathFactor
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def conversations(personaplex_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory,
+                  ) -> Iterator[ConversationLoop]:
+    """The tiny PersonaPlex engine on its loop, with CONVERSATION_SLOTS slots (loaded once)."""
+    settings = Settings(data_dir=tmp_path_factory.mktemp("unused"), device="cpu", conversation=personaplex_checkpoint,
+                        conversation_slots=CONVERSATION_SLOTS)
+    loop = start_conversation_loop(settings)
+    yield loop
+    loop.stop()
+
+
+@pytest.fixture(scope="session")
+def talk_server(make_server: Any, conversations: ConversationLoop) -> LiveServer:
+    """A server with /converse (the shared conversation engine)."""
+    return make_server(conversations=conversations)
 
 
 @pytest.fixture(scope="session")

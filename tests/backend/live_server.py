@@ -19,10 +19,12 @@ import uvicorn
 from backend.app import build_app
 from backend.conversation.loop import ConversationLoop
 from backend.directing.loop import EngineLoop
+from backend.http_server import uvicorn_config
 from backend.settings import Settings
 
 T = TypeVar("T")
 RETAKE = [sys.executable, "-c", "import sys; from backend.cli import main; sys.exit(main())"]  # the console script
+CONVERSATION_SLOTS = 2  # of the shared conversation engine (conftest.py)
 
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -46,9 +48,7 @@ class LiveServer:
     def __init__(self, settings: Settings, engine_loop: EngineLoop, send_buffer: int | None = None,
                  conversations: ConversationLoop | None = None) -> None:
         self.settings = settings
-        config = uvicorn.Config(build_app(settings, engine_loop, conversations), log_level="warning",
-                                ws="websockets-sansio", ws_per_message_deflate=False,
-                                ws_max_size=settings.limits.max_message_bytes + 2**20, lifespan="on")
+        config = uvicorn_config(build_app(settings, engine_loop, conversations), settings, log_level="warning")
         listener = socket.socket()
         if send_buffer is not None:  # accepted sockets inherit it (and lose send-buffer autotuning)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)

@@ -8,12 +8,13 @@
  *   limit (a counter under the field), the clip's length limit and the demo-weights banner; a
  *   server without a conversation engine is said at once and Start is disabled. A refused
  *   start leaves all of it in place.
- * - The socket goes to the page's own host (ws: or wss: like the page) and carries the page's
- *   `?token=`, as the studio's does; the link back to the studio keeps the token too.
+ * - The socket goes to the page's own host (ws: or wss: like the page); a token given as
+ *   `#token=` is traded for the cookie the socket carries (shared/auth.ts), as in the studio.
  * - Save downloads the conversation so far as a stereo WAV (Conversation.recording()).
  * - `window.conversation` is the Conversation, for debugging and for tests/e2e/conversation.mjs.
  */
 import "../shared/style.css";
+import { tradeToken } from "../shared/auth";
 import { Conversation, type ConversationStatus } from "./conversation";
 import type { ConversationInfo } from "./protocol";
 import { decodeInfo } from "./protocol";
@@ -21,13 +22,9 @@ import { base64 } from "../shared/wire";
 import { asMs } from "../audio/jitter_buffer";
 import { byId, download, h, seconds, setText } from "../shared/dom";
 
-const token = new URLSearchParams(location.search).get("token");
 const socketUrl = new URL("/converse", location.href);
 socketUrl.protocol = location.protocol === "https:" ? "wss:" : "ws:";
-if (token !== null) {
-  socketUrl.searchParams.set("token", token);
-  byId<HTMLAnchorElement>("to-studio").search = `?token=${encodeURIComponent(token)}`;
-}
+const traded = tradeToken(); // the token cookie first: the info fetch and the socket carry it
 
 const conversation = new Conversation(socketUrl.href);
 const voice = byId<HTMLSelectElement>("voice");
@@ -41,9 +38,8 @@ persona.addEventListener("input", () => draw());
 /** What the server offers (GET /converse/info); null until it answered, or when it could not. */
 let info: ConversationInfo | null = null;
 let infoProblem: string | null = null;
-const infoUrl = new URL("/converse/info", location.href);
-if (token !== null) infoUrl.searchParams.set("token", token);
-void fetch(infoUrl)
+void traded
+  .then(() => fetch(new URL("/converse/info", location.href)))
   .then(async (reply) => {
     if (!reply.ok) throw new Error(`the server answered ${reply.status} ${reply.statusText}`);
     info = decodeInfo(await reply.text());

@@ -10,6 +10,7 @@
  * drop or replaced keep (undo.ts).
  */
 import "../shared/style.css";
+import { tradeToken } from "../shared/auth";
 import { Studio } from "./studio";
 import { byId } from "../shared/dom";
 import { HistoryPanel, NoticeBar, SamplingPanel, TopBar } from "./ui/panels";
@@ -22,11 +23,6 @@ import { PastePanel } from "./ui/paste_panel";
 const params = new URLSearchParams(location.search);
 const socketUrl = new URL("/ws", location.href);
 socketUrl.protocol = location.protocol === "https:" ? "wss:" : "ws:";
-const token = params.get("token");
-if (token !== null) {
-  socketUrl.searchParams.set("token", token);
-  byId<HTMLAnchorElement>("to-conversation").search = `?token=${encodeURIComponent(token)}`;
-}
 
 // The conversation link only where the server runs the conversation engine (`--converse`).
 const conversation = byId<HTMLAnchorElement>("to-conversation");
@@ -161,5 +157,5 @@ document.addEventListener("keydown", (event) => {
 
 // For debugging and for the end-to-end test (tests/e2e/studio.mjs reads the tap through it).
 (window as unknown as { retake: Studio }).retake = studio;
-studio.start();
+void tradeToken().then(() => studio.start()); // the token cookie first: the socket carries it
 studio.onChange("script");

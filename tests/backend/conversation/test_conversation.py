@@ -11,7 +11,6 @@ import io
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,31 +18,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 import websockets
-from live_server import LiveServer, fetch, run
+from live_server import CONVERSATION_SLOTS, LiveServer, fetch, run
 
-from backend.app import start_conversation_loop
-from backend.conversation.loop import ConversationLoop
-from backend.settings import Settings
 from backend.tools.conversation_load import user_voice
 from backend.transport import unpack_audio_frame
 from engine.personaplex.engine import DEFAULT_PERSONA, PersonaPlex
 
-SLOTS = 2
-
-
-@pytest.fixture(scope="module")
-def conversations(personaplex_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory,
-                  ) -> Iterator[ConversationLoop]:
-    settings = Settings(data_dir=tmp_path_factory.mktemp("unused"), device="cpu", conversation=personaplex_checkpoint,
-                        conversation_slots=SLOTS)
-    loop = start_conversation_loop(settings)
-    yield loop
-    loop.stop()
-
-
-@pytest.fixture(scope="module")
-def talk_server(make_server: Any, conversations: ConversationLoop) -> LiveServer:
-    return make_server(conversations=conversations)
+SLOTS = CONVERSATION_SLOTS
 
 
 def user_audio(seconds: float, seed: int = 0) -> np.ndarray:

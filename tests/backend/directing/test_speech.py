@@ -116,7 +116,7 @@ def test_a_client_that_leaves_cancels_its_take(server: LiveServer, stream: bool)
                        "stream": stream}).encode()
     host, port = server.http.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as client:
-        client.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        client.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         if stream:
             assert client.recv(4096).startswith(b"HTTP/1.1 200")  # the first audio is out
