@@ -97,7 +97,7 @@ def test_pages_cannot_post_forms_or_text(server: LiveServer) -> None:
     assert status == 415 and "application/json" in json.loads(reply)["error"]["message"]
     status, headers, _ = request(server.http, "POST", "/v1/audio/speech",
                                  {**JSON, "Origin": f"http://127.0.0.1:{port}"}, SPEECH)
-    assert status == 200 and headers["content-type"] == "audio/wav"
+    assert status == 200 and headers["content-type"].startswith("audio/")
 
 
 def test_allowed_origins_get_cors_answers(make_server: Any) -> None:
