@@ -41,6 +41,7 @@ sessions = sa.Table(
     sa.Column("name", sa.Text),  # the scene's name (NULL: unnamed)
     sa.Column("updated_ms", sa.BigInteger),  # the last change to its script, cast or takes (NULL: created_ms)
     sa.Column("deleted_ms", sa.BigInteger),  # deleted (restorable) since then; NULL: live
+    sa.Column("key_hash", sa.Text),  # SHA-256 (hex) of the session's key; NULL: a session from before keys
 )
 voices = sa.Table(
     "voices", metadata,
@@ -249,8 +250,14 @@ def scene_studio(conn: Connection) -> None:
              sa.Column("pcm", sa.LargeBinary, nullable=False)).create(conn)
 
 
+def session_keys(conn: Connection) -> None:
+    """6: a session is opened with its key, not its id alone (the id is in export URLs and logs);
+    the store keeps the key's hash. Sessions stored before have none until they are resumed."""
+    add_column(conn, "sessions", sa.Column("key_hash", sa.Text))
+
+
 # Migration n brings a database from version n - 1 to n, on either kind of database.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {3: replica_column, 4: saved_voice_tables, 5: scene_studio}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {3: replica_column, 4: saved_voice_tables, 5: scene_studio, 6: session_keys}
 VERSION = BASELINE_VERSION + len(MIGRATIONS)
 MIGRATION_LOCK = 0x5245_5441  # "RETA": the advisory lock that serializes migrations on PostgreSQL
 

@@ -19,6 +19,9 @@ Design choices:
   so the audio a director heard before a crash is kept: on open (every dead replica's), and
   when a session is resumed (`finish_orphaned_takes`). Which replica is alive is
   backend/replicas.py's question.
+- A session is opened with its key (backend/directing/session.py), not its id alone: the
+  id is in export URLs and access logs. The store keeps only the key's SHA-256; a session
+  stored before keys existed has none until the first socket that resumes it claims one.
 - The script: `lines.position` is a line's place (0, 1, ... over the lines not deleted),
   rewritten whenever the order changes (a script is at most a thousand short rows). A deleted
   line without takes is gone; one with takes stays, marked with `deleted_ms`, so its takes keep
@@ -30,12 +33,14 @@ Design choices:
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 import sqlalchemy as sa
@@ -98,6 +103,14 @@ def check_schema(database: Path | str) -> None:
         raise Unreachable(f"cannot open {describe(database)}: {one_line(error)}") from None
     finally:
         engine.dispose()
+
+
+SessionKey = Literal["ok", "unknown", "unclaimed"]
+
+
+def key_hash(key: str) -> str:
+    """What the store keeps of a session key (keys are 256 random bits: a plain hash is enough)."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def now_ms() -> int:
@@ -298,6 +311,29 @@ class Store(SceneRecords):
         with self._transaction() as conn:
             conn.execute(sessions.insert().values(session_id=session_id, created_ms=now_ms()))
         return session_id
+
+    def new_session_key(self, session_id: str, *, unclaimed: bool = False) -> str | None:
+        """Give the session a new key (the old one stops opening it); returns the key, which only
+        its hash is stored of. With `unclaimed`, only if the session has no key yet (else None)."""
+        key = secrets.token_urlsafe(32)
+        update = sessions.update().where(sessions.c.session_id == session_id)
+        if unclaimed:
+            update = update.where(sessions.c.key_hash.is_(None))
+        with self._transaction() as conn:
+            changed = conn.execute(update.values(key_hash=key_hash(key))).rowcount
+        return key if changed else None
+
+    def session_key(self, session_id: str, key: str | None) -> SessionKey:
+        """Whether `key` opens the session: "ok", "unknown" (no such session, or another key; the
+        two look the same), or "unclaimed" (a session stored before keys, which has none)."""
+        with self._transaction() as conn:
+            row = conn.execute(sa.select(sessions.c.key_hash).where(sessions.c.session_id == session_id)).first()
+        if row is None:
+            return "unknown"
+        if row.key_hash is None:
+            return "unclaimed"
+        given = key_hash(key or "")
+        return "ok" if key is not None and hmac.compare_digest(given, row.key_hash) else "unknown"
 
     def has_session(self, session_id: str) -> bool:
         with self._transaction() as conn:

@@ -7,6 +7,9 @@ Design choices:
   its stored codes on the engine thread between two decode steps (a `CallJob`), which equals
   the streamed samples too.
 - A full engine queue is HTTP 503 with `Retry-After`, as on `/v1/audio/speech`.
+- The URL names the session but does not open it: the session's key goes in the
+  `Retake-Session-Key` header (a header, so no access log or shared link holds it). Without it
+  the answer is 401; with another key, 404 as for a take that does not exist.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from starlette.responses import JSONResponse, Response
 from backend.directing.loop import QueueFull
 from backend.state import ServerState
 from backend.store import StoredTake
+
+SESSION_KEY_HEADER = "Retake-Session-Key"
 
 
 def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
@@ -48,11 +53,19 @@ async def take_pcm(state: ServerState, take: StoredTake) -> np.ndarray:
 async def export_take(request: Request) -> Response:
     state: ServerState = request.app.state.retake
     session_id, raw_id = request.path_params["session_id"], request.path_params["take_id"]
+    key = request.headers.get(SESSION_KEY_HEADER)
+    if key is None:
+        return JSONResponse({"error": f"send the session's key (session.ready's session_key) in the "
+                                      f"{SESSION_KEY_HEADER} header"}, status_code=401)
+    if state.store.session_key(session_id, key) != "ok":  # as unknown: says nothing of whether it exists
+        return JSONResponse({"error": f"no take {raw_id[:16]} in session {session_id[:64]} with this key"},
+                            status_code=404)
     # isascii: str.isdigit also accepts digits int() refuses, such as the superscript "²"
     number = raw_id.isascii() and raw_id.isdigit() and len(raw_id) < 11
     take = state.store.take(session_id, int(raw_id)) if number else None
     if take is None:
-        return JSONResponse({"error": f"no take {raw_id} in session {session_id}"}, status_code=404)
+        return JSONResponse({"error": f"no take {raw_id[:16]} in session {session_id[:64]} with this key"},
+                            status_code=404)
     if take.state != "done":
         return JSONResponse({"error": f"take {take.take_id} is still {take.state}"}, status_code=409)
     try:

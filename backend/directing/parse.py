@@ -271,7 +271,8 @@ def parse_client_message(text: str | bytes, limits: Limits) -> ClientMessage:
 def _parse(obj: JsonObject, limits: Limits, ref: str | None) -> ClientMessage:
     kind = obj.get("type")
     if kind == "session.open":
-        return SessionOpen(_string(obj, "session_id", limits.max_id_chars, required=False), ref)
+        return SessionOpen(_string(obj, "session_id", limits.max_id_chars, required=False),
+                           _string(obj, "session_key", limits.max_id_chars, required=False), ref)
     if kind == "voice.set":
         return _voice(obj, limits, ref)
     if kind == "line.set":

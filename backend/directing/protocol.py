@@ -84,6 +84,7 @@ class ProtocolError(Exception):
 @dataclass(frozen=True)
 class SessionOpen:
     session_id: str | None = None
+    session_key: str | None = None  # the key session.ready gave when the session was made; resuming needs it
     ref: str | None = None
     type: Literal["session.open"] = "session.open"
 
@@ -336,6 +337,7 @@ class SessionReady:
     hears: dict[str, int]  # line id -> how many of `history` (its first ones) a new take of the line hears
     cast: list[CastInfo]  # the scene's characters, in cast order
     name: str  # the scene's name ("" unnamed)
+    session_key: str | None = None  # a new session's key (or a first resume's, of a session from before keys)
     protocol: int = PROTOCOL_VERSION
     ref: str | None = None
     type: Literal["session.ready"] = "session.ready"

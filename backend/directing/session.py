@@ -72,13 +72,21 @@ class Session:
         if self.session_id is not None:
             raise p.ProtocolError("session_already_open", f"this socket already holds session {self.session_id}")
         resumed = message.session_id is not None
+        key: str | None = None  # sent in session.ready when the session gets one
         if message.session_id is not None:
-            if not store.has_session(message.session_id):
-                raise p.ProtocolError("unknown_session", f"no session {message.session_id[:64]!r} is stored; "
-                                                         "open a new one without session_id")
+            # A wrong key reads as an unknown session: neither says whether the id exists.
+            known = store.session_key(message.session_id, message.session_key)
+            if known == "unknown":
+                raise p.ProtocolError("unknown_session", f"no session {message.session_id[:64]!r} with this "
+                                                         "session_key is stored; open a new one without session_id")
             session_id = message.session_id
             if store.scene_deleted(session_id):
                 raise p.ProtocolError("scene_deleted", DELETED)
+            if known == "unclaimed":  # stored before sessions had keys: the first to resume it gets one
+                key = store.new_session_key(session_id, unclaimed=True)
+                if key is None:
+                    raise p.ProtocolError("unknown_session", "another connection claimed this session first; "
+                                                             "open it with its session_key")
             store.finish_orphaned_takes(session_id)  # a take its replica left when it died ends as heard
             previous = state.sessions.get(session_id)
             if previous is not None:
@@ -88,6 +96,7 @@ class Session:
                 previous.detach()
         else:
             session_id = store.create_session()
+            key = store.new_session_key(session_id)
         self.session_id = session_id
         state.sessions[session_id] = self
         voice, lines = store.session_voice(session_id), store.lines(session_id)
@@ -98,7 +107,7 @@ class Session:
             frame_samples=engine.frame_samples, demo_weights=engine.demo_weights, limits=self.limits.to_json(),
             voice=None if voice is None else voice.info(), lines=lines,
             takes=[take.info() for take in store.takes(session_id)], history=kept.history, hears=kept.hears,
-            cast=cast_info(store, session_id), name=store.scene_name(session_id), ref=message.ref))
+            cast=cast_info(store, session_id), name=store.scene_name(session_id), session_key=key, ref=message.ref))
         if elsewhere := store.takes_elsewhere(session_id):
             self.watcher = asyncio.get_running_loop().create_task(self.watch(session_id, set(elsewhere)))
 

@@ -17,6 +17,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
@@ -55,7 +56,10 @@ class TakeResult:
 
 
 class Director:
-    """One directing socket."""
+    """One directing socket. Like the studio's localStorage, the class remembers the key of every
+    session its sockets made (`keys`), so a later `open(session_id)` in this process resumes it."""
+
+    keys: ClassVar[dict[str, str]] = {}  # session id -> its key
 
     def __init__(self, socket: ClientConnection, patience_s: float = 60.0) -> None:
         self.socket = socket
@@ -103,11 +107,24 @@ class Director:
         await self.send(message)
         return await self.expect(reply)
 
-    async def open(self, session_id: str | None = None) -> JsonMessage:
+    async def open(self, session_id: str | None = None, key: str | None = None) -> JsonMessage:
+        """session.open; resuming sends `key`, or the key this process was given for the session."""
         message: JsonMessage = {"type": "session.open"}
         if session_id is not None:
             message["session_id"] = session_id
-        return await self.request(message, "session.ready")
+            key = key if key is not None else Director.keys.get(session_id)
+            if key:
+                message["session_key"] = key
+        ready = await self.request(message, "session.ready")
+        given = ready.get("session_key")
+        if isinstance(given, str):
+            Director.keys[str(ready["session_id"])] = given
+        return ready
+
+    @staticmethod
+    def export_headers(session_id: str) -> dict[str, str]:
+        """The headers that fetch a take's WAV export of this session (its key)."""
+        return {"Retake-Session-Key": Director.keys.get(session_id, "")}
 
     async def start(self, line_id: str, text: str, **fields: object) -> TakeResult:
         """Send take.start; returns once take.queued (or an error) came back."""

@@ -32,10 +32,10 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
 
 
-async def fetch(url: str) -> bytes:
+async def fetch(url: str, headers: dict[str, str] | None = None) -> bytes:
     """GET a URL's body from a coroutine, on a worker thread (urllib blocks)."""
     def get() -> bytes:
-        with urllib.request.urlopen(url, timeout=60) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=60) as response:
             body: bytes = response.read()
             return body
 

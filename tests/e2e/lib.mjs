@@ -6,7 +6,8 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { chromium } from "playwright-core";
 
-/** `--url`, `--out`, `--chromium`, `--timeout` (ms), or the usage line and exit 2. */
+/** `--url`, `--out`, `--chromium`, `--timeout` (ms), `--token` (the server's, if it has one), or the usage
+ *  line and exit 2. */
 export function commandLine(script, defaultTimeoutMs) {
   const { values } = parseArgs({
     options: {
@@ -14,6 +15,7 @@ export function commandLine(script, defaultTimeoutMs) {
       out: { type: "string" },
       chromium: { type: "string", default: "/usr/bin/chromium" },
       timeout: { type: "string", default: String(defaultTimeoutMs) },
+      token: { type: "string" },
     },
   });
   if (!values.url || !values.out) {

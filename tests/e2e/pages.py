@@ -80,7 +80,8 @@ def serving(tmp_path: Path, *options: str) -> Iterator[Server]:
 
 
 def run_page_script(script: str, server: Server, out: Path, chromium: Path, timeout: float,
-                    artifacts: Callable[[str], str] = lambda name: name) -> dict[str, Any]:
+                    artifacts: Callable[[str], str] = lambda name: name, options: tuple[str, ...] = ()
+                    ) -> dict[str, Any]:
     """node tests/e2e/SCRIPT against the server; copies its screenshots and result to build/e2e (named
     by `artifacts`) and returns its result.json, failing the test when the script failed.
 
@@ -88,7 +89,8 @@ def run_page_script(script: str, server: Server, out: Path, chromium: Path, time
     `@@server start` on a line of its own and waits for `ok` on its stdin (tests/e2e/lib.mjs
     `serverControl`)."""
     out.mkdir(exist_ok=True)
-    command = ["node", f"tests/e2e/{script}", "--url", server.url, "--out", str(out), "--chromium", str(chromium)]
+    command = ["node", f"tests/e2e/{script}", "--url", server.url, "--out", str(out), "--chromium", str(chromium),
+               *options]
     lines: list[str] = []
     with subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, bufsize=1) as run:

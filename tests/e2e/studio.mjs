@@ -183,7 +183,9 @@ async function finishTake(takeId, text) {
 const takeLine = async (index, text) => finishTake(await startTake(index, text), text);
 
 await runSteps(result, args.out, page, async () => {
-  await page.goto(`${args.url}/?tap`);
+  // With the server's token given once after # (never in a URL the server sees): the page trades
+  // it for a cookie, which carries it on the socket and on every fetch of take audio below.
+  await page.goto(`${args.url}/?tap${args.token ? `#token=${args.token}` : ""}`);
   await waitReady();
   const ready = await studio(() => ({ demo: window.retake.ready.demo_weights, rate: window.retake.ready.sample_rate }));
   check("the demo-weights banner is shown", ready.demo === (await page.locator("#banner-demo").isVisible()), JSON.stringify(ready));
@@ -338,7 +340,12 @@ await runSteps(result, args.out, page, async () => {
   other = await browser(args.chromium, { width: 1440, height: 900 });
   const fresh = other.pages()[0] ?? (await other.newPage());
   fresh.setDefaultTimeout(timeout);
-  await fresh.goto(`${args.url}/?session=${sessionId}`);
+  // The page's address is the scene's link: the session's key rides in its fragment (#key=).
+  const link = new URL(page.url());
+  check("the page's link holds the session's key, after #", new URLSearchParams(link.hash.slice(1)).get("key")?.length > 40,
+    link.href);
+  check("and no token", !link.href.includes("token"), link.href);
+  await fresh.goto(`${link.href}${args.token ? `&token=${args.token}` : ""}`);
   await waitReady(fresh);
   const elsewhere = await fresh.evaluate(() => ({
     stored: Object.keys(localStorage).filter((key) => key.startsWith("retake.script.")).map((key) => JSON.parse(localStorage.getItem(key)).draft.length),

@@ -23,6 +23,7 @@ import pytest
 from pages import ARTIFACTS, run_page_script, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+TOKEN = "e2e-studio-token"
 
 
 def _read_wav(path: Path) -> tuple[wave._wave_params, np.ndarray]:
@@ -34,8 +35,12 @@ def _read_wav(path: Path) -> tuple[wave._wave_params, np.ndarray]:
 
 def test_studio_in_chromium(chromium: Path, pages_built: None, tiny_checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with serving(tmp_path, "--checkpoint", str(tiny_checkpoint)) as server:
-        result = run_page_script("studio.mjs", server, out, chromium, timeout=480)
+    # With --token: the page must carry it on the socket and on every fetch of take audio
+    # (reload, export), and never in a URL.
+    with serving(tmp_path, "--checkpoint", str(tiny_checkpoint), "--token", TOKEN) as server:
+        result = run_page_script("studio.mjs", server, out, chromium, 480, options=("--token", TOKEN))
+        log = server.log_path.read_text()
+    assert "GET /sessions/" in log and TOKEN not in log
 
     # The export, read by Python's wave module: the kept takes as sent on the socket, in
     # script order, with the gap between them.

@@ -42,7 +42,7 @@ export interface CharacterSpec {
 }
 
 export type ClientMessage =
-  | { type: "session.open"; session_id?: string; ref?: string }
+  | { type: "session.open"; session_id?: string; session_key?: string; ref?: string }
   /** `saved_voice`: a voice saved with POST /v1/audio/voices, by name or id (alone). */
   | { type: "voice.set"; references?: ReferenceClip[]; character?: CharacterSpec; saved_voice?: string; ref?: string }
   /** Create or edit a line; `after` moves it after that line (null: to the top); `character_id` gives it to
@@ -185,6 +185,8 @@ export interface SessionReady {
   cast: CastInfo[];
   /** The scene's name ("" unnamed). */
   name: string;
+  /** The session's key, when it gets one (a new session): resuming it needs the key. */
+  session_key: string | null;
   protocol: number;
   ref: string | null;
 }
@@ -247,7 +249,7 @@ const decoders: { [T in ServerMessage["type"]]: Check<Omit<ServerMessageOf<T>, "
     session_id: str, resumed: bool, engine: str, sample_rate: int, frame_samples: int, demo_weights: bool,
     limits: numbers as Check<Record<string, number>>, voice: nullable(voiceInfo),
     lines: list(lineInfo), takes: list(takeInfo),
-    history: list(int), hears: counts, cast: list(castInfo), name: str, protocol: int, ref: nullable(str),
+    history: list(int), hears: counts, cast: list(castInfo), name: str, session_key: nullable(str), protocol: int, ref: nullable(str),
   }),
   "voice.ready": record({ voice: nullable(voiceInfo), ref: nullable(str) }),
   script: record({ lines: list(lineInfo), history: list(int), hears: counts, ref: nullable(str) }),

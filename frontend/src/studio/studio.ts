@@ -3,8 +3,10 @@
  * directing actions (take, cancel, keep, drop, play, stop, voice, export) to the UI.
  *
  * - The session's id is in the page's URL (`?session=`) and in localStorage, and is sent with
- *   every `session.open`, so a reload, a reconnect, or the same URL in another browser resumes
- *   the scene. The server holds the whole scene, the script included; the browser keeps only
+ *   every `session.open` with the session's key, which the server gave when it made the
+ *   session: kept in localStorage and in the URL's fragment (`#key=`, which browsers never
+ *   send to a server), so a reload, a reconnect, or the same URL in another browser resumes
+ *   the scene, and the id alone (in export URLs and server logs) opens nothing. The server holds the whole scene, the script included; the browser keeps only
  *   script edits not yet confirmed (an offline draft, sent on the next session.ready) and
  *   what only this page measured.
  * - Script edits go out at once, except text, which goes a moment after typing stops (and
@@ -40,6 +42,8 @@ export type ErrorTarget = string;
 const SESSION_KEY = "retake.session";
 const SESSION_PARAM = "session";
 const NEW_PARAM = "new";
+const KEY_PARAM = "key";
+const keyKey = (sessionId: string): string => `retake.key.${sessionId}`;
 /** Text edits wait this long after the last keystroke before they are sent. */
 const TEXT_DEBOUNCE_MS = 400;
 /** Take audio the page holds at most (~11 minutes at 44.1 kHz, 60 MB); see Scene.trimAudio. */
@@ -50,7 +54,8 @@ const OFFLINE = "offline: the studio is reconnecting to the server; try again on
 export class Studio {
   readonly scene = new Scene();
   private readonly audio = new TakeAudio(this.scene, () => this.sampleRate, () => this.onChange("takes"),
-                                         (take, message) => this.setError(`take:${take.id}`, message));
+                                         (take, message) => this.setError(`take:${take.id}`, message),
+                                         () => (this.ready === null ? null : this.keyOf(this.ready.session_id)));
   readonly socket: StudioSocket;
   ready: ServerMessageOf<"session.ready"> | null = null;
   connection: { state: ConnectionState; detail: string } = { state: "connecting", detail: "" };
@@ -490,7 +495,16 @@ export class Studio {
   private openSession(): void {
     this.live = false;
     const id = this.requestedSession ?? (this.wantsNew ? null : localStorage.getItem(SESSION_KEY));
-    this.socket.send({ type: "session.open", ...(id !== null ? { session_id: id } : {}), ref: this.nextRef("session") });
+    const key = id === null ? null : this.keyOf(id);
+    this.socket.send({ type: "session.open", ...(id !== null ? { session_id: id } : {}), ...(key !== null ? { session_key: key } : {}),
+                       ref: this.nextRef("session") });
+  }
+
+  /** The session's key: from the URL's fragment (a link to the scene) or this browser's storage. */
+  private keyOf(sessionId: string): string | null {
+    const fromUrl = new URLSearchParams(location.hash.slice(1)).get(KEY_PARAM);
+    if (fromUrl !== null && new URLSearchParams(location.search).get(SESSION_PARAM) === sessionId) return fromUrl;
+    return localStorage.getItem(keyKey(sessionId));
   }
 
   private receive(message: ServerMessage): void {
@@ -559,12 +573,14 @@ export class Studio {
   private sessionReady(ready: ServerMessageOf<"session.ready">): void {
     const stored = this.draftRead ? null : this.loadScene(ready.session_id);
     this.draftRead = true;
+    const key = ready.session_key ?? this.keyOf(ready.session_id);
     this.requestedSession = ready.session_id;
     this.wantsNew = false;
     this.sceneDeleted = false;
     localStorage.setItem(SESSION_KEY, ready.session_id);
+    if (key !== null) localStorage.setItem(keyKey(ready.session_id), key);
     rememberScene(ready.session_id);
-    this.showSessionInUrl(ready.session_id);
+    this.showSessionInUrl(ready.session_id, key);
     this.ready = ready;
     this.live = true;
     this.voice = ready.voice;
@@ -673,12 +689,18 @@ export class Studio {
     }
   }
 
-  /** Put the session in the address bar, so the URL opens this scene in any browser. */
-  private showSessionInUrl(sessionId: string): void {
+  /** Put the session in the address bar (its key after #), so the URL opens this scene in any browser. */
+  private showSessionInUrl(sessionId: string, key: string | null): void {
     const url = new URL(location.href);
-    if (url.searchParams.get(SESSION_PARAM) === sessionId && !url.searchParams.has(NEW_PARAM)) return;
+    const hash = new URLSearchParams(url.hash.slice(1));
+    if (url.searchParams.get(SESSION_PARAM) === sessionId && hash.get(KEY_PARAM) === key && !url.searchParams.has(NEW_PARAM)) {
+      return;
+    }
     url.searchParams.delete(NEW_PARAM);
     url.searchParams.set(SESSION_PARAM, sessionId);
+    if (key === null) hash.delete(KEY_PARAM);
+    else hash.set(KEY_PARAM, key);
+    url.hash = hash.toString();
     history.replaceState(history.state, "", url);
   }
 }

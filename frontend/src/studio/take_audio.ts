@@ -4,7 +4,8 @@
  *
  * - A take heard on this page keeps its streamed PCM in the scene; after a reload the
  *   audio comes from `take.audioUrl` (the audio the server kept when the take ended), fetched
- *   at most once at a time per take; the take's row says "loading audio" meanwhile.
+ *   at most once at a time per take, with the session's key in a header (the server's token,
+ *   if any, goes in the cookie); the take's row says "loading audio" meanwhile.
  * - The scene export is the kept take of every line, in script order, with a gap of
  *   silence between them.
  */
@@ -29,6 +30,8 @@ export class TakeAudio {
     private readonly loaded: () => void,
     /** A take's audio could not be fetched; shown next to the take. */
     private readonly failed: (take: Take, message: string) => void,
+    /** The session's key: exports need it (header Retake-Session-Key, never in the URL). */
+    private readonly sessionKey: () => string | null = () => null,
   ) {}
 
   /** The take's whole PCM: from memory, or the server's WAV export of it. */
@@ -87,7 +90,8 @@ export class TakeAudio {
     if (running !== undefined) return running;
     const url = take.audioUrl;
     if (url === null || take.phase !== "done" || take.samples === 0) return Promise.resolve(null);
-    const job = fetch(url)
+    const key = this.sessionKey();
+    const job = fetch(url, { headers: key === null ? {} : { "Retake-Session-Key": key } })
       .then(async (response) => {
         if (!response.ok) throw new Error(`HTTP ${response.status} ${await response.text()}`);
         const wav = decodeWav(await response.arrayBuffer());

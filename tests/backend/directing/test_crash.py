@@ -56,7 +56,8 @@ def test_a_killed_server_keeps_the_audio_that_was_heard(tiny_checkpoint: Path, t
         assert (take["take_id"], take["state"], take["finish_reason"], take["error"]) == (
             take_id, "done", "error", STOPPED_DURING_TAKE)
         assert take["frames"] * 2048 == take["samples"] >= len(heard)  # what was written before it was sent
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/sessions/{session_id}/takes/{take_id}.wav") as reply:
+        url = f"http://127.0.0.1:{port}/sessions/{session_id}/takes/{take_id}.wav"
+        with urllib.request.urlopen(urllib.request.Request(url, headers=Director.export_headers(session_id))) as reply:
             exported, _ = sf.read(io.BytesIO(reply.read()), dtype="int16")
         assert len(exported) == take["samples"]
         np.testing.assert_array_equal(exported[:len(heard)], heard)

@@ -126,7 +126,8 @@ def test_silence_guard_retries_and_tells_the_client(make_server: Any) -> None:
         assert len(take.all_frames) > len(take.frames)
         assert sum(len(f.pcm) for f in take.frames) == done["samples"]
         url = f"{server.http}/sessions/{ready['session_id']}/takes/{take.take_id}.wav"
-        exported, _ = sf.read(io.BytesIO(await fetch(url)), dtype="int16")
+        exported, _ = sf.read(io.BytesIO(await fetch(url, Director.export_headers(str(ready["session_id"])))),
+                              dtype="int16")
         np.testing.assert_array_equal(exported, take.pcm)
         resumed = await Director.connect(server.ws)
         stored = (await resumed.open(str(ready["session_id"])))["takes"][0]  # type: ignore[index]

@@ -80,7 +80,7 @@ def test_client_fixture_parses_to_its_fields(sample: dict[str, typing.Any]) -> N
     elif isinstance(message, (p.TakeCancel, p.TakeKeep, p.TakeDrop)):
         assert message.take_id == raw["take_id"]
     elif isinstance(message, p.SessionOpen):
-        assert message.session_id == raw.get("session_id")
+        assert (message.session_id, message.session_key) == (raw.get("session_id"), raw.get("session_key"))
     elif isinstance(message, p.Ping):
         assert message.t == raw.get("t")
 

@@ -26,9 +26,9 @@ def clip(seconds: float = 0.5, hz: float = 220.0) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def status_of(url: str) -> int:
+def status_of(url: str, headers: dict[str, str] | None = None) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=30) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=30) as response:
             return int(response.status)
     except urllib.error.HTTPError as error:
         return error.code
@@ -57,8 +57,10 @@ def test_two_sessions_never_see_each_others_voice_takes_or_audio(server: LiveSer
         error = await two.request({"type": "take.keep", "take_id": takes[0].take_id}, "error")
         assert (error["code"], error["take_id"]) == ("unknown_take", takes[0].take_id)
         sid_one, sid_two = ready_one["session_id"], ready_two["session_id"]
-        assert status_of(f"{server.http}/sessions/{sid_two}/takes/{takes[0].take_id}.wav") == 404
-        assert status_of(f"{server.http}/sessions/{sid_one}/takes/{takes[0].take_id}.wav") == 200
+        own, other = Director.export_headers(str(sid_one)), Director.export_headers(str(sid_two))
+        assert status_of(f"{server.http}/sessions/{sid_two}/takes/{takes[0].take_id}.wav", other) == 404
+        assert status_of(f"{server.http}/sessions/{sid_one}/takes/{takes[0].take_id}.wav", other) == 404
+        assert status_of(f"{server.http}/sessions/{sid_one}/takes/{takes[0].take_id}.wav", own) == 200
         await one.close()
         await two.close()
         # What each session stored is its own.
@@ -131,7 +133,8 @@ def test_resume_after_a_server_restart_loses_nothing(make_server: Any, tmp_path:
         check_resumed(await director.open(session_id), session_id, scene)
         await director.close()
         take = scene["takes"][0]
-        wav = await fetch(f"{second_server.http}/sessions/{session_id}/takes/{take.take_id}.wav")
+        wav = await fetch(f"{second_server.http}/sessions/{session_id}/takes/{take.take_id}.wav",
+                          Director.export_headers(session_id))
         samples, _ = sf.read(io.BytesIO(wav), dtype="int16")
         np.testing.assert_array_equal(samples, take.pcm)
 

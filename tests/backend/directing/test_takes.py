@@ -21,7 +21,9 @@ SHORT = {"max_new_tokens": 24}
 
 
 def export(server: LiveServer, session_id: str, take_id: int) -> np.ndarray:
-    with urllib.request.urlopen(f"{server.http}/sessions/{session_id}/takes/{take_id}.wav", timeout=60) as response:
+    url = f"{server.http}/sessions/{session_id}/takes/{take_id}.wav"
+    headers = Director.export_headers(session_id)
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as response:
         assert response.headers["Content-Type"] == "audio/wav"
         samples, rate = sf.read(io.BytesIO(response.read()), dtype="int16")
     assert rate == 44100
