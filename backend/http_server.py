@@ -8,9 +8,9 @@ Design choices:
   implementation) with four changes, each a defect found by a client that misbehaves:
   - a pong is not written while the connection's write buffer is full: a client that floods
     pings and reads nothing would otherwise pile its pongs up in our memory without bound;
-  - when the keepalive ping gets no pong in time the connection is aborted, not closed:
-    closing waits for the write buffer to drain, which a client that stopped reading never
-    lets happen, so its socket (and its session) would stay forever;
+  - a connection still open 10 s after its application returned, or after the keepalive
+    ping went unanswered, is aborted: closing waits for the write buffer to drain, which a
+    client that stopped reading never lets happen, so its socket would stay forever;
   - a text frame that is not UTF-8 closes the socket with 1007 and one log line (uvicorn logs
     a traceback per frame);
   - a send after the socket closed (1007 above, a keepalive timeout) is a disconnect for the
@@ -32,8 +32,6 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from backend.admission import redact, redact_logs
 from backend.settings import Settings
 
-KEEPALIVE_S = 20.0  # a protocol ping every 20 s; no pong within 20 s more and the connection is dropped
-
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     def handle_ping(self) -> None:
@@ -44,7 +42,20 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
 
     def keepalive_timeout(self) -> None:
         super().keepalive_timeout()
-        self.transport.abort()  # a close would wait for a write buffer that a silent client never drains
+        self.drop_later()
+
+    async def run_asgi(self) -> None:
+        await super().run_asgi()
+        self.drop_later()
+
+    def drop_later(self) -> None:
+        """Abort the connection if it is still there after the close timeout: closing waits for the
+        write buffer to drain, which a client that stopped reading never lets happen."""
+        def drop() -> None:
+            if not self.disconnected:
+                self.transport.abort()
+
+        self.loop.call_later(self.close_timeout, drop)
 
     def send_receive_event_to_app(self) -> None:
         if self.curr_msg_data_type == "text" and not self.close_sent:
@@ -72,4 +83,4 @@ def uvicorn_config(app: Any, settings: Settings, *, host: str = "127.0.0.1", por
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                           ws=WebSocketProtocol, ws_per_message_deflate=False,
                           ws_max_size=settings.limits.max_message_bytes + 2**20,
-                          ws_ping_interval=KEEPALIVE_S, ws_ping_timeout=KEEPALIVE_S)
+                          ws_ping_interval=settings.keepalive_s, ws_ping_timeout=settings.keepalive_s)

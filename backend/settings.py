@@ -36,6 +36,9 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     silence: SilenceGuard = field(default_factory=SilenceGuard)
     send_queue_frames: int = 256  # audio frames waiting for a slow client before its take is stopped
+    send_timeout_s: float = 20.0  # a socket whose client reads nothing for this long is dropped
+    open_timeout_s: float = 30.0  # a socket must open its session (conversation) within this
+    keepalive_s: float = 20.0  # a protocol ping this often; unanswered for as long again, the socket is dropped
     static_dir: Path = FRONTEND_DIST
     conversation: Path | str | None = None  # a PersonaPlex checkpoint for /converse; "demo": the tiny one; None: off
     conversation_slots: int = 2  # conversations at once

@@ -10,10 +10,15 @@ Design choices:
 - Only the send loop awaits the network: handlers and the engine thread's sinks (on the event
   loop) put into the socket's `Outbox` and return at once, so a slow client never stalls a
   handler, another socket, or the engine.
-- The outbox is bounded by audio frames, not messages: control messages always go in (they are
-  few and small); audio goes in only while fewer than `max_audio_frames` wait, and `audio`
-  says False past that, so the caller stops what makes the audio (a take, a conversation)
-  rather than the server holding audio for a client that does not read.
+- The outbox is bounded by audio frames: audio goes in only while fewer than
+  `max_audio_frames` wait, and `audio` says False past that, so the caller stops what makes
+  the audio (a take, a conversation) rather than the server holding audio for a client that
+  does not read. Control messages always go in (they are few and small), up to
+  MAX_MESSAGES waiting: past that the client is flooding (pings) without reading, and the
+  socket is dropped.
+- A send that does not complete within `send_timeout_s` (the client stopped reading and its
+  receive window is full) drops the socket too, so it cannot hold a session, a slot, or
+  memory: the send loop raises Stop and the handler's cleanup runs.
 - Closing is a message like the others (`Close`), so everything queued before it is sent
   first; after `close` the outbox takes nothing more. `Stop` ends a socket's tasks: the client
   left, or the server closed the socket.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +47,8 @@ from starlette.websockets import WebSocket
 from backend.settings import Settings
 
 M = TypeVar("M")
+MAX_MESSAGES = 1024  # control messages waiting for a client; past it the socket is dropped
+log = logging.getLogger("retake.transport")
 
 
 class Stop(Exception):
@@ -51,6 +59,10 @@ class Stop(Exception):
 class Close:
     code: int
     reason: str = ""
+
+
+class Dropped(Stop):
+    """The socket is dropped: its client stopped reading (the reason says how)."""
 
 
 @dataclass(frozen=True)
@@ -70,11 +82,27 @@ class Outbox(Generic[M]):
         self.max_audio_frames = max_audio_frames
         self.ready = asyncio.Event()
         self.closed = False
+        self.dropped: str | None = None  # why the socket is dropped (nothing more is sent)
+        self.sender: asyncio.Task[None] | None = None  # the send loop, interrupted by `drop`
 
     def message(self, message: M) -> None:
-        if not self.closed:
-            self.items.append(self.dump(message))
-            self.ready.set()
+        if self.closed:
+            return
+        if len(self.items) - self.audio_frames >= MAX_MESSAGES:
+            self.drop(f"{MAX_MESSAGES} messages waited for a client that does not read")
+            return
+        self.items.append(self.dump(message))
+        self.ready.set()
+
+    def drop(self, reason: str) -> None:
+        """Send nothing more: the send loop raises Dropped (the client is not reading)."""
+        self.items.clear()
+        self.audio_frames = 0
+        self.closed = True
+        self.dropped = reason
+        self.ready.set()
+        if self.sender is not None and self.sender is not asyncio.current_task():
+            self.sender.cancel()  # it may be stuck in a send to this very client
 
     def audio(self, frame: bytes) -> bool:
         """Queue an audio frame; False if too many wait (the client is not reading)."""
@@ -95,6 +123,8 @@ class Outbox(Generic[M]):
 
     async def get(self) -> str | bytes | Close:
         while not self.items:
+            if self.dropped is not None:
+                raise Dropped(self.dropped)
             self.ready.clear()
             await self.ready.wait()
         item = self.items.popleft()
@@ -104,17 +134,36 @@ class Outbox(Generic[M]):
         return item
 
 
-async def send_loop(websocket: WebSocket, outbox: Outbox[M]) -> None:
-    """Drain the outbox into the socket; at `Close`, close the socket and raise Stop."""
-    while True:
-        item = await outbox.get()
-        if isinstance(item, Close):
-            await websocket.close(item.code, item.reason)
-            raise Stop
-        if isinstance(item, bytes):
-            await websocket.send_bytes(item)
-        else:
-            await websocket.send_text(item)
+async def send_loop(websocket: WebSocket, outbox: Outbox[M], send_timeout_s: float = 20.0) -> None:
+    """Drain the outbox into the socket; at `Close`, close the socket and raise Stop. Raises
+    Dropped when the outbox drops the socket or a send waits more than `send_timeout_s`."""
+    outbox.sender = asyncio.current_task()
+    try:
+        while True:
+            item = await outbox.get()
+            async with asyncio.timeout(send_timeout_s):
+                if isinstance(item, Close):
+                    await websocket.close(item.code, item.reason)
+                    raise Stop
+                if isinstance(item, bytes):
+                    await websocket.send_bytes(item)
+                else:
+                    await websocket.send_text(item)
+    except TimeoutError:
+        outbox.drop(f"a send waited {send_timeout_s:g} s for a client that does not read")
+        log.info("dropped a socket: %s", outbox.dropped)
+        raise Dropped(outbox.dropped) from None
+    except Dropped:
+        log.info("dropped a socket: %s", outbox.dropped)
+        raise
+    except asyncio.CancelledError:
+        if outbox.dropped is None:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()  # cancelled by `drop`, not by its task group: end as Dropped
+        log.info("dropped a socket: %s", outbox.dropped)
+        raise Dropped(outbox.dropped) from None
 
 
 # ─── Admission ────────────────────────────────────────────────────────────────

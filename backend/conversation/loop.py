@@ -270,8 +270,13 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                 voice = engine.voice() if join.voice is None else engine.voice(join.voice)
             engine.start(talk.slot, join.persona, voice, seed=join.seed)
             talk.voice = None if voice is None else voice.name
-        except Exception as error:  # noqa: BLE001 - RequestError for the client; anything else too, as a message
-            join.done.set_exception(error if isinstance(error, RequestError) else RequestError(str(error)))
+        except RequestError as error:
+            join.done.set_exception(error)
+            return
+        except Exception as error:  # a fault of ours: logged; the client gets a line, not internals
+            log.exception("a conversation could not start")
+            join.done.set_exception(RequestError(f"the conversation could not start (a server fault: "
+                                                 f"{type(error).__name__}); try again"))
             return
         with self._condition:
             if not talk.closed:

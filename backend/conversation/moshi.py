@@ -135,7 +135,7 @@ async def moshi_socket(websocket: WebSocket) -> None:
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(receive(websocket, conversations, talk, sink.outbox))
-            tasks.create_task(send_loop(websocket, sink.outbox))
+            tasks.create_task(send_loop(websocket, sink.outbox, state.settings.send_timeout_s))
     except* (Stop, WebSocketDisconnect, OSError):  # closed, or the client left
         pass
     finally:

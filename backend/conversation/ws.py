@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from backend.conversation import protocol as cp
 from backend.conversation.loop import Conversation, ConversationLoop, NoFreeSlot, TooFast
+from backend.settings import Settings
 from backend.state import ServerState
 from backend.transport import Outbox, Stop, admit, pack_audio_frame, send_loop
 from engine import pcm16
@@ -67,13 +68,13 @@ async def conversation_socket(websocket: WebSocket) -> None:
         return
     sink = SocketSink(conversations.frame_samples)
     try:
-        talk = await open_conversation(websocket, conversations, sink)
-    except (WebSocketDisconnect, Stop, OSError):  # OSError: uvicorn's ClientDisconnected on a send
+        talk = await open_conversation(websocket, conversations, sink, state.settings)
+    except (WebSocketDisconnect, Stop, OSError, TimeoutError):  # OSError: uvicorn's ClientDisconnected on a send
         return
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(receive(websocket, conversations, talk, sink.outbox))
-            tasks.create_task(send_loop(websocket, sink.outbox))
+            tasks.create_task(send_loop(websocket, sink.outbox, state.settings.send_timeout_s))
     except* (Stop, WebSocketDisconnect, OSError):  # closed, or the client left (OSError: as above)
         pass
     finally:
@@ -81,10 +82,24 @@ async def conversation_socket(websocket: WebSocket) -> None:
 
 
 async def open_conversation(websocket: WebSocket, conversations: ConversationLoop, sink: SocketSink,
-                            ) -> Conversation:
-    """Take a slot with the first good `converse.open`; answer `converse.ready`."""
+                            settings: Settings) -> Conversation:
+    """Take a slot with the first good `converse.open` (within `open_timeout_s`); answer
+    `converse.ready`. Sends here wait at most `send_timeout_s` (TimeoutError: the client does not read)."""
+    opened_by = asyncio.get_running_loop().time() + settings.open_timeout_s
+
+    async def send(message: cp.ServerMessage) -> None:
+        async with asyncio.timeout(settings.send_timeout_s):
+            await websocket.send_text(cp.dump(message))
+
     while True:
-        frame = await websocket.receive()
+        try:
+            async with asyncio.timeout_at(opened_by):  # only the wait for a message: a join is never cut
+                frame = await websocket.receive()
+        except TimeoutError:
+            await send(cp.Error("bad_field", f"no converse.open within {settings.open_timeout_s:g} s of "
+                                             "connecting; the socket is closed"))
+            await websocket.close(status.WS_1008_POLICY_VIOLATION)
+            raise Stop from None
         if frame["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(frame.get("code", 1000))
         try:
@@ -96,22 +111,22 @@ async def open_conversation(websocket: WebSocket, conversations: ConversationLoo
                 raise cp.ConversationError("bad_field", 'the first message must be {"type": "converse.open"}')
             talk = await conversations.join(message.persona, message.voice, message.seed, sink, message.voice_clip)
         except cp.ConversationError as error:  # before ready, every refusal is bad_field: open again
-            await websocket.send_text(cp.dump(cp.Error("bad_field", error.message)))
+            await send(cp.Error("bad_field", error.message))
             continue
         except RequestError as error:
-            await websocket.send_text(cp.dump(cp.Error("bad_field", str(error))))
+            await send(cp.Error("bad_field", str(error)))
             continue
         except NoFreeSlot as error:
-            await websocket.send_text(cp.dump(cp.Error("busy", str(error))))
+            await send(cp.Error("busy", str(error)))
             await websocket.close(status.WS_1013_TRY_AGAIN_LATER)
             raise Stop from None
         engine = conversations.engine
         assert engine is not None
         try:
-            await websocket.send_text(cp.dump(cp.ConversationReady(
+            await send(cp.ConversationReady(
                 sample_rate=engine.sample_rate, frame_samples=engine.frame_size, voice=talk.voice,
                 voices=conversations.voices, persona=DEFAULT_PERSONA if message.persona is None else message.persona,
-                demo_weights=bool(engine.demo_weights))))
+                demo_weights=bool(engine.demo_weights)))
         except BaseException:  # the client left while its slot started: free it
             conversations.leave(talk)
             raise

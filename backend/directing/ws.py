@@ -49,11 +49,13 @@ async def directing_socket(websocket: WebSocket) -> None:
     session = Session(state)
     state.directing.add(session)
     commands: asyncio.Queue[p.ClientMessage] = asyncio.Queue(COMMAND_BACKLOG)
+    unopened = asyncio.get_running_loop().call_later(settings.open_timeout_s, close_unopened, session,
+                                                     settings.open_timeout_s)
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(receive(websocket, session, commands))
             tasks.create_task(run_commands(session, commands))
-            tasks.create_task(send_loop(websocket, session.outbox))
+            tasks.create_task(send_loop(websocket, session.outbox, settings.send_timeout_s))
     except* (Stop, WebSocketDisconnect):
         pass
     except* Exception as group:
@@ -63,9 +65,18 @@ async def directing_socket(websocket: WebSocket) -> None:
         except Exception:  # noqa: BLE001 - the socket may already be gone
             pass
     finally:
+        unopened.cancel()
         state.directing.discard(session)
         session.outbox.closed = True
         session.detach()
+
+
+def close_unopened(session: Session, timeout_s: float) -> None:
+    """A socket that opened no session in time holds a --max-sessions place for nothing: closed."""
+    if session.session_id is None:
+        session.outbox.message(p.Error("session_not_open", f"no session.open within {timeout_s:g} s of "
+                                                           "connecting; the socket is closed"))
+        session.outbox.close(status.WS_1008_POLICY_VIOLATION, "no session.open")
 
 
 def report(session: Session, error: p.ProtocolError) -> None:

@@ -68,3 +68,43 @@ def upgrade(base: str, path: str, headers: dict[str, str] | None = None) -> tupl
             except TimeoutError:
                 pass
     return int(reply.split(b" ", 2)[1]), reply
+
+
+class RawWebSocket:
+    """A WebSocket client on a plain socket: it sends the frames a test gives and reads nothing
+    unless told to (a client that stopped reading, with a small receive buffer)."""
+
+    def __init__(self, base: str, path: str, receive_buffer: int | None = None) -> None:
+        host, port = address(base)
+        self.socket = socket.socket()
+        if receive_buffer is not None:  # before connecting, so the window is small from the start
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.socket.settimeout(60)
+        self.socket.connect((host, port))
+        lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", "Connection: Upgrade", "Upgrade: websocket",
+                 "Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="]
+        self.socket.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += self.socket.recv(1)  # one byte at a time: leave every frame after the head unread
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def send(self, opcode: int, payload: bytes) -> None:
+        """One final frame, masked as a client's must be (with a zero key: the bytes go as they are)."""
+        size = len(payload)
+        if size < 126:
+            header = bytes([0x80 | opcode, 0x80 | size])
+        elif size < 65536:
+            header = bytes([0x80 | opcode, 0x80 | 126]) + size.to_bytes(2, "big")
+        else:
+            header = bytes([0x80 | opcode, 0x80 | 127]) + size.to_bytes(8, "big")
+        self.socket.sendall(header + b"\0\0\0\0" + payload)
+
+    def text(self, text: str) -> None:
+        self.send(0x1, text.encode())
+
+    def ping(self, payload: bytes = b"") -> None:
+        self.send(0x9, payload)
+
+    def close(self) -> None:
+        self.socket.close()

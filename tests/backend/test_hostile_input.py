@@ -98,6 +98,14 @@ def test_speech_api(server: LiveServer, name: str, text: str, code: str) -> None
 
 
 def test_numbers_that_only_look_like_digits(server: LiveServer) -> None:
+    async def session() -> str:
+        director = await Director.connect(server.ws)
+        ready = await director.open()
+        await director.close()
+        return str(ready["session_id"])
+
+    session_id = run(session())
     for raw in ("%C2%B2", "%D9%A3", "1%C2%B2", "-1", "99999999999999"):  # ², Arabic-Indic 3
-        status, _, reply = request(server.http, "GET", f"/sessions/x/takes/{raw}.wav")
+        status, _, reply = request(server.http, "GET", f"/sessions/{session_id}/takes/{raw}.wav",
+                                   Director.export_headers(session_id))
         assert status == 404, (raw, reply)
