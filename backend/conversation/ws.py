@@ -22,6 +22,7 @@ import numpy as np
 from starlette import status
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from backend.clips import checked_clip
 from backend.conversation import protocol as cp
 from backend.conversation.loop import Conversation, ConversationLoop, NoFreeSlot, TooFast
 from backend.settings import Settings
@@ -30,6 +31,7 @@ from backend.transport import Outbox, Stop, admit, pack_audio_frame, send_loop
 from engine import pcm16
 from engine.errors import RequestError
 from engine.personaplex import DEFAULT_PERSONA
+from engine.personaplex.engine import MAX_CLIP_SECONDS
 
 MAX_AUDIO_FRAMES = 1000  # agent frames waiting for a client that does not read (80 s of audio)
 
@@ -109,7 +111,10 @@ async def open_conversation(websocket: WebSocket, conversations: ConversationLoo
             message = cp.parse_client_message(text)
             if not isinstance(message, cp.ConversationOpen):
                 raise cp.ConversationError("bad_field", 'the first message must be {"type": "converse.open"}')
-            talk = await conversations.join(message.persona, message.voice, message.seed, sink, message.voice_clip)
+            clip = None
+            if message.voice_clip is not None:  # checked off the loop before the engine decodes it
+                clip, _seconds = await checked_clip(message.voice_clip, MAX_CLIP_SECONDS, "the clip")
+            talk = await conversations.join(message.persona, message.voice, message.seed, sink, clip)
         except cp.ConversationError as error:  # before ready, every refusal is bad_field: open again
             await send(cp.Error("bad_field", error.message))
             continue

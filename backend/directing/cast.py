@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from backend.clips import checked_clip
 from backend.directing import protocol as p
 from backend.directing.loop import QueueFull
 from backend.scene_store import CastMember
@@ -41,11 +42,22 @@ def engine_voice(voice: StoredVoice | None) -> EngineVoice:
 
 async def encode_voice(state: ServerState, references: list[tuple[bytes, str]],
                        character: p.CharacterSpec | None, path: str = "") -> list[StoredReference]:
-    """Encode the clips and check the voice the way a take will use it (ProtocolError when it cannot)."""
+    """Encode the clips and check the voice the way a take will use it (ProtocolError when it cannot).
+
+    Each clip is checked off the loop first (backend/clips.py: its header, then decoded in blocks
+    up to the limit), so the engine thread only ever decodes a bounded mono clip."""
+    checked = []
+    for index, (audio, text) in enumerate(references):
+        try:
+            clean, _seconds = await checked_clip(audio, state.settings.limits.max_reference_seconds,
+                                                 f"{path}references.{index}.audio")
+        except RequestError as error:
+            raise p.ProtocolError("bad_reference", str(error)) from None
+        checked.append((clean, text))
 
     def encode(engine: Drama3Engine) -> list[np.ndarray]:
         codes = []
-        for index, (audio, _text) in enumerate(references):
+        for index, (audio, _text) in enumerate(checked):
             try:
                 codes.append(engine.encode_reference(audio))
             except RequestError as error:

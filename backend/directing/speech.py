@@ -38,10 +38,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from backend import json_input
 from backend.audio_formats import Encoder
+from backend.clips import checked_clip
 from backend.directing.jobs import TakeJob, TakeOutcome
 from backend.directing.loop import QueueFull
+from backend.directing.protocol import Limits
 from backend.directing.speech_options import SpeechOptions, parse_speech_options, with_voice
-from backend.directing.speech_request import SpeechRequest, parse_speech_request
+from backend.directing.speech_request import Clip, SpeechRequest, parse_speech_request
 from backend.directing.voices import find_voice
 from backend.metrics import Metrics
 from backend.state import ServerState
@@ -90,6 +92,21 @@ def speech_prompt(engine: Drama3Engine, request: SpeechRequest, sampling: Sampli
     return dataclasses.replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
 
 
+async def checked_clips(request: SpeechRequest, limits: Limits, frame_seconds: float) -> SpeechRequest:
+    """The request with its clips checked and made clean (backend/clips.py), each at most
+    `limits.max_reference_seconds` and all together no more audio than a prompt holds
+    (`limits.max_prompt_rows` frames of `frame_seconds`)."""
+    budget = limits.max_prompt_rows * frame_seconds
+    clips: list[Clip] = []
+    for index, clip in enumerate([*request.references, *request.history]):
+        audio, seconds = await checked_clip(clip.audio, min(limits.max_reference_seconds, budget),
+                                            f"references.{index}.data")
+        budget -= seconds
+        clips.append(Clip(audio, clip.text))
+    voices = len(request.references)
+    return dataclasses.replace(request, references=clips[:voices], history=clips[voices:])
+
+
 async def speech(request: Request) -> Response:
     state: ServerState = request.app.state.retake
     if request.headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
@@ -102,7 +119,10 @@ async def speech(request: Request) -> Response:
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
         options = parse_speech_options(body)
-        parsed = with_voice(parse_speech_request(body), options.instructions, find_voice(state, options.voice))
+        parsed = with_voice(parse_speech_request(body, state.settings.limits), options.instructions,
+                            find_voice(state, options.voice))
+        frame_seconds = state.engine.frame_samples / state.engine.sample_rate
+        parsed = await checked_clips(parsed, state.settings.limits, frame_seconds)
     except RequestError as error:
         return openai_error(str(error))
     stream = options.streamed

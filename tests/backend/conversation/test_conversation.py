@@ -303,7 +303,9 @@ def test_a_voice_clip_becomes_the_agents_voice(talk_server: LiveServer) -> None:
              "the clip is not a WAV or FLAC file this server can read (Format not recognised); give a WAV or FLAC "
              "file"),
             ({"voice_clip": wav_file(np.zeros(24000 * 31, np.float32), 24000)},
-             "a voice clip must be 80 ms to 30 s long; this one is 31.00 s"),
+             "the clip is 31.0 s long; the limit is 30 s, send a shorter clip"),
+            ({"voice_clip": wav_file(np.zeros(960, np.float32), 24000)},
+             "a voice clip must be 80 ms to 30 s long; this one is 0.04 s"),
         ]:
             socket, reply = await open_when_free(talk_server.converse, **fields)
             assert reply["code"] == "bad_field" and says in reply["message"], reply

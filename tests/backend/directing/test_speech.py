@@ -91,7 +91,7 @@ def test_envelope_with_character_and_history(server: LiveServer) -> None:
      "never both: the references are clips"),
     ({**BODY, "instructions": "One line.\nTwo lines."}, "instructions: character.description"),
     ({**BODY, "references": [{"data": "%%%", "text": "x"}]}, "base64"),
-    ({**BODY, "references": [{"data": base64.b64encode(b"not audio").decode(), "text": "x"}]}, "audio"),
+    ({**BODY, "references": [{"data": base64.b64encode(b"not audio").decode(), "text": "x"}]}, "WAV or FLAC"),
     ({**BODY, "input": "@@drama3-space@@{broken"}, "envelope"),
 ])
 def test_bad_requests_get_400_with_a_json_error(server: LiveServer, body: Any, says: str) -> None:
