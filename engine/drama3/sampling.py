@@ -70,9 +70,13 @@ def _number(value: object, name: str, low: float, high: float, *, low_open: bool
     """A finite float in [low, high] (or (low, high])."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"{name} must be a finite number")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of hundreds of digits (JSON has them)
+        number = math.inf
     if not (math.isfinite(number) and low <= number <= high) or (low_open and number == low):
-        raise RequestError(f"{name} must be in {'(' if low_open else '['}{low:g}, {high:g}] (got {value:g})")
+        shown = f"{number:g}" if math.isfinite(number) else str(value)[:24] + ("..." if len(str(value)) > 24 else "")
+        raise RequestError(f"{name} must be in {'(' if low_open else '['}{low:g}, {high:g}] (got {shown})")
     return number
 
 

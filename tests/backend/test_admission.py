@@ -27,7 +27,8 @@ def port_of(server: LiveServer) -> int:
 def routes(server: LiveServer) -> list[tuple[str, str, bytes | None]]:
     """(method, path, body) of every HTTP route, the studio's page included."""
     return [("GET", "/", None), ("GET", "/health", None), ("GET", "/metrics", None),
-            ("POST", "/v1/audio/speech", SPEECH), ("GET", "/sessions/x/takes/1.wav", None), ("POST", "/auth", b"")]
+            ("POST", "/v1/audio/speech", SPEECH), ("GET", "/sessions/x/takes/1.wav", None), ("POST", "/auth", b""),
+            ("GET", "/converse/info", None)]
 
 
 def test_a_rebound_host_name_is_refused_on_every_route_and_socket(make_server: Any) -> None:
