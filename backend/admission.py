@@ -6,7 +6,8 @@ around the whole app, so a route added later is covered by construction).
 In order, for HTTP requests and WebSocket handshakes alike:
 1. Host: the `Host` header names this server (`localhost`, an IP address, `--host`, or an
    `--allow-host` name). Else HTTP 400: a page on `evil.example` that DNS-rebinds its name to
-   127.0.0.1 reaches the server with `Host: evil.example` and stops here.
+   127.0.0.1 reaches the server with `Host: evil.example` and stops here. A request without
+   a Host (HTTP/1.0: a load balancer's health check) is not a browser's and passes.
 2. Origin: a browser's `Origin` (when there is one) is one of this server's own origins
    (http or https, a name of 1. other than a foreign IP address, and the port the connection
    came in on), or listed by `--allow-origin`. Else HTTP 403. The origin is never compared
@@ -154,7 +155,8 @@ class Admission:
 
     def check(self, scope: Scope, headers: dict[str, str]) -> None:
         host = host_name(headers.get("host", ""))
-        if not host or not (is_ip(host) or host in self.names):
+        # No Host at all is not a browser (they always send one): a load balancer's health check, say.
+        if host and not (is_ip(host) or host in self.names):
             self.tell(f"host {host!r}", f"add --allow-host {host}" if host else "")
             raise Refused(400, f"this server does not answer to the name {host!r} (Host header); if it should, "
                                "start it with --allow-host NAME")

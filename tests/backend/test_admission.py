@@ -55,8 +55,9 @@ def test_names_the_server_answers_to(make_server: Any) -> None:
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "10.1.2.3", "studio.example",
                  f"STUDIO.example:{port}"):
         assert request(server.http, "GET", "/health", {"Host": host})[0] == 200, host
-    for host in ("studio.example.evil.example", "localhost.evil.example", ""):
+    for host in ("studio.example.evil.example", "localhost.evil.example", "evil.example:80"):
         assert request(server.http, "GET", "/health", {"Host": host})[0] == 400, host
+    assert request(server.http, "GET", "/health", {"Host": ""})[0] == 200  # no browser sends no Host
 
 
 def test_origins_are_checked_against_the_servers_own_not_the_host_header(server: LiveServer,

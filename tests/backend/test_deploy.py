@@ -128,7 +128,8 @@ def test_a_replica_killed_mid_take_leaves_its_director_on_the_other(tiny_checkpo
             assert (cut["finish_reason"], cut["error"]) == ("error", STOPPED_DURING_TAKE)
             samples = np.concatenate(heard)
             assert cut["frames"] * 2048 == cut["samples"] >= len(samples)
-            audio, _ = sf.read(io.BytesIO(await fetch(f"http://127.0.0.1:{port}{cut['audio_url']}")), dtype="int16")
+            wav = await fetch(f"http://127.0.0.1:{port}{cut['audio_url']}", Director.export_headers(scene))
+            audio, _ = sf.read(io.BytesIO(wav), dtype="int16")
             np.testing.assert_array_equal(audio[:len(samples)], samples)
 
             finished = await second.finish(other)  # the second director never noticed
