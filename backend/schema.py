@@ -257,7 +257,8 @@ def session_keys(conn: Connection) -> None:
 
 
 # Migration n brings a database from version n - 1 to n, on either kind of database.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {3: replica_column, 4: saved_voice_tables, 5: scene_studio, 6: session_keys}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    3: replica_column, 4: saved_voice_tables, 5: scene_studio, 6: session_keys}
 VERSION = BASELINE_VERSION + len(MIGRATIONS)
 MIGRATION_LOCK = 0x5245_5441  # "RETA": the advisory lock that serializes migrations on PostgreSQL
 
