@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +37,8 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from backend import json_input
+from backend.clips import checked_clip
 from backend.directing.loop import QueueFull
 from backend.directing.protocol import CharacterSpec, Limits
 from backend.directing.speech_options import DEFAULT_VOICE
@@ -122,8 +123,8 @@ async def _parse(request: Request, limits: Limits) -> tuple[str, list[tuple[byte
         field = "audio_sample"
     else:
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            body = json_input.loads(await request.body())
+        except ValueError as error:
             raise RequestError(f"the body must be JSON or multipart form data: {error}") from None
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
@@ -182,7 +183,11 @@ async def voices(request: Request) -> Response:
         name, clips, character, consent = await _parse(request, state.settings.limits)
         if state.store.saved_voice(name) is not None:
             return openai_error(f"a voice named {name!r} exists; delete it first or pick another name", 409)
-        await state.call(_check(clips, character))
+        checked = []  # each clip checked off the loop (its header, then in blocks) before the engine decodes it
+        for index, (audio, text) in enumerate(clips):
+            clean, _seconds = await checked_clip(audio, state.settings.limits.max_reference_seconds, f"clip {index}")
+            checked.append((clean, text))
+        await state.call(_check(checked, character))
     except RequestError as error:
         return openai_error(str(error))
     except QueueFull as error:

@@ -15,7 +15,7 @@ from raw_http import address, read_reply, request, upgrade
 
 from backend.tools.client import Director
 
-SOCKETS = ("/ws", "/converse")
+SOCKETS = ("/ws", "/converse", "/api/chat")
 SPEECH = json.dumps({"input": "Hi.", "max_new_tokens": 2}).encode()
 JSON = {"Content-Type": "application/json"}
 
@@ -28,7 +28,8 @@ def routes(server: LiveServer) -> list[tuple[str, str, bytes | None]]:
     """(method, path, body) of every HTTP route, the studio's page included."""
     return [("GET", "/", None), ("GET", "/health", None), ("GET", "/metrics", None),
             ("POST", "/v1/audio/speech", SPEECH), ("GET", "/sessions/x/takes/1.wav", None), ("POST", "/auth", b""),
-            ("GET", "/converse/info", None)]
+            ("GET", "/converse/info", None), ("GET", "/v1/audio/voices", None),
+            ("POST", "/v1/audio/voices", b"{}"), ("DELETE", "/v1/audio/voices/x", None)]
 
 
 def test_a_rebound_host_name_is_refused_on_every_route_and_socket(make_server: Any) -> None:

@@ -99,6 +99,10 @@ def test_every_path_refuses_a_bomb_before_the_engine_sees_it(server: LiveServer,
                                        "error")
         assert error["code"] == "bad_reference"
         assert str(error["message"]).startswith("references.0.audio is 120.0 s long; the limit is 60 s"), error
+        error = await director.request({"type": "cast.set", "character_id": "mara", "name": "Mara",
+                                        "voice": {"references": [{"audio": encoded, "text": "Hi."}]}}, "error")
+        assert error["code"] == "bad_reference"
+        assert str(error["message"]).startswith("voice.references.0.audio is 120.0 s long; the limit"), error
         await director.close()
         socket: Any = await websockets.connect(talk_server.converse, max_size=None)
         await socket.send(json.dumps({"type": "converse.open", "voice_clip": encoded}))
@@ -112,6 +116,27 @@ def test_every_path_refuses_a_bomb_before_the_engine_sees_it(server: LiveServer,
     status, _, reply = request(server.http, "POST", "/v1/audio/speech", JSON, body)
     assert status == 400
     assert json.loads(reply)["error"]["message"].startswith("references.0.data is 120.0 s long"), reply
+    # A saved voice, as JSON and as OpenAI's multipart upload.
+    body = json.dumps({"name": "Bomb", "references": [{"audio": encoded, "text": "Hi."}]}).encode()
+    status, _, reply = request(server.http, "POST", "/v1/audio/voices", JSON, body)
+    assert status == 400 and json.loads(reply)["error"]["message"].startswith("clip 0 is 120.0 s long"), reply
+    status, _, reply = request(server.http, "POST", "/v1/audio/voices", {"Content-Type": f"multipart/form-data; "
+                                                                         f"boundary={BOUNDARY}"}, multipart(bomb))
+    assert status == 400 and json.loads(reply)["error"]["message"].startswith("clip 0 is 120.0 s long"), reply
+    assert request(server.http, "GET", "/v1/audio/voices")[2].count(b"Bomb") == 0
+
+
+BOUNDARY = "retake-test-boundary"
+
+
+def multipart(clip: bytes) -> bytes:
+    """OpenAI's voice upload: name, audio_sample (a file) and its transcript."""
+    parts = [b'Content-Disposition: form-data; name="name"\r\n\r\nBomb',
+             b'Content-Disposition: form-data; name="audio_sample"; filename="a.flac"\r\n'
+             b"Content-Type: audio/flac\r\n\r\n" + clip,
+             b'Content-Disposition: form-data; name="transcript"\r\n\r\nHi.']
+    boundary = f"--{BOUNDARY}".encode()
+    return b"".join(boundary + b"\r\n" + part + b"\r\n" for part in parts) + boundary + b"--\r\n"
 
 
 def test_sizes_are_refused_before_anything_reads_them(server: LiveServer) -> None:
