@@ -155,7 +155,7 @@ def test_saved_voices_outlive_a_restart(make_server: Any, tmp_path: Path) -> Non
     ({"name": "None"}, 400, "give one of them"),
     ({"name": "Mute", "references": [{"audio": base64.b64encode(wav()).decode()}]}, 400, "transcript.0"),
     ({"name": "Noise", "references": [{"audio": base64.b64encode(b"not audio").decode(), "text": "t"}]}, 400,
-     "clip 0:"),
+     "clip 0 is not a WAV or FLAC file"),
     ({"name": "Colon", "character": {"name": "A: B", "description": "x"}}, 400, "must not contain ':'"),
 ])
 def test_bad_voices_are_refused_with_what_to_change(voice_server: LiveServer, body: dict[str, Any], status: int,
