@@ -10,8 +10,9 @@ import { join } from "node:path";
 import { serverControl, sineWav } from "./lib.mjs";
 
 /** The server's counter of take exports (GET /metrics): from kept audio, or vocoded again. */
-async function exports(url) {
-  const text = await (await fetch(`${url}/metrics`)).text();
+async function exports(url, token) {
+  // Node's fetch, not the page's: with --token it carries the token in the header, as a script does.
+  const text = await (await fetch(`${url}/metrics`, { headers: token ? { Authorization: `Bearer ${token}` } : {} })).text();
   const count = (source) => Number(new RegExp(`retake_take_exports_total\\{audio="${source}"\\} (\\d+)`).exec(text)?.[1] ?? NaN);
   return { kept: count("kept"), vocoded: count("vocoded") };
 }
@@ -150,7 +151,7 @@ export async function sceneSteps(t) {
 
   // 12. Reload: the cast, the characters, notes and every take's waveform are back, and no take
   //     is vocoded again (the server kept their audio when they ended).
-  const exportsBefore = await exports(args.url);
+  const exportsBefore = await exports(args.url, args.token);
   await page.reload();
   await t.waitReady();
   await page.waitForFunction(() => {
@@ -165,7 +166,7 @@ export async function sceneSteps(t) {
     JSON.stringify({ cast: back.cast, rating: back.take.rating, note: back.take.note }));
   await page.locator(`.take[data-take="${boTake.takeId}"] .play`).click();
   await page.waitForFunction((id) => window.retake.report?.takeId === id && window.retake.report.stateName === "ended", boTake.takeId);
-  const exportsAfter = await exports(args.url);
+  const exportsAfter = await exports(args.url, args.token);
   check("every waveform after the reload came from kept audio: nothing was vocoded again",
     exportsAfter.vocoded === exportsBefore.vocoded && exportsAfter.kept > exportsBefore.kept, JSON.stringify({ exportsBefore, exportsAfter }));
 
