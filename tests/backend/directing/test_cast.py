@@ -130,7 +130,8 @@ def test_a_cast_member_with_clips_and_one_too_many(make_server: Any) -> None:
                "voice": {"references": [{"audio": "bm90IGF1ZGlv", "text": "Hi."}]}}
         await director.request({"type": "cast.delete", "character_id": "b"}, "cast")
         error = await director.request(bad, "error")
-        assert error["code"] == "bad_reference" and error["message"].startswith("voice.references.0.audio is not a WAV or FLAC file")
+        assert error["code"] == "bad_reference"
+        assert error["message"].startswith("voice.references.0.audio is not a WAV or FLAC file")
         assert (await director.request({"type": "ping", "t": 1}, "pong"))["t"] == 1  # the socket is still usable
         await director.close()
 
