@@ -12,18 +12,23 @@ Design choices:
   undone from the notice that follows it.
 - A scene's duration is its kept takes' length (what the scene export holds), in seconds at
   the engine's rate.
+- A scene is reached with its key, as on the socket (docs/protocol.md §11): the routes of one
+  scene take it in the `Retake-Session-Key` header, the list takes each scene's id with its
+  key, and a scene made here (new or a duplicate) gets a key, in the 201 answer only. A wrong
+  key reads as an unknown scene (404), so neither ids nor names can be probed.
 - Bodies are small JSON objects; a field of the wrong type or length is a 400 that names it.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from backend import json_input
 from backend.directing import protocol as p
+from backend.directing.export import SESSION_KEY_HEADER
 from backend.directing.scene_export import export_scene
 from backend.scene_store import SceneSummary
 from backend.state import ServerState
@@ -33,10 +38,12 @@ MAX_LISTED = 1000
 DELETED = "this scene was deleted; restore it (the studio's Undo, or POST /sessions/{id}/restore) to open it"
 
 
-def scene_json(scene: SceneSummary, sample_rate: int) -> dict[str, Any]:
+def scene_json(scene: SceneSummary, sample_rate: int, key: str | None = None) -> dict[str, Any]:
+    """A scene as the routes answer it; `session_key` only when the scene was just made (else null)."""
     return {"session_id": scene.session_id, "name": scene.name, "created_ms": scene.created_ms,
             "updated_ms": scene.updated_ms, "deleted_ms": scene.deleted_ms, "lines": scene.lines,
-            "takes": scene.takes, "kept": scene.kept, "seconds": round(scene.kept_samples / sample_rate, 2)}
+            "takes": scene.takes, "kept": scene.kept, "seconds": round(scene.kept_samples / sample_rate, 2),
+            "session_key": key}
 
 
 def bad(message: str, status: int = 400) -> JSONResponse:
@@ -48,9 +55,9 @@ async def body_of(request: Request) -> dict[str, Any] | JSONResponse:
     if not raw:
         return {}
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return bad("the body must be a JSON object")
+        body = json_input.loads(raw)
+    except ValueError as error:
+        return bad(f"the body must be a JSON object: {error}")
     return body if isinstance(body, dict) else bad("the body must be a JSON object")
 
 
@@ -61,30 +68,40 @@ def name_of(body: dict[str, Any], default: str | None = None) -> str | JSONRespo
     return name.strip()
 
 
-def summary(state: ServerState, session_id: str) -> JSONResponse:
+def summary(state: ServerState, session_id: str, key: str | None = None) -> JSONResponse:
     found = state.store.scenes([session_id])
     if not found:
         return bad(f"no scene {session_id[:64]!r}", 404)
-    return JSONResponse(scene_json(found[0], state.engine.sample_rate))
+    return JSONResponse(scene_json(found[0], state.engine.sample_rate, key))
 
 
-def known(state: ServerState, session_id: str) -> JSONResponse | None:
-    """A 404 unless the scene exists (deleted or not)."""
-    return None if state.store.has_session(session_id) else bad(f"no scene {session_id[:64]!r}", 404)
+def keyed(state: ServerState, request: Request) -> str | JSONResponse:
+    """The scene of the path, if the request holds its key (deleted or not); else a 401 or 404."""
+    session_id: str = request.path_params["session_id"]
+    key = request.headers.get(SESSION_KEY_HEADER)
+    if key is None:
+        return bad(f"send the scene's key (session.ready's session_key) in the {SESSION_KEY_HEADER} header", 401)
+    if state.store.session_key(session_id, key) != "ok":  # as unknown: says nothing of whether it exists
+        return bad(f"no scene {session_id[:64]!r} with this key", 404)
+    return session_id
 
 
 async def list_scenes(request: Request) -> Response:
-    """POST /sessions/list {"sessions": [{"session_id"}, ...]}: those scenes that exist and are not deleted."""
+    """POST /sessions/list {"sessions": [{"session_id", "session_key"}, ...]}: those scenes that exist, are
+    not deleted and open with that key."""
     state: ServerState = request.app.state.retake
     body = await body_of(request)
     if isinstance(body, JSONResponse):
         return body
     wanted = body.get("sessions", [])
     if not isinstance(wanted, list) or len(wanted) > MAX_LISTED or not all(
-            isinstance(item, dict) and isinstance(item.get("session_id"), str) for item in wanted):
-        return bad(f'sessions must be a list of at most {MAX_LISTED} {{"session_id"}} objects')
+            isinstance(item, dict) and isinstance(item.get("session_id"), str)
+            and isinstance(item.get("session_key"), str) for item in wanted):
+        return bad(f'sessions must be a list of at most {MAX_LISTED} {{"session_id", "session_key"}} objects')
     ids = [item["session_id"][:128] for item in wanted]
-    found = [s for s in state.store.scenes(ids) if s.deleted_ms is None]
+    opened = {item["session_id"][:128] for item in wanted
+              if state.store.session_key(item["session_id"][:128], item["session_key"][:128]) == "ok"}
+    found = [s for s in state.store.scenes([i for i in ids if i in opened]) if s.deleted_ms is None]
     listed = {s.session_id for s in found}
     return JSONResponse({"sessions": [scene_json(s, state.engine.sample_rate) for s in found],
                          "unknown": [i for i in ids if i not in listed]})
@@ -100,8 +117,9 @@ async def create_scene(request: Request) -> Response:
     if isinstance(name, JSONResponse):
         return name
     session_id = state.store.create_session()
+    key = state.store.new_session_key(session_id)
     state.store.rename_scene(session_id, name)
-    response = summary(state, session_id)
+    response = summary(state, session_id, key)
     response.status_code = 201
     return response
 
@@ -109,9 +127,9 @@ async def create_scene(request: Request) -> Response:
 async def scene(request: Request) -> Response:
     """PATCH /sessions/{id} {"name"}: rename; DELETE /sessions/{id}: delete (restorable)."""
     state: ServerState = request.app.state.retake
-    session_id = request.path_params["session_id"]
-    if (missing := known(state, session_id)) is not None:
-        return missing
+    session_id = keyed(state, request)
+    if isinstance(session_id, JSONResponse):
+        return session_id
     if request.method == "DELETE":
         state.store.delete_scene(session_id)
         holder = state.sessions.get(session_id)
@@ -135,9 +153,9 @@ async def scene(request: Request) -> Response:
 async def restore_scene(request: Request) -> Response:
     """POST /sessions/{id}/restore: bring a deleted scene back."""
     state: ServerState = request.app.state.retake
-    session_id = request.path_params["session_id"]
-    if (missing := known(state, session_id)) is not None:
-        return missing
+    session_id = keyed(state, request)
+    if isinstance(session_id, JSONResponse):
+        return session_id
     state.store.delete_scene(session_id, deleted=False)
     return summary(state, session_id)
 
@@ -145,9 +163,9 @@ async def restore_scene(request: Request) -> Response:
 async def scene_file(request: Request) -> Response:
     """GET /sessions/{id}/scene.wav (?gap_ms, ?character) or scene.srt (backend/directing/scene_export.py)."""
     state: ServerState = request.app.state.retake
-    session_id = request.path_params["session_id"]
-    if (missing := known(state, session_id)) is not None:
-        return missing
+    session_id = keyed(state, request)
+    if isinstance(session_id, JSONResponse):
+        return session_id
     if state.store.scene_deleted(session_id):
         return bad(DELETED, 409)
     return await export_scene(request, state, session_id, request.url.path.rsplit(".", 1)[-1])
@@ -156,9 +174,9 @@ async def scene_file(request: Request) -> Response:
 async def duplicate_scene(request: Request) -> Response:
     """POST /sessions/{id}/duplicate {"name"?}: a copy of the scene (default name: "<name> (copy)")."""
     state: ServerState = request.app.state.retake
-    session_id = request.path_params["session_id"]
-    if (missing := known(state, session_id)) is not None:
-        return missing
+    session_id = keyed(state, request)
+    if isinstance(session_id, JSONResponse):
+        return session_id
     body = await body_of(request)
     if isinstance(body, JSONResponse):
         return body
@@ -167,7 +185,8 @@ async def duplicate_scene(request: Request) -> Response:
     if isinstance(name, JSONResponse):
         return name
     copy_id = state.store.create_session()
+    key = state.store.new_session_key(copy_id)
     state.store.duplicate_scene(session_id, copy_id, name)
-    response = summary(state, copy_id)
+    response = summary(state, copy_id, key)
     response.status_code = 201
     return response

@@ -9,6 +9,9 @@
  *   deletion's Undo restores it by id.
  * - A scene opens by URL (`?session=ID`); a new one is `?new`, which opens a session without an
  *   id (the server makes one). Opening is a page load: the studio's state is one scene's.
+ * - A scene is reached with its key (docs/protocol.md §11), kept in localStorage beside its id
+ *   (`retake.key.ID`): the list sends each id with its key, the other routes send the key in
+ *   the `Retake-Session-Key` header; a duplicate's key comes in its answer, once.
  * - Answers are checked field by field, like the socket's messages (shared/wire.ts).
  */
 import { int, list, nullable, num, record, str, type Check } from "../shared/wire";
@@ -23,13 +26,24 @@ export interface SceneInfo {
   takes: number;
   kept: number;
   seconds: number;
+  /** The key of a scene just made (a duplicate); null otherwise. */
+  session_key: string | null;
 }
 
 const KNOWN_KEY = "retake.scenes";
+const KEY_HEADER = "Retake-Session-Key";
+const keyName = (sessionId: string): string => `retake.key.${sessionId}`;
+
+/** The scene's key, as this browser holds it (null: none). */
+export const sceneKey = (sessionId: string): string | null => localStorage.getItem(keyName(sessionId));
+
+export function rememberSceneKey(sessionId: string, key: string): void {
+  localStorage.setItem(keyName(sessionId), key);
+}
 
 const sceneInfo: Check<SceneInfo> = record<SceneInfo>({
   session_id: str, name: str, created_ms: int, updated_ms: int, deleted_ms: nullable(int), lines: int, takes: int,
-  kept: int, seconds: num,
+  kept: int, seconds: num, session_key: nullable(str),
 });
 
 export class SceneError extends Error {}
@@ -40,11 +54,13 @@ function errorOf(value: unknown, status: number): string {
     ? (value as { error: string }).error : `HTTP ${status}`;
 }
 
-async function call<T>(method: string, path: string, check: Check<T>, body?: unknown): Promise<T> {
+async function call<T>(method: string, path: string, check: Check<T>, body?: unknown, key?: string | null): Promise<T> {
   let reply: Response;
+  const headers: Record<string, string> = { "Content-Type": "application/json" };
+  if (key !== undefined) headers[KEY_HEADER] = key ?? "";
   try {
     reply = await fetch(new URL(path, location.href), {
-      method, headers: { "Content-Type": "application/json" }, ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+      method, headers, ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
     });
   } catch {
     throw new SceneError("the server cannot be reached");
@@ -81,25 +97,26 @@ export function forgetScenes(ids: readonly string[]): void {
 /** This browser's scenes that the server has and that are not deleted, the last changed first. */
 export async function listScenes(): Promise<SceneInfo[]> {
   const answer = await call("POST", "/sessions/list", record({ sessions: list(sceneInfo), unknown: list(str) }),
-                            { sessions: knownScenes().map((session_id) => ({ session_id })) });
+                            { sessions: knownScenes().map((session_id) => ({ session_id, session_key: sceneKey(session_id) ?? "" })) });
   forgetScenes(answer.unknown); // deleted, or not on this server (a deletion's Undo restores by id)
   return answer.sessions;
 }
 
 export const renameScene = (sessionId: string, name: string): Promise<SceneInfo> =>
-  call("PATCH", `/sessions/${encodeURIComponent(sessionId)}`, sceneInfo, { name });
+  call("PATCH", `/sessions/${encodeURIComponent(sessionId)}`, sceneInfo, { name }, sceneKey(sessionId));
 
 export async function duplicateScene(sessionId: string): Promise<SceneInfo> {
-  const copy = await call("POST", `/sessions/${encodeURIComponent(sessionId)}/duplicate`, sceneInfo, {});
+  const copy = await call("POST", `/sessions/${encodeURIComponent(sessionId)}/duplicate`, sceneInfo, {}, sceneKey(sessionId));
+  if (copy.session_key !== null) rememberSceneKey(copy.session_id, copy.session_key);
   rememberScene(copy.session_id);
   return copy;
 }
 
 export const deleteScene = (sessionId: string): Promise<SceneInfo> =>
-  call("DELETE", `/sessions/${encodeURIComponent(sessionId)}`, sceneInfo);
+  call("DELETE", `/sessions/${encodeURIComponent(sessionId)}`, sceneInfo, undefined, sceneKey(sessionId));
 
 export async function restoreScene(sessionId: string): Promise<SceneInfo> {
-  const scene = await call("POST", `/sessions/${encodeURIComponent(sessionId)}/restore`, sceneInfo);
+  const scene = await call("POST", `/sessions/${encodeURIComponent(sessionId)}/restore`, sceneInfo, undefined, sceneKey(sessionId));
   rememberScene(sessionId);
   return scene;
 }
@@ -116,7 +133,7 @@ export async function sceneFile(sessionId: string, kind: "wav" | "srt", gapMs: n
   if (characterId !== undefined) url.searchParams.set("character", characterId);
   let reply: Response;
   try {
-    reply = await fetch(url);
+    reply = await fetch(url, { headers: { [KEY_HEADER]: sceneKey(sessionId) ?? "" } });
   } catch {
     throw new SceneError("the server cannot be reached");
   }

@@ -33,7 +33,7 @@ import { Scene, readStoredScene, type StoredScene, type Take } from "./scene";
 import { StudioSocket, type ConnectionState } from "./socket";
 import { TakeAudio, type WavFile } from "./take_audio";
 import { UndoStack, type UndoEntry } from "./undo";
-import { rememberScene, restoreScene } from "./scenes";
+import { rememberScene, rememberSceneKey, restoreScene, sceneKey as storedSceneKey } from "./scenes";
 
 export type Change = "script" | "takes" | "connection" | "voice" | "errors" | "meter" | "session";
 /** Where an error is shown: `line:<id>`, `take:<id>`, `voice`, or `session`. */
@@ -43,7 +43,6 @@ const SESSION_KEY = "retake.session";
 const SESSION_PARAM = "session";
 const NEW_PARAM = "new";
 const KEY_PARAM = "key";
-const keyKey = (sessionId: string): string => `retake.key.${sessionId}`;
 /** Text edits wait this long after the last keystroke before they are sent. */
 const TEXT_DEBOUNCE_MS = 400;
 /** Take audio the page holds at most (~11 minutes at 44.1 kHz, 60 MB); see Scene.trimAudio. */
@@ -504,7 +503,7 @@ export class Studio {
   private keyOf(sessionId: string): string | null {
     const fromUrl = new URLSearchParams(location.hash.slice(1)).get(KEY_PARAM);
     if (fromUrl !== null && new URLSearchParams(location.search).get(SESSION_PARAM) === sessionId) return fromUrl;
-    return localStorage.getItem(keyKey(sessionId));
+    return storedSceneKey(sessionId);
   }
 
   private receive(message: ServerMessage): void {
@@ -578,7 +577,7 @@ export class Studio {
     this.wantsNew = false;
     this.sceneDeleted = false;
     localStorage.setItem(SESSION_KEY, ready.session_id);
-    if (key !== null) localStorage.setItem(keyKey(ready.session_id), key);
+    if (key !== null) rememberSceneKey(ready.session_id, key);
     rememberScene(ready.session_id);
     this.showSessionInUrl(ready.session_id, key);
     this.ready = ready;

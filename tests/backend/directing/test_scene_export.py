@@ -18,9 +18,13 @@ from backend.tools.client import Director
 SHORT = {"sampling": {"max_new_tokens": 12, "seed": 4}, "length_guard": False}
 
 
-def get(server: LiveServer, path: str) -> tuple[int, bytes]:
+def get(server: LiveServer, path: str, key: str | None = None) -> tuple[int, bytes]:
+    """GET with the key of the scene in the path (the one this process was given), or `key`."""
+    scene = path.split("/")[2]
+    headers = {"Retake-Session-Key": key if key is not None else Director.keys.get(scene, "")}
     try:
-        with urllib.request.urlopen(f"{server.http}{path}", timeout=120) as response:
+        with urllib.request.urlopen(urllib.request.Request(f"{server.http}{path}", headers=headers),
+                                    timeout=120) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
@@ -104,3 +108,7 @@ def test_bad_scene_exports_say_what_to_change(server: LiveServer) -> None:
     ]:
         status, body = get(server, path)
         assert status == code and says in body.decode(), (path, status, body)
+    # The id alone (it is in export URLs and logs) exports nothing.
+    for path in (f"/sessions/{session_id}/scene.wav", f"/sessions/{session_id}/scene.srt"):
+        assert get(server, path, key="")[0] == 404
+        assert get(server, path, key="not-the-key")[0] == 404

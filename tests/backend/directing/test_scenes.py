@@ -1,6 +1,6 @@
 """Scenes on a real server (`/sessions`): new, list, rename, duplicate (everything a director made
 is copied, the audio included), delete (a held scene's page is told, a deleted scene does not
-open) and restore."""
+open) and restore; each with the scene's key, and nothing with its id alone."""
 
 from __future__ import annotations
 
@@ -19,26 +19,35 @@ from backend.tools.client import Director
 SHORT = {"sampling": {"max_new_tokens": 10, "seed": 8}}
 
 
-def call(server: LiveServer, method: str, path: str, body: object = None) -> tuple[int, dict[str, Any]]:
+def call(server: LiveServer, method: str, path: str, body: object = None,
+         key: str | None = None) -> tuple[int, dict[str, Any]]:
+    """A request to the scene routes, with the key of the scene in its path (the one this process
+    was given), or `key`."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"{server.http}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+    scene = path.split("/")[2] if path.count("/") >= 2 and path.split("/")[2] != "list" else None
+    key = key if key is not None else Director.keys.get(scene or "")
+    headers = {"Content-Type": "application/json", **({"Retake-Session-Key": key} if key is not None else {})}
+    request = urllib.request.Request(f"{server.http}{path}", data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
+            answer = json.loads(response.read())
+            if isinstance(answer.get("session_key"), str):  # a scene made here: its key, once
+                Director.keys[answer["session_id"]] = answer["session_key"]
+            return response.status, answer
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
 
 
 def listed(server: LiveServer, *ids: str) -> dict[str, Any]:
-    status, answer = call(server, "POST", "/sessions/list", {"sessions": [{"session_id": i} for i in ids]})
+    wanted = [{"session_id": i, "session_key": Director.keys.get(i, "")} for i in ids]
+    status, answer = call(server, "POST", "/sessions/list", {"sessions": wanted})
     assert status == 200
     return answer
 
 
 def test_a_scene_is_made_listed_renamed_and_duplicated_whole(server: LiveServer) -> None:
     status, made = call(server, "POST", "/sessions", {"name": "Storm, scene 2"})
-    assert status == 201 and made["name"] == "Storm, scene 2"
+    assert status == 201 and made["name"] == "Storm, scene 2" and made["session_key"]
     assert (made["lines"], made["takes"], made["seconds"]) == (0, 0, 0)
     scene_id = made["session_id"]
 
@@ -105,7 +114,8 @@ def test_a_deleted_scene_leaves_the_list_does_not_open_and_comes_back(server: Li
         assert director.socket.close_code == 1000
         assert listed(server, scene_id)["sessions"] == []
         again = await Director.connect(server.ws)
-        refused = await again.request({"type": "session.open", "session_id": scene_id}, "error")
+        refused = await again.request({"type": "session.open", "session_id": scene_id,
+                                       "session_key": Director.keys[scene_id]}, "error")
         assert refused["code"] == "scene_deleted"
         status, restored = await asyncio_call(server, "POST", f"/sessions/{scene_id}/restore")
         assert status == 200 and restored["deleted_ms"] is None and restored["lines"] == 1
@@ -123,14 +133,45 @@ async def asyncio_call(server: LiveServer, method: str, path: str, body: object 
 
 
 @pytest.mark.parametrize(("method", "path", "body", "status", "says"), [
-    ("PATCH", "/sessions/nope", {"name": "x"}, 404, "no scene 'nope'"),
-    ("DELETE", "/sessions/nope", None, 404, "no scene 'nope'"),
-    ("POST", "/sessions/nope/duplicate", None, 404, "no scene 'nope'"),
+    ("PATCH", "/sessions/nope", {"name": "x"}, 404, "no scene 'nope' with this key"),
+    ("DELETE", "/sessions/nope", None, 404, "no scene 'nope' with this key"),
+    ("POST", "/sessions/nope/duplicate", None, 404, "no scene 'nope' with this key"),
     ("POST", "/sessions", {"name": "x" * 200}, 400, "name must be a single line of at most 128 characters"),
     ("POST", "/sessions", [1], 400, "the body must be a JSON object"),
     ("POST", "/sessions/list", {"sessions": "all"}, 400,
-     'sessions must be a list of at most 1000 {"session_id"} objects'),
+     'sessions must be a list of at most 1000 {"session_id", "session_key"} objects'),
 ])
 def test_bad_scene_requests_say_what_to_change(server: LiveServer, method: str, path: str, body: object, status: int,
                                                says: str) -> None:
-    assert call(server, method, path, body) == (status, {"error": says})
+    assert call(server, method, path, body, key="wrong") == (status, {"error": says})
+
+
+def test_a_scene_id_alone_reaches_nothing(server: LiveServer) -> None:
+    """The id is in export URLs and access logs: without the key it lists, renames, deletes,
+    restores and copies nothing (a copy would be a new scene its maker could open)."""
+    status, made = call(server, "POST", "/sessions", {"name": "Private"})
+    scene_id, key = made["session_id"], made["session_key"]
+    for method, path, body in (("PATCH", f"/sessions/{scene_id}", {"name": "Mine"}),
+                               ("DELETE", f"/sessions/{scene_id}", None),
+                               ("POST", f"/sessions/{scene_id}/restore", None),
+                               ("POST", f"/sessions/{scene_id}/duplicate", None)):
+        assert call(server, method, path, body, key="")[0] == 404, path
+        assert call(server, method, path, body, key=key[:-1] + ("A" if key[-1] != "A" else "B"))[0] == 404, path
+        status, answer = call_without_key(server, method, path, body)
+        assert status == 401 and "Retake-Session-Key" in answer["error"], path
+    status, answer = call(server, "POST", "/sessions/list", {"sessions": [{"session_id": scene_id,
+                                                                           "session_key": "guess"}]})
+    assert status == 200 and answer == {"sessions": [], "unknown": [scene_id]}
+    assert [s["name"] for s in listed(server, scene_id)["sessions"]] == ["Private"]  # with its key
+    assert listed(server, scene_id)["sessions"][0]["session_key"] is None  # a key is given once
+
+
+def call_without_key(server: LiveServer, method: str, path: str, body: object) -> tuple[int, dict[str, Any]]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{server.http}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
