@@ -29,7 +29,9 @@ def routes(server: LiveServer) -> list[tuple[str, str, bytes | None]]:
     return [("GET", "/", None), ("GET", "/health", None), ("GET", "/metrics", None),
             ("POST", "/v1/audio/speech", SPEECH), ("GET", "/sessions/x/takes/1.wav", None), ("POST", "/auth", b""),
             ("GET", "/converse/info", None), ("GET", "/v1/audio/voices", None),
-            ("POST", "/v1/audio/voices", b"{}"), ("DELETE", "/v1/audio/voices/x", None)]
+            ("POST", "/v1/audio/voices", b"{}"), ("DELETE", "/v1/audio/voices/x", None),
+            ("POST", "/sessions", b"{}"), ("POST", "/sessions/list", b'{"sessions": []}'),
+            ("PATCH", "/sessions/x", b"{}"), ("POST", "/sessions/x/duplicate", b"{}")]
 
 
 def test_a_rebound_host_name_is_refused_on_every_route_and_socket(make_server: Any) -> None:
