@@ -31,6 +31,8 @@ from backend.store import StoredTake, audio_url
 from backend.transport import pack_audio_frame
 from engine import AudioWindow, Sampling
 
+NOT_READING = "the client is not reading audio fast enough; the take was stopped"
+
 
 def sampling_info(sampling: Sampling) -> p.SamplingInfo:
     """The wire form of a take's settings: the engine's fields as they are (the seed is set)."""
@@ -53,13 +55,19 @@ class LiveTake:
         self.timer: asyncio.TimerHandle | None = None
         self.finished = False
 
-    def cancel(self) -> None:
-        """Stop the take: now if still queued, at the engine's next step if running."""
+    def cancel(self, reason: str | None = None) -> None:
+        """Stop the take: now if still queued, at the engine's next step if running. With a
+        reason (the server's, not the director's) it ends as an error that says it."""
         if self.job is None or self.finished:
             return
-        self.job.cancel()
+        if reason is None:
+            self.job.cancel()
+        else:
+            self.job.fail(reason)
         if self.state.engine_loop.withdraw(self.job):
-            self.done(TakeOutcome("cancelled", {"queue_ms": self.queued_ms()}, None, 0, 0))
+            queued: dict[str, float | int | None] = {"queue_ms": self.queued_ms()}
+            self.done(TakeOutcome("cancelled", queued, None, 0, 0) if reason is None else
+                      TakeOutcome("error", queued, None, 0, 0, reason))
 
     def expire(self) -> None:
         """The deadline passed; a take still in the queue ends here (a running one in the engine)."""
@@ -98,7 +106,7 @@ class LiveTake:
                                    np.ascontiguousarray(window.pcm, dtype="<i2").tobytes(), last=window.last)
         self.seq += 1
         if not self.session.outbox.audio(frame) and self.job is not None:
-            self.job.fail("the client is not reading audio fast enough; the take was stopped")
+            self.job.fail(NOT_READING)
 
     def retry(self, attempt: int, message: str) -> None:
         if self.state.closing:

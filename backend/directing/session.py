@@ -135,9 +135,9 @@ class Session:
         if self.active is not None and self.active.take_id == message.take_id:
             self.active.cancel()
 
-    def supersede(self) -> None:
+    def supersede(self, reason: str | None = None) -> None:
         if self.active is not None:
-            self.active.cancel()
+            self.active.cancel(reason)
 
     def take_ended(self, take_id: int) -> None:
         if self.active is not None and self.active.take_id == take_id:
@@ -146,9 +146,10 @@ class Session:
     def idle(self) -> bool:
         return self.active is None
 
-    def detach(self) -> None:
-        """The socket is closing (or its session moved): stop its take, let go of the session."""
-        self.supersede()
+    def detach(self, reason: str | None = None) -> None:
+        """The socket is closing (or its session moved): stop its take (an error saying `reason`,
+        when the server dropped the socket), let go of the session."""
+        self.supersede(reason)
         if self.watcher is not None:
             self.watcher.cancel()
         if self.session_id is not None and self.state.sessions.get(self.session_id) is self:

@@ -22,6 +22,7 @@ from starlette import status
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from backend.directing import protocol as p
+from backend.directing.live_take import NOT_READING
 from backend.directing.parse import parse_client_message
 from backend.directing.session import Session
 from backend.draining import REASON, RECONNECT
@@ -68,7 +69,7 @@ async def directing_socket(websocket: WebSocket) -> None:
         unopened.cancel()
         state.directing.discard(session)
         session.outbox.closed = True
-        session.detach()
+        session.detach(NOT_READING if session.outbox.dropped is not None else None)
 
 
 def close_unopened(session: Session, timeout_s: float) -> None:
