@@ -10,7 +10,9 @@ one-line message and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
+import signal
 import sys
 from types import ModuleType
 
@@ -38,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser()
     args = parser.parse_args(argv)
     from engine.errors import RequestError
+
+    # `kill -USR1 PID` prints every thread's stack to stderr: where a command that seems stuck
+    # (a server warming up, a bench) is, without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
     try:
         return int(modules[args.command].run(args) or 0)

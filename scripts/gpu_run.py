@@ -101,7 +101,7 @@ class Run:
         self.out, self.smoke, self.slots = args.out, args.smoke, args.slots
         self.deadline: float = time.monotonic() + float(args.budget)
         self.started = time.monotonic()
-        self.limits = SMOKE_LIMITS_S if self.smoke else LIMITS_S
+        self.limits = {**(SMOKE_LIMITS_S if self.smoke else LIMITS_S), **dict(args.limit)}
         self.summary: Json = {"smoke": self.smoke, "budget_s": args.budget, "stages": []}
         self.logs: list[str] = []
         self.current: Stage | None = None
@@ -126,7 +126,7 @@ class Run:
         limit = min(self.limits[name], self.left() - 15)
         if needs_cuda and not self.cuda:
             stage.note = "needs CUDA" + (" (smoke run)" if self.smoke else "")
-        elif limit < 20:
+        elif limit < min(20, self.limits[name]):  # (env's own limit is 15 s)
             stage.note = "out of time (--budget)"
         else:
             started = time.monotonic()
@@ -327,6 +327,14 @@ def load_summary(report: Json) -> Json:
             "finish_reasons": reasons, "failures": report.get("failures", [])}
 
 
+def stage_limit(text: str) -> tuple[str, float]:
+    name, _, seconds = text.partition("=")
+    if name not in STAGES or not seconds.replace(".", "", 1).isdigit():
+        raise argparse.ArgumentTypeError(f"--limit takes STAGE=SECONDS with a stage of {', '.join(STAGES)}; "
+                                         f"got {text!r}")
+    return name, float(seconds)
+
+
 def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Json:
     """A server of random weights; load tests against it while time allows; its log."""
     port = free_port()
@@ -391,12 +399,16 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
                 if rc is None:
                     break
     finally:
+        if "health" not in data and server.poll() is None:
+            server.send_signal(signal.SIGUSR1)  # never ready: every thread's stack into its log (backend/cli.py)
+            time.sleep(3)
         server.send_signal(signal.SIGINT)
         wait(server, 30)
         text = server_log.read_text(errors="replace")
         (run.out / server_log.name).write_text(text[-2_000_000:])
         data["server_exit_code"] = server.returncode
-        shown = r"ready on|DEMO|loading|bucket \d+ runs eagerly|kernel failed|PersonaPlex ticks|slots|Traceback|Error"
+        shown = r"ready on|DEMO|loading|bucket \d+ runs eagerly|kernel failed|PersonaPlex ticks|slots|Traceback|Error" \
+            r"|^Thread|^Current thread|^  File"
         data["log"] = [line for line in text.splitlines() if re.search(shown, line)][:60]
         ready = re.search(r"one decode step ([\d.?]+) ms, (\d+) slots?, peak memory ([\d.]+ GiB|n/a)", text)
         if ready:
@@ -509,6 +521,8 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=None,
                         help=f"seconds for the whole run (default {BUDGET_S:.0f} on a GPU, 3600 with --smoke)")
     parser.add_argument("--slots", type=int, default=None, help="retake serve --slots (default: the server's)")
+    parser.add_argument("--limit", type=stage_limit, action="append", default=[], metavar="STAGE=SECONDS",
+                        help="a stage's own time limit instead of LIMITS_S's (repeatable), e.g. --limit serve=250")
     args = parser.parse_args()
     args.budget = args.budget or (3600.0 if args.smoke else BUDGET_S)
     wanted = [s.strip() for s in args.stages.split(",") if s.strip()]

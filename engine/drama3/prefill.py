@@ -106,9 +106,11 @@ class ChunkedPrefill:
         self.last = torch.zeros(model.config.text.hidden_size, dtype=model.candidate_head.dtype, device=device)
         self.buckets = sorted({b for b in PREFILL_KV_ROWS if b < max_rows} | {max_rows})
         pool = shared_pool() if graphs and device.type == "cuda" else None
+        # Only chunks that fit the cache: a prompt never has more rows, and a 512-row chunk's
+        # capture in a 414-row cache would read rope rows past its end (a device-side assert).
         self.graphs = {size: StepGraphs(functools.partial(self.static_chunk, size), self.buckets, enabled=graphs,
                                         pool=pool, name=f"prefill {size} rows")
-                       for size in GRAPH_CHUNK_ROWS} if graphs else {}
+                       for size in GRAPH_CHUNK_ROWS if size <= max_rows} if graphs else {}
 
     def chunks(self, start: int, end: int) -> list[tuple[int, int]]:
         return power_chunks(start, end) if self.graphed else even_chunks(start, end)
