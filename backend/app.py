@@ -215,6 +215,7 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
                 running.stop()
             if talking is not None and conversations is None:
                 talking.stop()
+            state.db.close()  # the writes already asked for finish first
             store.close()
 
     routes: list[Route | WebSocketRoute | Mount] = [

@@ -3,6 +3,8 @@
 Design choices:
 - It lives on `app.state.retake` and is only touched from the event loop thread (the engine
   threads reach the event loop through `call_soon_threadsafe`, never through this object).
+  The store is the exception: it is called on the store thread only (`db`,
+  backend/store_thread.py), so a slow or full disk never holds up the event loop.
 - The open directing sessions are held as `SessionSocket`s, the little of a directing socket
   (backend/directing/session.py) that another socket or a take needs: its outbox, letting go
   of its session, and hearing that its take ended. So this module imports no handlers, and
@@ -23,6 +25,7 @@ from backend.directing.protocol import ServerMessage
 from backend.metrics import Metrics
 from backend.settings import Settings
 from backend.store import Store
+from backend.store_thread import StoreThread
 from backend.transport import Outbox
 from engine import Drama3Engine
 
@@ -64,6 +67,7 @@ class ServerState:
     closing: bool = False  # the server is stopping: late engine events are dropped, the store is closing
     sessions: dict[str, SessionSocket] = field(default_factory=dict)  # session id -> the socket that holds it
     conversations: ConversationLoop | None = None  # the PersonaPlex engine (`retake serve --converse`)
+    db: StoreThread = field(default_factory=StoreThread)  # every store call goes through it (never the loop)
 
     @property
     def sockets(self) -> int:

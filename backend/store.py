@@ -3,10 +3,11 @@
 
 Design choices:
 - One SQLite file (`retake.sqlite3` under `--data-dir`) or one PostgreSQL database
-  (`--database postgresql://...`), used from the event loop thread. Every write is one short
-  transaction (milliseconds: codes of a take are tens of kilobytes), so the loop does it
-  inline instead of hopping to a thread; this keeps the rule "written before announced" a
-  matter of statement order in the caller.
+  (`--database postgresql://...`), used by the server from one store thread
+  (backend/store_thread.py), never from the event loop: a frozen or full disk then holds up
+  only the calls waiting for it. Every write is one short transaction; the store thread runs
+  them in the order they were asked for, which keeps "written before announced" a matter of
+  order in the caller.
 - A committed write survives the process dying (SQLite: WAL with synchronous=NORMAL; only a
   power cut can lose the last transactions. PostgreSQL: its own durability).
 - Codes are stored as little-endian int32 bytes with their codebook count; the store knows

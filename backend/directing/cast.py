@@ -83,27 +83,43 @@ def cast_info(store: Store, session_id: str) -> list[p.CastInfo]:
             for m in store.cast(session_id)]
 
 
-async def set_member(state: ServerState, session_id: str, message: p.CastSet) -> None:
-    """Add or rename a cast member; with a voice, encode and store it first."""
+async def set_member(state: ServerState, session_id: str, message: p.CastSet) -> list[p.CastInfo]:
+    """Add or rename a cast member; with a voice, encode and store it first. The cast after it.
+    (The store is called on the store thread, the clips encoded on the engine's.)"""
     store, limits = state.store, state.settings.limits
-    cast = store.cast(session_id)
-    if message.character_id not in {m.character_id for m in cast} and len(cast) >= limits.max_cast:
-        raise p.ProtocolError("too_many_characters", f"the cast holds {limits.max_cast} characters, the most "
-                                                     "a scene may; remove one first")
-    if any(m.name == message.name and m.character_id != message.character_id for m in cast):
-        raise p.ProtocolError("bad_field", f"name: the cast has a character called {message.name!r} already")
     voice = message.voice
-    if voice is None:
-        store.set_cast_member(session_id, message.character_id, message.name)
-        return
-    character = None if voice.description is None else p.CharacterSpec(message.name, voice.description, voice.scene)
-    clips = [(clip.audio, clip.text) for clip in voice.references]
-    if voice.saved_voice is not None:  # a copy, under the cast member's name: deleting it later changes nothing
-        clips, saved = saved_voice(store, voice.saved_voice, "voice.saved_voice")
-        character = None if saved is None else p.CharacterSpec(message.name, saved.description, saved.scene)
-    references = await encode_voice(state, clips, character, "voice.")
-    stored = store.add_voice(session_id, references, character) if references or character else None
-    store.set_cast_member(session_id, message.character_id, message.name, None if stored is None else stored.voice_id)
+
+    def check() -> tuple[list[tuple[bytes, str]], p.CharacterSpec | None]:
+        """The checks, and the voice's clips and character (a saved voice's, when it names one)."""
+        cast = store.cast(session_id)
+        if message.character_id not in {m.character_id for m in cast} and len(cast) >= limits.max_cast:
+            raise p.ProtocolError("too_many_characters", f"the cast holds {limits.max_cast} characters, the most "
+                                                         "a scene may; remove one first")
+        if any(m.name == message.name and m.character_id != message.character_id for m in cast):
+            raise p.ProtocolError("bad_field", f"name: the cast has a character called {message.name!r} already")
+        if voice is None:
+            return [], None
+        character = (None if voice.description is None else
+                     p.CharacterSpec(message.name, voice.description, voice.scene))
+        clips = [(clip.audio, clip.text) for clip in voice.references]
+        if voice.saved_voice is not None:  # a copy, under the cast member's name: deleting it later changes nothing
+            clips, saved = saved_voice(store, voice.saved_voice, "voice.saved_voice")
+            character = None if saved is None else p.CharacterSpec(message.name, saved.description, saved.scene)
+        return clips, character
+
+    clips, character = await state.db.run(check)
+    references = [] if voice is None else await encode_voice(state, clips, character, "voice.")
+
+    def write() -> list[p.CastInfo]:
+        if voice is None:
+            store.set_cast_member(session_id, message.character_id, message.name)
+        else:
+            stored = store.add_voice(session_id, references, character) if references or character else None
+            store.set_cast_member(session_id, message.character_id, message.name,
+                                  None if stored is None else stored.voice_id)
+        return cast_info(store, session_id)
+
+    return await state.db.run(write)
 
 
 def saved_voice(store: Store, key: str, field: str) -> tuple[list[tuple[bytes, str]], p.CharacterSpec | None]:

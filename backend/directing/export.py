@@ -42,8 +42,8 @@ def wav_bytes(pcm: np.ndarray, sample_rate: int) -> bytes:
 async def take_pcm(state: ServerState, take: StoredTake) -> np.ndarray:
     """An ended take's audio, int16 [samples]: its kept audio, else vocoded from its codes (QueueFull
     when the engine's queue is full). Counted in /metrics by where it came from."""
-    kept = state.store.take_audio(take.take_id)
-    codes = None if kept is not None else state.store.take_codes(take.take_id)
+    kept = await state.db.run(state.store.take_audio, take.take_id)
+    codes = None if kept is not None else await state.db.run(state.store.take_codes, take.take_id)
     state.metrics.exports["kept" if kept is not None or codes is None else "vocoded"] += 1
     if codes is not None:
         return await state.call(lambda engine: engine.vocode_take(codes))
@@ -57,12 +57,12 @@ async def export_take(request: Request) -> Response:
     if key is None:
         return JSONResponse({"error": f"send the session's key (session.ready's session_key) in the "
                                       f"{SESSION_KEY_HEADER} header"}, status_code=401)
-    if state.store.session_key(session_id, key) != "ok":  # as unknown: says nothing of whether it exists
+    if await state.db.run(state.store.session_key, session_id, key) != "ok":  # as unknown: no hint it exists
         return JSONResponse({"error": f"no take {raw_id[:16]} in session {session_id[:64]} with this key"},
                             status_code=404)
     # isascii: str.isdigit also accepts digits int() refuses, such as the superscript "²"
     number = raw_id.isascii() and raw_id.isdigit() and len(raw_id) < 11
-    take = state.store.take(session_id, int(raw_id)) if number else None
+    take = await state.db.run(state.store.take, session_id, int(raw_id)) if number else None
     if take is None:
         return JSONResponse({"error": f"no take {raw_id[:16]} in session {session_id[:64]} with this key"},
                             status_code=404)

@@ -55,11 +55,15 @@ def gap_of(request: Request) -> int | JSONResponse:
 async def timeline(state: ServerState, session_id: str, gap_ms: int) -> list[Cue]:
     """The script's kept takes, in script order, where each starts (raises QueueFull)."""
     store = state.store
-    names = {m.character_id: m.name for m in store.cast(session_id)}
-    takes = {t.take_id: t for t in store.takes(session_id)}
+
+    def read() -> tuple[dict[str, str], dict[int, StoredTake], list[int]]:  # (on the store thread)
+        return ({m.character_id: m.name for m in store.cast(session_id)},
+                {t.take_id: t for t in store.takes(session_id)}, store.kept_history(session_id))
+
+    names, takes, kept = await state.db.run(read)
     gap = round(gap_ms / 1000 * state.engine.sample_rate)
     cues, start = [], 0
-    for take_id in store.kept_history(session_id):
+    for take_id in kept:
         take = takes[take_id]
         pcm = await take_pcm(state, take)
         cues.append(Cue(take, names.get(take.character_id or "", ""), start, pcm))
@@ -103,7 +107,7 @@ async def export_scene(request: Request, state: ServerState, session_id: str, ki
     if isinstance(gap_ms, JSONResponse):
         return gap_ms
     character = request.query_params.get("character")
-    cast = {m.character_id: m.name for m in state.store.cast(session_id)}
+    cast = {m.character_id: m.name for m in await state.db.run(state.store.cast, session_id)}
     if character is not None and (kind != "wav" or character not in cast):
         known = ", ".join(cast) or "none: the scene has no cast"
         return JSONResponse({"error": f"character must be a character_id of the scene's cast ({known[:512]}), "
@@ -112,7 +116,7 @@ async def export_scene(request: Request, state: ServerState, session_id: str, ki
         cues = await timeline(state, session_id, gap_ms)
     except QueueFull as error:
         return JSONResponse({"error": str(error)}, status_code=503, headers={"Retry-After": str(error.retry_after_s)})
-    stem = file_stem(state.store.scene_name(session_id), session_id)
+    stem = file_stem(await state.db.run(state.store.scene_name, session_id), session_id)
     if kind == "srt":
         return Response(subtitles(cues, state.engine.sample_rate), media_type="application/x-subrip",
                         headers={"Content-Disposition": f'attachment; filename="{stem}.srt"'})

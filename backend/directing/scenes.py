@@ -17,6 +17,7 @@ Design choices:
   key, and a scene made here (new or a duplicate) gets a key, in the 201 answer only. A wrong
   key reads as an unknown scene (404), so neither ids nor names can be probed.
 - Bodies are small JSON objects; a field of the wrong type or length is a 400 that names it.
+- The store is called on the store thread (backend/store_thread.py), never the event loop.
 """
 
 from __future__ import annotations
@@ -68,20 +69,20 @@ def name_of(body: dict[str, Any], default: str | None = None) -> str | JSONRespo
     return name.strip()
 
 
-def summary(state: ServerState, session_id: str, key: str | None = None) -> JSONResponse:
-    found = state.store.scenes([session_id])
+async def summary(state: ServerState, session_id: str, key: str | None = None) -> JSONResponse:
+    found = await state.db.run(state.store.scenes, [session_id])
     if not found:
         return bad(f"no scene {session_id[:64]!r}", 404)
     return JSONResponse(scene_json(found[0], state.engine.sample_rate, key))
 
 
-def keyed(state: ServerState, request: Request) -> str | JSONResponse:
+async def keyed(state: ServerState, request: Request) -> str | JSONResponse:
     """The scene of the path, if the request holds its key (deleted or not); else a 401 or 404."""
     session_id: str = request.path_params["session_id"]
     key = request.headers.get(SESSION_KEY_HEADER)
     if key is None:
         return bad(f"send the scene's key (session.ready's session_key) in the {SESSION_KEY_HEADER} header", 401)
-    if state.store.session_key(session_id, key) != "ok":  # as unknown: says nothing of whether it exists
+    if await state.db.run(state.store.session_key, session_id, key) != "ok":  # as unknown: no hint it exists
         return bad(f"no scene {session_id[:64]!r} with this key", 404)
     return session_id
 
@@ -99,9 +100,13 @@ async def list_scenes(request: Request) -> Response:
             and isinstance(item.get("session_key"), str) for item in wanted):
         return bad(f'sessions must be a list of at most {MAX_LISTED} {{"session_id", "session_key"}} objects')
     ids = [item["session_id"][:128] for item in wanted]
-    opened = {item["session_id"][:128] for item in wanted
-              if state.store.session_key(item["session_id"][:128], item["session_key"][:128]) == "ok"}
-    found = [s for s in state.store.scenes([i for i in ids if i in opened]) if s.deleted_ms is None]
+
+    def scenes() -> list[SceneSummary]:  # (on the store thread)
+        opened = {item["session_id"][:128] for item in wanted
+                  if state.store.session_key(item["session_id"][:128], item["session_key"][:128]) == "ok"}
+        return [s for s in state.store.scenes([i for i in ids if i in opened]) if s.deleted_ms is None]
+
+    found = await state.db.run(scenes)
     listed = {s.session_id for s in found}
     return JSONResponse({"sessions": [scene_json(s, state.engine.sample_rate) for s in found],
                          "unknown": [i for i in ids if i not in listed]})
@@ -116,10 +121,15 @@ async def create_scene(request: Request) -> Response:
     name = name_of(body, "")
     if isinstance(name, JSONResponse):
         return name
-    session_id = state.store.create_session()
-    key = state.store.new_session_key(session_id)
-    state.store.rename_scene(session_id, name)
-    response = summary(state, session_id, key)
+
+    def create() -> tuple[str, str | None]:  # (on the store thread)
+        session_id = state.store.create_session()
+        key = state.store.new_session_key(session_id)
+        state.store.rename_scene(session_id, name)
+        return session_id, key
+
+    session_id, key = await state.db.run(create)
+    response = await summary(state, session_id, key)
     response.status_code = 201
     return response
 
@@ -127,17 +137,17 @@ async def create_scene(request: Request) -> Response:
 async def scene(request: Request) -> Response:
     """PATCH /sessions/{id} {"name"}: rename; DELETE /sessions/{id}: delete (restorable)."""
     state: ServerState = request.app.state.retake
-    session_id = keyed(state, request)
+    session_id = await keyed(state, request)
     if isinstance(session_id, JSONResponse):
         return session_id
     if request.method == "DELETE":
-        state.store.delete_scene(session_id)
+        await state.db.run(state.store.delete_scene, session_id)
         holder = state.sessions.get(session_id)
         if holder is not None:  # the page that holds it learns it is gone
             holder.outbox.message(p.Error("scene_deleted", DELETED, None, None, None))
             holder.outbox.close(1000, "scene deleted")
             holder.detach()
-        return summary(state, session_id)
+        return await summary(state, session_id)
     body = await body_of(request)
     if isinstance(body, JSONResponse):
         return body
@@ -146,27 +156,27 @@ async def scene(request: Request) -> Response:
     name = name_of(body)
     if isinstance(name, JSONResponse):
         return name
-    state.store.rename_scene(session_id, name)
-    return summary(state, session_id)
+    await state.db.run(state.store.rename_scene, session_id, name)
+    return await summary(state, session_id)
 
 
 async def restore_scene(request: Request) -> Response:
     """POST /sessions/{id}/restore: bring a deleted scene back."""
     state: ServerState = request.app.state.retake
-    session_id = keyed(state, request)
+    session_id = await keyed(state, request)
     if isinstance(session_id, JSONResponse):
         return session_id
-    state.store.delete_scene(session_id, deleted=False)
-    return summary(state, session_id)
+    await state.db.run(state.store.delete_scene, session_id, deleted=False)
+    return await summary(state, session_id)
 
 
 async def scene_file(request: Request) -> Response:
     """GET /sessions/{id}/scene.wav (?gap_ms, ?character) or scene.srt (backend/directing/scene_export.py)."""
     state: ServerState = request.app.state.retake
-    session_id = keyed(state, request)
+    session_id = await keyed(state, request)
     if isinstance(session_id, JSONResponse):
         return session_id
-    if state.store.scene_deleted(session_id):
+    if await state.db.run(state.store.scene_deleted, session_id):
         return bad(DELETED, 409)
     return await export_scene(request, state, session_id, request.url.path.rsplit(".", 1)[-1])
 
@@ -174,19 +184,24 @@ async def scene_file(request: Request) -> Response:
 async def duplicate_scene(request: Request) -> Response:
     """POST /sessions/{id}/duplicate {"name"?}: a copy of the scene (default name: "<name> (copy)")."""
     state: ServerState = request.app.state.retake
-    session_id = keyed(state, request)
+    session_id = await keyed(state, request)
     if isinstance(session_id, JSONResponse):
         return session_id
     body = await body_of(request)
     if isinstance(body, JSONResponse):
         return body
-    original = state.store.scene_name(session_id)
+    original = await state.db.run(state.store.scene_name, session_id)
     name = name_of(body, f"{original or 'Untitled scene'} (copy)"[:MAX_NAME_CHARS])
     if isinstance(name, JSONResponse):
         return name
-    copy_id = state.store.create_session()
-    key = state.store.new_session_key(copy_id)
-    state.store.duplicate_scene(session_id, copy_id, name)
-    response = summary(state, copy_id, key)
+
+    def duplicate() -> tuple[str, str | None]:  # (on the store thread)
+        copy_id = state.store.create_session()
+        key = state.store.new_session_key(copy_id)
+        state.store.duplicate_scene(session_id, copy_id, name)
+        return copy_id, key
+
+    copy_id, key = await state.db.run(duplicate)
+    response = await summary(state, copy_id, key)
     response.status_code = 201
     return response

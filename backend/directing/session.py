@@ -4,7 +4,10 @@ Design choices:
 - `Session` is the state of one socket (which session it holds, its queued or running take,
   its protocol error count); everything that outlives the socket is in the store. Each
   handler writes to the store first and then puts the announcing message in the outbox
-  (backend/transport.py).
+  (backend/transport.py). The store is only called on the store thread
+  (backend/store_thread.py): a handler's store work is one function run there and awaited
+  (`stored_*`, `set_line`, `keep`, ...: they return the message to send), so a slow, frozen
+  or full disk never holds up the event loop, and every other socket is still answered.
 - A session has at most one active (queued or running) take; a newer take.start supersedes
   it. The active take's events come from the engine thread to its `LiveTake`
   (backend/directing/live_take.py), which stores and forwards them.
@@ -39,7 +42,7 @@ from backend.directing.cast import (
     set_member,
     take_voice,
 )
-from backend.directing.jobs import TakeJob, TakeOutcome
+from backend.directing.jobs import PromptBuilder, TakeJob, TakeOutcome
 from backend.directing.length_guard import guard_frames
 from backend.directing.live_take import LiveTake, sampling_info
 from backend.directing.loop import QueueFull
@@ -67,10 +70,28 @@ class Session:
 
     # Handlers that act as soon as a message arrives ------------------------------
 
-    def open(self, message: p.SessionOpen) -> None:
-        store, state = self.state.store, self.state
+    async def open(self, message: p.SessionOpen) -> None:
+        state = self.state
         if self.session_id is not None:
             raise p.ProtocolError("session_already_open", f"this socket already holds session {self.session_id}")
+        ready, elsewhere = await state.db.run(self.opened, message)
+        session_id = ready.session_id
+        previous = state.sessions.get(session_id)
+        if previous is not None and previous is not self:
+            previous.outbox.message(p.Error("session_taken_over", "this session was resumed on another "
+                                            "connection", None, None, None))
+            previous.outbox.close(1000, "session resumed on another connection")
+            previous.detach()
+        self.session_id = session_id
+        state.sessions[session_id] = self
+        self.outbox.message(ready)
+        if elsewhere:
+            self.watcher = asyncio.get_running_loop().create_task(self.watch(session_id, set(elsewhere)))
+
+    def opened(self, message: p.SessionOpen) -> tuple[p.SessionReady, list[int]]:
+        """(On the store thread.) The session made or resumed, as session.ready says it, and its
+        takes that another replica runs."""
+        store, state = self.state.store, self.state
         resumed = message.session_id is not None
         key: str | None = None  # sent in session.ready when the session gets one
         if message.session_id is not None:
@@ -88,37 +109,28 @@ class Session:
                     raise p.ProtocolError("unknown_session", "another connection claimed this session first; "
                                                              "open it with its session_key")
             store.finish_orphaned_takes(session_id)  # a take its replica left when it died ends as heard
-            previous = state.sessions.get(session_id)
-            if previous is not None:
-                previous.outbox.message(p.Error("session_taken_over", "this session was resumed on another "
-                                                "connection", None, None, None))
-                previous.outbox.close(1000, "session resumed on another connection")
-                previous.detach()
         else:
             session_id = store.create_session()
             key = store.new_session_key(session_id)
-        self.session_id = session_id
-        state.sessions[session_id] = self
         voice, lines = store.session_voice(session_id), store.lines(session_id)
         kept = kept_history(store, session_id, lines)
         engine = state.engine
-        self.outbox.message(p.SessionReady(
+        ready = p.SessionReady(
             session_id=session_id, resumed=resumed, engine=engine.name, sample_rate=engine.sample_rate,
             frame_samples=engine.frame_samples, demo_weights=engine.demo_weights, limits=self.limits.to_json(),
             voice=None if voice is None else voice.info(), lines=lines,
             takes=[take.info() for take in store.takes(session_id)], history=kept.history, hears=kept.hears,
-            cast=cast_info(store, session_id), name=store.scene_name(session_id), session_key=key, ref=message.ref))
-        if elsewhere := store.takes_elsewhere(session_id):
-            self.watcher = asyncio.get_running_loop().create_task(self.watch(session_id, set(elsewhere)))
+            cast=cast_info(store, session_id), name=store.scene_name(session_id), session_key=key, ref=message.ref)
+        return ready, store.takes_elsewhere(session_id)
 
     async def watch(self, session_id: str, pending: set[int]) -> None:
         """Send take.done for each of these takes (run by another replica) once it ends."""
         store = self.state.store
         while pending:
             await asyncio.sleep(WATCH_S)
-            store.finish_orphaned_takes(session_id)
+            await self.state.db.run(store.finish_orphaned_takes, session_id)
             for take_id in sorted(pending):
-                take = store.take(session_id, take_id)
+                take = await self.state.db.run(store.take, session_id, take_id)
                 if take is None or take.state != "done":
                     continue
                 pending.discard(take_id)
@@ -127,13 +139,14 @@ class Session:
                                                take.samples, take.attempts, audio_url(session_id, take_id),
                                                take.error))
 
-    def cancel(self, message: p.TakeCancel) -> None:
+    async def cancel(self, message: p.TakeCancel) -> None:
         session_id = self.require_open()
-        if self.state.store.take(session_id, message.take_id) is None:
+        if self.active is not None and self.active.take_id == message.take_id:
+            self.active.cancel()  # at once: the store is asked only about other take ids
+            return
+        if await self.state.db.run(self.state.store.take, session_id, message.take_id) is None:
             raise p.ProtocolError("unknown_take", f"take {message.take_id} is not a take of this session",
                                   take_id=message.take_id)
-        if self.active is not None and self.active.take_id == message.take_id:
-            self.active.cancel()
 
     def supersede(self, reason: str | None = None) -> None:
         if self.active is not None:
@@ -168,31 +181,34 @@ class Session:
         references = [(clip.audio, clip.text) for clip in message.references]
         character = message.character
         if message.saved_voice is not None:  # a copy of the saved voice: deleting it later changes nothing here
-            references, character = saved_voice(self.state.store, message.saved_voice, "saved_voice")
-        stored = self.state.store.set_voice(session_id, await encode_voice(self.state, references, character),
-                                            character)
+            references, character = await self.state.db.run(saved_voice, self.state.store, message.saved_voice,
+                                                             "saved_voice")
+        encoded = await encode_voice(self.state, references, character)
+        stored = await self.state.db.run(self.state.store.set_voice, session_id, encoded, character)
         self.outbox.message(p.VoiceReady(None if stored is None else stored.info(), message.ref))
 
     # The cast and the notes ----------------------------------------------------
 
     async def set_cast(self, message: p.CastSet) -> None:
         session_id = self.require_open()
-        await set_member(self.state, session_id, message)
-        self.outbox.message(p.Cast(cast_info(self.state.store, session_id), message.ref))
+        self.outbox.message(p.Cast(await set_member(self.state, session_id, message), message.ref))
 
-    def delete_cast(self, message: p.CastDelete) -> None:
+    # (delete_cast, note, set_line, delete_line, order_lines, keep, drop and stored_take run on the
+    # store thread: `dispatch` awaits them there and puts what they return in the outbox.)
+
+    def delete_cast(self, message: p.CastDelete) -> list[p.ServerMessage]:
         session_id = self.require_open()
         delete_member(self.state.store, session_id, message.character_id)
-        self.outbox.message(p.Cast(cast_info(self.state.store, session_id), message.ref))
-        self.outbox.message(self.script(session_id, None))  # its lines went back to the first character
+        return [p.Cast(cast_info(self.state.store, session_id), message.ref),
+                self.script(session_id, None)]  # its lines went back to the first character
 
-    def note(self, message: p.TakeNote) -> None:
+    def note(self, message: p.TakeNote) -> p.TakeNoted:
         session_id = self.require_open()
         if self.state.store.take(session_id, message.take_id) is None:
             raise p.ProtocolError("unknown_take", f"take {message.take_id} is not a take of this session",
                                   take_id=message.take_id)
         note, rating = self.state.store.set_note(message.take_id, message.note, message.rating)
-        self.outbox.message(p.TakeNoted(message.take_id, note, rating, message.ref))
+        return p.TakeNoted(message.take_id, note, rating, message.ref)
 
     # The script -----------------------------------------------------------------
 
@@ -207,7 +223,7 @@ class Session:
             raise p.ProtocolError("too_many_lines", f"the script holds {limit} lines, the most it may; delete "
                                                     "a line first")
 
-    def set_line(self, message: p.LineSet) -> None:
+    def set_line(self, message: p.LineSet) -> p.Script:
         session_id = self.require_open()
         store = self.state.store
         script = store.line_ids(session_id)
@@ -219,16 +235,16 @@ class Session:
         store.set_line(session_id, message.line_id, message.text, after=message.after, place=message.place)
         if message.cast:
             store.set_line_character(session_id, message.line_id, message.character_id)
-        self.outbox.message(self.script(session_id, message.ref))
+        return self.script(session_id, message.ref)
 
-    def delete_line(self, message: p.LineDelete) -> None:
+    def delete_line(self, message: p.LineDelete) -> p.Script:
         session_id = self.require_open()
         if message.line_id not in self.state.store.line_ids(session_id):
             raise p.ProtocolError("unknown_line", f"{message.line_id[:64]!r} is not a line of the script")
         self.state.store.delete_line(session_id, message.line_id)
-        self.outbox.message(self.script(session_id, message.ref))
+        return self.script(session_id, message.ref)
 
-    def order_lines(self, message: p.LineOrder) -> None:
+    def order_lines(self, message: p.LineOrder) -> p.Script:
         session_id = self.require_open()
         script = self.state.store.line_ids(session_id)
         unknown = [line_id for line_id in message.line_ids if line_id not in script]
@@ -239,7 +255,7 @@ class Session:
             named = ", ".join(repr(line_id[:64]) for line_id in missing[:3]) + (" ..." if len(missing) > 3 else "")
             raise p.ProtocolError("bad_field", f"line_ids must list every line of the script once; missing {named}")
         self.state.store.set_order(session_id, list(message.line_ids))
-        self.outbox.message(self.script(session_id, message.ref))
+        return self.script(session_id, message.ref)
 
     # Takes ----------------------------------------------------------------------
 
@@ -255,13 +271,40 @@ class Session:
                                                      f"{take.frames} frames)", take_id=take_id)
         return take
 
-    def start_take(self, message: p.TakeStart) -> None:
+    async def start_take(self, message: p.TakeStart) -> None:
         session_id = self.require_open()
-        state, store, limits = self.state, self.state.store, self.limits
+        state, limits = self.state, self.limits
         if state.draining:
             raise p.ProtocolError("draining", "this replica is draining (restarting): reconnect, and start the "
                                               "take again on the replica you reach")
         self.supersede()
+        try:
+            state.engine_loop.check_room(limits.max_queue)  # before the take is stored: a busy take is only an error
+        except QueueFull as error:
+            raise p.ProtocolError("busy", str(error), retry_after_ms=error.retry_after_ms) from None
+        received = time.monotonic()
+        take, history_ids, build_prompt, sampling = await state.db.run(self.stored_take, message)
+        deadline_ms = message.deadline_ms or limits.default_deadline_ms
+        live = LiveTake(state, self, take, history_ids)
+        loop = asyncio.get_running_loop()
+        guard = state.settings.silence if state.settings.silence.retries > 0 else None
+        live.job = TakeJob(build_prompt, sampling, live, loop, received + deadline_ms / 1000, guard)
+        try:
+            position = state.engine_loop.submit(live.job)
+        except QueueFull as error:  # only while the server stops
+            live.done(TakeOutcome("error", {"queue_ms": 0}, None, 0, 0, str(error)))
+            return
+        self.active = live
+        live.timer = loop.call_at(loop.time() + deadline_ms / 1000, live.expire)
+        self.outbox.message(p.TakeQueued(take.take_id, take.line_id, position, deadline_ms,
+                                         audio_url(session_id, take.take_id), take.voice_id, take.sampling,
+                                         take.character_id, take.guard_frames, message.ref))
+
+    def stored_take(self, message: p.TakeStart) -> tuple[StoredTake, list[int], PromptBuilder, Sampling]:
+        """The take checked against the session and stored (queued), with what its job needs: the
+        history it asks for, its prompt builder and its settings (the seed picked)."""
+        session_id = self.require_open()
+        state, store, limits = self.state, self.state.store, self.limits
         if message.history == "kept":
             history_ids = store.kept_history(session_id, message.line_id)  # the lines above this one
         else:
@@ -270,10 +313,6 @@ class Session:
             raise p.ProtocolError("too_many_takes", f"this session holds {limits.max_takes_per_session} takes, "
                                                     "the most it may; open a new session")
         self.check_new_line(message.line_id, store.line_ids(session_id))
-        try:
-            state.engine_loop.check_room(limits.max_queue)  # before the take is stored: a busy take is only an error
-        except QueueFull as error:
-            raise p.ProtocolError("busy", str(error), retry_after_ms=error.retry_after_ms) from None
         sampling = message.sampling  # checked, with the engine's defaults, by parse
         if sampling.seed is None:  # the server picks the seed and stores it: every take can be reproduced
             sampling = dataclasses.replace(sampling, seed=secrets.randbelow(2**31))
@@ -291,71 +330,58 @@ class Session:
         def build_prompt(engine: Drama3Engine, attempt_sampling: Sampling) -> Prompt:
             return engine.prompt(text, engine_voice_value, turns, attempt_sampling, drop_oldest_history=True)
 
-        deadline_ms = message.deadline_ms or limits.default_deadline_ms
-        received = time.monotonic()
         take = store.add_take(session_id, message.line_id, message.text, None if voice is None else voice.voice_id,
                               sampling_info(sampling), character_id=None if member is None else member.character_id,
                               guard_frames=capped)
-        live = LiveTake(state, self, take, history_ids)
-        loop = asyncio.get_running_loop()
-        guard = state.settings.silence if state.settings.silence.retries > 0 else None
-        live.job = TakeJob(build_prompt, sampling, live, loop, received + deadline_ms / 1000, guard)
-        try:
-            position = state.engine_loop.submit(live.job)
-        except QueueFull as error:  # only while the server stops
-            live.done(TakeOutcome("error", {"queue_ms": 0}, None, 0, 0, str(error)))
-            return
-        self.active = live
-        live.timer = loop.call_at(loop.time() + deadline_ms / 1000, live.expire)
-        self.outbox.message(p.TakeQueued(take.take_id, take.line_id, position, deadline_ms,
-                                         audio_url(session_id, take.take_id), take.voice_id, take.sampling,
-                                         take.character_id, take.guard_frames, message.ref))
+        return take, history_ids, build_prompt, sampling
 
-    def keep(self, message: p.TakeKeep) -> None:
+    def keep(self, message: p.TakeKeep) -> p.History:
         """Keep the take: it replaces its line's kept take, if any (`unkept`)."""
         session_id = self.require_open()
         unkept = self.state.store.keep(self.usable_take(session_id, message.take_id).take_id)
         kept = kept_history(self.state.store, session_id)
-        self.outbox.message(p.History(kept.history, [], None, kept.hears, unkept))
+        return p.History(kept.history, [], None, kept.hears, unkept)
 
-    def drop(self, message: p.TakeDrop) -> None:
+    def drop(self, message: p.TakeDrop) -> p.History:
         session_id = self.require_open()
         if self.state.store.take(session_id, message.take_id) is None:
             raise p.ProtocolError("unknown_take", f"take {message.take_id} is not a take of this session",
                                   take_id=message.take_id)
         self.state.store.set_kept(message.take_id, False)
         kept = kept_history(self.state.store, session_id)
-        self.outbox.message(p.History(kept.history, [], None, kept.hears))
+        return p.History(kept.history, [], None, kept.hears)
 
     async def handle(self, message: p.ClientMessage) -> None:
         """An in-order message (everything but session.open, take.cancel and ping); the scene's
         last change is now."""
         await self.dispatch(message)
         if self.session_id is not None:
-            self.state.store.touch(self.session_id)
+            await self.state.db.run(self.state.store.touch, self.session_id)
 
     async def dispatch(self, message: p.ClientMessage) -> None:
+        run = self.state.db.run
         match message:
             case p.VoiceSet():
                 await self.set_voice(message)
             case p.LineSet():
-                self.set_line(message)
+                self.outbox.message(await run(self.set_line, message))
             case p.LineDelete():
-                self.delete_line(message)
+                self.outbox.message(await run(self.delete_line, message))
             case p.LineOrder():
-                self.order_lines(message)
+                self.outbox.message(await run(self.order_lines, message))
             case p.TakeStart():
-                self.start_take(message)
+                await self.start_take(message)
             case p.TakeKeep():
-                self.keep(message)
+                self.outbox.message(await run(self.keep, message))
             case p.TakeDrop():
-                self.drop(message)
+                self.outbox.message(await run(self.drop, message))
             case p.CastSet():
                 await self.set_cast(message)
             case p.CastDelete():
-                self.delete_cast(message)
+                for reply in await run(self.delete_cast, message):
+                    self.outbox.message(reply)
             case p.TakeNote():
-                self.note(message)
+                self.outbox.message(await run(self.note, message))
             case _:
                 raise AssertionError(f"{message.type} is handled on arrival")
 

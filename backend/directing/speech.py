@@ -120,7 +120,7 @@ async def speech(request: Request) -> Response:
             raise RequestError("the request body must be a JSON object")
         options = parse_speech_options(body)
         parsed = with_voice(parse_speech_request(body, state.settings.limits), options.instructions,
-                            find_voice(state, options.voice))
+                            await state.db.run(find_voice, state, options.voice))
         frame_seconds = state.engine.frame_samples / state.engine.sample_rate
         parsed = await checked_clips(parsed, state.settings.limits, frame_seconds)
     except RequestError as error:

@@ -69,7 +69,8 @@ def voice_object(voice: SavedVoice) -> dict[str, Any]:
 
 
 def find_voice(state: ServerState, name: str | None) -> SavedVoice | None:
-    """The saved voice of that name or id; None for none given or the engine's own voice."""
+    """The saved voice of that name or id; None for none given or the engine's own voice. (On the
+    store thread: `await state.db.run(find_voice, state, name)`.)"""
     if name is None or name == DEFAULT_VOICE:
         return None
     voice = state.store.saved_voice(name)
@@ -178,10 +179,11 @@ def _check(clips: list[tuple[bytes, str]], character: Character | None) -> Any:
 async def voices(request: Request) -> Response:
     state: ServerState = request.app.state.retake
     if request.method == "GET":
-        return JSONResponse({"object": "list", "data": [voice_object(v) for v in state.store.saved_voices()]})
+        saved = await state.db.run(state.store.saved_voices)
+        return JSONResponse({"object": "list", "data": [voice_object(v) for v in saved]})
     try:
         name, clips, character, consent = await _parse(request, state.settings.limits)
-        if state.store.saved_voice(name) is not None:
+        if await state.db.run(state.store.saved_voice, name) is not None:
             return openai_error(f"a voice named {name!r} exists; delete it first or pick another name", 409)
         checked = []  # each clip checked off the loop (its header, then in blocks) before the engine decodes it
         for index, (audio, text) in enumerate(clips):
@@ -194,7 +196,7 @@ async def voices(request: Request) -> Response:
         return JSONResponse({"error": {"message": str(error), "type": "server_error", "param": None, "code": None}},
                             status_code=503, headers={"Retry-After": str(error.retry_after_s)})
     spec = None if character is None else CharacterSpec(character.name, character.description, character.scene)
-    voice = state.store.save_voice(name, clips, spec, consent)
+    voice = await state.db.run(state.store.save_voice, name, clips, spec, consent)
     if voice is None:  # saved by another request meanwhile
         return openai_error(f"a voice named {name!r} exists; delete it first or pick another name", 409)
     return JSONResponse(voice_object(voice))
@@ -203,7 +205,7 @@ async def voices(request: Request) -> Response:
 async def delete_voice(request: Request) -> Response:
     state: ServerState = request.app.state.retake
     key = request.path_params["voice"]
-    voice = state.store.delete_saved_voice(key)
+    voice = await state.db.run(state.store.delete_saved_voice, key)
     if voice is None:
         return openai_error(f"no voice {key!r}; GET /v1/audio/voices lists them", 404)
     return JSONResponse({"id": voice.voice_id, "object": "audio.voice.deleted", "deleted": True})

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import sqlalchemy as sa
 from starlette import status
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -27,6 +28,7 @@ from backend.directing.parse import parse_client_message
 from backend.directing.session import Session
 from backend.draining import REASON, RECONNECT
 from backend.state import ServerState
+from backend.store_thread import problem
 from backend.transport import Stop, admit, send_loop
 
 log = logging.getLogger("retake.ws")
@@ -110,11 +112,11 @@ async def receive(websocket: WebSocket, session: Session, commands: asyncio.Queu
         try:
             match message:
                 case p.SessionOpen():
-                    session.open(message)
+                    await session.open(message)
                 case p.Ping():
                     session.outbox.message(p.Pong(message.t, message.ref))
                 case p.TakeCancel():
-                    session.cancel(message)
+                    await session.cancel(message)
                 case _:
                     session.require_open()
                     if isinstance(message, p.TakeStart) and not session.state.draining:
@@ -123,6 +125,8 @@ async def receive(websocket: WebSocket, session: Session, commands: asyncio.Queu
         except p.ProtocolError as error:
             error.ref = message.ref
             report(session, error)
+        except Exception as error:  # noqa: BLE001 - a fault of ours (a full disk, say): the socket stays usable
+            failed(session, message, error)
 
 
 async def run_commands(session: Session, commands: asyncio.Queue[p.ClientMessage]) -> None:
@@ -133,8 +137,18 @@ async def run_commands(session: Session, commands: asyncio.Queue[p.ClientMessage
         except p.ProtocolError as error:
             error.ref = message.ref
             report(session, error)
-        except Exception as error:
-            log.exception("handling %s failed", message.type)
-            session.outbox.message(p.Error("internal", f"the server failed on {message.type}: "
-                                                       f"{type(error).__name__}", None, message.ref, None))
+        except Exception as error:  # noqa: BLE001 - logged, and said to the client; the socket stays usable
+            failed(session, message, error)
+
+
+def failed(session: Session, message: p.ClientMessage, error: Exception) -> None:
+    """A server fault while handling a message: `internal`, saying what went wrong in a line (a store
+    that could not write says so: a full disk is the director's to know, not a traceback)."""
+    if isinstance(error, sa.exc.SQLAlchemyError):
+        text = problem(error)
+        log.warning("%s could not be stored: %s", message.type, text)
+    else:
+        log.exception("handling %s failed", message.type)
+        text = f"the server failed on {message.type}: {type(error).__name__}"
+    session.outbox.message(p.Error("internal", text, None, message.ref, None))
 
