@@ -275,6 +275,9 @@ export async function sceneSteps(t) {
     await page.locator(`.take[data-take="${take.takeId}"] .keep`).click();
     await page.waitForFunction((id) => window.retake.scene.serverHistory.includes(id), take.takeId);
   }
+  const counts = await page.locator("#cast .cast-lines").allTextContents();
+  check("the cast counts each character's lines with a kept take (Mara: lines 1 and 3, Bo: line 2)",
+    counts.join() === "1/2,1/1", counts.join());
   const saved = async (button) => {
     const [download] = await Promise.all([page.waitForEvent("download"), page.locator(button).click()]);
     const path = join(args.out, `export-${download.suggestedFilename()}`);

@@ -9,6 +9,8 @@
  *   changed description, or the default voice): renaming keeps the voice, whose clips the page
  *   no longer has (the server keeps their codes).
  * - Removing a character asks first: its lines go back to the scene's first character.
+ * - Each row counts the character's lines and how many have a kept take (`2/3`), so the
+ *   director sees whose part still needs work.
  * - Saved voices are listed each time the editor opens (another client may have saved one); the
  *   character gets a copy, so deleting the saved voice later leaves the cast as it is.
  */
@@ -109,10 +111,16 @@ export class CastPanel {
         }
       });
       row = h("li.cast-member", { "data-character": member.character_id },
-        h("span.cast-order"), h("span.cast-name"), h("span.cast-voice"), h("span.cast-tools", {}, edit, remove));
+        h("span.cast-order"), h("span.cast-name"), h("span.cast-voice"), h("span.cast-lines.num"), h("span.cast-tools", {}, edit, remove));
       this.rows.set(member.character_id, row);
     }
-    const [order, name, voice] = [...row.children] as HTMLElement[];
+    const [order, name, voice, said] = [...row.children] as HTMLElement[];
+    const { scene } = this.studio;
+    const first = scene.cast[0]?.character_id;
+    const lines = scene.lines.filter((l) => (l.characterId ?? first) === member.character_id);
+    const kept = lines.filter((l) => scene.keptTake(l.id) !== undefined).length;
+    setText(said!, `${kept}/${lines.length}`);
+    said!.title = `${member.name} says ${lines.length} line${lines.length === 1 ? "" : "s"}; ${kept} ha${kept === 1 ? "s" : "ve"} a kept take`;
     setText(order!, String(member.position + 1));
     setText(name!, member.name);
     setText(voice!, voiceSummary(member.voice, rate));
