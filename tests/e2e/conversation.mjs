@@ -101,7 +101,9 @@ await runSteps(result, args.out, page, async () => {
   await page.goto(`${args.url}/converse.html`);
   await page.waitForFunction(() => window.conversation !== undefined);
   check("the page starts idle", (await conversation(() => window.conversation.status)) === "idle");
-  await page.waitForFunction((n) => document.querySelectorAll("#voice option").length === n, info.voices.length);
+  // The page's placeholder (one option, "Server default") stays until /converse/info answers.
+  await page.waitForFunction((voices) => JSON.stringify([...document.querySelectorAll("#voice option")].map((o) => o.value))
+    === JSON.stringify(voices), info.voices);
   const before = await page.locator("#voice option").evaluateAll((options) => options.map((o) => o.value));
   check("before any conversation the voices are the server's, its default chosen",
     JSON.stringify(before) === JSON.stringify(info.voices) && (await page.locator("#voice").inputValue()) === info.voice,
