@@ -58,8 +58,10 @@ Design choices:
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import secrets
+import time
 
 import torch
 
@@ -71,6 +73,8 @@ from engine.drama3.sampler import RAS_WINDOW_FRAMES, SamplingTensors, ras_window
 from engine.graphs import StepGraphs, shared_pool
 from engine.kernels.sampler import sample_code, sample_main
 from engine.readback import copy_to, pinned_like, to_device, to_host
+
+log = logging.getLogger("retake.engine")
 
 KV_BUCKET_ROWS = 256  # eager steps attend over a whole number of these
 GRAPH_KV_ROWS = 512  # the smallest graphed KV bucket; then 1,024, 2,048, ... and the whole cache
@@ -198,9 +202,16 @@ class Decoder:
         self.active.zero_()
         self.slots.fill_(self.scratch)
         self.index.zero_()
-        for graphs in self.graphs.values():
-            graphs.capture([b for b in graphs.buckets if b <= graphs.bucket_for(limit)])
+        for rows, graphs in self.graphs.items():  # each logged: a slow warm-up says where its time went
+            started = time.perf_counter()
+            buckets = [b for b in graphs.buckets if b <= graphs.bucket_for(limit)]
+            graphs.capture(buckets)
+            log.info("decode graphs, %d rows: %d KV buckets in %.1f s (the first ones compile the layers)", rows,
+                     len(buckets), time.perf_counter() - started)
+        started = time.perf_counter()
         self.chunked.capture(self.scratch)
+        log.info("prefill chunk graphs: %d in %.1f s", sum(len(g.graphs) for g in self.chunked.graphs.values()),
+                 time.perf_counter() - started)
 
     def graph_kv_len(self, position: int) -> int:
         """The KV bucket a graphed step whose furthest row is at `position` attends."""

@@ -38,6 +38,7 @@ Design choices:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -70,6 +71,8 @@ from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, window_l
 from engine.drama3.take import AudioWindow, Done, Take
 from engine.drama3.tiny import demo_checkpoint
 from engine.errors import CheckpointError, RequestError
+
+log = logging.getLogger("retake.engine")
 
 
 @dataclass(frozen=True)
@@ -275,9 +278,16 @@ class Drama3Engine:
         started = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-            self.capture()
+            self.decoder.capture()  # logs each graph family's time (decoder.py)
+            if self.window_graphs is not None:
+                captured = time.perf_counter()
+                self.window_graphs.capture()
+                log.info("codec window graphs: %d in %.1f s", len(self.window_graphs.graphs.graphs),
+                         time.perf_counter() - captured)
+        taken = time.perf_counter()
         prompt = self.prompt("Places, everyone.", None, [], Sampling(max_new_tokens=24, seed=0))
         done = next(event for event in self.generate(prompt) if isinstance(event, Done))
+        log.info("warm-up take: %.1f s", time.perf_counter() - taken)
         if done.finish_reason == "error":
             raise RuntimeError(f"the warm-up take failed: {done.error}")
         prefix = self.decoder.prefix

@@ -32,7 +32,8 @@ Design choices:
   layers' `RMSNorm.add` instead. The block-FP8 W8A8 experts always run their kernel on
   CUDA (moe.py): it is the release's arithmetic, and without host syncs.
 - Decode calls (one row per slot) of every backbone and tower layer run torch.compile'd
-  code (Inductor fuses the norms, rope, gates and the DeltaNet step into a few kernels);
+  code (Inductor fuses the norms, rope, gates and the DeltaNet step into a few kernels),
+  compiled with symbolic sizes from the start (one compile serves every row and KV bucket);
   calls over many rows (prefill) stay eager, so prompts of any length never recompile.
   The block-FP8 experts keep their own Triton kernel (moe.py).
 """
@@ -108,7 +109,12 @@ def fla_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
 def layer_compiled(forward: Callable[..., torch.Tensor], prefill: bool) -> Callable[..., torch.Tensor]:
     """`forward` compiled for one-row calls ([B, D] or [B, 1, D]); calls over many rows
     (prefill chunks) run eagerly, or compiled with a symbolic row count if `prefill`."""
-    decode = torch.compile(forward, dynamic=None)  # kv_len buckets become one symbolic size
+    # Symbolic from the first call: the row buckets' batch sizes and the KV buckets share one
+    # compile (batch 1 stays its own, as torch specialises sizes 0 and 1). With dynamic=None
+    # each layer compiled up to three times (static, then the KV length, then the batch; the
+    # first took 70 s at the full size): the likeliest reason the server's warm-up ran past
+    # 200 s on the H200 (docs/perf.md, not yet measured apart: warm-up now logs each phase).
+    decode = torch.compile(forward, dynamic=True)
     rows = torch.compile(forward, dynamic=True) if prefill else forward
 
     def run(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
