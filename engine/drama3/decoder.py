@@ -206,12 +206,14 @@ class Decoder:
             started = time.perf_counter()
             buckets = [b for b in graphs.buckets if b <= graphs.bucket_for(limit)]
             graphs.capture(buckets)
-            log.info("decode graphs, %d rows: %d KV buckets in %.1f s (the first ones compile the layers)", rows,
-                     len(buckets), time.perf_counter() - started)
+            if graphs.enabled:
+                log.info("decode graphs, %d rows: %d KV buckets in %.1f s (the first ones compile the layers)",
+                         rows, len(buckets), time.perf_counter() - started)
         started = time.perf_counter()
         self.chunked.capture(self.scratch)
-        log.info("prefill chunk graphs: %d in %.1f s", sum(len(g.graphs) for g in self.chunked.graphs.values()),
-                 time.perf_counter() - started)
+        if self.graphed:
+            log.info("prefill chunk graphs: %d in %.1f s", sum(len(g.graphs) for g in self.chunked.graphs.values()),
+                     time.perf_counter() - started)
 
     def graph_kv_len(self, position: int) -> int:
         """The KV bucket a graphed step whose furthest row is at `position` attends."""
