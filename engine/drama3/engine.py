@@ -287,7 +287,8 @@ class Drama3Engine:
         taken = time.perf_counter()
         prompt = self.prompt("Places, everyone.", None, [], Sampling(max_new_tokens=24, seed=0))
         done = next(event for event in self.generate(prompt) if isinstance(event, Done))
-        log.info("warm-up take: %.1f s", time.perf_counter() - taken)
+        if self.device.type == "cuda":  # (on a CPU the take is the whole warm-up, which the server logs)
+            log.info("warm-up take: %.1f s", time.perf_counter() - taken)
         if done.finish_reason == "error":
             raise RuntimeError(f"the warm-up take failed: {done.error}")
         prefix = self.decoder.prefix
