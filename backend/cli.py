@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
+import io
 import signal
 import sys
 from types import ModuleType
@@ -42,8 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     from engine.errors import RequestError
 
     # `kill -USR1 PID` prints every thread's stack to stderr: where a command that seems stuck
-    # (a server warming up, a bench) is, without stopping it.
-    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    # (a server warming up, a bench) is, without stopping it. A stderr without a file
+    # descriptor (main() called in-process with stderr captured, as the tests do) has no dump.
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    except (io.UnsupportedOperation, AttributeError, ValueError):
+        pass
 
     try:
         return int(modules[args.command].run(args) or 0)
