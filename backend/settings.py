@@ -54,6 +54,6 @@ class Settings:
         updates: dict[str, object] = {}
         for name in ("max_new_tokens", "max_prompt_rows", "max_reference_seconds"):
             value = engine_limits.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                updates[name] = type(getattr(self.limits, name))(value)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):  # the lower of the two
+                updates[name] = type(getattr(self.limits, name))(min(value, getattr(self.limits, name)))
         return dataclasses.replace(self, limits=dataclasses.replace(self.limits, **updates))  # type: ignore[arg-type]

@@ -60,13 +60,14 @@ class SpeechRequest:
     sampling: Sampling
 
 
-def _sampling(body: Mapping[str, Any]) -> Sampling:
+def _sampling(body: Mapping[str, Any], cap: int) -> Sampling:
     """The body's sampling fields through the engine's one check (its defaults for the rest).
-    As in the seed, a max_new_tokens of 0 or null means the cap, and more than the cap is the cap."""
+    As in the seed, a max_new_tokens of 0 or null means the cap, and more than the cap is the cap
+    (the server's `limits.max_new_tokens`, at most the engine's)."""
     fields = {name: body.get(name) for name in SAMPLING_FIELDS}
     n = fields["max_new_tokens"]
-    if not n or (isinstance(n, int) and not isinstance(n, bool) and n > MAX_NEW_TOKENS):
-        fields["max_new_tokens"] = MAX_NEW_TOKENS
+    if not n or (isinstance(n, int) and not isinstance(n, bool) and n > cap):
+        fields["max_new_tokens"] = cap
     return Sampling.from_fields(fields)
 
 
@@ -115,7 +116,7 @@ def parse_speech_request(body: object, limits: Limits | None = None) -> SpeechRe
                            f"clips and {MAX_HISTORY_TURNS} history turns")
     for i, r in enumerate(references):
         _length(r.get("text"), f"references.{i}.text", limits.max_text_chars)
-    sampling = _sampling(body)
+    sampling = _sampling(body, min(limits.max_new_tokens, MAX_NEW_TOKENS))
 
     if not text.startswith(ENVELOPE_MARKER):
         _length(text, "input", limits.max_text_chars)
