@@ -169,9 +169,12 @@ def test_a_bench_stopped_at_a_later_size_keeps_the_sizes_it_timed(tmp_path: Path
     while not out.exists() and bench.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     bench.send_signal(signal.SIGINT)  # the 2-slot engine is being built or timed: 8 ticks take seconds
-    assert bench.wait(timeout=120) != 0
+    code = bench.wait(timeout=120)
     report = json.loads(out.read_text())
-    assert report["partial"] and [r["slots"] for r in report["rows"]] == [1]
+    if report.get("partial"):  # stopped while the 2-slot size was built or timed
+        assert code != 0 and [r["slots"] for r in report["rows"]] == [1]
+    else:  # on an idle machine the 2-slot size may end before the signal: the whole report then
+        assert [r["slots"] for r in report["rows"]] == [1, 2]
     assert report["rows"][0]["gpu_ms_mean"] > 0
 
 
