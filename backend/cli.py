@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
+import importlib.metadata
 import io
 import signal
 import sys
@@ -24,9 +25,18 @@ class UsageError(Exception):
     """Bad arguments or input the user can fix; printed as one line."""
 
 
+
+def installed_version() -> str:
+    """The package's version (pyproject.toml), as installed."""
+    try:
+        return importlib.metadata.version("retake")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: run scripts/setup)"
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     parser = argparse.ArgumentParser(prog="retake",
                                      description="Retake: a real-time directing studio for speech models")
+    parser.add_argument("--version", action="version", version=f"retake {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules: dict[str, ModuleType] = {}
     for name in COMMANDS:

@@ -27,3 +27,9 @@ def test_serve_refuses_an_unusable_data_dir_before_loading(tmp_path: Path) -> No
     assert run.returncode == 2
     expected = f"retake serve: --data-dir {blocker / 'data'} cannot be used: Not a directory"
     assert run.stderr.strip().splitlines() == [expected]
+
+
+def test_version() -> None:
+    run = subprocess.run([sys.executable, "-m", "backend.cli", "--version"], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0 and run.stdout.strip().startswith("retake 0.")
