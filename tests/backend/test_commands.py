@@ -65,13 +65,20 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def as_from_a_terminal() -> None:
+    """Ctrl+C at its default in the server, as a shell starts it: a child inherits an ignored
+    SIGINT, and in the whole suite something before this file leaves the test process's
+    SIGINT ignored (uvicorn then stops cleanly but exits 0, restoring the ignored handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def serve(options: list[str], tmp_path: Path) -> tuple[subprocess.Popen[str], int, dict[str, object]]:
     """`retake serve OPTIONS` as a process, once its /health answers: (process, port, health)."""
     port = free_port()
     command = [*RETAKE, "serve", *options, "--port", str(port), "--data-dir", str(tmp_path / "data")]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -88,7 +95,7 @@ def stop(process: subprocess.Popen[str]) -> str:
     """Ctrl+C the server; its output. uvicorn shuts down cleanly, then the usual 130."""
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=60)
-    assert process.returncode == 130, output
+    assert process.returncode == 130, (process.returncode, output)
     assert "Application shutdown complete" in output
     return output
 
