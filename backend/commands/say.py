@@ -110,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
         print("retake say: the tiny demo checkpoint has random weights; its audio is noise", file=sys.stderr)
     voice: Character | list[Reference] = character if character is not None else [
         Reference(engine.encode_reference(audio), transcript) for audio, transcript in zip(clips, args.reference_text)]
+    # The checkpoint may hold fewer frames than the engine's default: its limit is the cap (and the default).
+    sampling = Sampling.from_fields({"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                                     "max_new_tokens": args.max_new_tokens, "seed": args.seed},
+                                    max_new_tokens=int(engine.limits["max_new_tokens"]))
     prompt = engine.prompt(args.text, voice or None, history, sampling)
 
     pieces: list[np.ndarray] = []

@@ -12,7 +12,9 @@ Design choices:
 - One engine per process, owned by one thread (the engine loop): it holds the model,
   the codec, the tokenizer and `slots` decode slots whose caches are allocated once,
   each sized for the longest prompt plus the longest take, so a take never allocates
-  cache memory. Inside, one worker thread vocodes windows while the loop decodes the
+  cache memory. Those lengths come from the checkpoint's `max_position_embeddings`
+  (`take_rows`: 8,192 + 1,200 rows where it reaches them, shared below that), and the
+  engine's `limits` say them to the server. Inside, one worker thread vocodes windows while the loop decodes the
   next frames; callers never see it.
 - Takes in different slots decode together, one frame each per step (slots.py). On a
   GPU the slots are sized at load from the free memory (`sized_slots`: caches for the
@@ -142,6 +144,26 @@ def sized_slots(config: Drama3Config, device: torch.device, max_rows: int, dtype
     return slots, why
 
 
+WARM_UP_LINE = "Places, everyone."
+
+
+def take_rows(config: Drama3Config, tokenizer: Tokenizer) -> tuple[int, int]:
+    """(max prompt rows, max new tokens) that the checkpoint's positions hold: MAX_PROMPT_ROWS
+    and MAX_NEW_TOKENS (9,392 rows) when `max_position_embeddings` reaches them; below that the
+    positions are shared, the take at most half. A checkpoint whose half cannot hold the
+    warm-up line's prompt cannot serve a take: a CheckpointError says so in one line."""
+    positions = config.text.max_position_embeddings
+    new_tokens = min(MAX_NEW_TOKENS, positions // 2)
+    prompt_rows = min(MAX_PROMPT_ROWS, positions - new_tokens)
+    shortest = len(build_prompt(WARM_UP_LINE, None, [], Sampling(max_new_tokens=1), tokenizer, config,
+                                max_rows=2**31).rows)
+    if prompt_rows < shortest:
+        raise CheckpointError(f"config.json's text_config.max_position_embeddings is {positions}: too few for a "
+                              f"take (a one-line prompt takes {shortest} rows, and the take's frames as many "
+                              f"again); a checkpoint needs at least {2 * shortest}")
+    return prompt_rows, new_tokens
+
+
 def check_slots(slots: int, most: int) -> int:
     if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= most:
         raise RequestError(f"slots must be a whole number from 1 to {most} for this checkpoint on this device (a "
@@ -168,10 +190,11 @@ class Drama3Engine:
         self.sample_rate = codec.sample_rate
         self.frame_samples = codec.frame_samples
         self.semantic_start = config.semantic_start_token_id
-        self.limits = {"max_prompt_rows": MAX_PROMPT_ROWS, "max_new_tokens": MAX_NEW_TOKENS,
+        self.max_prompt_rows, self.max_new_tokens = take_rows(config, tokenizer)
+        self.limits = {"max_prompt_rows": self.max_prompt_rows, "max_new_tokens": self.max_new_tokens,
                        "max_reference_seconds": MAX_REFERENCE_SECONDS, "num_codebooks": config.num_codebooks,
                        "codebook_size": config.codebook_size}
-        max_rows = MAX_PROMPT_ROWS + MAX_NEW_TOKENS
+        max_rows = self.max_prompt_rows + self.max_new_tokens  # at most the checkpoint's positions
         self.slots, self.slots_why = sized_slots(config, self.device, max_rows, model.candidate_head.dtype,
                                                  spec.slots)
         # On CUDA: fla prefill, compiled decode layers, and the step replayed from CUDA graphs.
@@ -199,6 +222,7 @@ class Drama3Engine:
                sampling: Sampling, drop_oldest_history: bool = False) -> Prompt:
         started = time.perf_counter()
         prompt = build_prompt(text, voice, list(history), sampling, self.tokenizer, self.config,
+                              max_rows=self.max_prompt_rows, max_new_tokens=self.max_new_tokens,
                               drop_oldest_history=drop_oldest_history)
         return replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
 
@@ -285,7 +309,7 @@ class Drama3Engine:
                 log.info("codec window graphs: %d in %.1f s", len(self.window_graphs.graphs.graphs),
                          time.perf_counter() - captured)
         taken = time.perf_counter()
-        prompt = self.prompt("Places, everyone.", None, [], Sampling(max_new_tokens=24, seed=0))
+        prompt = self.prompt(WARM_UP_LINE, None, [], Sampling(max_new_tokens=min(24, self.max_new_tokens), seed=0))
         done = next(event for event in self.generate(prompt) if isinstance(event, Done))
         if self.device.type == "cuda":  # (on a CPU the take is the whole warm-up, which the server logs)
             log.info("warm-up take: %.1f s", time.perf_counter() - taken)

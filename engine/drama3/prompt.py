@@ -51,7 +51,7 @@ from numpy.typing import NDArray
 from tokenizers import Tokenizer
 
 from engine.drama3.config import Drama3Config
-from engine.drama3.sampling import Sampling
+from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.text import check_line, check_text, reference_transcript, with_speaker_tag
 from engine.errors import RequestError
 
@@ -213,15 +213,15 @@ def checked_voice(voice: object, config: Drama3Config) -> Voice:
 
 def build_prompt(text: str, voice: object, history: list[HistoryTurn], sampling: Sampling,
                  tokenizer: Tokenizer, config: Drama3Config, *, max_rows: int = MAX_PROMPT_ROWS,
-                 drop_oldest_history: bool = False) -> Prompt:
+                 max_new_tokens: int = MAX_NEW_TOKENS, drop_oldest_history: bool = False) -> Prompt:
     """Check a take's inputs and lay them out as rows.
 
     If the rows pass `max_rows`, the oldest history turns are dropped when
     `drop_oldest_history` is set; otherwise (or if no history is left to drop) the
-    request is refused."""
+    request is refused. `max_new_tokens` is the most frames the sampling may ask for."""
     text = check_text(text, "text")
     voice = checked_voice(voice, config)
-    sampling = sampling.checked()
+    sampling = sampling.checked(max_new_tokens)
     if not all(isinstance(turn, HistoryTurn) for turn in history):
         raise RequestError("history must be a list of (text, codes) turns")
     history = [HistoryTurn(text=check_text(turn.text, f"history.{i}.text"),
