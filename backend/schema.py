@@ -1,7 +1,7 @@
 """The store's tables, one schema for SQLite and PostgreSQL, and its migrations.
 
 Design choices:
-- SQLAlchemy Core (no ORM): the tables below are what the queries in backend/store.py are
+- SQLAlchemy Core (no ORM): the tables below are what the queries in backend/store/ are
   written against; SQLAlchemy renders them for either database (BLOB or BYTEA, AUTOINCREMENT
   or SERIAL, upserts, partial indexes), and psycopg 3 is the PostgreSQL driver.
 - A database is opened from a path (a SQLite file, the embedded default) or a URL

@@ -46,7 +46,7 @@ class Settings:
 
     @property
     def database(self) -> Path | str:
-        """What backend/store.py opens: the database URL, or the SQLite file under data_dir."""
+        """What backend/store/ opens: the database URL, or the SQLite file under data_dir."""
         return self.database_url or self.data_dir / "retake.sqlite3"
 
     def with_engine_limits(self, engine_limits: dict[str, object]) -> Settings:

@@ -23,9 +23,8 @@ import numpy as np
 from backend.clips import checked_clip
 from backend.directing import protocol as p
 from backend.directing.loop import QueueFull
-from backend.scene_store import CastMember
 from backend.state import ServerState
-from backend.store import Store, StoredReference, StoredTake, StoredVoice
+from backend.store import CastMember, Store, StoredReference, StoredTake, StoredVoice
 from engine import Character, Drama3Engine, HistoryTurn, Reference, RequestError, Sampling
 
 EngineVoice = list[Reference] | Character | None

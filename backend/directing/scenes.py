@@ -31,8 +31,8 @@ from backend import json_input
 from backend.directing import protocol as p
 from backend.directing.export import SESSION_KEY_HEADER
 from backend.directing.scene_export import export_scene
-from backend.scene_store import SceneSummary
 from backend.state import ServerState
+from backend.store import SceneSummary
 
 MAX_NAME_CHARS = 128
 MAX_LISTED = 1000

@@ -1,4 +1,4 @@
-"""backend/store.py on real databases, each test on a SQLite file and on a real PostgreSQL server
+"""backend/store/ on real databases, each test on a SQLite file and on a real PostgreSQL server
 (the `database` fixture): what is written is there after reopening the store."""
 
 from __future__ import annotations
