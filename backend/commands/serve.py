@@ -207,6 +207,26 @@ def check_port(host: str, port: int) -> str | None:
     return None
 
 
+def check_checkpoints(settings: Settings) -> None:
+    """Find the checkpoints and read their configs before anything loads: a Drama 3 load takes
+    minutes on a GPU, and a bad `--converse DIR` would otherwise be found only after it (the
+    same one-line CheckpointError the load would raise, now before it). A repo id not yet in
+    the Hugging Face cache is downloaded here, as the load would."""
+    from engine.checkpoints import resolve_checkpoint
+    from engine.device import pick_device
+
+    pick_device(settings.device)
+    if settings.checkpoint is not None:
+        from engine.drama3.checkpoint import HUB_PATTERNS, read_config
+
+        read_config(resolve_checkpoint(settings.checkpoint, HUB_PATTERNS))
+    if settings.conversation not in (None, "demo") and settings.conversation_random is None:
+        from engine.personaplex.checkpoint import HUB_PATTERNS as CONVERSE_PATTERNS
+        from engine.personaplex.checkpoint import read_config as read_conversation_config
+
+        read_conversation_config(resolve_checkpoint(str(settings.conversation), CONVERSE_PATTERNS))
+
+
 def run(args: argparse.Namespace) -> int:
 
     from backend.app import build_app, log_ready, start_conversation_loop, start_engine_loop
@@ -231,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
     for port in [args.port] if replicas is None else [r.port for r in replicas]:
         if (why := check_port(args.host, port)) is not None:
             raise UsageError(f"cannot listen on {args.host}:{port} ({why}); pick another --port or --host")
+    check_checkpoints(settings)
     name = "retake" if (index := os.environ.get("RETAKE_REPLICA")) is None else f"retake {index}"
     logging.basicConfig(level=args.log_level.upper(), format=f"[{name}] %(message)s")
     # The balancer asks /health every second: not worth a log line each.

@@ -145,9 +145,22 @@ def test_serve_refuses_a_missing_checkpoint(tmp_path: Path) -> None:
     result = subprocess.run([*RETAKE, "serve", "--checkpoint", str(tmp_path / "nope")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    last_line = result.stderr.strip().splitlines()[-1]  # after the "loading ..." log line
-    assert last_line == (f"retake serve: {tmp_path / 'nope'} is neither a checkpoint directory nor a "
-                         "Hugging Face repo id (owner/name)")
+    assert result.stderr.strip() == (f"retake serve: {tmp_path / 'nope'} is neither a checkpoint directory nor a "
+                                     "Hugging Face repo id (owner/name)")  # one line, before any "loading ..."
+
+
+def test_serve_refuses_a_bad_converse_checkpoint_before_drama3_loads(tmp_path: Path) -> None:
+    bad = tmp_path / "personaplex"
+    bad.mkdir()
+    (bad / "config.json").write_text("[1, 2]")
+    for folder, message in ((tmp_path / "nope", f"{tmp_path / 'nope'} is neither a checkpoint directory nor a "
+                                                "Hugging Face repo id (owner/name)"),
+                            (tmp_path, f"{tmp_path} has no config.json; is it a checkpoint directory?"),
+                            (bad, f"{bad / 'config.json'} must hold a JSON object")):
+        result = subprocess.run([*RETAKE, "serve", "--converse", str(folder), "--port", str(free_port()),
+                                 "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2
+        assert result.stderr.strip() == f"retake serve: {message}"  # one line: Drama 3 never started loading
 
 
 def test_serve_refuses_a_port_in_use_before_loading(tmp_path: Path) -> None:
