@@ -3,7 +3,7 @@
 Design choices (docs/protocol.md §9 is the full description; tests/fixtures/protocol/
 conversation_*.json hold samples that the TypeScript side is tested against too):
 
-- As on `/ws` (backend/directing/protocol.py): text frames are JSON objects with a `type`,
+- As on `/ws` (backend/directing/protocol/): text frames are JSON objects with a `type`,
   each message a frozen dataclass whose `type` is a `Literal`; server messages carry every
   field, `type` first. The messages are few and flat, so the parser sits beside them.
 - Audio travels in binary frames both ways: the user's as bare PCM16, the agent's with the

@@ -1,4 +1,4 @@
-"""Client text frames into typed messages (backend/directing/protocol.py), checked field by field.
+"""Client text frames into typed messages (backend/directing/protocol/), checked field by field.
 
 Design choices:
 - Parsed by hand, no schema library: each check names the field and says what to change,

@@ -1,5 +1,5 @@
 /**
- * The directing protocol on `/ws`, the client's side of backend/directing/protocol.py
+ * The directing protocol on `/ws`, the client's side of backend/directing/protocol/
  * (docs/protocol.md describes it; tests/fixtures/protocol/*.json are shared with the Python tests).
  *
  * - Messages are a discriminated union on `type`, with the server's snake_case field names,

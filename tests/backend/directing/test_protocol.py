@@ -1,4 +1,4 @@
-"""backend/directing/protocol.py and parse.py (and the audio frame of backend/transport.py) against the
+"""backend/directing/protocol/ and parse.py (and the audio frame of backend/transport.py) against the
 shared fixtures that frontend/src/studio/protocol.ts is tested on too."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ const fixture = <T>(name: string): T => fixtures[`../../fixtures/protocol/${name
 const invalid = fixture<{ name: string; text: string; message: string }[]>("invalid_client_messages");
 const valid = fixture<{ name: string; message: ClientMessage }[]>("client_messages");
 
-const LIMIT = 1200; // backend/directing/protocol.py Limits.max_new_tokens, which the fixtures were made with
+const LIMIT = 1200; // backend/directing/protocol/client.py Limits.max_new_tokens, which the fixtures were made with
 const rules = samplingRules(LIMIT);
 const KEYS = Object.keys(rules) as SamplingKey[];
 

@@ -11,7 +11,7 @@ import { byId, h, ms, placeChildren, seconds, setText } from "../../shared/dom";
 const SAMPLING_KEY = "retake.sampling";
 const NOTICE_MS = 8000;
 const GUARD_KEY = "retake.lengthGuard";
-/** Until session.ready says the server's limit (backend/directing/protocol.py Limits.max_new_tokens). */
+/** Until session.ready says the server's limit (backend/directing/protocol/client.py Limits.max_new_tokens). */
 const DEFAULT_MAX_FRAMES = 1200;
 const CONNECTION_LABELS = { connecting: "connecting", open: "connected", reconnecting: "reconnecting", closed: "disconnected" };
 
