@@ -59,8 +59,10 @@ class StoredTake:
 
     @property
     def usable(self) -> bool:
-        """Whether the take has audio to keep or to condition on."""
-        return self.state == "done" and self.finish_reason != "error" and self.frames > 0
+        """Whether the take has audio to keep or to condition on: any finished take with frames,
+        whatever ended it (a take the server was stopped during keeps the frames it sent, and
+        exports them)."""
+        return self.state == "done" and self.frames > 0
 
     def info(self) -> TakeInfo:
         return {

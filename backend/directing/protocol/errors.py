@@ -32,7 +32,7 @@ ErrorCode = Literal[
     "too_many_characters",  # the cast holds limits.max_cast characters
     "too_many_lines",  # the script holds limits.max_lines_per_session lines
     "take_not_finished",  # keep (or use as history) a take that is still queued or running
-    "take_not_usable",  # keep (or use as history) a take without audio (error, or 0 frames)
+    "take_not_usable",  # keep (or use as history) a take without audio (0 frames)
     "too_many_takes",  # the session holds limits.max_takes_per_session takes
     "busy",  # the engine queue is full; retry after retry_after_ms
     "draining",  # the replica is draining (SIGTERM): reconnect (close 1012 follows) and start the take there

@@ -1,6 +1,7 @@
 """A server killed mid-take (SIGKILL, no shutdown) keeps the audio the director heard: the take
-comes back after a restart as an error with every window that was sent, and its export starts
-with exactly the samples that arrived."""
+comes back after a restart as an error with every window that was sent, its export starts
+with exactly the samples that arrived, and it can be kept (it has audio) and heard by the
+next take."""
 
 from __future__ import annotations
 
@@ -49,8 +50,16 @@ def test_a_killed_server_keeps_the_audio_that_was_heard(tiny_checkpoint: Path, t
         async def resumed() -> dict:
             director = await Director.connect(f"ws://127.0.0.1:{port}/ws")
             ready = await director.open(session_id)
+            interrupted = ready["takes"][0]  # type: ignore[index]
+            await director.send({"type": "take.keep", "take_id": take_id})
+            kept = await director.receive()  # the history, not take_not_usable
+            assert isinstance(kept, dict) and (kept["type"], kept.get("take_ids")) == ("history", [take_id]), kept
+            after = await director.take("l2", "And then.", sampling={"seed": 1, "max_new_tokens": 4})
+            assert after.done["finish_reason"] in ("stop", "length"), after.done
+            (history,) = after.of_type("history")
+            assert (history["take_ids"], history["dropped"]) == ([take_id], [])
             await director.close()
-            return ready["takes"][0]  # type: ignore[index, return-value]
+            return interrupted  # type: ignore[no-any-return]
 
         take = run(resumed())
         assert (take["take_id"], take["state"], take["finish_reason"], take["error"]) == (
