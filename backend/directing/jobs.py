@@ -122,8 +122,10 @@ class TakeJob(Job):
     """One take: build its prompt, start it in a slot, stream windows to `sink`; retried on silence."""
 
     def __init__(self, build_prompt: PromptBuilder, sampling: Sampling, sink: TakeSink,
-                 loop: asyncio.AbstractEventLoop, deadline: float | None, guard: SilenceGuard | None) -> None:
+                 loop: asyncio.AbstractEventLoop, deadline: float | None, guard: SilenceGuard | None,
+                 chars: int = 0) -> None:
         super().__init__()
+        self.chars = chars  # the text's length, for the queue's estimate of the take's (queue_wait.py); 0: unknown
         self.build_prompt = build_prompt
         self.sampling = sampling
         self.sink = sink
@@ -137,6 +139,7 @@ class TakeJob(Job):
         self.began = 0.0  # time.monotonic() of the first attempt's start
         self.stop_attempt = threading.Event()  # the silence guard stops this attempt
         self.samples, self.peak, self.silent_samples = 0, 0, 0
+        self.ended: Done | None = None  # the engine's Done of the last attempt, once the take ended
 
     @property
     def urgency(self) -> tuple[float, float]:
@@ -209,6 +212,7 @@ class TakeJob(Job):
                 self.sampling = dataclasses.replace(self.sampling, seed=seed)
                 self._post(self.sink.retry, self.attempt + 1, message)
                 return "retry"
+            self.ended = event
             codes = event.codes
             # The engine's Done says one of the FinishReason words (engine/drama3/take.py).
             reason = "error" if self.error is not None else cast(FinishReason, event.finish_reason)

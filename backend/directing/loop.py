@@ -18,8 +18,9 @@ Design choices:
   so the takes already decoding lose little time per step); then one batched engine step
   for every take in flight, whose events go to their jobs.
 - Waiting jobs are bounded by `max_queue`; past that `submit` (and `check_room`, which a
-  session asks before it stores a take) raises `QueueFull`, with one retry hint: the last
-  take's duration times the waiting jobs per two slots. A job still waiting can be
+  session asks before it stores a take) raises `QueueFull`, with a retry hint estimated
+  from what is ahead (queue_wait.py: the takes in the slots and waiting, their expected
+  lengths, the measured frame rate), and how many seconds of takes that is. A job still waiting can be
   withdrawn (cancel, supersede, deadline, disconnect) by the event loop; a take in a slot
   polls its `cancelled` flag every step and frees its slot at the next one.
 - A take that the silence guard stops goes back to the waiting set (not counted against
@@ -32,12 +33,12 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from backend.directing.jobs import CallJob, Job, TakeJob
+from backend.directing.queue_wait import SOON_S, QueueWait, queue_wait
 from backend.engine_thread import EngineThread
 from engine import Drama3Engine, Take
 
@@ -47,9 +48,11 @@ log = logging.getLogger("retake.loop")
 class QueueFull(Exception):
     """The engine queue holds `max_queue` waiting jobs (or the server is stopping)."""
 
-    def __init__(self, waiting: int, retry_after_ms: int) -> None:
-        super().__init__(f"the engine queue is full ({waiting} waiting); retry in {retry_after_ms / 1000:g} s")
+    def __init__(self, waiting: int, retry_after_ms: int, ahead_s: float | None = None) -> None:
+        ahead = "" if ahead_s is None else f", about {ahead_s:.1f} s of takes ahead"
+        super().__init__(f"the engine queue is full ({waiting} waiting{ahead}); retry in {retry_after_ms / 1000:g} s")
         self.retry_after_ms = retry_after_ms
+        self.ahead_s = ahead_s
 
     @property
     def retry_after_s(self) -> int:
@@ -69,7 +72,8 @@ class EngineLoop(EngineThread[Drama3Engine]):
         self._retries: list[TakeJob] = []  # between attempts, waiting for a slot
         self._running: dict[Take, TakeJob] = {}  # the engine's takes in flight and their jobs
         self._starting: TakeJob | None = None  # out of the queue, being started (prompt, prefill)
-        self.last_take_s = 2.0  # duration of the last take; the busy retry hint
+        self.wait = QueueWait()  # the rates of the busy retry hint, measured as takes end
+        self.frame_samples = 2048  # the engine's, once loaded
 
     def _stopped(self) -> None:
         """Cancel every job; the thread ends once the takes in flight have stopped."""
@@ -98,7 +102,23 @@ class EngineLoop(EngineThread[Drama3Engine]):
         if self._stopping:
             raise QueueFull(waiting, 1000)
         if waiting >= max_queue:
-            raise QueueFull(waiting, round(1000 * max(0.5, self.last_take_s) * max(1, waiting) / (2 * self.slots)))
+            raise self._full(waiting, max_queue)
+
+    def _full(self, waiting: int, max_queue: int) -> QueueFull:
+        """QueueFull with the time until one more job fits, from what is ahead (under the lock)."""
+        wait, rate = self.wait, self.wait.frame_rate
+        running = [*self._running.values(), *([self._starting] if self._starting is not None else [])]
+        running_s = [wait.remaining_frames(job.chars, job.sampling.max_new_tokens, job.samples // self.frame_samples)
+                     / rate for job in running]
+        retries = {id(job) for job in self._retries}
+        takes = sorted((job for job in (*self._retries, *self._queue) if isinstance(job, TakeJob)),
+                       key=lambda job: job.urgency)
+        waiting_s = [(wait.expected_frames(job.chars, job.sampling.max_new_tokens) / rate, id(job) not in retries)
+                     for job in takes]
+        calls = sum(isinstance(job, CallJob) for job in self._queue)
+        seconds = queue_wait(running_s, waiting_s, self.slots, waiting - max_queue + 1 - calls)
+        ahead_s = (sum(running_s) + sum(s for s, _ in waiting_s)) / self.slots
+        return QueueFull(waiting, round(1000 * max(SOON_S, seconds)), ahead_s)
 
     def submit(self, job: Job) -> int:
         """Queue a job; returns how many jobs will start before it. Raises QueueFull when the queue is full."""
@@ -123,8 +143,11 @@ class EngineLoop(EngineThread[Drama3Engine]):
     # The engine thread ----------------------------------------------------------
 
     def _ready(self, engine: Drama3Engine) -> None:
-        self.slots = engine.slots
+        self.slots, self.frame_samples = engine.slots, engine.frame_samples
         self.warm_up = dict(engine.warm_up())
+        step_ms = self.warm_up.get("decode_step_ms")
+        if isinstance(step_ms, (int, float)) and step_ms > 0:
+            self.wait.frame_rate = 1000 / step_ms  # a take alone; takes that end refine it
 
     def _serve(self, engine: Drama3Engine) -> None:
         while True:
@@ -213,5 +236,8 @@ class EngineLoop(EngineThread[Drama3Engine]):
                 del self._running[take]
                 if progress == "retry":
                     self._retries.append(job)
-                else:
-                    self.last_take_s = time.monotonic() - job.began
+                elif (ended := job.ended) is not None:
+                    rate = ended.timings.get("decode_frames_per_s")
+                    self.wait.finished(job.chars, int(ended.codes.shape[1]),
+                                       float(rate) if isinstance(rate, (int, float)) else None,
+                                       ended.finish_reason == "stop")

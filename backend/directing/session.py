@@ -288,7 +288,8 @@ class Session:
         live = LiveTake(state, self, take, history_ids)
         loop = asyncio.get_running_loop()
         guard = state.settings.silence if state.settings.silence.retries > 0 else None
-        live.job = TakeJob(build_prompt, sampling, live, loop, received + deadline_ms / 1000, guard)
+        live.job = TakeJob(build_prompt, sampling, live, loop, received + deadline_ms / 1000, guard,
+                           chars=len(message.text))
         try:
             position = state.engine_loop.submit(live.job)
         except QueueFull as error:  # only while the server stops

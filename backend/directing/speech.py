@@ -137,7 +137,7 @@ async def speech(request: Request) -> Response:
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + state.settings.limits.default_deadline_ms / 1000
     guard = None if stream or state.settings.silence.retries == 0 else state.settings.silence
-    job = TakeJob(build_prompt, sampling, sink, loop, deadline, guard)
+    job = TakeJob(build_prompt, sampling, sink, loop, deadline, guard, chars=len(parsed.text))
     try:
         state.engine_loop.submit(job)
     except QueueFull as error:
