@@ -14,6 +14,7 @@ import faulthandler
 import importlib
 import importlib.metadata
 import io
+import os
 import signal
 import sys
 from types import ModuleType
@@ -55,8 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     # `kill -USR1 PID` prints every thread's stack to stderr: where a command that seems stuck
     # (a server warming up, a bench) is, without stopping it. A stderr without a file
     # descriptor (main() called in-process with stderr captured, as the tests do) has no dump.
+    # RETAKE_STACKS_EVERY=SECONDS prints them every SECONDS without a signal (scripts/gpu sets
+    # it: a process under a time limit shows where its time went even if it never finishes).
     try:
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        every = float(os.environ.get("RETAKE_STACKS_EVERY") or 0)
+        if every > 0:
+            faulthandler.dump_traceback_later(every, repeat=True)
     except (io.UnsupportedOperation, AttributeError, ValueError):
         pass
 

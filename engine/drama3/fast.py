@@ -106,16 +106,18 @@ def fla_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     return out.float(), final.float()
 
 
-def layer_compiled(forward: Callable[..., torch.Tensor], prefill: bool) -> Callable[..., torch.Tensor]:
+def layer_compiled(forward: Callable[..., torch.Tensor], prefill: bool,
+                   backend: str = "inductor") -> Callable[..., torch.Tensor]:
     """`forward` compiled for one-row calls ([B, D] or [B, 1, D]); calls over many rows
-    (prefill chunks) run eagerly, or compiled with a symbolic row count if `prefill`."""
+    (prefill chunks) run eagerly, or compiled with a symbolic row count if `prefill`.
+    (`backend`: tests count compiles with a cheaper one; the guards are the same.)"""
     # Symbolic from the first call: the row buckets' batch sizes and the KV buckets share one
     # compile (batch 1 stays its own, as torch specialises sizes 0 and 1). With dynamic=None
     # each layer compiled up to three times (static, then the KV length, then the batch; the
     # first took 70 s at the full size): the likeliest reason the server's warm-up ran past
     # 200 s on the H200 (docs/perf.md, not yet measured apart: warm-up now logs each phase).
-    decode = torch.compile(forward, dynamic=True)
-    rows = torch.compile(forward, dynamic=True) if prefill else forward
+    decode = torch.compile(forward, dynamic=True, backend=backend)
+    rows = torch.compile(forward, dynamic=True, backend=backend) if prefill else forward
 
     def run(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         one_row = x.dim() == 2 or x.shape[1] == 1

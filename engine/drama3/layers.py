@@ -70,7 +70,12 @@ def rope_interleaved(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
 
 
 class KVCache(nn.Module):
-    """Keys and values of one attention layer for every slot: [slots, max_rows, kv_heads, head_dim]."""
+    """Keys and values of one attention layer for every slot: [slots, max_rows + 1, kv_heads, head_dim].
+
+    The spare row is never written or read: with it no read (`kv_len` <= max_rows) covers
+    the whole row dimension. Compiled with a symbolic `kv_len`, a slice that may equal the
+    whole dimension gets a guard on it, and the largest KV bucket then compiled every
+    decode layer a second time (minutes of warm-up at the full size)."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -78,7 +83,8 @@ class KVCache(nn.Module):
     def __init__(self, slots: int, max_rows: int, kv_heads: int, head_dim: int,
                  device: torch.device | str, dtype: torch.dtype) -> None:
         super().__init__()
-        shape = (slots, max_rows, kv_heads, head_dim)
+        self.max_rows = max_rows
+        shape = (slots, max_rows + 1, kv_heads, head_dim)
         self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
 
@@ -88,7 +94,7 @@ class KVCache(nn.Module):
         rows = slots[:, None].expand_as(input_pos)  # [B, T]
         self.k.index_put_((rows, input_pos), k.to(self.k.dtype))
         self.v.index_put_((rows, input_pos), v.to(self.v.dtype))
-        rows_read = kv_len or self.k.shape[1]
+        rows_read = kv_len or self.max_rows
         return self.k[slots, :rows_read], self.v[slots, :rows_read]  # [B, S, Hkv, Dh] each
 
 

@@ -42,8 +42,9 @@ def candidate_ids(config: Drama3Config) -> torch.Tensor:
 
 
 def cache_bytes(config: Drama3Config, max_rows: int, dtype: torch.dtype) -> int:
-    """The bytes `setup_caches` allocates per slot: the KV rows of every backbone attention and
-    tower layer, and each Gated DeltaNet layer's recurrent (float32) and conv states."""
+    """The bytes `setup_caches` allocates per slot: the KV rows (and KVCache's spare row) of
+    every backbone attention and tower layer, and each Gated DeltaNet layer's recurrent
+    (float32) and conv states."""
     text, tower = config.text, config.tower
     size = torch.empty(0, dtype=dtype).element_size()
     kv = len(text.full_attention_layers) * text.num_key_value_heads * text.head_dim \
@@ -51,7 +52,7 @@ def cache_bytes(config: Drama3Config, max_rows: int, dtype: torch.dtype) -> int:
     conv_channels = 2 * text.linear_key_dim + text.linear_value_dim
     deltanet = text.linear_num_value_heads * text.linear_key_head_dim * text.linear_value_head_dim * 4 \
         + conv_channels * (text.linear_conv_kernel_dim - 1) * size
-    return 2 * kv * max_rows * size + len(text.linear_attention_layers) * deltanet
+    return 2 * kv * (max_rows + 1) * size + len(text.linear_attention_layers) * deltanet
 
 
 class Drama3Model(nn.Module):
