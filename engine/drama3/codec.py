@@ -78,14 +78,19 @@ RELEASED: dict[str, Any] = {
 IGNORED_SUFFIXES = ("causal_mask", "freqs_cis")
 
 
-def merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """base with override's fields on top, objects merged field by field."""
+def merged(base: Mapping[str, Any], override: Mapping[str, Any], where: str = "codec_config") -> dict[str, Any]:
+    """base with override's fields on top, objects merged field by field. A field base does not
+    have is refused by name (a misspelt field would otherwise be ignored, and the check that
+    fails next would name another)."""
     out = copy.deepcopy(dict(base))
     for key, value in override.items():
         if key == "_target_" or key == "_partial_":
             continue
+        if key not in out:
+            raise ConfigError(f"{where}.{key} is not a field of the codec's configuration; its fields are "
+                              f"{', '.join(sorted(out))}")
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merged(out[key], value)
+            out[key] = merged(out[key], value, f"{where}.{key}")
         else:
             out[key] = copy.deepcopy(value)
     return out

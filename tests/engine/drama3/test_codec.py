@@ -221,3 +221,14 @@ def test_tiny_codec_config_overrides_only_what_it_names() -> None:
     assert config.raw["quantizer"]["pre_module"]["window_size"] == 128
     partial = CodecConfig.from_dict({"decoder_dim": 768})
     assert partial.raw["decoder_dim"] == 768 and partial.raw["encoder_dim"] == RELEASED["encoder_dim"]
+
+
+def test_a_codec_config_field_the_codec_does_not_have_is_refused_by_name(tiny_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^codec_config\.decoder_dimm is not a field of the codec's configuration"):
+        CodecConfig.from_dict({"decoder_dimm": 768})
+    with pytest.raises(ConfigError, match=r"^codec_config\.quantizer\.pre_module\.config\.n_layers is not a field"):
+        CodecConfig.from_dict({"quantizer": {"pre_module": {"config": {"n_layers": 2}}}})
+    (tmp_path / "codec.pth").write_bytes((tiny_dir / "codec.pth").read_bytes())
+    (tmp_path / "codec_config.json").write_text(json.dumps({**TINY_CODEC, "sample_rte": 16000}))
+    with pytest.raises(ConfigError, match=r"codec_config\.sample_rte is not a field"):
+        load_codec(tmp_path)
