@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.bench.options import add_device
+
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     import torch
 
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--random-weights", action="store_true", help="random weights instead of a checkpoint")
     parser.add_argument("--preset", choices=("tiny", "full"), default="tiny",
                         help="size for --random-weights: tiny, or full (the released modded_dac_vq)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device(parser)
     parser.add_argument("--frames", type=int, default=600, help="frames in the take (default 600, ~27.9 s)")
     parser.add_argument("--overlaps", default="32,128,320", help="left contexts to measure, in frames")
     parser.add_argument("--first-window", type=int, help="a smaller first window, in frames")

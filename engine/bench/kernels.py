@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import triton
 
-    from engine.bench.drama3 import copy_bandwidth
+    from engine.bench.timing import copy_bandwidth
     from engine.drama3.config import preset
 
     device = torch.device("cuda")

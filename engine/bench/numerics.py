@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.bench.options import add_device
+
 if TYPE_CHECKING:
     from engine.drama3.decoder import Decoder
     from engine.drama3.prompt import Prompt
@@ -56,8 +58,8 @@ Row = dict[str, Any]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cuda (what it is for); cpu runs the same code with nothing compiled, as a check")
+    add_device(parser, auto=False, help_text="cuda (what it is for); cpu runs the same code with nothing compiled, "
+                                             "as a check")
     parser.add_argument("--steps", type=int, default=16, help="seeded decode steps compared (default 16)")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
 

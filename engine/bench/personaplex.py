@@ -18,8 +18,8 @@ Design choices:
   to the agent audio in pinned memory (`tick_ms`); `--parts` captures encode, model and
   decode as separate graphs and times each with events (host timers do not wait for the
   GPU). The floor is the bytes a tick must read (weights, the rings it attends to) over
-  the copy bandwidth measured here. Released sizes print Kyutai's moshi 0.2.13 figures on
-  the same GPU beside ours (CUDA graphs, dep_q 16; docs/perf.md).
+  the copy bandwidth measured here (engine/bench/timing.py). Released sizes print Kyutai's
+  moshi 0.2.13 figures on the same GPU beside ours (CUDA graphs, dep_q 16; docs/perf.md).
 - Prints a table, what a conversation costs in memory and how many fit, and one JSON line
   (`--json FILE` writes it too, and after each slot count its rows so far, marked
   `partial`, so a run stopped mid-way keeps what it timed); nothing is asserted.
@@ -33,6 +33,8 @@ import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from engine.bench.options import add_device
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     import torch
@@ -49,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=("tiny", "released"), default="tiny",
                         help="tiny: the demo checkpoint; released: 7B sizes with random weights on the device")
     parser.add_argument("--checkpoint", default=None, metavar="DIR", help="time this checkpoint instead")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_device(parser)
     parser.add_argument("--slots", type=int, nargs="+", default=[1], help="slot counts to time")
     parser.add_argument("--ticks", type=int, default=50, help="timed ticks per slot count")
     parser.add_argument("--warmup", type=int, default=5, help="untimed ticks first")
@@ -64,26 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--greedy", action="store_true", help="argmax instead of the reference sampling")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON line to this file")
-
-
-def copy_bandwidth(device: torch.device) -> float | None:
-    """Bytes per second of a 1 GiB device-to-device copy (read + write counted), or None on a CPU."""
-    import torch
-
-    if device.type != "cuda":
-        return None
-    a = torch.empty(2**30, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        b.copy_(a)
-    end.record()
-    end.synchronize()
-    seconds: float = start.elapsed_time(end) / 1000 / 5
-    del a, b
-    return 2 * 2**30 / seconds
 
 
 def tick_bytes(engine: PersonaPlex, slots: int, history: int) -> int:
@@ -185,6 +167,7 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from engine.bench.timing import copy_bandwidth
     from engine.device import pick_device
 
     if args.threads is not None:
@@ -196,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     dev = pick_device(args.device)
     parts = build(args, dev)
     weights_gib = sum(p.nbytes for m in (parts.temporal, parts.depformer, parts.mimi) for p in m.parameters()) / 2**30
-    bandwidth = copy_bandwidth(dev)
+    bandwidth = copy_bandwidth(dev) if dev.type == "cuda" else None  # no floor on a CPU
     size = args.size if args.checkpoint is None else args.checkpoint
     rows: list[dict[str, Any]] = []
     for slots in args.slots:

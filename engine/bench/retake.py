@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine.bench.options import add_device, add_weights
+
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine import Drama3Engine, HistoryTurn
 
@@ -41,12 +43,9 @@ Row = dict[str, Any]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--checkpoint", type=Path, help="a Drama 3 checkpoint (default: the tiny demo)")
-    source.add_argument("--random-weights", action="store_true", help="random weights made on the device")
-    parser.add_argument("--preset", choices=("full", "tiny"), default="tiny",
-                        help="model size with --random-weights (full needs a CUDA GPU)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_weights(parser, preset="tiny", checkpoint_help="a Drama 3 checkpoint (default: the tiny demo)",
+                preset_help="model size with --random-weights (full needs a CUDA GPU)")
+    add_device(parser)
     parser.add_argument("--history-rows", type=int, nargs="+", default=[0, 1000, 4000], metavar="N",
                         help="history sizes in prompt rows (default 0 1000 4000)")
     parser.add_argument("--turn-frames", type=int, default=200, help="frames of each history take (default 200)")

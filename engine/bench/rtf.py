@@ -16,13 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.bench.options import add_device
+
 HELP = "real-time factor of whole Drama 3 takes (default: the tiny demo model on this CPU)"
 TEXT = "Places, everyone. This is the take where the line finally lands."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", type=Path, help="a Drama 3 checkpoint (default: the tiny demo)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_device(parser)
     parser.add_argument("--frames", type=int, default=200, help="frames per take (default 200, ~9.3 s of audio)")
     parser.add_argument("--takes", type=int, default=3, help="takes to time after a warm-up (default 3)")
     parser.add_argument("--text", default=TEXT)

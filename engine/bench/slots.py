@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.bench.options import add_device
+
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine import Drama3Engine
 
@@ -27,7 +29,7 @@ TEXTS = ("Places, everyone.", "Who left the lamp burning?", "Not me. I was aslee
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", type=Path, help="a Drama 3 checkpoint (default: the tiny demo)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_device(parser)
     parser.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4], help="slot counts (default 1 2 4)")
     parser.add_argument("--takes", type=int, default=4, help="takes per slot count (default 4)")
     parser.add_argument("--frames", type=int, default=100, help="frames per take at most (default 100)")

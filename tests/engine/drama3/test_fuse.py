@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.bench.drama3 import step_op_counts
+from engine.bench.drama3.profiling import step_op_counts
 from engine.drama3.checkpoint import load_model
 from engine.drama3.decoder import Decoder
 from engine.drama3.fast import PackedLinear, fuse_projections

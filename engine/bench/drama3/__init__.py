@@ -1,0 +1,146 @@
+"""`retake bench decode|prefill|takes`: Drama 3 speed, printed as a table and written as JSON.
+
+    retake bench takes --random-weights --preset full --device cuda --json bench.json
+
+- decode: the median decode step (one frame: candidate head, sampling with RAS, the
+  13-layer tower, the backbone step) over >= 200 steps after a 300-row prompt, eager and
+  replayed from a CUDA graph; and the bytes one step must read over the measured copy
+  bandwidth (the floor), with the ratio to it. Then the graphed step of a 64-slot
+  decoder (`--slots`) with 1, 2, 4, ... 64 takes decoding (`decode_rows`): the row-bucket
+  graphs, so a director alone on a big server pays the 1-row step. Also the aten ops and GEMMs one eager
+  step launches (torch.profiler), before and after `fuse_projections`, and the eager
+  step time once fused.
+- prefill: the prompt's backbone and tower prefill for 300, 1,000 and 4,000 rows, launched
+  from Python and replayed from the chunk graphs (prefill.py), beside the targets.
+- takes: all of the above, plus first audio (prefill start to the first PCM window on the
+  host) for a 300-row prompt, vocode ms per window length, and peak GPU memory.
+
+One module per part: model (the weights and synthetic prompts), decode (the step and its
+floor, the step by decoding rows), profiling (ops per step, kernel tables), prefill, takes
+(first audio, vocode); engine/bench/timing.py times them all.
+
+Design choices:
+- The parts run in the order of what matters most (decode, first audio and vocode,
+  prefill, the 64-slot step by decoding rows, the profile) and the JSON is rewritten after
+  each, so a run stopped by a time limit (scripts/gpu) keeps what it measured.
+- GPU times come from CUDA events around the region after warm-up; CPU runs print the
+  same table (the numbers there are only for comparison within one run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from engine.bench.drama3.decode import bench_decode, bench_rows
+from engine.bench.drama3.model import Row, build
+from engine.bench.drama3.prefill import PREFILL_ROWS, bench_prefill
+from engine.bench.drama3.profiling import profile_tables
+from engine.bench.drama3.takes import bench_takes
+from engine.bench.options import add_device, add_weights
+from engine.drama3.fast import DEFAULT_KERNELS, KERNELS
+
+HELP = "Drama 3 speed: decode step eager vs CUDA graph, prefill, first audio (see docs/perf.md)"
+TARGETS = {"decode_graph_ms": 4.0, "first_audio_ms": 60.0, "graph_speedup": 3.0}
+NOTE = "random weights: routing is near-uniform, so expert reuse across tokens is lower than with real weights"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_weights(parser, preset="full", checkpoint_help="a Drama 3 checkpoint directory",
+                preset_help="model size with --random-weights (full: the assumed 35B-A3B dimensions)")
+    add_device(parser, auto=False)
+    parser.add_argument("--no-compile", action="store_true", help="leave decode layers uncompiled")
+    parser.add_argument("--kernels", nargs="*", choices=KERNELS, metavar="NAME", default=None,
+                        help=f"the decode step's Triton kernels to install, of {', '.join(KERNELS)} (default: "
+                             f"{' '.join(DEFAULT_KERNELS)}; none: --kernels with no name)")
+    parser.add_argument("--compile-prefill", action="store_true",
+                        help="also compile the layers for prefill chunks (symbolic row count)")
+    parser.add_argument("--profile", type=Path, metavar="FILE",
+                        help="write the top kernels of one decode step and one 300-row prefill here")
+    parser.add_argument("--steps", type=int, default=200, help="decode steps timed (median reported)")
+    parser.add_argument("--slots", type=int, default=64,
+                        help="slots of the decoder whose row-bucket graphs are timed (default 64)")
+    parser.add_argument("--prompt-rows", type=int, nargs="+", default=list(PREFILL_ROWS), metavar="N",
+                        help="prompt sizes prefilled (default 300 1000 4000); the first is first audio's prompt")
+    parser.add_argument("--json", type=Path, help="write the rows as JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("retake bench: --device cuda but no CUDA GPU is available")
+    if args.checkpoint is None and not args.random_weights:
+        args.random_weights, args.preset = True, args.preset
+    started = time.perf_counter()
+    rows: list[Row] = []
+    meta: dict[str, object] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                               "torch": torch.__version__, "note": NOTE, "targets": TARGETS}
+
+    def flush() -> None:  # the JSON after each part: a run stopped by a time limit keeps what it measured
+        from engine.kernels.fallback import failures
+
+        meta["kernel_fallbacks"] = failures()  # kernels that failed on this GPU: their references ran
+        if device.type == "cuda":
+            meta["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        if args.json:
+            args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
+
+    with torch.inference_mode():
+        model, codec, config, source = build(args)
+        meta.update(source=source, build_s=round(time.perf_counter() - started, 1))
+        # Parts in the order of what matters most if a time limit stops the run early.
+        if args.bench in ("decode", "takes"):
+            decode_rows, installed = bench_decode(model, config, device, args.steps, not args.no_compile,
+                                                  args.compile_prefill, args.kernels)
+            rows += decode_rows
+        else:
+            from engine.drama3.fast import install_fast_path
+
+            installed = install_fast_path(model, compile_layers=not args.no_compile,
+                                          compile_prefill=args.compile_prefill,
+                                          **({} if args.kernels is None else {"kernels": args.kernels}))
+        meta["kernels"] = installed
+        flush()
+        if args.bench == "takes":
+            rows += bench_takes(model, codec, config, device, args.prompt_rows[0])
+            flush()
+        if args.bench in ("prefill", "takes"):
+            rows += bench_prefill(model, config, device, args.prompt_rows)
+            flush()
+        if args.bench in ("decode", "takes"):
+            rows += bench_rows(model, config, device, args.steps, args.slots)
+            flush()
+        if args.profile:
+            args.profile.write_text(profile_tables(model, config, device), encoding="utf-8")
+    flush()
+    print(f"# {meta['device']}, torch {meta['torch']}, {source}; kernels: {', '.join(installed) or 'none'}")
+    print(f"# {NOTE}")
+    for row in rows:
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+    decode = next((r for r in rows if r["bench"] == "decode"), None)
+    if decode:
+        print(f"targets: decode graph {decode['graph_ms']} ms (<= {TARGETS['decode_graph_ms']}), "
+              f"graph speed-up {decode['graph_speedup']}x (>= {TARGETS['graph_speedup']}x), "
+              f"{decode['ratio_to_floor']}x the {decode['floor_ms']} ms floor")
+    by_rows = [r for r in rows if r["bench"] == "decode_rows"]
+    if by_rows:
+        alone = by_rows[0]["graph_ms"]
+        print(f"targets: a director alone on {by_rows[0]['slots']} slots {alone} ms per frame "
+              f"(<= 1.1x the 1-slot step {decode['graph_ms'] if decode else '?'} ms); with "
+              + ", ".join(f"{r['rows']}: {r['graph_ms']} ms" for r in by_rows[1:]))
+    prefill = [r for r in rows if r["bench"] == "prefill"]
+    if prefill:
+        print("targets: prefill " + ", ".join(f"{r['rows']} rows {r['graph_ms']} ms (<= {r['target_ms']}, eager "
+                                              f"{r['eager_ms']})" for r in prefill))
+    first = [r for r in rows if r["bench"] == "first_audio"]
+    if first:
+        print("targets: first audio " + ", ".join(f"{r['first_audio_ms']} ms (first window "
+                                                 f"{r['first_window_frames']}, {r['vocoder']})" for r in first)
+              + f" (<= {TARGETS['first_audio_ms']})")
+    if meta.get("peak_memory_gib") is not None:
+        print(f"peak GPU memory {meta['peak_memory_gib']} GiB")
+    return 0

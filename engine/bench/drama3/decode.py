@@ -1,0 +1,147 @@
+"""The Drama 3 decode step timed: eager, fused, compiled and replayed from its CUDA graph, against
+the bytes it must read (the floor); and the graphed step of a many-slot decoder by rows decoding.
+
+Design choices:
+- The floor is the fewest bytes one step must read (the weights it multiplies, k of E experts
+  per layer, the KV rows it attends, the DeltaNet states) over the copy bandwidth measured on
+  this device (engine/bench/timing.py); the ratio to it says how far from memory-bound a step is.
+- `fuse_projections` is measured on its own before the fast path is installed (its op counts
+  and eager time), then `install_fast_path` finds it done.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.bench.drama3.model import Row, synthetic_prompt
+from engine.bench.drama3.profiling import step_op_counts
+from engine.bench.timing import copy_bandwidth, timed_ms
+
+if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
+    from engine.drama3.config import Drama3Config
+    from engine.drama3.model import Drama3Model
+
+
+
+def decode_step_bytes(model: Drama3Model, kv_rows: int) -> int:
+    """The fewest bytes one decode step of one take must read: every weight it multiplies
+    (k of E experts per layer), one row of each embedding table, the KV rows it attends
+    and the DeltaNet states it reads and writes."""
+    config, total = model.config, 0
+    text = config.text
+    for name, tensor in model.state_dict().items():
+        if tensor.dtype == torch.long:
+            continue
+        size = tensor.numel() * tensor.element_size()
+        if "embed_tokens" in name or "codebook_embeddings" in name or name.endswith("embedding.weight"):
+            rows = 1 + config.num_codebooks if "codebook_embeddings" in name else 1
+            size = size // tensor.shape[0] * rows
+        elif ".experts." in name:
+            size = size * text.num_experts_per_tok // text.num_experts
+        total += size
+    kv = len(text.full_attention_layers) * 2 * kv_rows * text.num_key_value_heads * text.head_dim
+    kv += (config.tower.n_layer + config.tower.residual_layers) * 2 * kv_rows * config.tower.n_local_heads \
+        * config.tower.head_dim
+    dtype_bytes = model.candidate_head.element_size()
+    state = len(text.linear_attention_layers) * text.linear_num_value_heads * text.linear_key_head_dim \
+        * text.linear_value_head_dim * 4 * 2  # float32, read and written
+    return int(total + kv * dtype_bytes + state)
+
+
+def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device, steps: int, compile_layers: bool,
+                 compile_prefill: bool = False, kernels: Sequence[str] | None = None) -> tuple[list[Row], list[str]]:
+    """Eager steps of the plain model and its op counts, the same with projections fused,
+    then the fast path installed: compiled steps and graph replays. Rows: the decode row,
+    then one `step_ops` row (ops and GEMMs per part of the step) per model, plain and fused."""
+    from engine.drama3.decoder import Decoder
+    from engine.drama3.fast import fuse_projections, install_fast_path
+
+    max_rows = 300 + steps + 64
+    prompt = synthetic_prompt(config, 300, steps + 32)
+    eager = Decoder(model, max_rows)
+    eager.prefill(prompt)
+    position = 299
+    bucket = eager.kv_len(position + steps)
+    for _ in range(3):
+        eager.advance(bucket)
+    eager_ms = timed_ms(lambda: eager.advance(bucket), device, steps)
+    row: Row = {"bench": "decode", "kv_rows": bucket, "steps": steps,
+           "eager_ms": round(statistics.median(eager_ms), 3)}
+    plain_ops = step_op_counts(eager, bucket)
+    fuse_projections(model)  # the fast path's first step, measured on its own (install finds it done)
+    fused_ops = step_op_counts(eager, bucket)
+    row.update(ops_per_step=plain_ops["ops"], gemms_per_step=plain_ops["gemms"],
+               fused_ops_per_step=fused_ops["ops"], fused_gemms_per_step=fused_ops["gemms"])
+    text = config.text
+    layers = {"deltanet": len(text.linear_attention_layers), "attention": len(text.full_attention_layers),
+              "tower": config.tower.n_layer + config.tower.residual_layers, "other": None}
+    op_rows = [{"bench": "step_ops", "fused": fused, **{f"{part}_layers": n for part, n in layers.items() if n},
+                **{f"{part}_{key}": counts.get(f"{part}_{key}", 0) for part in layers for key in ("ops", "gemms")}}
+               for fused, counts in ((False, plain_ops), (True, fused_ops))]
+    eager.prefill(prompt)  # the steps above used up rows: start the take again
+    for _ in range(3):
+        eager.advance(bucket)
+    row["fused_eager_ms"] = round(statistics.median(timed_ms(lambda: eager.advance(bucket), device, steps)), 3)
+    installed = install_fast_path(model, compile_layers=compile_layers, compile_prefill=compile_prefill,
+                                  **({} if kernels is None else {"kernels": kernels}))
+    installed = ["fused_projections"] + [name for name in installed if name != "fused_projections"]  # also on CPU
+    if compile_layers and device.type == "cuda":
+        started = time.perf_counter()
+        eager.prefill(prompt)
+        for _ in range(3):
+            eager.advance(bucket)
+        row["compile_s"] = round(time.perf_counter() - started, 1)
+        row["compiled_ms"] = round(statistics.median(timed_ms(lambda: eager.advance(bucket), device, steps)), 3)
+    graphed = Decoder(model, max_rows, graphs=True)  # eager steps on a CPU
+    graphed.capture()
+    graphed.prefill(prompt)
+    positions = iter(range(position, position + 10 * steps))
+    for _ in range(3):
+        graphed.step(next(positions))
+    graph_ms = timed_ms(lambda: graphed.step(next(positions)), device, steps)
+    row["graph_ms"] = round(statistics.median(graph_ms), 3)
+    row["graph_kv_rows"] = graphed.graph_kv_len(position + steps)
+    row["graph_speedup"] = round(row["eager_ms"] / row["graph_ms"], 2)
+    row["capture_s"] = round(sum(sum(g.capture_s.values()) for g in graphed.graphs.values()), 1)
+    bandwidth = copy_bandwidth(device)
+    step_bytes = decode_step_bytes(model, row["graph_kv_rows"])
+    row["step_gib"] = round(step_bytes / 2**30, 3)
+    row["bandwidth_gb_s"] = round(bandwidth / 1e9, 1)
+    row["floor_ms"] = round(step_bytes / bandwidth * 1000, 3)
+    row["ratio_to_floor"] = round(row["graph_ms"] / row["floor_ms"], 2)
+    row["frames_per_s"] = round(1000 / row["graph_ms"], 1)
+    return [row, *op_rows], installed
+
+
+def bench_rows(model: Drama3Model, config: Drama3Config, device: torch.device, steps: int,
+               slots: int = 64) -> list[Row]:
+    """The graphed step of a `slots`-slot decoder with 1, 2, 4, ... of its takes decoding
+    (the row-bucket graphs): what a director alone, or a few, pay on a server of many slots."""
+    from engine.drama3.decoder import Decoder
+
+    prompt_rows, max_rows = 300, 300 + 10 * steps + 64
+    decoder = Decoder(model, max_rows, slots, graphs=True)
+    decoder.capture(up_to_rows=max_rows)
+    for slot in range(slots):
+        decoder.prefill(synthetic_prompt(config, prompt_rows, 10 * steps, seed=slot), slot)
+    out: list[Row] = []
+    position = prompt_rows - 1
+    for rows in decoder.row_buckets:
+        stepping = list(range(rows))
+        for _ in range(3):
+            decoder.step(position, stepping)
+            position += 1
+        positions = iter(range(position, position + steps))
+        step = functools.partial(lambda positions, stepping: decoder.step(next(positions), stepping), positions,
+                                 stepping)
+        ms = statistics.median(timed_ms(step, device, steps))
+        position += steps
+        out.append({"bench": "decode_rows", "slots": slots, "rows": rows, "graph_ms": round(ms, 3),
+                    "frames_per_s": round(rows * 1000 / ms, 1), "graphs": decoder.graphed})
+    return out

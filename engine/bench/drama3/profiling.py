@@ -1,0 +1,122 @@
+"""What one Drama 3 decode step launches and where its time goes: the aten ops and GEMMs per
+part of the step (torch.profiler's CPU events), and the kernel tables of `--profile`.
+
+Design choices:
+- Ops are counted from the profiler's tree, not from kernel names: an op counts if it
+  launches work and none of the ops it calls does (NO_KERNEL lists the views and wrappers
+  that launch nothing), so a composite is counted once, as what it calls.
+- Parts of the step are profiler ranges opened and closed by forward hooks on the layers,
+  so the model's code carries nothing for the bench.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.bench.drama3.model import synthetic_prompt
+from engine.bench.timing import sync
+
+if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from engine.drama3.config import Drama3Config
+    from engine.drama3.decoder import Decoder
+    from engine.drama3.model import Drama3Model
+
+# Aten ops that launch no kernel: views, allocations, metadata, and wrappers that compute
+# only through the ops they call (a no-op `.to()` calls nothing).
+NO_KERNEL = frozenset(f"aten::{name}" for name in (
+    "as_strided", "view", "_unsafe_view", "_reshape_alias", "reshape", "t", "transpose", "permute", "expand",
+    "expand_as", "slice", "select", "split", "split_with_sizes", "chunk", "unflatten", "flatten", "unsqueeze",
+    "squeeze", "narrow", "unbind", "view_as", "alias", "detach", "real", "resolve_conj", "resolve_neg",
+    "lift_fresh", "empty", "empty_strided", "empty_like", "resize_", "result_type", "scalar_tensor", "to",
+    "type_as", "contiguous"))
+GEMMS = frozenset(f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "_scaled_mm"))
+
+
+PARTS = ("deltanet", "attention", "tower")  # profiler ranges around layer calls
+
+
+def step_op_counts(decoder: Decoder, kv_len: int) -> dict[str, int]:
+    """The aten ops one eager `decoder.advance(kv_len)` launches, counted with torch.profiler.
+
+    An op counts if it launches work (not in NO_KERNEL) and no op it calls counts: a
+    composite like `linear` counts as its `mm`, and a kernel's own helpers are not counted
+    twice. Keys: `ops` (all of them), `gemms` (matrix products), `linears` (F.linear
+    calls), and each per part as `{part}_{key}`: `deltanet` and `attention` (the backbone
+    layers with that mixer), `tower` (its 13 layers) and `other` (candidate head,
+    sampling, embedding, codebook sums, final norm)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from engine.drama3.backbone import DecoderLayer
+    from engine.drama3.tower import TowerLayer
+
+    ranges: list[record_function] = []
+    hooks = []
+    for module in decoder.model.modules():
+        if isinstance(module, (DecoderLayer, TowerLayer)):
+            part = "tower" if isinstance(module, TowerLayer) else "attention" if module.full_attention else "deltanet"
+            hooks.append(module.register_forward_pre_hook(
+                lambda m, args, part=part: ranges.append(record_function(part).__enter__())))
+            hooks.append(module.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None)))
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            decoder.advance(kv_len)
+            sync(decoder.device)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    counts: dict[str, int] = {}
+
+    def add(key: str, event: FunctionEvent | None) -> None:
+        while event is not None and event.name not in PARTS:
+            event = event.cpu_parent
+        for name in (key, f"{event.name if event is not None else 'other'}_{key}"):
+            counts[name] = counts.get(name, 0) + 1
+
+    def launches(event: FunctionEvent) -> bool:
+        """Count `event` or the ops under it; True if anything counted."""
+        below = [launches(child) for child in event.cpu_children]  # a list: every child is visited
+        if any(below) or not event.name.startswith("aten::") or event.name in NO_KERNEL:
+            return any(below)
+        add("ops", event)
+        if event.name in GEMMS:
+            add("gemms", event)
+        return True
+
+    for event in prof.events():
+        if event.cpu_parent is None:
+            launches(event)
+        if event.name == "aten::linear":
+            add("linears", event)
+    return counts
+
+
+def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.device) -> str:
+    """The kernels of one graphed decode step and one 300-row prefill, most time first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.drama3.decoder import Decoder
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    max_rows = 300 + 64
+    prompt = synthetic_prompt(config, 300, 32)
+    decoder = Decoder(model, max_rows)  # eager steps: the profiler sees each kernel
+    decoder.prefill(prompt)
+    bucket = decoder.graph_kv_len(300 + 6)
+    decoder.advance(bucket)
+    sync(device)
+    out = []
+    with profile(activities=activities) as step_profile:
+        decoder.advance(bucket)
+        sync(device)
+    out.append("# one decode step (the installed fast path, launched without its graph)\n"
+               + step_profile.key_averages().table(sort_by=sort, row_limit=40))
+    with profile(activities=activities) as prefill_profile:
+        decoder.prefill(prompt)
+        sync(device)
+    out.append("# one 300-row prefill\n" + prefill_profile.key_averages().table(sort_by=sort, row_limit=40))
+    return "\n\n".join(out)

@@ -1,0 +1,76 @@
+"""A Drama 3 take's first audio (prefill start to the first PCM window on the host), and vocode
+time per window length, launched from Python and replayed from the window graphs.
+
+Design choices:
+- First audio runs takes as the engine does (`Slots`), its windows vocoded inline and on a
+  worker thread, with the default and a smaller first window; the first take of each is a
+  warm-up and is left out of the median.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.bench.drama3.model import Row, synthetic_prompt
+from engine.bench.timing import timed_ms
+
+if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
+    from engine.drama3.codec import Codec
+    from engine.drama3.config import Drama3Config
+    from engine.drama3.model import Drama3Model
+
+WINDOW_FRAMES = (10, 20, 32, 64)
+
+
+def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: torch.device,
+                prompt_rows: int = 300) -> list[Row]:
+    """First audio of a take (its windows vocoded inline, and on a worker thread as the
+    engine and the server do), and vocode time per window launched from Python and
+    replayed from the window graphs (codec_graphs.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.drama3.codec_graphs import WindowGraphs, decode_window
+    from engine.drama3.decoder import Decoder
+    from engine.drama3.slots import Slots
+    from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, window_lengths
+    from engine.drama3.take import Done
+
+    out: list[Row] = []
+    max_rows = prompt_rows + 200 + 64
+    decoder = Decoder(model, max_rows, graphs=True)
+    decoder.capture()
+    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, 4))  # covers the seed's windows too
+    graphs.capture()
+    window_graphs = graphs if graphs.graphs.enabled else None
+    vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-vocoder")
+    for first_window in (None, 4):
+        for where, executor in (("inline", None), ("thread", vocoder)):
+            firsts: list[float] = []
+            slots = Slots(decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window,
+                          executor=executor, graphs=window_graphs)
+            for seed in range(4):
+                prompt = synthetic_prompt(config, prompt_rows, 48, seed)
+                done = next(e for e in slots.generate(slots.start(prompt)) if isinstance(e, Done))
+                firsts.append(done.timings["first_audio_ms"] or 0.0)
+            out.append({"bench": "first_audio", "prompt_rows": prompt_rows, "first_window_frames": first_window or 10,
+                        "vocoder": where, "first_audio_ms": round(statistics.median(firsts[1:]), 1)})
+    vocoder.shutdown()
+    codes = torch.randint(0, 1024, (config.num_codebooks, 512), device=device)
+    for frames in WINDOW_FRAMES:
+        for context in (0, STREAM_OVERLAP_FRAMES):
+            end = context + frames
+            window = Window(start=0, emit=context, end=end, last=False)
+            row: Row = {"bench": "vocode", "frames": frames, "context_frames": context}
+            decode_window(codec, codes, window)
+            row["eager_ms"] = round(statistics.median(timed_ms(functools.partial(decode_window, codec, codes, window),
+                                                               device, 5)), 2)
+            if graphs.runs(window):
+                row["graph_frames"] = graphs.graphs.bucket_for(end)  # the graph it replays (padded up)
+                row["graph_ms"] = round(statistics.median(timed_ms(functools.partial(graphs.pcm, codes, window),
+                                                                   device, 5)), 2)
+            out.append(row)
+    return out

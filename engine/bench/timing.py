@@ -1,0 +1,49 @@
+"""What the benchmarks time with: CUDA events on a GPU, the host clock on a CPU, and the
+device's copy bandwidth (the floor a memory-bound step is compared with).
+
+Design choices:
+- One timer per call (`timed_ms`), so a bench reports the median and the spread it likes;
+  events are synchronised after each call, so nothing queued is timed twice.
+- The bandwidth is that of one large device-to-device copy (read and write counted), measured
+  here rather than taken from a datasheet: what this GPU moves, not what it is rated for.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> list[float]:
+    """Milliseconds of each call, CUDA events on the GPU, the host clock on the CPU."""
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            started = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a large device-to-device copy (read + write counted)."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 26)
+    src, dst = torch.empty(n, dtype=torch.uint8, device=device), torch.empty(n, dtype=torch.uint8, device=device)
+    src.random_(0, 255)
+    ms = statistics.median(timed_ms(lambda: dst.copy_(src), device, 20))
+    return 2 * n / (ms / 1000)
