@@ -65,6 +65,7 @@ def test_demo_checkpoint_from_the_cache_directory(tiny_checkpoint, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--top-p", "2", "Hi"], "top_p must be in (0, 1]"),
     (["--temperature", "nan", "Hi"], "temperature must be in [0, 100] (got nan)"),
+    (["--max-new-tokens", "5000", "Hi"], "max_new_tokens must be between 1 and 1200 (got 5000)"),  # refused, not capped
     (["--reference", "clip.wav", "Hi"], "give one --reference-text for each --reference clip"),
     (["--reference", "missing.wav", "--reference-text", "x", "Hi"], "cannot read reference clip missing.wav"),
     (["--character", "Ada", "Hi"], "--character needs --description"),
