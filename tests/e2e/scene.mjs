@@ -122,14 +122,14 @@ export async function sceneSteps(t) {
   await page.locator(".line").nth(1).locator(".compare-strip").waitFor({ state: "visible" });
   await studio(() => document.activeElement?.blur());
   await page.keyboard.press("a");
-  await page.waitForFunction((id) => (window.retake.playheadOf(id) ?? 0) > 22050, takeA.takeId); // half a second in
-  const switchedFrom = await studio((id) => window.retake.playheadOf(id), takeA.takeId);
+  await page.waitForFunction((id) => (window.retake.playback.playheadOf(id) ?? 0) > 22050, takeA.takeId); // half a second in
+  const switchedFrom = await studio((id) => window.retake.playback.playheadOf(id), takeA.takeId);
   await page.keyboard.press("x");
-  await page.waitForFunction((id) => window.retake.playheadOf(id) !== null, takeB.takeId);
-  const switched = await studio((b) => ({ playing: window.retake.playingTakeId, at: window.retake.playheadOf(b) }), takeB.takeId);
+  await page.waitForFunction((id) => window.retake.playback.playheadOf(id) !== null, takeB.takeId);
+  const switched = await studio((b) => ({ playing: window.retake.playback.playingTakeId, at: window.retake.playback.playheadOf(b) }), takeB.takeId);
   check("X switches from A to B", switched.playing === takeB.takeId, JSON.stringify(switched));
   check("B starts where A was, not from its start", switched.at >= switchedFrom, `${JSON.stringify(switched)} from ${switchedFrom}`);
-  await page.waitForFunction((id) => window.retake.report?.takeId === id && window.retake.report.stateName === "ended", takeB.takeId);
+  await page.waitForFunction((id) => window.retake.playback.report?.takeId === id && window.retake.playback.report.stateName === "ended", takeB.takeId);
   await page.locator(".line").nth(1).locator('.compare-strip button[aria-label="stop comparing"]').click();
   await page.locator(".line").nth(1).locator(".compare-strip").waitFor({ state: "hidden" });
   await page.locator("#s-max").fill(String(maxFrames));
@@ -165,7 +165,7 @@ export async function sceneSteps(t) {
     back.cast.join() === "Mara,Bo" && back.take.characterId === bo.character_id && back.take.rating === 4 && back.take.note === "Warmer at the end.",
     JSON.stringify({ cast: back.cast, rating: back.take.rating, note: back.take.note }));
   await page.locator(`.take[data-take="${boTake.takeId}"] .play`).click();
-  await page.waitForFunction((id) => window.retake.report?.takeId === id && window.retake.report.stateName === "ended", boTake.takeId);
+  await page.waitForFunction((id) => window.retake.playback.report?.takeId === id && window.retake.playback.report.stateName === "ended", boTake.takeId);
   const exportsAfter = await exports(args.url, args.token);
   check("every waveform after the reload came from kept audio: nothing was vocoded again",
     exportsAfter.vocoded === exportsBefore.vocoded && exportsAfter.kept > exportsBefore.kept, JSON.stringify({ exportsBefore, exportsAfter }));
@@ -187,8 +187,8 @@ export async function sceneSteps(t) {
   check("Take is disabled while offline", await page.locator(".take-button").first().isDisabled());
   await page.waitForFunction((id) => document.querySelector(`.take[data-take="${id}"] .status`)?.textContent === "interrupted", doomed);
   check("the take that was streaming is marked interrupted", true);
-  await page.waitForFunction(() => ["ended", "idle", "stopped"].includes(window.retake.report?.stateName));
-  check("the player does not wait for the lost take's audio", true, await studio(() => window.retake.report.stateName));
+  await page.waitForFunction(() => ["ended", "idle", "stopped"].includes(window.retake.playback.report?.stateName));
+  check("the player does not wait for the lost take's audio", true, await studio(() => window.retake.playback.report.stateName));
   await page.locator(".line").nth(2).click({ position: { x: 5, y: 5 } });
   await studio(() => document.activeElement?.blur());
   await page.keyboard.press("r");
@@ -308,13 +308,13 @@ export async function sceneSteps(t) {
   await page.locator("#play-scene").click();
   const heard = [];
   for (const id of keptOrder) {
-    await page.waitForFunction((take) => window.retake.run?.current === take && window.retake.isSounding(take), id);
+    await page.waitForFunction((take) => window.retake.playback.run?.current === take && window.retake.playback.isSounding(take), id);
     if (heard.length === 0) check("the button says where the scene is", (await page.locator("#play-scene").textContent()) === `■ Stop · line 1 of ${keptOrder.length}`,
       await page.locator("#play-scene").textContent());
     heard.push(id);
   }
-  await page.waitForFunction(() => window.retake.run === null);
-  const last = await studio(() => window.retake.report);
+  await page.waitForFunction(() => window.retake.playback.run === null);
+  const last = await studio(() => window.retake.playback.report);
   check("Play scene plays every kept take in script order, the last to its end",
     JSON.stringify(heard) === JSON.stringify(keptOrder) && keptOrder.length >= 2 && last.takeId === keptOrder.at(-1) && last.stateName === "ended"
       && last.rendered === kept.at(-1), JSON.stringify({ heard, keptOrder, last: [last.takeId, last.stateName, last.rendered] }));

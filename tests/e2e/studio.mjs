@@ -82,11 +82,11 @@ const waitTakeDone = (id) => page.waitForFunction((takeId) => window.retake.scen
 /** Wait until the take, started after context frame `after`, has played to its end; read the tap. */
 async function heard(takeId, after = -1) {
   await page.waitForFunction(([id, frame]) => {
-    const r = window.retake.report;
+    const r = window.retake.playback.report;
     return r !== null && r.takeId === id && r.firstFrame > frame && r.stateName === "ended";
   }, [takeId, after]);
   const got = await studio(async () => {
-    const player = window.retake.audioPlayer;
+    const player = window.retake.playback.audioPlayer;
     const end = player.report.endFrame;
     // The tap may not have recorded the last quanta yet when the player's report says "ended".
     let tape = await player.readTap();
@@ -231,7 +231,7 @@ await runSteps(result, args.out, page, async () => {
   if (live.report.underruns === 0) exact(live, sent, "while streaming");
   else console.log(`note: the server ran slower than real time (${live.report.underruns} underruns while streaming)`);
   // Played again from the page's copy: the take must come out whole, gapless and exact.
-  await studio(() => window.retake.audioPlayer.resetTap());
+  await studio(() => window.retake.playback.audioPlayer.resetTap());
   await studio(() => document.activeElement?.blur()); // Space in the line's text field would type a space
   await page.keyboard.press("Space");
   const replay = await heard(first.takeId, live.report.endFrame);

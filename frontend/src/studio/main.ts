@@ -85,7 +85,7 @@ function selectedLine(): string | null {
 // The AudioContext may only start from a gesture: the first click or key makes it.
 const firstGesture = (): void => {
   if (studio.ready === null) return;
-  void studio.ensureAudio();
+  void studio.playback.ensureAudio();
   document.removeEventListener("pointerdown", firstGesture, true);
   document.removeEventListener("keydown", firstGesture, true);
 };
@@ -127,22 +127,22 @@ document.addEventListener("keydown", (event) => {
     case " ": {
       event.preventDefault();
       const take = studio.selectedTakeFor(lineId);
-      if (take !== undefined) studio.togglePlay(take.id);
+      if (take !== undefined) studio.playback.togglePlay(take.id);
       break;
     }
     case "a":
     case "A":
     case "b":
     case "B":
-      if (studio.compare?.b === null || studio.compare === null) break;
+      if (studio.playback.compare?.b === null || studio.playback.compare === null) break;
       event.preventDefault();
-      studio.compareTakes(event.key.toUpperCase() as "A" | "B");
+      studio.playback.compareTakes(event.key.toUpperCase() as "A" | "B");
       break;
     case "x":
     case "X":
-      if (studio.compare?.b === null || studio.compare === null) break;
+      if (studio.playback.compare?.b === null || studio.playback.compare === null) break;
       event.preventDefault();
-      studio.compareTakes();
+      studio.playback.compareTakes();
       break;
     case "ArrowUp":
     case "ArrowDown":

@@ -48,7 +48,7 @@ export class SceneRun {
     }
     if (!this.started && report.endFrame === this.staleEnd) return;
     this.current = null;
-    if (this.index + 1 >= this.takeIds.length) return this.studio.endRun(this);
+    if (this.index + 1 >= this.takeIds.length) return this.studio.playback.endRun(this);
     this.timer = window.setTimeout(() => this.playAt(this.index + 1), this.gapMs);
   }
 
@@ -56,13 +56,13 @@ export class SceneRun {
     this.index = index;
     const takeId = this.takeIds[index]!;
     const take = this.studio.scene.takes.get(takeId);
-    if (take === undefined) return this.studio.endRun(this);
+    if (take === undefined) return this.studio.playback.endRun(this);
     this.current = takeId;
     this.started = false;
-    const last = this.studio.report;
+    const last = this.studio.playback.report;
     this.staleEnd = last !== null && last.takeId === takeId ? last.endFrame : null;
     this.studio.scene.selectedLineId = take.lineId;
     this.studio.revealTakeId = takeId;
-    void this.studio.play(takeId, 0, this);
+    void this.studio.playback.play(takeId, 0, this);
   }
 }

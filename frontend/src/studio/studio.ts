@@ -1,20 +1,17 @@
 /**
- * The studio's controller: joins the socket, the scene and the player, and offers the
+ * The studio's controller: joins the socket, the scene, the session and the playback, and offers the
  * directing actions (take, cancel, keep, drop, play, stop, voice, export) to the UI.
  *
- * - The session's id is in the page's URL (`?session=`) and in localStorage, and is sent with
- *   every `session.open` with the session's key, which the server gave when it made the
- *   session: kept in localStorage and in the URL's fragment (`#key=`, which browsers never
- *   send to a server), so a reload, a reconnect, or the same URL in another browser resumes
- *   the scene, and the id alone (in export URLs and server logs) opens nothing. The server holds the whole scene, the script included; the browser keeps only
- *   script edits not yet confirmed (an offline draft, sent on the next session.ready) and
- *   what only this page measured.
+ * - Every `session.open` sends the session's id and key (session_link.ts: the URL and this
+ *   browser's storage). The server holds the whole scene, the script included; the browser
+ *   keeps only script edits not yet confirmed (an offline draft, sent on the next
+ *   session.ready) and what only this page measured.
  * - Script edits go out at once, except text, which goes a moment after typing stops (and
  *   before any take of the line, so the take and the script agree).
  * - Every message that can fail gets a `ref`; an `error` with that ref is shown next to the
  *   control that sent it (a line, the voice panel, a take), others in the status bar.
- * - A take asked for from this page plays as it streams; replays come from the PCM the page
- *   kept (or, after a reload, from the server's WAV export of the take).
+ * - What plays (a take, A/B, the scene run) is `playback` (playback.ts); a take asked for
+ *   from this page plays as it streams.
  * - Offline (the socket is not open with a session): directing actions are refused with a
  *   line of words, the UI disables them and shows a banner; takes that were queued or
  *   streaming are marked interrupted (the server ends them: cancelled when the socket drops,
@@ -23,38 +20,36 @@
  *   scene, so nothing needs a reload.
  * - The UI reads state from here and is told what changed through `onChange`.
  */
-import { Player, type PlayerReport } from "../audio/player";
-import { SceneRun } from "./scene_run";
+import type { PlayerReport } from "../audio/player";
+import { Playback } from "./playback";
 import {
   takeStart, type CastVoiceSpec, type ClientMessage, type SamplingSpec,
   type ServerMessage, type ServerMessageOf, type VoiceInfo,
 } from "./protocol";
-import { Scene, readStoredScene, type StoredScene, type Take } from "./scene";
+import { Scene, type Take } from "./scene";
+import { OFFLINE, StudioSession } from "./session";
+import { sessionKeyOf, storeScene } from "./session_link";
 import { StudioSocket, type ConnectionState } from "./socket";
 import { TakeAudio, type WavFile } from "./take_audio";
 import { UndoStack, type UndoEntry } from "./undo";
-import { rememberScene, rememberSceneKey, restoreScene, sceneKey as storedSceneKey } from "./scenes";
 
 export type Change = "script" | "takes" | "connection" | "voice" | "errors" | "meter" | "session";
 /** Where an error is shown: `line:<id>`, `take:<id>`, `voice`, or `session`. */
 export type ErrorTarget = string;
 
-const SESSION_KEY = "retake.session";
-const SESSION_PARAM = "session";
-const NEW_PARAM = "new";
-const KEY_PARAM = "key";
 /** Text edits wait this long after the last keystroke before they are sent. */
 const TEXT_DEBOUNCE_MS = 400;
 /** Take audio the page holds at most (~11 minutes at 44.1 kHz, 60 MB); see Scene.trimAudio. */
 const AUDIO_BUDGET_SAMPLES = 30_000_000;
-const sceneKey = (sessionId: string): string => `retake.script.${sessionId}`;
-const OFFLINE = "offline: the studio is reconnecting to the server; try again once it is back";
 
 export class Studio {
   readonly scene = new Scene();
-  private readonly audio = new TakeAudio(this.scene, () => this.sampleRate, () => this.onChange("takes"),
-                                         (take, message) => this.setError(`take:${take.id}`, message),
-                                         () => (this.ready === null ? null : this.keyOf(this.ready.session_id)));
+  readonly audio = new TakeAudio(this.scene, () => this.sampleRate, () => this.onChange("takes"),
+                                 (take, message) => this.setError(`take:${take.id}`, message),
+                                 () => (this.ready === null ? null : sessionKeyOf(this.ready.session_id)));
+  readonly playback: Playback;
+  /** The session this page holds (session.ts): opened, resumed, lost, restored. */
+  readonly session = new StudioSession(this);
   readonly socket: StudioSocket;
   ready: ServerMessageOf<"session.ready"> | null = null;
   connection: { state: ConnectionState; detail: string } = { state: "connecting", detail: "" };
@@ -67,11 +62,6 @@ export class Studio {
   castPending = false;
   /** Sampling fields that hold a value the server would refuse (the panel shows each at its field). */
   readonly samplingErrors = new Map<keyof SamplingSpec, string>();
-  playingTakeId: number | null = null;
-  /** Where in the playing take playback started (an A/B switch starts mid-take). */
-  private playOffset = 0;
-  /** Two takes of one line to compare: A, then B; `compareTakes` plays one from where the other was. */
-  compare: { lineId: string; a: number; b: number | null } | null = null;
   /** A take the script view scrolls into view once it is drawn (one asked for from this page). */
   revealTakeId: number | null = null;
   /** Every voice this page has seen, by id, to say which voice a take spoke with. */
@@ -80,10 +70,6 @@ export class Studio {
   selectedTakeId: number | null = null;
   /** The take last asked for from this page, with its first-audio latency once heard. */
   lastLatencyMs: number | null = null;
-  report: PlayerReport | null = null;
-  /** The scene playing from its first kept take to its last (Play scene); null when none. */
-  run: SceneRun | null = null;
-  takenOver = false;
   /** The last destructive actions, to undo (undo.ts); `notice` is the latest, shown with its Undo button. */
   readonly undoStack = new UndoStack();
   notice: { text: string; undo: boolean; at: number } | null = null;
@@ -91,31 +77,20 @@ export class Studio {
   readonly interrupted = new Set<number>();
   onChange: (what: Change) => void = () => {};
 
-  private player: Player | null = null;
-  private playerLoading: Promise<Player> | null = null;
   private refCount = 0;
   private readonly refs = new Map<string, ErrorTarget>();
   private readonly pendingTakes = new Map<string, { lineId: string; text: string; requestedAt: number }>();
-  /** The socket has a session open (session.ready came on this connection). */
-  private live = false;
-  /** The session the URL asked for, tried once before the one in localStorage. */
-  private requestedSession = new URLSearchParams(location.search).get(SESSION_PARAM);
-  /** `?new` in the URL: open a new scene, not the browser's last one. */
-  private wantsNew = new URLSearchParams(location.search).has(NEW_PARAM);
-  /** The scene this page holds was deleted (scene_deleted): the banner offers to restore it. */
-  sceneDeleted = false;
-  /** The browser's stored draft is read into the scene once per page, at its first session.ready. */
-  private draftRead = false;
   private textTimer: number | undefined;
 
-  constructor(url: string, private readonly withTap: boolean) {
+  constructor(url: string, withTap: boolean) {
+    this.playback = new Playback(this, withTap);
     this.socket = new StudioSocket(url, {
-      open: () => this.openSession(),
+      open: () => this.session.open(),
       message: (message) => this.receive(message),
       audio: (frame) => {
         const take = this.scene.audio(frame);
         if (take === undefined) return;
-        if (take.id === this.playingTakeId) this.player?.push(take.id, frame.pcm, frame.last);
+        this.playback.push(take.id, frame.pcm, frame.last);
         this.onChange("takes");
       },
       state: (state, detail) => {
@@ -127,12 +102,12 @@ export class Studio {
   }
 
   get sessionId(): string | null {
-    return this.ready?.session_id ?? this.requestedSession ?? localStorage.getItem(SESSION_KEY);
+    return this.session.id;
   }
 
   /** A session is open on a live socket: directing actions can go to the server. */
   get online(): boolean {
-    return this.live && this.connection.state === "open";
+    return this.session.live && this.connection.state === "open";
   }
 
   get sampleRate(): number {
@@ -143,29 +118,11 @@ export class Studio {
     this.socket.connect();
   }
 
-  /** Create the AudioContext: call from a click or key handler (autoplay policy). */
-  ensureAudio(): Promise<Player> {
-    // A context can be suspended again (the OS took the device, a background tab): resume it.
-    if (this.player !== null && this.player.context.state === "suspended") void this.player.context.resume();
-    if (this.playerLoading === null) {
-      this.playerLoading = Player.create(this.sampleRate, this.withTap).then((player) => {
-        this.player = player;
-        player.onReport = (report) => this.onReport(report);
-        // Anything that started while the worklet loaded plays from its first window.
-        const take = this.playingTakeId === null ? undefined : this.scene.takes.get(this.playingTakeId);
-        if (take !== undefined) player.play(take.id, take.windows, take.phase === "done", this.playOffset);
-        return player;
-      });
-      this.playerLoading.catch((error: unknown) => this.setError("session", `audio could not start: ${String(error)}`));
-    }
-    return this.playerLoading;
-  }
-
   /** The take Space plays on a line: the one clicked last, else the latest with something to play. */
   selectedTakeFor(lineId: string): Take | undefined {
     const chosen = this.selectedTakeId === null ? undefined : this.scene.takes.get(this.selectedTakeId);
-    if (chosen?.lineId === lineId && this.playable(chosen)) return chosen;
-    return this.scene.takesOf(lineId).filter((t) => this.playable(t)).at(-1);
+    if (chosen?.lineId === lineId && this.playback.playable(chosen)) return chosen;
+    return this.scene.takesOf(lineId).filter((t) => this.playback.playable(t)).at(-1);
   }
 
   /** Takes the script shows: all but those cancelled before any audio (an interrupted one stays, marked). */
@@ -184,10 +141,6 @@ export class Studio {
     return `${n} clip${n === 1 ? "" : "s"}`;
   }
 
-  get audioPlayer(): Player | null {
-    return this.player;
-  }
-
   // ─── the script ────────────────────────────────────────────────────────────
 
   /** After an edit of the script: show it, store the draft, and send it (text after a pause). */
@@ -202,7 +155,7 @@ export class Studio {
   /** Send the script edits not sent yet (nothing while no session is open: they wait). */
   flushScript(): void {
     window.clearTimeout(this.textTimer);
-    if (!this.live) return;
+    if (!this.session.live) return;
     const messages = this.scene.script.send((edit) =>
       this.nextRef(edit.kind === "order" ? "session" : `line:${edit.lineId}`));
     for (const message of messages) this.socket.send(message);
@@ -221,7 +174,7 @@ export class Studio {
     if (!this.online) return this.setError(`line:${lineId}`, OFFLINE);
     const setting = this.samplingErrors.values().next();
     if (setting.done !== true) return this.setError(`line:${lineId}`, `fix the sampling first: ${setting.value}`);
-    void this.ensureAudio();
+    void this.playback.ensureAudio();
     this.flushScript(); // the line is on the server, in its place, before its take
     const ref = this.nextRef(`line:${lineId}`);
     // History "kept": the server gives the take the kept takes of the lines above it (what Scene.historyFor shows).
@@ -340,109 +293,6 @@ export class Studio {
     return this.audio.isFetching(takeId);
   }
 
-  /** A take has something to play: it is streaming, or it ended with audio. */
-  playable(take: Take): boolean {
-    return take.phase !== "done" || take.samples > 0;
-  }
-
-  /** Play a take from `fromSample`; anything but the scene run (`run`) playing ends the run. */
-  async play(takeId: number, fromSample = 0, run: SceneRun | null = null): Promise<void> {
-    const take = this.scene.takes.get(takeId);
-    if (take === undefined || !this.playable(take)) return;
-    if (run !== this.run) this.endRun(this.run);
-    const loading = this.ensureAudio();
-    this.playingTakeId = takeId;
-    this.playOffset = fromSample;
-    this.onChange("takes");
-    if (take.phase === "done" && this.scene.pcmOf(take) === null) {
-      const pcm = await this.audio.fetch(take);
-      if (pcm === null || this.playingTakeId !== takeId) return;
-    }
-    const player = await loading;
-    if (this.playingTakeId !== takeId) return;
-    player.play(takeId, take.windows, take.phase === "done", fromSample);
-  }
-
-  /** The sample of `takeId` being heard now; null when it is not the take playing. */
-  playheadOf(takeId: number): number | null {
-    const r = this.report;
-    if (this.playingTakeId !== takeId || r === null || r.takeId !== takeId) return null;
-    return this.playOffset + r.rendered;
-  }
-
-  // ─── comparing two takes ───────────────────────────────────────────────────
-
-  /** Mark a take for A/B: the first marked is A, the next of the same line B; marking one again unmarks it. */
-  markCompare(takeId: number): void {
-    const take = this.scene.takes.get(takeId);
-    if (take === undefined) return;
-    const c = this.compare;
-    if (c === null || c.lineId !== take.lineId) this.compare = { lineId: take.lineId, a: takeId, b: null };
-    else if (c.a === takeId) this.compare = c.b === null ? null : { lineId: c.lineId, a: c.b, b: null };
-    else if (c.b === takeId) this.compare = { ...c, b: null };
-    else this.compare = { ...c, b: takeId };
-    this.onChange("takes");
-  }
-
-  compareSide(takeId: number): "A" | "B" | null {
-    return this.compare?.a === takeId ? "A" : this.compare?.b === takeId ? "B" : null;
-  }
-
-  /**
-   * Play side A or B of the comparison (no side: the other one) from where the one playing
-   * is now, so the same moment of both takes is heard back to back.
-   */
-  compareTakes(side?: "A" | "B"): void {
-    const c = this.compare;
-    if (c === null || c.b === null) return;
-    const playingSide = this.playingTakeId === null ? null : this.compareSide(this.playingTakeId);
-    const to = side ?? (playingSide === "A" ? "B" : "A");
-    const takeId = to === "A" ? c.a : c.b;
-    const take = this.scene.takes.get(takeId);
-    if (take === undefined) return;
-    const here = playingSide === null || !this.isSounding(this.playingTakeId!) ? 0 : this.playheadOf(this.playingTakeId!) ?? 0;
-    const length = take.phase === "done" ? take.samples : take.received;
-    this.selectedTakeId = takeId;
-    void this.play(takeId, here < length ? here : 0);
-  }
-
-  /** Play the kept take of every line in script order, `gapMs` apart (scene_run.ts). */
-  playScene(gapMs: number): void {
-    const takes = this.scene.keptInScriptOrder().filter((t) => t.samples > 0);
-    if (takes.length === 0) return this.setError("session", "keep a take first: the scene plays the kept take of each line");
-    this.endRun(this.run);
-    this.run = new SceneRun(this, takes.map((t) => t.id), gapMs);
-    this.run.start();
-    this.onChange("takes");
-  }
-
-  /** The scene run is over (or stopped): forget it. */
-  endRun(run: SceneRun | null): void {
-    if (run === null || run !== this.run) return;
-    run.stop();
-    this.run = null;
-    this.onChange("takes");
-  }
-
-  stop(): void {
-    this.endRun(this.run);
-    this.player?.stop();
-    this.playingTakeId = null;
-    this.onChange("takes");
-  }
-
-  /** The take is playing, or waiting for its audio to play. */
-  isSounding(takeId: number): boolean {
-    const r = this.report;
-    return this.playingTakeId === takeId && r !== null && r.takeId === takeId
-      && (r.stateName === "playing" || r.stateName === "waiting" || r.stateName === "rebuffering");
-  }
-
-  togglePlay(takeId: number): void {
-    if (this.isSounding(takeId)) this.stop();
-    else void this.play(takeId);
-  }
-
   async exportTake(takeId: number): Promise<WavFile | null> {
     const take = this.scene.takes.get(takeId);
     return take === undefined ? null : this.audio.exportTake(take);
@@ -458,31 +308,10 @@ export class Studio {
     return this.audio.exportScene(takes, gapMs, this.sessionId);
   }
 
-  /** Bring back the deleted scene this page held, and open it again. */
-  async restoreScene(): Promise<void> {
-    const id = this.sessionId;
-    if (id === null) return;
-    try {
-      await restoreScene(id);
-    } catch (error) {
-      return this.setError("session", `the scene could not be restored: ${(error as Error).message}`);
-    }
-    this.sceneDeleted = false;
-    this.socket.connect();
-    this.onChange("session");
-  }
-
-  /** Reconnect after another tab took the session over. */
-  reclaim(): void {
-    this.takenOver = false;
-    this.socket.connect();
-    this.onChange("session");
-  }
-
   /** Store what the browser keeps of the scene: unconfirmed script edits, selection, heard latencies. */
   saveScene(): void {
     const id = this.ready?.session_id;
-    if (id !== undefined) localStorage.setItem(sceneKey(id), JSON.stringify(this.scene.stored()));
+    if (id !== undefined) storeScene(id, this.scene.stored());
   }
 
   clearError(target: ErrorTarget): void {
@@ -491,25 +320,10 @@ export class Studio {
 
   // ─── protocol ──────────────────────────────────────────────────────────────
 
-  private openSession(): void {
-    this.live = false;
-    const id = this.requestedSession ?? (this.wantsNew ? null : localStorage.getItem(SESSION_KEY));
-    const key = id === null ? null : this.keyOf(id);
-    this.socket.send({ type: "session.open", ...(id !== null ? { session_id: id } : {}), ...(key !== null ? { session_key: key } : {}),
-                       ref: this.nextRef("session") });
-  }
-
-  /** The session's key: from the URL's fragment (a link to the scene) or this browser's storage. */
-  private keyOf(sessionId: string): string | null {
-    const fromUrl = new URLSearchParams(location.hash.slice(1)).get(KEY_PARAM);
-    if (fromUrl !== null && new URLSearchParams(location.search).get(SESSION_PARAM) === sessionId) return fromUrl;
-    return storedSceneKey(sessionId);
-  }
-
   private receive(message: ServerMessage): void {
     switch (message.type) {
       case "session.ready":
-        return this.sessionReady(message);
+        return this.session.ready(message);
       case "voice.ready":
         this.voice = message.voice;
         if (message.voice !== null) this.voices.set(message.voice.voice_id, message.voice);
@@ -525,11 +339,9 @@ export class Studio {
         const take = this.scene.takeQueued(message, pending?.text ?? "", pending?.requestedAt ?? null);
         if (pending !== undefined) {
           // The take asked for here plays as it streams (replacing whatever played).
-          this.playingTakeId = take.id;
-          this.playOffset = 0;
+          this.playback.playStreaming(take.id);
           this.selectedTakeId = take.id;
           this.revealTakeId = take.id;
-          this.player?.play(take.id, [], false);
         }
         return this.onChange("takes");
       }
@@ -538,13 +350,13 @@ export class Studio {
         return this.onChange("takes");
       case "take.retry": {
         const take = this.scene.takeRetry(message);
-        if (take !== undefined && take.id === this.playingTakeId) this.player?.play(take.id, [], false);
+        if (take !== undefined) this.playback.restart(take.id);
         this.errors.set(`take:${message.take_id}`, message.message);
         return this.onChange("takes");
       }
       case "take.done": {
         const take = this.scene.takeDone(message);
-        if (take !== undefined && take.id === this.playingTakeId) this.player?.end(take.id);
+        if (take !== undefined) this.playback.end(take.id);
         this.scene.trimAudio(AUDIO_BUDGET_SAMPLES);
         if (message.error !== null) this.errors.set(`take:${message.take_id}`, message.error);
         this.onChange("takes");
@@ -569,60 +381,8 @@ export class Studio {
     }
   }
 
-  private sessionReady(ready: ServerMessageOf<"session.ready">): void {
-    const stored = this.draftRead ? null : this.loadScene(ready.session_id);
-    this.draftRead = true;
-    const key = ready.session_key ?? this.keyOf(ready.session_id);
-    this.requestedSession = ready.session_id;
-    this.wantsNew = false;
-    this.sceneDeleted = false;
-    localStorage.setItem(SESSION_KEY, ready.session_id);
-    if (key !== null) rememberSceneKey(ready.session_id, key);
-    rememberScene(ready.session_id);
-    this.showSessionInUrl(ready.session_id, key);
-    this.ready = ready;
-    this.live = true;
-    this.voice = ready.voice;
-    if (ready.voice !== null) this.voices.set(ready.voice.voice_id, ready.voice);
-    for (const member of ready.cast) if (member.voice !== null) this.voices.set(member.voice.voice_id, member.voice);
-    this.scene.applyReady(ready, stored);
-    if (this.compare !== null && ![this.compare.a, this.compare.b].every((id) => id === null || this.scene.takes.has(id))) {
-      this.compare = null;
-    }
-    if (this.scene.lines.length === 0) this.scene.addLine("");
-    this.flushScript(); // what was edited offline, or not confirmed before the socket dropped
-    this.saveScene();
-    this.errors.delete("session");
-    for (const [target, message] of this.errors) if (message === OFFLINE) this.errors.delete(target);
-    this.onChange("session");
-    this.onChange("script");
-    this.onChange("voice");
-    void this.audio.loadWaveforms();
-  }
-
   private serverError(error: ServerMessageOf<"error">): void {
-    if (error.code === "unknown_session") {
-      // The server does not know the session (a new data directory, a mistyped URL): start a
-      // fresh one and write the script the page shows into it.
-      const old = this.requestedSession ?? localStorage.getItem(SESSION_KEY);
-      const stored = this.draftRead || old === null ? null : this.loadScene(old);
-      this.draftRead = true;
-      if (stored !== null) this.scene.script.resync([], stored.draft);
-      this.scene.script.rebase();
-      this.requestedSession = null;
-      localStorage.removeItem(SESSION_KEY);
-      this.openSession();
-      return;
-    }
-    if (error.code === "session_taken_over") {
-      this.takenOver = true;
-      this.onChange("session");
-    }
-    if (error.code === "scene_deleted") {
-      // The socket closes (1000) and does not reconnect: the banner offers Restore.
-      this.sceneDeleted = true;
-      return this.onChange("session");
-    }
+    if (this.session.refused(error)) return;
     const fromRef = error.ref === null ? undefined : this.refs.get(error.ref);
     let target = fromRef ?? (error.take_id !== null ? `take:${error.take_id}` : "session");
     const edit = error.ref === null ? undefined : this.scene.scriptRefused(error.ref);
@@ -638,9 +398,8 @@ export class Studio {
     this.onChange("voice");
   }
 
-  private onReport(report: PlayerReport): void {
-    this.report = report;
-    this.run?.report(report);
+  /** The player reported (playback.ts): the first audio heard of a take asked for here is its latency. */
+  heard(report: PlayerReport): void {
     const take = this.scene.takes.get(report.takeId);
     if (take !== undefined && report.firstHeardAt !== null && take.requestedAt !== null && take.heardLatencyMs === null) {
       take.heardLatencyMs = report.firstHeardAt - take.requestedAt;
@@ -659,47 +418,22 @@ export class Studio {
 
   /** The socket is not open: mark what was in flight, and let the player finish what it has. */
   private wentOffline(): void {
-    this.live = false;
+    this.session.live = false;
     for (const take of this.scene.takes.values()) if (take.phase !== "done") this.interrupted.add(take.id);
-    const playing = this.playingTakeId === null ? undefined : this.scene.takes.get(this.playingTakeId);
-    if (playing !== undefined && playing.phase !== "done") this.player?.end(playing.id);
+    const playing = this.playback.playingTakeId === null ? undefined : this.scene.takes.get(this.playback.playingTakeId);
+    if (playing !== undefined && playing.phase !== "done") this.playback.end(playing.id);
     this.pendingTakes.clear();
     this.onChange("takes");
   }
 
-  private nextRef(target: ErrorTarget): string {
+  nextRef(target: ErrorTarget): string {
     const ref = `r${++this.refCount}`;
     this.refs.set(ref, target);
     return ref;
   }
 
-  private setError(target: ErrorTarget, message: string): void {
+  setError(target: ErrorTarget, message: string): void {
     this.errors.set(target, message);
     this.onChange("errors");
-  }
-
-  private loadScene(sessionId: string): StoredScene | null {
-    const text = localStorage.getItem(sceneKey(sessionId));
-    if (text === null) return null;
-    try {
-      return readStoredScene(JSON.parse(text));
-    } catch {
-      return null;
-    }
-  }
-
-  /** Put the session in the address bar (its key after #), so the URL opens this scene in any browser. */
-  private showSessionInUrl(sessionId: string, key: string | null): void {
-    const url = new URL(location.href);
-    const hash = new URLSearchParams(url.hash.slice(1));
-    if (url.searchParams.get(SESSION_PARAM) === sessionId && hash.get(KEY_PARAM) === key && !url.searchParams.has(NEW_PARAM)) {
-      return;
-    }
-    url.searchParams.delete(NEW_PARAM);
-    url.searchParams.set(SESSION_PARAM, sessionId);
-    if (key === null) hash.delete(KEY_PARAM);
-    else hash.set(KEY_PARAM, key);
-    url.hash = hash.toString();
-    history.replaceState(history.state, "", url);
   }
 }

@@ -36,8 +36,8 @@ export class ExportPanel {
       download(file.name, file.data);
     }));
     this.play.addEventListener("click", () => {
-      if (studio.run !== null) studio.stop();
-      else studio.playScene(this.gapMs());
+      if (studio.playback.run !== null) studio.playback.stop();
+      else studio.playback.playScene(this.gapMs());
     });
     this.subtitles.addEventListener("click", () => void this.run(async (gapMs) => {
       const file = await sceneFile(this.sessionId(), "srt", gapMs);
@@ -81,7 +81,7 @@ export class ExportPanel {
     this.what.value = cast.some((c) => c.character_id === chosen) ? chosen : "";
     this.what.hidden = cast.length === 0;
     this.button.disabled = this.subtitles.disabled = this.busy || takes.length === 0;
-    const run = this.studio.run;
+    const run = this.studio.playback.run;
     setText(this.play, run === null ? "▶ Play scene" : `■ Stop · line ${run.position}`);
     this.play.disabled = run === null && takes.length === 0;
   }

@@ -32,8 +32,8 @@ export class TopBar {
   private countdown: number | undefined;
 
   constructor(private readonly studio: Studio) {
-    this.reclaim.addEventListener("click", () => studio.reclaim());
-    this.restore.addEventListener("click", () => void studio.restoreScene());
+    this.reclaim.addEventListener("click", () => studio.session.reclaim());
+    this.restore.addEventListener("click", () => void studio.session.restore());
     const retry = () => {
       if (studio.connection.state !== "open") studio.socket.reconnect();
     };
@@ -53,19 +53,19 @@ export class TopBar {
     this.connection.title = detail === "" ? CONNECTION_LABELS[state] : `${CONNECTION_LABELS[state]}: ${detail}`;
     this.showOffline();
     const error = studio.errors.get("session");
-    const banner = studio.sceneDeleted ? "This scene was deleted. Restore it to go on directing it, or open another from Scenes."
-      : studio.takenOver ? "This session was opened in another tab or window; this page stopped." : error;
+    const banner = studio.session.sceneDeleted ? "This scene was deleted. Restore it to go on directing it, or open another from Scenes."
+      : studio.session.takenOver ? "This session was opened in another tab or window; this page stopped." : error;
     this.sessionBanner.hidden = banner === undefined;
     setText(this.sessionText, banner ?? "");
-    this.reclaim.hidden = !studio.takenOver || studio.sceneDeleted;
-    this.restore.hidden = !studio.sceneDeleted;
+    this.reclaim.hidden = !studio.session.takenOver || studio.session.sceneDeleted;
+    this.restore.hidden = !studio.session.sceneDeleted;
     this.meters();
   }
 
   /** The offline banner: why, when the next try is, and that edits are kept; it counts down by itself. */
   private showOffline(): void {
     const { studio } = this;
-    const offline = studio.connection.state !== "open" && !studio.takenOver && studio.connection.state !== "connecting";
+    const offline = studio.connection.state !== "open" && !studio.session.takenOver && studio.connection.state !== "connecting";
     this.offline.hidden = !offline;
     window.clearTimeout(this.countdown);
     if (!offline) return;
@@ -81,11 +81,11 @@ export class TopBar {
 
   meters(): void {
     const { studio } = this;
-    const report = studio.report;
+    const report = studio.playback.report;
     const rate = studio.sampleRate;
     setText(this.latency, ms(studio.lastLatencyMs));
     setText(this.buffer, report === null ? "—" : `${(report.bufferedMs / 1000).toFixed(2)} s`);
-    const at = report === null ? null : studio.playheadOf(report.takeId) ?? report.rendered;
+    const at = report === null ? null : studio.playback.playheadOf(report.takeId) ?? report.rendered;
     setText(this.playhead, report === null || at === null ? "—" : `${seconds(at, rate)} · ${report.stateName}`);
     setText(this.underruns, report === null ? "0" : String(report.underruns));
     this.underruns.classList.toggle("bad", (report?.underruns ?? 0) > 0);

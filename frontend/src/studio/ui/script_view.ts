@@ -55,10 +55,10 @@ class LineView {
     const playB = h("button.compare-b", { title: "Play take B from where A is (key B)" }, "▶ B");
     const swap = h("button", { title: "Switch to the other take at the same moment (key X)" }, "⇄ Switch");
     const done = h("button.icon", { title: "Stop comparing", "aria-label": "stop comparing" }, "✕");
-    playA.addEventListener("click", () => studio.compareTakes("A"));
-    playB.addEventListener("click", () => studio.compareTakes("B"));
-    swap.addEventListener("click", () => studio.compareTakes());
-    done.addEventListener("click", () => ((studio.compare = null), studio.onChange("takes")));
+    playA.addEventListener("click", () => studio.playback.compareTakes("A"));
+    playB.addEventListener("click", () => studio.playback.compareTakes("B"));
+    swap.addEventListener("click", () => studio.playback.compareTakes());
+    done.addEventListener("click", () => ((studio.playback.compare = null), studio.onChange("takes")));
     this.compareStrip = h("div.compare-strip", {}, this.compareLabel, playA, playB, swap, done);
     this.more.addEventListener("click", () => this.select());
     this.el = h("li.line", { "data-line": lineId },
@@ -114,9 +114,9 @@ class LineView {
     this.span = Math.max(1, streaming ? STREAM_SPAN_SECONDS * rate : 0,
                          ...takes.map((t) => (t.phase === "done" ? t.samples : t.peaks.length)));
     // A line that is not being directed folds to its kept take (else its latest), so the scene fits.
-    const compared = studio.compare?.lineId === this.lineId;
+    const compared = studio.playback.compare?.lineId === this.lineId;
     const folded = !(selected || streaming || compared) && takes.length > 1;
-    const pick = scene.keptTake(this.lineId) ?? takes.filter((t) => studio.playable(t)).at(-1) ?? takes.at(-1);
+    const pick = scene.keptTake(this.lineId) ?? takes.filter((t) => studio.playback.playable(t)).at(-1) ?? takes.at(-1);
     const shown = folded ? takes.filter((t) => t === pick) : takes;
     const hiddenCount = takes.length - shown.length;
     this.more.hidden = hiddenCount === 0;
@@ -131,7 +131,7 @@ class LineView {
       return view.el;
     });
     placeChildren(this.takes, nodes);
-    const compare = studio.compare;
+    const compare = studio.playback.compare;
     this.compareStrip.hidden = compare === null || compare.lineId !== this.lineId || compare.b === null;
     if (compare !== null && compare.lineId === this.lineId) {
       const number = (id: number | null) => takes.findIndex((t) => t.id === id) + 1;

@@ -106,14 +106,14 @@ export class TakeView {
     this.unguard.addEventListener("click", (e) => (e.stopPropagation(), studio.takeLine(take.lineId, false)));
     this.error.after(this.unguard);
     this.el.addEventListener("click", () => this.select());
-    this.play.addEventListener("click", (e) => (e.stopPropagation(), this.select(), studio.togglePlay(take.id)));
+    this.play.addEventListener("click", (e) => (e.stopPropagation(), this.select(), studio.playback.togglePlay(take.id)));
     this.keep.addEventListener("click", (e) => {
       e.stopPropagation();
       if (this.take.phase !== "done") studio.cancel(take.id);
       else if (this.take.kept) studio.drop(take.id);
       else studio.keep(take.id);
     });
-    this.compare.addEventListener("click", (e) => (e.stopPropagation(), studio.markCompare(take.id)));
+    this.compare.addEventListener("click", (e) => (e.stopPropagation(), studio.playback.markCompare(take.id)));
     this.save.addEventListener("click", (e) => {
       e.stopPropagation();
       void studio.exportTake(take.id).then((file) => file && download(file.name, file.wav));
@@ -129,10 +129,10 @@ export class TakeView {
   update(index: number, selected: boolean, spanSamples: number): void {
     const { studio, take: t } = this;
     const rate = studio.sampleRate;
-    const side = studio.compareSide(t.id);
+    const side = studio.playback.compareSide(t.id);
     this.el.classList.toggle("kept", t.kept);
     this.el.classList.toggle("selected", selected);
-    this.el.classList.toggle("playing", studio.playingTakeId === t.id);
+    this.el.classList.toggle("playing", studio.playback.playingTakeId === t.id);
     this.el.classList.toggle("failed", t.finishReason === "error");
     this.el.dataset["side"] = side ?? "";
     setText(this.label, side === null ? `${index + 1}` : `${index + 1}${side}`);
@@ -164,8 +164,8 @@ export class TakeView {
       + `(${seconds(t.samples, rate)}): about three times as long as the line takes to say. Retake without the guard to let it run.` : "";
     const s = t.sampling;
     setText(this.settings, s === null ? "" : `seed ${s.seed} · T ${s.temperature} · p ${s.top_p} · k ${s.top_k} · ≤${s.max_new_tokens} fr`);
-    setText(this.play, studio.isSounding(t.id) ? "■" : "▶");
-    this.play.disabled = !studio.playable(t);
+    setText(this.play, studio.playback.isSounding(t.id) ? "■" : "▶");
+    this.play.disabled = !studio.playback.playable(t);
     const running = t.phase !== "done";
     const interrupted = status.kind === "interrupted";
     setText(this.keep, running ? "Cancel" : t.kept ? "Kept ✓" : "Keep");
@@ -174,7 +174,7 @@ export class TakeView {
       : "Keep: this take joins the directing history";
     // Keep needs the server's `usable` (ended with audio); nothing goes to an offline server.
     this.keep.disabled = !studio.online || interrupted || (!running && (t.samples === 0 || t.finishReason === "error"));
-    this.compare.disabled = !studio.playable(t);
+    this.compare.disabled = !studio.playback.playable(t);
     this.compare.classList.toggle("on", side !== null);
     this.save.disabled = t.phase !== "done" || t.samples === 0;
     const problem = studio.errors.get(`take:${t.id}`) ?? t.error ?? t.streamProblem;
@@ -186,7 +186,7 @@ export class TakeView {
   /** Redraw the waveform when the audio, the scale or the playhead moved. */
   draw(spanSamples: number): void {
     const t = this.take;
-    const playhead = this.studio.playheadOf(t.id);
+    const playhead = this.studio.playback.playheadOf(t.id);
     const key = `${t.peaks.length}/${spanSamples}/${playhead}/${this.canvas.clientWidth}`;
     if (key === this.drawn) return;
     this.drawn = key;
