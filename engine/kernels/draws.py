@@ -73,15 +73,16 @@ def philox_numpy(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, c2: tor
     """`philox_torch` in numpy's uint64, where a 32 x 32-bit product is exact: on a CPU a
     draw's ~250 tiny tensor ops cost milliseconds in torch's dispatch, microseconds here."""
     mask = np.uint64(MASK32)
-    words = np.broadcast_arrays(*(t.cpu().numpy().astype(np.uint64) for t in (seed, c0, c1, c2, c3)))
-    key, (x0, x1, x2, x3) = words[0], (word & mask for word in words[1:])
+    key, *words = (t.cpu().numpy().astype(np.uint64) for t in (seed, c0, c1, c2, c3))
+    shape = np.broadcast_shapes(key.shape, *(word.shape for word in words))
+    x0, x1, x2, x3 = (word & mask for word in words)  # each as given: the rounds broadcast them, not a copy first
     k0, k1 = key & mask, (key >> np.uint64(32)) & mask
     for _ in range(ROUNDS):
         product_b, product_a = np.uint64(ROUND_B) * x2, np.uint64(ROUND_A) * x0  # < 2**64
         x0, x1, x2, x3 = ((product_b >> np.uint64(32)) ^ x1 ^ k0, product_b & mask,
                           (product_a >> np.uint64(32)) ^ x3 ^ k1, product_a & mask)
         k0, k1 = (k0 + np.uint64(KEY_A)) & mask, (k1 + np.uint64(KEY_B)) & mask
-    return torch.from_numpy(x0.astype(np.int64))
+    return torch.from_numpy(np.broadcast_to(x0, shape).astype(np.int64))
 
 
 def philox_torch(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor,

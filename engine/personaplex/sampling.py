@@ -22,8 +22,8 @@ Design choices:
   small integer ops the Philox reference takes in torch (if it fails to build on the GPU,
   the reference runs, logged once: engine/kernels/fallback.py). On a CPU, where each torch op
   costs microseconds of dispatch, the same Philox words are computed in numpy
-  (`gumbel_numpy`: the same words, the noise within an ulp of the reference's log): the CPU
-  demo keeps its tick.
+  (`gumbel_numpy`: draws.philox_numpy's words, the noise within an ulp of the reference's
+  log): the CPU demo keeps its tick.
 - A seed that is not given is drawn from the OS at `set` time, so unseeded
   conversations differ.
 """
@@ -85,18 +85,12 @@ def draw_reference(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
 
 
 def gumbel_numpy(seed: torch.Tensor, counter: torch.Tensor, stream: int, columns: int) -> torch.Tensor:
-    """`gumbel_reference(seed, counter, stream, arange(columns))` [B, columns] float64, in numpy (CPU)."""
-    mask = np.uint64(draws.MASK32)
-    key = seed.numpy().astype(np.uint64)[:, None]  # [B, 1]
-    step = counter.numpy().astype(np.uint64)[:, None]
-    k0, k1 = key & mask, key >> np.uint64(32)
-    c0 = np.arange(columns, dtype=np.uint64)[None]  # [1, V]
-    c1, c2, c3 = step & mask, np.full_like(step, stream), step >> np.uint64(32)
-    for _ in range(draws.ROUNDS):
-        b, a = np.uint64(draws.ROUND_B) * c2, np.uint64(draws.ROUND_A) * c0  # 32 x 32 bits: exact in 64
-        c0, c1, c2, c3 = (b >> np.uint64(32)) ^ c1 ^ k0, b & mask, (a >> np.uint64(32)) ^ c3 ^ k1, a & mask
-        k0, k1 = (k0 + np.uint64(draws.KEY_A)) & mask, (k1 + np.uint64(draws.KEY_B)) & mask
-    uniform = (np.broadcast_to(c0, (len(key), columns)).astype(np.float64) + 0.5) * draws.UNIFORM_SCALE
+    """`gumbel_reference(seed, counter, stream, arange(columns))` [B, columns] float64, on a CPU: the
+    same Philox words (`draws.philox_numpy`), the logs taken in numpy (within an ulp of torch's)."""
+    counter = counter.long()[:, None]  # [B, 1]
+    words = draws.philox_numpy(seed.long()[:, None], torch.arange(columns)[None], counter & draws.MASK32,
+                               torch.tensor(stream), counter >> 32)  # [B, columns]
+    uniform = (words.numpy().astype(np.float64) + 0.5) * draws.UNIFORM_SCALE
     return torch.from_numpy(-np.log(-np.log(uniform)))
 
 

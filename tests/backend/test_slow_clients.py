@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 import soundfile as sf
 import websockets
 from live_server import CONVERSATION_SLOTS, LiveServer, run
@@ -50,20 +51,16 @@ def released(server: LiveServer) -> bool:
     return sessions(server) == 0 and not websockets_of(server)
 
 
-def test_a_client_that_stops_reading_mid_take_is_dropped(make_server: Any) -> None:
-    server = make_server(send_buffer=8192, send_timeout_s=2.0, keepalive_s=600.0, **QUIET)
-    client = RawWebSocket(server.http, "/ws", receive_buffer=4096)
-    client.text(json.dumps({"type": "session.open"}))
-    client.text(json.dumps(LONG_TAKE))
-    until("the session to start", lambda: sessions(server) == 1)
-    until("the server to let the session and its connection go", lambda: released(server))
-    client.close()
-
-
-def test_a_client_that_never_answers_the_keepalive_ping_is_dropped(make_server: Any) -> None:
-    """uvicorn closes such a connection, and a close waits for the client to read what was sent:
-    forever. The connection is aborted instead, and the session released."""
-    server = make_server(send_buffer=8192, send_timeout_s=600.0, keepalive_s=1.0, **QUIET)
+@pytest.mark.parametrize("limits", [
+    pytest.param({"send_timeout_s": 2.0, "keepalive_s": 600.0}, id="stops-reading-mid-take"),
+    # uvicorn closes a connection that never answers the keepalive ping, and a close waits for the
+    # client to read what was sent: forever. The connection is aborted instead.
+    pytest.param({"send_timeout_s": 600.0, "keepalive_s": 1.0}, id="never-answers-the-keepalive-ping"),
+])
+def test_a_client_that_stops_reading_mid_take_is_dropped(make_server: Any, limits: dict[str, float]) -> None:
+    """A client that stops reading while its take streams is dropped, by the send timeout or by
+    the keepalive ping it never answers, and its session released."""
+    server = make_server(send_buffer=8192, **limits, **QUIET)
     client = RawWebSocket(server.http, "/ws", receive_buffer=4096)
     client.text(json.dumps({"type": "session.open"}))
     client.text(json.dumps(LONG_TAKE))

@@ -19,18 +19,7 @@ from engine.drama3.deltanet import chunked_delta_rule, l2_normalize
 from engine.drama3.fast import KERNELS, fla_delta_rule, install_fast_path
 from engine.drama3.moe import Experts
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def exact_float32():
-    """TF32 off everywhere (cuDNN allows it by default), matmuls at full float32."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved[:2]
-    torch.set_float32_matmul_precision(saved[2])
+pytestmark = pytest.mark.gpu  # exact_float32: tests/engine/conftest.py
 
 
 def float_activations(model) -> None:

@@ -15,19 +15,7 @@ import torch
 from engine.personaplex.engine import Frame, PersonaPlex
 from engine.personaplex.sampling import Sampling
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def exact_float32():
-    """TF32 off everywhere (cuDNN allows it by default, and picks its algorithm by batch size): the
-    float32 comparisons here (batched vs single, graph vs eager) are then down to summation order."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved[:2]
-    torch.set_float32_matmul_precision(saved[2])
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_float32")]  # tests/engine/conftest.py
 
 
 def audio(ticks: int, slots: int, seed: int) -> np.ndarray:
