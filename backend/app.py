@@ -84,9 +84,10 @@ def start_conversation_loop(settings: Settings) -> ConversationLoop:
             from engine.personaplex.random_weights import random_engine, random_parts
 
             parts = random_parts(settings.conversation_random, pick_device(settings.device))
-            return random_engine(parts, slots=settings.conversation_slots)
+            return random_engine(parts, slots=settings.conversation_slots, compiled=settings.conversation_compiled)
         device = "cpu" if checkpoint is None and settings.device == "auto" else settings.device
-        return PersonaPlex.load(checkpoint, device=device, slots=settings.conversation_slots)
+        return PersonaPlex.load(checkpoint, device=device, slots=settings.conversation_slots,
+                                compiled=settings.conversation_compiled)
 
     conversations = ConversationLoop(load)
     try:

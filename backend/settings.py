@@ -43,6 +43,7 @@ class Settings:
     conversation: Path | str | None = None  # a PersonaPlex checkpoint for /converse; "demo": the tiny one; None: off
     conversation_slots: int = 2  # conversations at once
     conversation_random: str | None = None  # PersonaPlex with random weights of this size ("released", "tiny")
+    conversation_compiled: bool | None = None  # PersonaPlex's compiled tick paths (None: on a GPU)
 
     @property
     def database(self) -> Path | str:

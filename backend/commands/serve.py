@@ -95,6 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--preset; default released on a GPU, tiny on a CPU)")
     parser.add_argument("--converse-slots", type=int, default=2,
                         help="conversations at once, ticked together in one batch (default 2)")
+    parser.add_argument("--converse-compile", choices=("auto", "on", "off"), default="auto",
+                        help="PersonaPlex's tick (Helium layers, depformer steps) with its small ops compiled by "
+                             "Inductor into fused kernels, or the eager modules (default auto: compiled on a GPU)")
     parser.add_argument("--drain-seconds", type=float, default=60.0,
                         help="on SIGTERM, how long running takes may go on while the replica drains (no new "
                              "takes; /health 503; sockets closed with 1012 to reconnect elsewhere) before it "
@@ -169,7 +172,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     host=args.host, allow_hosts=tuple(args.allow_host), allow_origins=tuple(args.allow_origin),
                     token=args.token or None, limits=limits,
                     silence=SilenceGuard(args.silence_seconds, args.silence_level, args.silence_retries),
-                    conversation=args.converse, conversation_slots=args.converse_slots)
+                    conversation=args.converse, conversation_slots=args.converse_slots,
+                    conversation_compiled=None if args.converse_compile == "auto" else args.converse_compile == "on")
 
 
 def replicas_from(args: argparse.Namespace) -> list[Replica] | None:

@@ -20,6 +20,13 @@ Design choices:
   GPU). The floor is the bytes a tick must read (weights, the rings it attends to) over
   the copy bandwidth measured here (engine/bench/timing.py). Released sizes print Kyutai's
   moshi 0.2.13 figures on the same GPU beside ours (CUDA graphs, dep_q 16; docs/perf.md).
+- A tick's Helium layers and depformer steps run their small ops compiled on CUDA
+  (`--compile`, engine/personaplex/compiled_temporal.py and compiled_depformer.py). On a GPU
+  (`--compare`), each slot count is also timed in parts (encode / model / decode, CUDA
+  events) with the compiled and with the eager modules,
+  one engine each, so one run gives the ratio side by side. Each engine's setup (its
+  graphs' warm-up and capture, and any compile) is timed and printed, and so is every
+  compile of the process.
 - Prints a table, what a conversation costs in memory and how many fit, and one JSON line
   (`--json FILE` writes it too, and after each slot count its rows so far, marked
   `partial`, so a run stopped mid-way keeps what it timed); nothing is asserted.
@@ -65,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     parser.add_argument("--greedy", action="store_true", help="argmax instead of the reference sampling")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                        help="the tick's Helium layers and depformer steps compiled by Inductor (fused kernels), "
+                             "or the eager modules (auto: compiled on CUDA)")
+    parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time the parts with the compiled and with the eager tick side by side "
+                             "(default: on a GPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON line to this file")
 
 
@@ -96,11 +109,18 @@ def build(args: argparse.Namespace, dev: torch.device) -> Parts:
     return Parts(root, cfg, temporal, depformer, load_mimi(root, cfg, dev), load_tokenizer(root, cfg), dev)
 
 
-def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: float | None) -> dict[str, Any]:
+def compiled_choice(choice: str) -> bool | None:
+    return None if choice == "auto" else choice == "on"
+
+
+def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: float | None,
+               compiled: bool | None = None, parts_timed: bool | None = None) -> dict[str, Any]:
     """One slot count on its own engine, closed before returning."""
     import numpy as np
     import torch
 
+    from engine.personaplex.compiled_depformer import CompiledDepformer
+    from engine.personaplex.compiled_temporal import CompiledTemporal
     from engine.personaplex.engine import DEFAULT_PERSONA
     from engine.personaplex.random_weights import random_engine
     from engine.personaplex.sampling import Sampling
@@ -108,8 +128,12 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
     dev = parts.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    setup = time.perf_counter()
     engine = random_engine(parts, slots, Sampling(greedy=args.greedy), graphs=not args.eager, kv=args.kv,
-                           fused=not args.no_fused, parts_timed=args.parts, buckets=[slots])  # the one it times
+                           fused=not args.no_fused, parts_timed=args.parts if parts_timed is None else parts_timed,
+                           buckets=[slots],  # the one it times
+                           compiled=compiled_choice(args.compile) if compiled is None else compiled)
+    setup_s = time.perf_counter() - setup  # the graphs' warm-up and capture, and any compile
     try:
         started = time.perf_counter()
         engine.open(persona=DEFAULT_PERSONA)  # and the default voice: RANDOM at the released size
@@ -135,6 +159,9 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
         floor_ms = tick_bytes(engine, slots, history + args.warmup + args.ticks) / bandwidth * 1000 \
             if bandwidth else None
         graphed = engine.ticks.graphed
+        steps, helium = engine.lockstep.steps, engine.lockstep.helium
+        tick = "compiled" if isinstance(steps, CompiledDepformer) and isinstance(helium, CompiledTemporal) and \
+            steps.failed is None and helium.failed is None else "eager"
     finally:
         engine.close()
         del engine
@@ -148,7 +175,8 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
 
     ticks = sorted(rows["gpu_ms"])
     row: dict[str, Any] = {
-        "slots": slots, "device": dev.type, "graphs": graphed, "history": args.history,
+        "slots": slots, "device": dev.type, "graphs": graphed, "tick": tick, "history": args.history,
+        "setup_s": round(setup_s, 1),
         "kv_dtype": kv_dtype, "prefill_ms": round(prefill_ms, 1),
         "gpu_ms_mean": mean("gpu_ms"), "gpu_ms_p50": round(ticks[len(ticks) // 2], 2),
         "gpu_ms_p95": round(ticks[min(len(ticks) - 1, int(0.95 * len(ticks)))], 2), "tick_ms_mean": mean("tick_ms"),
@@ -182,15 +210,21 @@ def run(args: argparse.Namespace) -> int:
     bandwidth = copy_bandwidth(dev) if dev.type == "cuda" else None  # no floor on a CPU
     size = args.size if args.checkpoint is None else args.checkpoint
     rows: list[dict[str, Any]] = []
+    compare = dev.type == "cuda" if args.compare is None else args.compare
     for slots in args.slots:
-        rows.append(time_slots(args, parts, slots, bandwidth))
+        row = time_slots(args, parts, slots, bandwidth)
+        if compare:  # the parts with either tick, on engines of their own
+            row["compare"] = {name: time_slots(args, parts, slots, bandwidth, compiled=name == "compiled",
+                                               parts_timed=True) for name in ("compiled", "eager")}
+        rows.append(row)
         if args.json is not None:  # each size as it is timed: a run stopped at a later size keeps these
             args.json.write_text(json.dumps({"bench": "personaplex", "size": size, "partial": True,
                                              "rows": rows}, indent=1) + "\n")
     print(f"personaplex {size} on {dev.type}: history {args.history}, key/value ring {rows[0]['kv_dtype']}, "
-          f"{'CUDA graphs' if rows[0]['graphs'] else 'eager'}{', demo weights' if parts.cfg.demo_weights else ''}")
+          f"{'CUDA graphs' if rows[0]['graphs'] else 'eager'}, {rows[0]['tick']} tick"
+          f"{', demo weights' if parts.cfg.demo_weights else ''}")
     print(f"{'slots':>5} {'tick ms':>8} {'p95':>7} {'host ms':>8} {'encode':>7} {'model':>7} {'decode':>7} "
-          f"{'floor':>6} {'moshi':>6} {'ratio':>6} {'RTF':>6} {'peak GiB':>8} {'prompt ms':>9}")
+          f"{'floor':>6} {'moshi':>6} {'ratio':>6} {'RTF':>6} {'peak GiB':>8} {'prompt ms':>9} {'setup s':>7}")
 
     def cell(value: float | None, width: int, digits: int = 2) -> str:
         return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
@@ -199,7 +233,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r['slots']:>5} {cell(r['gpu_ms_mean'], 8)} {cell(r['gpu_ms_p95'], 7)} {cell(r['tick_ms_mean'], 8)} "
               f"{cell(r['encode_ms_mean'], 7)} {cell(r['model_ms_mean'], 7)} {cell(r['decode_ms_mean'], 7)} "
               f"{cell(r['floor_ms'], 6)} {cell(r.get('moshi_ms'), 6, 1)} {cell(r.get('moshi_ratio'), 6)} "
-              f"{cell(r['realtime_factor'], 6, 3)} {cell(r['peak_gib'], 8)} {cell(r['prefill_ms'], 9, 1)}")
+              f"{cell(r['realtime_factor'], 6, 3)} {cell(r['peak_gib'], 8)} {cell(r['prefill_ms'], 9, 1)} "
+              f"{cell(r['setup_s'], 7, 1)}")
+    if compare:
+        print("parts (ms; CUDA events on a GPU), compiled vs eager tick; ratio = eager / compiled")
+        print(f"{'slots':>5} {'path':>9} {'encode':>7} {'model':>7} {'decode':>7} {'tick':>7} {'setup s':>7}")
+        for r in rows:
+            for c in r["compare"].values():
+                print(f"{r['slots']:>5} {c['tick']:>9} {cell(c['encode_ms_mean'], 7)} "
+                      f"{cell(c['model_ms_mean'], 7)} {cell(c['decode_ms_mean'], 7)} {cell(c['gpu_ms_mean'], 7)} "
+                      f"{cell(c['setup_s'], 7, 1)}")
+            fast, slow = r["compare"]["compiled"], r["compare"]["eager"]
+            if fast["model_ms_mean"] and slow["model_ms_mean"]:
+                r["model_ratio"] = round(slow["model_ms_mean"] / fast["model_ms_mean"], 2)
+                r["tick_ratio"] = round(slow["gpu_ms_mean"] / fast["gpu_ms_mean"], 2)
+                print(f"{r['slots']:>5} {'ratio':>9} {'':>7} {cell(r['model_ratio'], 7)} {'':>7} "
+                      f"{cell(r['tick_ratio'], 7)}")
+    from engine.personaplex.compiled_depformer import compile_log
+
+    compiles = compile_log()
+    print(f"compiles: {len(compiles)}, {sum(compiles):.1f} s in all"
+          + (f" ({', '.join(f'{s:.1f}' for s in compiles)})" if compiles else ""))
     per = rows[0]["kv_gib_per_conversation"] + rows[0]["mimi_gib_per_conversation"]
     line = (f"memory: weights {weights_gib:.2f} GiB; per conversation {per * 1024:.1f} MiB (key/value ring "
             f"{rows[0]['kv_gib_per_conversation'] * 1024:.1f}, Mimi streams "
@@ -217,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
         print("kernels that failed and ran as their torch references: "
               + "; ".join(f"{name} ({why})" for name, why in fell_back.items()))
     report = {"bench": "personaplex", "size": size, "weights_gib": round(weights_gib, 2),
+              "compile_s": [round(s, 2) for s in compiles],
               "kernel_fallbacks": fell_back,
               "gib_per_conversation": round(per, 4), "conversations_fit": fits,
               "bandwidth_gb_s": None if bandwidth is None else round(bandwidth / 1e9, 1), "rows": rows}

@@ -30,7 +30,8 @@ Design choices:
   (voices.py), without touching any slot.
 - The key/value ring is float8 on CUDA by default (`kv`, ring.py): half the memory, so
   128 conversations of full context fit on one H200; the fused Triton kernels
-  (ring attention, token draws) run on CUDA unless `fused=False`. `memory()` says what a
+  (ring attention, token draws) run on CUDA unless `fused=False`, and so does the compiled
+  depformer (compiled_depformer.py) unless `compiled=False`. `memory()` says what a
   conversation costs.
 - No checkpoint means the tiny demo (tiny.py), written on first use; the device and the
   model dtype are engine/device.py's, as for Drama 3.
@@ -156,28 +157,30 @@ class PersonaPlex:
     @staticmethod
     def load(checkpoint: str | Path | None = None, device: str = "auto", slots: int = 1,
              sampling: Sampling | None = None, graphs: bool = True, kv: str = "auto", fused: bool = True,
-             parts: bool = False) -> PersonaPlex:
+             parts: bool = False, compiled: bool | None = None) -> PersonaPlex:
         """`graphs`: replay CUDA graphs on a GPU (ignored on CPU); `kv`: the key/value ring's dtype
-        (KV_CHOICES); `fused`: the Triton kernels on a GPU; `parts`: time encode, model and decode apart."""
+        (KV_CHOICES); `fused`: the Triton kernels on a GPU; `parts`: time encode, model and decode apart;
+        `compiled`: the depformer's steps compiled by Inductor (None: on CUDA)."""
         check_slots(slots)
         dev = pick_device(device)
         root = demo_checkpoint() if checkpoint is None else resolve_checkpoint(checkpoint, HUB_PATTERNS)
         cfg = read_config(root)
         temporal, depformer = load_lm(root, cfg, dev, model_dtype(dev))
         return PersonaPlex.build(root, cfg, temporal, depformer, load_mimi(root, cfg, dev), load_tokenizer(root, cfg),
-                                 dev, slots, sampling or Sampling(), graphs, kv, fused, parts)
+                                 dev, slots, sampling or Sampling(), graphs, kv, fused, parts, compiled=compiled)
 
     @staticmethod
     def build(root: Path, cfg: PersonaPlexConfig, temporal: Temporal, depformer: Depformer, mimi: Mimi,
               tokenizer: TextTokenizer, device: torch.device, slots: int, sampling: Sampling, graphs: bool = True,
               kv: str = "auto", fused: bool = True, parts: bool = False,
-              buckets: list[int] | None = None) -> PersonaPlex:
+              buckets: list[int] | None = None, compiled: bool | None = None) -> PersonaPlex:
         """An engine of `slots` slots on loaded modules (their streams are set up anew); `buckets`: the batch
-        sizes a tick may run (default 1, 2, 4, ... slots)."""
+        sizes a tick may run (default 1, 2, 4, ... slots); `compiled`: the compiled depformer (None: on CUDA)."""
         check_slots(slots)
         configure_rings(temporal, kv, fused and device.type == "cuda", device)
         check_memory(cfg, temporal, slots, device)
-        lockstep = Lockstep(cfg.lm, temporal, depformer, slots, device)
+        compiled = device.type == "cuda" if compiled is None else compiled
+        lockstep = Lockstep(cfg.lm, temporal, depformer, slots, device, compiled=compiled)
         return PersonaPlex(root, cfg, lockstep, mimi, tokenizer, device, sampling, graphs, parts, buckets)
 
     @property

@@ -33,6 +33,9 @@ Design choices:
   them changes no agent code: the reference's own inference (reference/personaplex.md
   §1.4), checked against `all_steps=True` by tests/engine/personaplex/test_slots.py. It
   halves the depformer's work.
+- On CUDA (`compiled=True`) a tick's Helium layers and depformer steps run their small ops
+  through functions compiled by Inductor (compiled_temporal.py, compiled_depformer.py:
+  fused kernels, the same maths); the eager modules are the reference and the CPU's path.
 - Draws are counter-based (sampling.py): keyed by the slot's seed and its step, so a slot's
   tokens do not depend on which other slots share the batch.
 """
@@ -42,6 +45,8 @@ from __future__ import annotations
 import torch
 
 import engine.personaplex.staging as staging
+from engine.personaplex.compiled_depformer import CompiledDepformer
+from engine.personaplex.compiled_temporal import CompiledTemporal
 from engine.personaplex.config import LMConfig
 from engine.personaplex.depformer import Depformer
 from engine.personaplex.prompt import Plan, initial_tokens
@@ -52,11 +57,14 @@ from engine.readback import to_device
 
 class Lockstep:
     def __init__(self, cfg: LMConfig, temporal: Temporal, depformer: Depformer, slots: int, device: torch.device,
-                 all_steps: bool = False):
+                 all_steps: bool = False, compiled: bool = False):
         self.cfg = cfg
         self.all_steps = all_steps
         self.temporal = temporal
         self.depformer = depformer
+        # what a tick runs: the modules, or their compiled tick paths
+        self.helium: Temporal | CompiledTemporal = CompiledTemporal(temporal) if compiled else temporal
+        self.steps: Depformer | CompiledDepformer = CompiledDepformer(depformer) if compiled else depformer
         self.slots = slots
         self.device = device
         K, CT, n = cfg.rows, cfg.ring_columns, cfg.codebooks
@@ -96,10 +104,10 @@ class Lockstep:
                n: int) -> torch.Tensor:
         """Embed, Helium at position step - 1, draw the text, the depformer: the samples [n, K]."""
         steps = self.cfg.depformer_steps if self.all_steps else self.cfg.codebooks
-        hidden, text_logits = self.temporal(self.temporal.embed(inputs), (local - 1)[:, None], slice(0, n))
+        hidden, text_logits = self.helium(self.temporal.embed(inputs), (local - 1)[:, None], slice(0, n))
         text = self.sampling.text(text_logits[:, 0].float(), local)  # [n]
         text_in = torch.where(provided[:, 0], goal[:, 0], text)
-        audio = self.depformer(hidden, text_in, goal[:, 1:], provided[:, 1:],
+        audio = self.steps(hidden, text_in, goal[:, 1:], provided[:, 1:],
                                lambda logits, t: self.sampling.audio(logits, local, t), steps=steps)  # [n, steps]
         return torch.cat([text[:, None], audio, goal[:, 1 + steps:]], dim=1)  # user rows: always provided
 

@@ -106,7 +106,8 @@ def random_parts(size: str, device: torch.device, seed: int = 0) -> Parts:
 
 def random_engine(parts: Parts, slots: int, sampling: Sampling | None = None, graphs: bool = True,
                   kv: str = "auto", fused: bool = True, parts_timed: bool = False,
-                  buckets: list[int] | None = None) -> PersonaPlex:
+                  buckets: list[int] | None = None, compiled: bool | None = None) -> PersonaPlex:
     """An engine of `slots` slots on `parts` (its streams are set up anew; the weights are shared)."""
     return PersonaPlex.build(parts.root, parts.cfg, parts.temporal, parts.depformer, parts.mimi, parts.tokenizer,
-                             parts.device, slots, sampling or Sampling(), graphs, kv, fused, parts_timed, buckets)
+                             parts.device, slots, sampling or Sampling(), graphs, kv, fused, parts_timed, buckets,
+                             compiled)

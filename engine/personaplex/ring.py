@@ -147,19 +147,39 @@ class RingAttention(StreamingModule):
         return sum(t.nbytes for t in (self.keys, self.values, self.key_scales, self.value_scales)) // max(
             1, self.keys.shape[0])
 
-    def _write(self, k: torch.Tensor, v: torch.Tensor, step: RingStep) -> None:
-        """Store this call's keys and values [B, H, T, Dh] in their ring slots."""
+    def stored(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Keys or values [B, H, T, Dh] as the ring holds them: float8 with scales [B, H, T], or its dtype."""
+        if not self.float8:
+            return x.to(self.keys.dtype), None
+        return quantize_kv(x)
+
+    def store(self, k: torch.Tensor, key_scale: torch.Tensor | None, v: torch.Tensor, value_scale: torch.Tensor | None,
+              step: RingStep) -> None:
+        """Put this call's stored keys and values [B, H, T, Dh] (and scales) in their ring slots."""
         rows = step.rows
         index = step.slots[:, None, :, None].expand_as(k)  # [B, H, T, Dh]
         if not self.float8:
-            self.keys[rows].scatter_(2, index, k.to(self.keys.dtype))
-            self.values[rows].scatter_(2, index, v.to(self.values.dtype))
+            self.keys[rows].scatter_(2, index, k)
+            self.values[rows].scatter_(2, index, v)
             return
+        assert key_scale is not None and value_scale is not None
         where = step.slots[:, None, :].expand(k.shape[:3])  # [B, H, T]
-        for ring, scales, x in ((self.keys, self.key_scales, k), (self.values, self.value_scales, v)):
-            quantized, scale = quantize_kv(x)
-            ring[rows].view(torch.uint8).scatter_(2, index, quantized.view(torch.uint8))
+        for ring, scales, x, scale in ((self.keys, self.key_scales, k, key_scale),
+                                       (self.values, self.value_scales, v, value_scale)):
+            ring[rows].view(torch.uint8).scatter_(2, index, x.view(torch.uint8))  # scatter has no float8 kernel
             scales[rows].scatter_(2, where, scale)
+
+    def attend(self, q: torch.Tensor, step: RingStep) -> torch.Tensor:
+        """Queries [B, H, T, Dh] over the ring (this call's keys already stored) -> [B, H, T, Dh]."""
+        kernel = _fused_kernel() if self.fused and q.shape[2] == 1 and q.is_cuda else None
+        if kernel is not None:
+            rows = step.rows
+            scales = (self.key_scales[rows], self.value_scales[rows]) if self.float8 else (None, None)
+            out: torch.Tensor = kernel(q[:, :, 0], self.keys[rows], self.values[rows], *scales, step.positions[:, 0],
+                                       step.context)[:, :, None]  # [B, H, 1, Dh]
+            return out
+        keys, values = self._read(step.rows, q.dtype)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)  # [B, H, T, Dh]
 
     def _read(self, rows: slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.float8:
@@ -172,15 +192,7 @@ class RingAttention(StreamingModule):
         qkv = F.linear(x, self.in_proj_weight).view(B, T, 3, self.num_heads, D // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, T, Dh]
         q, k = apply_rope(q, step.cos, step.sin), apply_rope(k, step.cos, step.sin)
-        self._write(k, v, step)
-        kernel = _fused_kernel() if self.fused and T == 1 and x.is_cuda else None
-        if kernel is not None:
-            rows = step.rows
-            scales = (self.key_scales[rows], self.value_scales[rows]) if self.float8 else (None, None)
-            out = kernel(q[:, :, 0], self.keys[rows], self.values[rows], *scales, step.positions[:, 0],
-                         step.context)[:, :, None]  # [B, H, 1, Dh]
-        else:
-            keys, values = self._read(step.rows, q.dtype)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)  # [B, H, T, Dh]
+        self.store(*self.stored(k), *self.stored(v), step)
+        out = self.attend(q, step)
         result: torch.Tensor = self.out_proj(out.transpose(1, 2).reshape(B, T, D))
         return result
