@@ -48,7 +48,7 @@ _compiles: list[float] = []  # seconds of each first call that compiled (all eng
 _seen: set[tuple[object, ...]] = set()  # (backend, what, batch 1 or 2+, steps, grad): the calls compiled so far
 
 
-def _rms(x: torch.Tensor, alpha: torch.Tensor, eps: float) -> torch.Tensor:
+def rms(x: torch.Tensor, alpha: torch.Tensor, eps: float) -> torch.Tensor:
     """layers.RMSNorm on x [B, 1, D] with weight alpha [1, 1, D]."""
     xf = x.float()
     var = eps + torch.mean(xf * xf, dim=-1, keepdim=True)
@@ -62,7 +62,7 @@ def step_logits(hidden: torch.Tensor, embedded: torch.Tensor, step: torch.Tensor
     x = F.linear(hidden, w_in) + embedded  # [B, 1, D]
     B, _, D = x.shape
     for alpha1, w_qkv, w_out, alpha2, w_mlp_in, w_mlp_out, keys, values in layers:
-        h = _rms(x, alpha1, eps)
+        h = rms(x, alpha1, eps)
         q, k, v = F.linear(h, w_qkv).view(B, 3, num_heads, 1, D // num_heads).unbind(1)  # [B, H, 1, Dh]
         keys.index_copy_(2, step, k)
         values.index_copy_(2, step, v)
@@ -71,7 +71,7 @@ def step_logits(hidden: torch.Tensor, embedded: torch.Tensor, step: torch.Tensor
         weights = torch.softmax(torch.where(seen, scores, -torch.inf), dim=-1)
         out = (weights @ values.float()).to(x.dtype)  # [B, H, 1, Dh]
         x = x + F.linear(out.transpose(1, 2).reshape(B, 1, D), w_out)
-        g = F.linear(_rms(x, alpha2, eps), w_mlp_in)
+        g = F.linear(rms(x, alpha2, eps), w_mlp_in)
         g = g.view(B, 1, 2, -1)  # [B, 1, 2, hidden]: gate and up
         x = x + F.linear(F.silu(g[..., 0, :]) * g[..., 1, :], w_mlp_out)
     return F.linear(x, w_logits)[:, 0].float()

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.personaplex import compiled_depformer
-from engine.personaplex.compiled_depformer import Backend, _rms
+from engine.personaplex.compiled_depformer import Backend, rms
 from engine.personaplex.layers import apply_rope
 from engine.personaplex.ring import quantize_kv, ring_step
 from engine.personaplex.temporal import Layer, Temporal
@@ -46,7 +46,7 @@ def before(x: torch.Tensor, alpha: torch.Tensor, w_qkv: torch.Tensor, cos: torch
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """x [B, 1, D] -> the query [B, H, 1, Dh] and the key and value as the ring stores them (with scales)."""
     B, T, D = x.shape
-    qkv = F.linear(_rms(x, alpha, eps), w_qkv).view(B, T, 3, num_heads, D // num_heads)
+    qkv = F.linear(rms(x, alpha, eps), w_qkv).view(B, T, 3, num_heads, D // num_heads)
     q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, T, Dh]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if float8:
@@ -60,7 +60,7 @@ def after(x: torch.Tensor, out: torch.Tensor, w_out: torch.Tensor, alpha: torch.
     """The layer's input x [B, 1, D] and its attention out [B, H, 1, Dh] -> the layer's output [B, 1, D]."""
     B, T, D = x.shape
     x = x + F.linear(out.transpose(1, 2).reshape(B, T, D), w_out)
-    g = F.linear(_rms(x, alpha, eps), w_mlp_in)
+    g = F.linear(rms(x, alpha, eps), w_mlp_in)
     g = g.view(B, T, 2, -1)  # gate and up
     return x + F.linear(F.silu(g[..., 0, :]) * g[..., 1, :], w_mlp_out)
 

@@ -17,18 +17,7 @@ from engine.personaplex.compiled_temporal import CompiledTemporal
 from engine.personaplex.engine import PersonaPlex
 from engine.personaplex.sampling import Sampling
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def exact_float32():
-    """TF32 off (as in test_ticks_gpu.py): float32 compiled vs eager is then down to summation order."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = saved[0]
-    torch.set_float32_matmul_precision(saved[1])
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_float32")]  # tests/engine/conftest.py
 
 
 def tiny_engine(root: Path, compiled: bool) -> PersonaPlex:
