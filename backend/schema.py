@@ -93,6 +93,7 @@ takes = sa.Table(
     sa.Column("note", sa.Text),  # the director's note (NULL: none)
     sa.Column("rating", sa.Integer),  # 1..5 (NULL: not rated)
     sa.Column("guard_frames", sa.Integer),  # the length guard's cap on its frames (NULL: no guard)
+    sa.Column("dropped", sa.Text),  # JSON list of the history's take ids left out to fit the prompt (NULL: none)
     sqlite_autoincrement=True,
 )
 sa.Index("takes_by_session", takes.c.session_id, takes.c.take_id)
@@ -256,9 +257,15 @@ def session_keys(conn: Connection) -> None:
     add_column(conn, "sessions", sa.Column("key_hash", sa.Text))
 
 
+def dropped_history(conn: Connection) -> None:
+    """7: a take remembers the kept takes left out of its prompt to fit the row limit, so a
+    resumed studio still shows what it did not hear. Takes stored before have none."""
+    add_column(conn, "takes", sa.Column("dropped", sa.Text))
+
+
 # Migration n brings a database from version n - 1 to n, on either kind of database.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
-    3: replica_column, 4: saved_voice_tables, 5: scene_studio, 6: session_keys}
+    3: replica_column, 4: saved_voice_tables, 5: scene_studio, 6: session_keys, 7: dropped_history}
 VERSION = BASELINE_VERSION + len(MIGRATIONS)
 MIGRATION_LOCK = 0x5245_5441  # "RETA": the advisory lock that serializes migrations on PostgreSQL
 

@@ -131,7 +131,7 @@ class LiveTake:
             return
         ids = self.requested_history
         kept, dropped = ids[len(ids) - used:] if used else [], ids[: len(ids) - used]
-        self.stored(lambda: self.state.store.set_history(self.take_id, kept),
+        self.stored(lambda: self.state.store.set_history(self.take_id, kept, dropped),
                     lambda: self.session.outbox.message(p.History(kept, dropped, self.take_id)))
 
     def window(self, attempt: int, window: AudioWindow) -> None:

@@ -326,10 +326,11 @@ class Session:
         member, voice, engine_voice_value = take_voice(store, session_id, message.line_id)
         heard = [take for take_id in history_ids if (take := store.take(session_id, take_id)) is not None]
         turns = history_turns(store, session_id, heard, engine_voice_value)
-        text = message.text
+        text, max_rows = message.text, limits.max_prompt_rows
 
         def build_prompt(engine: Drama3Engine, attempt_sampling: Sampling) -> Prompt:
-            return engine.prompt(text, engine_voice_value, turns, attempt_sampling, drop_oldest_history=True)
+            return engine.prompt(text, engine_voice_value, turns, attempt_sampling, drop_oldest_history=True,
+                                 max_rows=max_rows)
 
         take = store.add_take(session_id, message.line_id, message.text, None if voice is None else voice.voice_id,
                               sampling_info(sampling), character_id=None if member is None else member.character_id,

@@ -83,12 +83,14 @@ class SpeechSink:
         self.events.put_nowait(outcome)
 
 
-def speech_prompt(engine: Drama3Engine, request: SpeechRequest, sampling: Sampling) -> Prompt:
-    """The take's prompt: the request's clips encoded (cached by the engine), then laid out."""
+def speech_prompt(engine: Drama3Engine, request: SpeechRequest, sampling: Sampling,
+                  max_rows: int | None = None) -> Prompt:
+    """The take's prompt: the request's clips encoded (cached by the engine), then laid out
+    within `max_rows` (the server's limit; None: the engine's)."""
     started = time.perf_counter()
     voice = [Reference(engine.encode_reference(clip.audio), clip.text) for clip in request.references]
     history = [HistoryTurn(clip.text, engine.encode_reference(clip.audio)) for clip in request.history]
-    prompt = engine.prompt(request.text, request.character or voice or None, history, sampling)
+    prompt = engine.prompt(request.text, request.character or voice or None, history, sampling, max_rows=max_rows)
     return dataclasses.replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
 
 
@@ -129,9 +131,10 @@ async def speech(request: Request) -> Response:
     sampling = parsed.sampling
     if sampling.seed is None:
         sampling = dataclasses.replace(sampling, seed=secrets.randbelow(2**31))
+    max_rows = state.settings.limits.max_prompt_rows
 
     def build_prompt(engine: Drama3Engine, attempt_sampling: Sampling) -> Prompt:
-        return speech_prompt(engine, parsed, attempt_sampling)
+        return speech_prompt(engine, parsed, attempt_sampling, max_rows)
 
     sink = SpeechSink(state.metrics)
     loop = asyncio.get_running_loop()

@@ -136,5 +136,6 @@ class Scenes(Part):
                                                             sample_rate=audio.sample_rate, pcm=audio.pcm))
             for take in copied:  # the histories name the copies
                 history = [take_ids[t] for t in json.loads(take.history) if t in take_ids]
+                dropped = [take_ids[t] for t in json.loads(take.dropped or "[]") if t in take_ids]
                 conn.execute(takes.update().where(takes.c.take_id == take_ids[take.take_id])
-                             .values(history=json.dumps(history)))
+                             .values(history=json.dumps(history), dropped=json.dumps(dropped) if dropped else None))

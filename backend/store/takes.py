@@ -16,7 +16,7 @@ Design choices:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -56,6 +56,7 @@ class StoredTake:
     note: str = ""
     rating: int = 0
     guard_frames: int | None = None
+    dropped: list[int] = field(default_factory=list)  # history left out to fit the prompt
 
     @property
     def usable(self) -> bool:
@@ -72,14 +73,14 @@ class StoredTake:
             "frames": self.frames, "samples": self.samples, "attempts": self.attempts,
             "audio_url": audio_url(self.session_id, self.take_id), "created_ms": self.created_ms,
             "character_id": self.character_id, "note": self.note, "rating": self.rating,
-            "guard_frames": self.guard_frames,
+            "guard_frames": self.guard_frames, "dropped": self.dropped,
         }
 
 
 TAKE_COLUMNS = (takes.c.take_id, takes.c.session_id, takes.c.line_id, takes.c.text, takes.c.voice_id,
                 takes.c.sampling, takes.c.history, takes.c.kept, takes.c.state, takes.c.finish_reason, takes.c.error,
                 takes.c.timings, takes.c.frames, takes.c.samples, takes.c.attempts, takes.c.created_ms,
-                takes.c.character_id, takes.c.note, takes.c.rating, takes.c.guard_frames)
+                takes.c.character_id, takes.c.note, takes.c.rating, takes.c.guard_frames, takes.c.dropped)
 
 
 def _take(row: Row[Any]) -> StoredTake:
@@ -90,6 +91,7 @@ def _take(row: Row[Any]) -> StoredTake:
         finish_reason=row.finish_reason, error=row.error, timings=json.loads(row.timings),
         frames=row.frames, samples=row.samples, attempts=row.attempts, created_ms=row.created_ms,
         character_id=row.character_id, note=row.note or "", rating=row.rating or 0, guard_frames=row.guard_frames,
+        dropped=json.loads(row.dropped) if row.dropped else [],
     )
 
 
@@ -151,9 +153,11 @@ class Takes(Part):
                 set_={"codebooks": insert.excluded.codebooks, "codes": insert.excluded.codes,
                       "samples": insert.excluded.samples}))
 
-    def set_history(self, take_id: int, history: list[int]) -> None:
+    def set_history(self, take_id: int, history: list[int], dropped: list[int] | None = None) -> None:
+        """The takes the take heard, and those of its history left out to fit the prompt."""
         with self._transaction() as conn:
-            conn.execute(takes.update().where(takes.c.take_id == take_id).values(history=json.dumps(history)))
+            conn.execute(takes.update().where(takes.c.take_id == take_id).values(
+                history=json.dumps(history), dropped=json.dumps(dropped) if dropped else None))
 
     def finish_take(self, take_id: int, finish_reason: FinishReason, *, error: str | None,
                     timings: dict[str, float | int | None], samples: int, attempts: int,

@@ -219,10 +219,12 @@ class Drama3Engine:
         return self.codec.encode_reference(bytes(audio))
 
     def prompt(self, text: str, voice: list[Reference] | object | None, history: list[HistoryTurn],
-               sampling: Sampling, drop_oldest_history: bool = False) -> Prompt:
+               sampling: Sampling, drop_oldest_history: bool = False, max_rows: int | None = None) -> Prompt:
+        """The take's prompt; `max_rows` narrows the engine's row limit (a server's own, lower one)."""
         started = time.perf_counter()
+        rows = self.max_prompt_rows if max_rows is None else min(max_rows, self.max_prompt_rows)
         prompt = build_prompt(text, voice, list(history), sampling, self.tokenizer, self.config,
-                              max_rows=self.max_prompt_rows, max_new_tokens=self.max_new_tokens,
+                              max_rows=rows, max_new_tokens=self.max_new_tokens,
                               drop_oldest_history=drop_oldest_history)
         return replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
 

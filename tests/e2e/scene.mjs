@@ -203,6 +203,8 @@ export async function sceneSteps(t) {
   check("the page recovered without a reload", resumed.same);
   check("the server ended the interrupted take, and the page still marks it", resumed.take.phase === "done"
     && (await page.locator(`.take[data-take="${doomed}"] .status`).textContent()) === "interrupted", JSON.stringify(resumed.take.error));
+  check("the interrupted take holds the audio that was heard, and Keep is offered for it", resumed.take.samples > 0
+    && !(await page.locator(`.take[data-take="${doomed}"] .keep`).isDisabled()), JSON.stringify(resumed.take.samples));
   await page.locator("#s-guard").check();
   await page.locator("#s-max").fill(String(maxFrames));
   const recovered = await takeLine(2, lines[2]);

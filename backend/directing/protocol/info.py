@@ -76,3 +76,4 @@ class TakeInfo(TypedDict):
     note: str  # the director's note ("" none)
     rating: int  # 1..5, 0: not rated
     guard_frames: int | None  # the length guard's cap on its frames (None: not guarded)
+    dropped: list[int]  # kept takes of its history left out so its prompt fits max_prompt_rows (oldest first)

@@ -165,6 +165,8 @@ export interface TakeInfo {
   rating: number;
   /** The length guard's cap on its frames; null: it did not bind. */
   guard_frames: number | null;
+  /** Kept takes of its history left out so its prompt fits `limits.max_prompt_rows` (oldest first). */
+  dropped: number[];
 }
 
 export interface SessionReady {
@@ -233,7 +235,7 @@ const takeInfo = record<TakeInfo>({
   history: list(int), kept: bool, state: oneOf<TakeState>("queued", "running", "done"),
   finish_reason: nullable(finishReason), error: nullable(str), timings: numbers, frames: int, samples: int,
   attempts: int, audio_url: str, created_ms: int, character_id: nullable(str), note: str, rating: int,
-  guard_frames: nullable(int),
+  guard_frames: nullable(int), dropped: list(int),
 });
 const lineInfo = record<LineInfo>({ line_id: str, text: str, position: int, character_id: nullable(str) });
 const castInfo = record<CastInfo>({ character_id: str, name: str, position: int, voice: nullable(voiceInfo) });

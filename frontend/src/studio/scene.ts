@@ -402,6 +402,7 @@ function fromInfo(info: TakeInfo): Take {
   take.attempts = info.attempts;
   take.kept = info.kept;
   take.history = [...info.history];
+  take.dropped = [...info.dropped];
   take.sampling = info.sampling;
   take.voiceId = info.voice_id;
   take.characterId = info.character_id;

@@ -283,7 +283,7 @@ export class Studio {
   }
 
   /** A take's number on its line (1, 2, …), as its row shows it. */
-  private takeNumber(takeId: number): number {
+  takeNumber(takeId: number): number {
     const take = this.scene.takes.get(takeId);
     return take === undefined ? 0 : this.shownTakes(take.lineId).findIndex((t) => t.id === takeId) + 1;
   }

@@ -185,6 +185,33 @@ def test_history_past_the_row_limit_drops_the_oldest_turns(server: LiveServer) -
     run(main())
 
 
+def test_the_servers_row_limit_drops_the_oldest_turns_and_the_take_remembers_them(make_server: Any) -> None:
+    """A server's max_prompt_rows below the engine's is the one a take's prompt is cut at; the takes
+    left out are in the take's `history` message and, after a resume, in its TakeInfo."""
+    server = make_server(limits={"max_prompt_rows": 200})
+
+    async def main() -> None:
+        director = await Director.connect(server.ws)
+        ready = await director.open()
+        turn = await director.take("line-1", "Again and again.", sampling={"max_new_tokens": 12, "seed": 1})
+        other = await director.take("line-2", "Once more.", sampling={"max_new_tokens": 12, "seed": 2})
+        heard = [turn.take_id] * 8 + [other.take_id]  # more rows than 200: the oldest go
+        take = await director.take("line-3", "Enough.", history=heard, sampling={"max_new_tokens": 2, "seed": 1})
+        (history,) = take.of_type("history")
+        used, dropped = history["take_ids"], history["dropped"]
+        assert isinstance(used, list) and isinstance(dropped, list) and dropped and used, history
+        assert used + dropped == heard[len(dropped):] + heard[:len(dropped)] and used[-1] == other.take_id
+        assert int(take.done["timings"]["prompt_rows"]) <= 200  # type: ignore[index, call-overload]
+        await director.close()
+        again = await Director.connect(server.ws)
+        resumed = await again.open(str(ready["session_id"]))
+        info = next(t for t in resumed["takes"] if t["take_id"] == take.take_id)  # type: ignore[union-attr]
+        assert (info["history"], info["dropped"]) == (used, dropped)
+        await again.close()
+
+    run(main())
+
+
 def test_an_ended_take_keeps_its_audio_and_exports_it_without_the_engine(make_server: Any) -> None:
     """The audio that streamed is stored with the take when it ends; the export is that audio, read
     back from the store: it does not need the codes (here erased), so it never vocodes again."""

@@ -132,6 +132,14 @@ describe("Scene", () => {
     expect([take.received, take.windows.length, take.peaks.length, take.attempts]).toEqual([0, 0, 0, 2]);
   });
 
+  it("keeps which kept takes a take did not hear: its history message says so", () => {
+    const scene = new Scene();
+    const line = scene.addLine("a");
+    queued(scene, 20, line.id);
+    scene.history({ type: "history", take_ids: [14, 15], dropped: [11, 12], take_id: 20, hears: null, unkept: [] });
+    expect([scene.takes.get(20)!.history, scene.takes.get(20)!.dropped]).toEqual([[14, 15], [11, 12]]);
+  });
+
   it("resumes from session.ready: the server's script, with the browser's unconfirmed edits on top", () => {
     const scene = new Scene();
     scene.applyReady(resumed, {
@@ -146,6 +154,7 @@ describe("Scene", () => {
     expect(scene.takesOf("line-1").map((t) => [t.id, t.kept, t.phase])).toEqual([[17, true, "done"], [18, false, "running"]]);
     expect(scene.takes.get(17)!.audioUrl).toBe(resumed.takes[0]!.audio_url);
     expect(scene.takes.get(17)!.heardLatencyMs).toBe(250.5); // measured by this page before the reload
+    expect(scene.takes.get(17)!.dropped).toEqual([9]); // what it did not hear, still known after the reload
     expect(scene.stored().heard).toEqual({ "17": 250.5 });
     expect(scene.stored().draft).toHaveLength(2); // not confirmed yet: kept for the next reload
 

@@ -6,6 +6,7 @@
 import type { SamplingSpec } from "../protocol";
 import { checkSetting, rangeWords, samplingRules, type SamplingKey } from "../sampling";
 import type { Studio } from "../studio";
+import { unheardWords } from "./take_view";
 import { byId, h, ms, placeChildren, seconds, setText } from "../../shared/dom";
 
 const SAMPLING_KEY = "retake.sampling";
@@ -210,7 +211,7 @@ export class HistoryPanel {
     let note = heard === null ? "The server has not placed this line yet."
       : ids.length === 0 ? "Nothing kept above this line: the take starts the scene." : "";
     if (latest !== undefined && latest.dropped.length > 0) {
-      note = `Its last take left out ${latest.dropped.length} oldest turn(s) to fit the prompt.`;
+      note = `Its last take did not hear ${unheardWords(this.studio, latest)}: the oldest kept takes, left out to fit the prompt.`;
     }
     setText(this.note, `${note}${note ? " " : ""}${kept} kept take${kept === 1 ? "" : "s"} in the scene.`);
   }

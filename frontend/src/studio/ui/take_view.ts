@@ -28,7 +28,17 @@ function style(): WaveStyle {
   return { wave: v("--wave"), played: v("--wave-played"), playhead: v("--accent"), baseline: v("--line") };
 }
 
-/** The status word of a take. */
+/** The kept takes a take did not hear, in words ("L1 take 2, L2 take 1"): its history left out so
+ * its prompt fits the server's rows (the oldest go first; docs/protocol.md §3). */
+export function unheardWords(studio: Studio, t: Take): string {
+  return t.dropped.map((id) => {
+    const take = studio.scene.takes.get(id);
+    const line = take === undefined ? -1 : studio.scene.lines.findIndex((l) => l.id === take.lineId);
+    const number = studio.takeNumber(id);
+    return line < 0 || number === 0 ? `take ${id}` : `L${line + 1} take ${number}`;
+  }).join(", ");
+}
+
 /** The take ran into the length guard's cap (docs/protocol.md §4). */
 export function stoppedByGuard(t: Take): boolean {
   return t.phase === "done" && t.finishReason === "length" && t.guardFrames !== null && t.frames >= t.guardFrames;
@@ -61,6 +71,8 @@ export class TakeView {
   private readonly rating = h("span.rating", {}, ...this.stars);
   private readonly noteButton = h("button.icon.note-button", { title: "Write a note on the take", "aria-label": "note" }, "✎");
   private readonly noteText = h("div.take-note");
+  /** The kept takes it did not hear (its prompt was full), in words on the row. */
+  private readonly unheard = h("div.take-unheard");
   private readonly noteInput = h("input.note-input", { type: "text", placeholder: "A note on this take (Enter to save)", maxlength: 2000 });
   private readonly unguard = h("button.link", { title: "Take the line again without the length guard" }, "retake without the guard");
   private readonly settings = h("span.num.take-settings", {
@@ -78,7 +90,7 @@ export class TakeView {
         h("div.take-actions", {}, this.keep, this.compare, this.save)),
       h("div.take-stats", {}, this.status, this.duration, this.heard, this.server, this.speed, this.voice, this.settings,
         this.rating, this.noteButton),
-      this.noteText, this.noteInput, this.error);
+      this.unheard, this.noteText, this.noteInput, this.error);
     this.noteInput.hidden = true;
     this.stars.forEach((star, k) => star.addEventListener("click", (e) => {
       e.stopPropagation();
@@ -138,6 +150,9 @@ export class TakeView {
     setText(this.label, side === null ? `${index + 1}` : `${index + 1}${side}`);
     this.label.title = `take ${t.id}${t.history.length > 0 ? ` · heard takes ${t.history.join(", ")}` : ""}`
       + (t.dropped.length > 0 ? ` (left out ${t.dropped.join(", ")})` : "");
+    setText(this.unheard, t.dropped.length === 0 ? "" : `did not hear ${unheardWords(studio, t)}: left out, oldest `
+      + "first, so its prompt fits the model's rows");
+    this.unheard.hidden = t.dropped.length === 0;
     const status = takeStatus(studio, t);
     const loading = studio.audioLoading(t.id) && t.peaks.length === 0;
     setText(this.waveNote, loading ? "loading audio…" : "");
@@ -172,8 +187,10 @@ export class TakeView {
     this.keep.classList.toggle("cancel", running);
     this.keep.title = running ? "Cancel the take (Esc)" : t.kept ? "Un-keep: the take leaves the directing history"
       : "Keep: this take joins the directing history";
-    // Keep needs the server's `usable` (ended with audio); nothing goes to an offline server.
-    this.keep.disabled = !studio.online || interrupted || (!running && (t.samples === 0 || t.finishReason === "error"));
+    // Keep needs the server's `usable` (ended with audio, whatever ended it: an interrupted take keeps
+    // the audio that was heard); a take the connection lost mid-way has nothing to cancel; nothing goes
+    // to an offline server.
+    this.keep.disabled = !studio.online || (running ? interrupted : t.samples === 0);
     this.compare.disabled = !studio.playback.playable(t);
     this.compare.classList.toggle("on", side !== null);
     this.save.disabled = t.phase !== "done" || t.samples === 0;
