@@ -65,6 +65,7 @@ import time
 
 import torch
 
+from engine.drama3.fast import caches_symbolic
 from engine.drama3.model import Drama3Model
 from engine.drama3.prefill import ChunkedPrefill, Prefill
 from engine.drama3.prefix import Plan, PrefixCache
@@ -92,6 +93,7 @@ class Decoder:
         device = self.device = model.candidate_head.device
         N = slots
         model.setup_caches(N + 1, max_rows, device, model.candidate_head.dtype)  # slot N: the scratch slot
+        caches_symbolic(model)  # compiled decode layers: one compile for decoders of any size
         self.scratch = N
         self.slots = torch.full((N,), N, device=device)  # [N]: row i's cache slot, i when active, else scratch
         self.hidden = torch.zeros((N, config.text.hidden_size), dtype=model.candidate_head.dtype, device=device)

@@ -126,6 +126,27 @@ def layer_compiled(forward: Callable[..., torch.Tensor], prefill: bool,
     return run
 
 
+CACHE_DIMS = {"k": (0, 1), "v": (0, 1), "conv_state": (0,), "recurrent_state": (0,), "rope": (0,)}  # slots, rows
+
+
+def caches_symbolic(model: Drama3Model) -> None:
+    """Mark the caches' slot and row dimensions symbolic for the compiled decode layers and
+    every other size of the model's tensors static, so a decoder of other sizes (a bench's
+    parts, a test's) reuses their compile: the layers read the caches as module buffers,
+    which torch.compile otherwise takes as static shapes (each new decoder size recompiled
+    every layer: a minute at the full size). Weights stay static (kernels specialised to
+    their sizes). Only read by torch.compile (install_fast_path lets it honour the marks)."""
+    import torch._dynamo
+
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        dynamic = CACHE_DIMS.get(name.rsplit(".", 1)[-1], ())
+        for dim in range(tensor.dim()):
+            if dim in dynamic:
+                torch._dynamo.mark_dynamic(tensor, dim)
+            else:
+                torch._dynamo.mark_static(tensor, dim)
+
+
 def deltanet_decode(layer: GatedDeltaNet) -> Callable[..., torch.Tensor]:
     """`layer.forward` with one-row calls ([B, 1, D]) through the decode-step kernel."""
     from engine.kernels.deltanet_step import deltanet_step
@@ -208,6 +229,9 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
         import torch._dynamo
 
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        # Module buffers' sizes follow the marks of `caches_symbolic` (the decoder makes them)
+        # instead of being static: the caches' slots and rows are symbolic, the rest static.
+        torch._dynamo.config.force_parameter_static_shapes = False
         torch._dynamo.config.suppress_errors = True  # a layer that fails to compile runs eagerly
         tower = model.tower
         for layer in (*model.backbone.layers, *tower.shared_layers, *tower.residual_layers):
