@@ -53,7 +53,7 @@ REFERENCE_CACHE_SIZE = 64
 _QUANTIZER_TRANSFORMER = {
     "causal": True, "window_size": 128, "input_dim": 1024,
     "config": {"block_size": 2048, "n_layer": 8, "n_head": 16, "dim": 1024, "intermediate_size": 3072,
-               "n_local_heads": -1, "head_dim": 64, "rope_base": 10000, "norm_eps": 1e-5},
+               "n_local_heads": -1, "head_dim": 64, "rope_base": 10000, "norm_eps": 1e-5, "channels_first": True},
 }
 # modded_dac_vq.yaml of the release (reference/drama3.md §3.2), without hydra's _target_s.
 RELEASED: dict[str, Any] = {
@@ -74,6 +74,8 @@ RELEASED: dict[str, Any] = {
         "pre_module": _QUANTIZER_TRANSFORMER, "post_module": _QUANTIZER_TRANSFORMER,
     },
 }
+# Fields of the release's yaml that only train the codec: accepted wherever they appear, unused.
+TRAINING_FIELDS = ("dropout_rate", "attn_dropout_rate")
 # Keys a checkpoint may carry that are not weights: buffers the modules rebuild.
 IGNORED_SUFFIXES = ("causal_mask", "freqs_cis")
 
@@ -81,12 +83,12 @@ IGNORED_SUFFIXES = ("causal_mask", "freqs_cis")
 def merged(base: Mapping[str, Any], override: Mapping[str, Any], where: str = "codec_config") -> dict[str, Any]:
     """base with override's fields on top, objects merged field by field. A field base does not
     have is refused by name (a misspelt field would otherwise be ignored, and the check that
-    fails next would name another)."""
+    fails next would name another); the release's training-only fields are let through."""
     out = copy.deepcopy(dict(base))
     for key, value in override.items():
         if key == "_target_" or key == "_partial_":
             continue
-        if key not in out:
+        if key not in out and key not in TRAINING_FIELDS:
             raise ConfigError(f"{where}.{key} is not a field of the codec's configuration; its fields are "
                               f"{', '.join(sorted(out))}")
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
