@@ -315,16 +315,19 @@ def load_summary(report: Json) -> Json:
     gaps = [t["longest_gap_s"] for t in takes if t.get("first_audio_s") is not None]
     audio, wall = sum(t.get("audio_s", 0.0) for t in takes), report.get("wall_s") or 0.0
     reasons: dict[str, int] = {}
+    errors: dict[str, int] = {}  # what the takes that ended with an error said
     for t in takes:
         reasons[t["finish_reason"]] = reasons.get(t["finish_reason"], 0) + 1
+        if t.get("error"):
+            errors[t["error"][:300]] = errors.get(t["error"][:300], 0) + 1
     return {"sessions": report.get("sessions"), "takes_per_session": report.get("takes_per_session"),
             "takes": len(takes), "wall_s": round(wall, 1), "audio_s": round(audio, 1),
             "audio_per_s": round(audio / wall, 2) if wall else None,
             "first_audio_client_ms": percentiles(first), "first_audio_server_ms": percentiles(server),
             "longest_gap_ms": percentiles(gaps), "gaps_over_100ms": sum(g > 0.1 for g in gaps),
-            "real_time": bool(gaps) and (percentiles(gaps) or {}).get("p99", 1e9) <= 100.0,
+            "real_time": bool(gaps) and not reasons.get("error") and (percentiles(gaps) or {}).get("p99", 1e9) <= 100.0,
             "prompt_rows_p50": statistics.median([t["prompt_rows"] for t in takes]) if takes else None,
-            "finish_reasons": reasons, "failures": report.get("failures", [])}
+            "finish_reasons": reasons, "errors": errors, "failures": report.get("failures", [])}
 
 
 def stage_limit(text: str) -> tuple[str, float]:

@@ -98,6 +98,7 @@ def serve_lines(data: Json) -> list[str]:
                      f"{pct(load.get('longest_gap_ms')):>23}  {load.get('real_time')}"
                      + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
                      + (f"  exit {load['exit_code']}" if load.get("exit_code", 0) != 0 else ""))
+        lines += [f"           error x{count}: {error[:160]}" for error, count in load.get("errors", {}).items()]
     problems = [line for line in data.get("log", [])
                 if any(word in line for word in ("Traceback", "Error", "eagerly", "failed"))]
     lines += [f"  log: {line[:200]}" for line in problems[:8]]

@@ -157,6 +157,9 @@ class TakeJob(Job):
 
     def finish(self, reason: FinishReason, error: str | None = None,
                timings: dict[str, float | int | None] | None = None, codes: np.ndarray | None = None) -> None:
+        if reason == "error":  # the operator sees what the director saw (a refused request is theirs to fix)
+            log.warning("a take ended with an error after %d frames: %s", 0 if codes is None else codes.shape[-1],
+                        error)
         self._post(self.sink.done, TakeOutcome(reason, {"queue_ms": self.queue_ms, **(timings or {})}, codes,
                                                self.samples, self.attempt, error))
 

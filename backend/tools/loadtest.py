@@ -60,6 +60,7 @@ class TakeStats:
     audio_s: float
     wall_s: float
     prompt_rows: int
+    error: str | None  # the server's `error` of a take that ended with finish_reason "error"
 
 
 def longest_stall(arrivals: list[float], durations: list[float]) -> float:
@@ -92,7 +93,8 @@ async def run_session(index: int, plan: LoadTest, results: list[TakeStats], fail
                 first_audio_s=arrivals[0] - take.sent if arrivals else None,
                 server_first_audio_ms=None if server_first is None else server_first + (timings.get("queue_ms") or 0),
                 longest_gap_s=longest_stall(arrivals, durations), audio_s=sum(durations),
-                wall_s=time.monotonic() - take.sent, prompt_rows=int(timings.get("prompt_rows") or 0)))
+                wall_s=time.monotonic() - take.sent, prompt_rows=int(timings.get("prompt_rows") or 0),
+                error=None if done.get("error") is None else str(done["error"])))
             if plan.keep and done["finish_reason"] in ("stop", "length") and take.frames:
                 await director.request({"type": "take.keep", "take_id": take.take_id}, "history")
         await director.close()
@@ -126,6 +128,8 @@ def run(plan: LoadTest) -> int:
           f"{audio:.1f} s of audio ({audio / wall:.2f} s of audio per second)")
     print("finish reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(Counter(r.finish_reason for r in results)
                                                                       .items())))
+    for error, count in Counter(r.error for r in results if r.error is not None).most_common():
+        print(f"error x{count}: {error}")
     print(f"{'ms':28} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}")
     print(f"{'first audio (client)':28} {percentiles(first)}")
     print(f"{'first audio (server)':28} {percentiles(server_first)}")

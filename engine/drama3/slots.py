@@ -27,6 +27,7 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
@@ -43,6 +44,8 @@ from engine.drama3.stream import StreamSchedule
 from engine.drama3.take import AudioWindow, Done, Take
 
 Events = list[AudioWindow | Done]
+
+log = logging.getLogger("retake.engine")
 
 
 class Slots:
@@ -159,6 +162,10 @@ class Slots:
                     self.admission.record(time.perf_counter() - started, admitted)
                 for take in stepping:
                     if (reason := take.advance(status[take.slot], step_s)) is not None:
+                        if reason == "error":  # non-finite logits: where, for whoever debugs the step
+                            log.warning("slot %d: non-finite logits at position %d after %d steps (a step of %d "
+                                        "decoding rows: slots %s)", take.slot, take.position, take.steps,
+                                        len(stepping), [t.slot for t in stepping][:16])
                         self.end(take, reason)
         wait = not self.started()  # nothing to step next: wait for the closing takes' windows
         out: list[tuple[Take, Events]] = []

@@ -73,11 +73,12 @@ def vocode(codec: Codec, graphs: WindowGraphs | None, frames: NDArray[np.int64],
     """A window's PCM16 from its frames on the host. On CUDA the copy and the codec run on
     a side stream of their own, so they overlap the decode steps on the default stream
     (the seed's vocoder stream) instead of queueing behind them."""
-    if codec.device.type != "cuda":
-        return decode_window(codec, torch.from_numpy(frames), window, graphs)
-    stream = _side_streams.setdefault(codec.device, torch.cuda.Stream(device=codec.device))
-    with torch.cuda.stream(stream):  # both copies pinned and non-blocking (engine/readback.py)
-        return decode_window(codec, to_device(frames, codec.device), window, graphs)
+    with torch.inference_mode():  # on the worker thread too: the graphs' buffers may be inference tensors
+        if codec.device.type != "cuda":
+            return decode_window(codec, torch.from_numpy(frames), window, graphs)
+        stream = _side_streams.setdefault(codec.device, torch.cuda.Stream(device=codec.device))
+        with torch.cuda.stream(stream):  # both copies pinned and non-blocking (engine/readback.py)
+            return decode_window(codec, to_device(frames, codec.device), window, graphs)
 
 
 class Windows:

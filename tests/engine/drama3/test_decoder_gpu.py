@@ -101,3 +101,30 @@ def test_the_first_window_is_handed_out_while_the_take_decodes(gpu):
     long_takes = [(first, frames) for first, frames in runs if frames >= 6 * first_window]
     assert long_takes, f"every take ended too early to tell: {runs}"
     assert all(first is not None and first <= 3 * first_window for first, _ in long_takes), runs
+
+
+def test_takes_started_while_others_decode_all_end_well(gpu):
+    """The server's load on the GPU (the 2026-12-03 run: at 16 directors half the takes ended
+    with an error): takes start while others decode, in every row bucket, some prompts again
+    (the prefix cache restores them whole), more takes than slots. Every take ends with
+    stop or length, and with frames."""
+    gpu.warm_up()
+    lines = ["One.", "Two, a little longer.", "Three: longer again, with a pause.", "Four."]
+    prompts = [gpu.prompt(lines[i % len(lines)], None, [], Sampling(max_new_tokens=24 + 8 * (i % 3), seed=i))
+               for i in range(10)]
+    waiting, running, ended = list(enumerate(prompts)), {}, {}
+    steps = 0
+    while waiting or running:
+        if waiting and gpu.free_slots() and steps % 3 == 0:  # one joins every third step
+            index, prompt = waiting.pop(0)
+            running[gpu.start(prompt)] = index
+        for take, events in gpu.step():
+            for event in events:
+                if isinstance(event, Done):
+                    ended[running.pop(take)] = event
+        steps += 1
+        assert steps < 5_000
+    for index, done in sorted(ended.items()):
+        assert done.finish_reason in ("stop", "length"), f"take {index}: {done.finish_reason} {done.error}"
+        assert done.codes.shape[1] > 0
+    assert len(ended) == len(prompts)
