@@ -32,8 +32,7 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
-from engine.personaplex import compiled_depformer
-from engine.personaplex.compiled_depformer import Backend, rms
+from engine.personaplex.compiled_depformer import Backend, failure, note_compile, rms
 from engine.personaplex.layers import apply_rope
 from engine.personaplex.ring import quantize_kv, ring_step
 from engine.personaplex.temporal import Layer, Temporal
@@ -111,11 +110,11 @@ class CompiledTemporal:
             except Exception as error:  # a compile that fails: the eager module from now on
                 if x.is_cuda and torch.cuda.is_current_stream_capturing():
                     raise
-                self.failed = compiled_depformer.failure(error)
+                self.failed = failure(error)
                 log.warning("the compiled Helium layers failed (%s): the eager module runs from now on", self.failed)
                 eager: tuple[torch.Tensor, torch.Tensor] = temporal(x, positions, rows)
                 return eager
-            compiled_depformer.note_compile(key, started, "Helium layers")
+            note_compile(key, started, "Helium layers")
             hidden = temporal.out_norm(x)
             return hidden, temporal.text_linear(hidden)
         fallback: tuple[torch.Tensor, torch.Tensor] = temporal(x, positions, rows)
