@@ -476,9 +476,10 @@ def personaplex_stage(run: Run, stage: Stage, log: Path) -> Json:
     common = ["--size", "tiny", "--device", "cpu", "--ticks", "3", "--warmup", "1"] if run.smoke \
         else ["--size", "released", "--device", "cuda"]
     runs = [("sizes", ["--slots", "1", "2"] if run.smoke else
-             ["--slots", "1", "8", "32", "64", "128", "--ticks", "50", "--warmup", "5"]),
+             ["--slots", "1", "8", "32", "64", "128", "--ticks", "50", "--warmup", "5", "--no-compare"]),
+            # the compiled tick against the eager one, side by side (three engines per size)
             ("parts", ["--slots", "1", "--parts"] if run.smoke else
-             ["--slots", "1", "64", "--ticks", "20", "--warmup", "3", "--parts"])]
+             ["--slots", "1", "64", "--ticks", "20", "--warmup", "3", "--parts", "--compare"])]
     data: Json = {}
     for name, extra in runs:
         left = stage_end - time.monotonic()
