@@ -83,12 +83,12 @@ class DecoderLayer(nn.Module):
         self.mlp = SparseMoE(config, fp8_experts)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
-                kv_len: int | None) -> torch.Tensor:
+                kv_len: int | None, valid: torch.Tensor | None = None) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.full_attention:  # fixed per layer by config.layer_types
             h = self.self_attn(h, rope, input_pos, slots, kv_len)
         else:
-            h = self.linear_attn(h, input_pos, slots)
+            h = self.linear_attn(h, input_pos, slots, valid)
         normed, x = self.post_attention_layernorm.add(x, h)  # x + h, and its norm
         out: torch.Tensor = x + self.mlp(normed)
         return out
@@ -115,11 +115,13 @@ class Backbone(nn.Module):
         self.rope = rope_table(max_rows, c.rotary_dim, c.rope_theta, device)
 
     def forward(self, embeds: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
-                kv_len: int | None = None) -> torch.Tensor:
-        """embeds [B, T, D], input_pos [B, T], slots [B] -> final-normed hidden [B, T, D]."""
+                kv_len: int | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """embeds [B, T, D], input_pos [B, T], slots [B] -> final-normed hidden [B, T, D].
+        valid [B]: real rows of each (the rest padding, written past them and never read
+        before a later row overwrites them; DeltaNet skips them); None: every row."""
         rope = self.rope[input_pos]  # [B, T, 2, rot/2]
         x = embeds
         for layer in self.layers:
-            x = layer(x, rope, input_pos, slots, kv_len)
+            x = layer(x, rope, input_pos, slots, kv_len, valid)
         hidden: torch.Tensor = self.norm(x)
         return hidden

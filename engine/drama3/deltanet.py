@@ -153,12 +153,20 @@ class GatedDeltaNet(nn.Module):
         """x [B, T, D] -> qkv [B, T, C], z [B, T, Hv*Dv], b and a [B, T, Hv] (one GEMM once fused)."""
         return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
 
-    def forward(self, x: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
+                valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D] at input_pos [B, T] of slots [B] -> [B, T, D]. valid [B]: the first
+        valid[b] rows are real, the rest padding (a prefill chunk padded to its graph's size):
+        padding neither writes nor decays the state, and the conv state ends at the last real row."""
         continuing = (input_pos[:, 0] > 0)[:, None, None]  # [B, 1, 1]: a row at position 0 starts a take
         mixed, z, b, a = self.project(x)
         mixed = mixed.transpose(1, 2)  # [B, C, T]
         window = torch.cat((self.conv_state[slots] * continuing, mixed), dim=-1)  # [B, C, K-1+T]
-        self.conv_state[slots] = window[:, :, -(self.kernel - 1):]
+        if valid is None:
+            self.conv_state[slots] = window[:, :, -(self.kernel - 1):]
+        else:  # the K-1 columns before the first padded row
+            ends = valid[:, None, None] + torch.arange(self.kernel - 1, device=x.device)  # [B, 1, K-1]
+            self.conv_state[slots] = window.gather(2, ends.expand(-1, window.shape[1], -1))
         mixed = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.conv_channels)).transpose(1, 2)  # [B, T, C]
         key_width = self.k_heads * self.k_dim
         q, k, v = mixed.split((key_width, key_width, self.v_heads * self.v_dim), dim=-1)
@@ -170,6 +178,9 @@ class GatedDeltaNet(nn.Module):
         v = v.float().unflatten(-1, (self.v_heads, self.v_dim))  # [B, T, Hv, Dv]
         beta = torch.sigmoid(b.float())  # [B, T, Hv]
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # [B, T, Hv]
+        if valid is not None:  # padded rows: beta = 0 writes nothing, g = 0 decays nothing
+            real = (torch.arange(x.shape[1], device=x.device) < valid[:, None])[..., None]  # [B, T, 1]
+            beta, g = beta * real, g * real
         state = self.recurrent_state[slots] * continuing[..., None]  # [B, Hv, Dk, Dv]
         out, state = self.rule(q, k, v, g, beta, state)  # [B, T, Hv, Dv]
         self.recurrent_state[slots] = state

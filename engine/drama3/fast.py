@@ -159,9 +159,10 @@ def deltanet_decode(layer: GatedDeltaNet) -> Callable[..., torch.Tensor]:
 
     step = cast(Callable[..., torch.Tensor], torch.compiler.disable(launch))  # compiled callers break around it
 
-    def run(x: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] != 1:
-            return forward(x, input_pos, slots)
+    def run(x: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
+            valid: torch.Tensor | None = None) -> torch.Tensor:
+        if x.shape[1] != 1 or valid is not None:
+            return forward(x, input_pos, slots, valid)
         mixed, z, b, a = layer.project(x)  # [B, 1, C], [B, 1, Hv*Dv], [B, 1, Hv] x 2
         out = step(mixed[:, 0], z[:, 0], b[:, 0], a[:, 0], input_pos[:, 0], slots)  # [B, Hv*Dv]
         y: torch.Tensor = layer.out_proj(out)[:, None]  # [B, 1, D]

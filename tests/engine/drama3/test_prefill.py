@@ -1,7 +1,8 @@
-"""Chunked prefill (engine/drama3/prefill.py) on the CPU: the graphed plan (chunks of powers
-of two over static buffers, each attending its KV bucket) leaves the same caches and states
-as the eager plan (chunks of 512 rows, attending the rows so far); the chunk plans cover a
-prompt exactly. (Graph replays against the same chunks run eagerly: test_prefill_gpu.py.)"""
+"""Chunked prefill (engine/drama3/prefill.py) on the CPU: the graphed plan (chunks of 512 rows
+and a last one padded up to a graph size, over static buffers, each attending its KV bucket)
+leaves the same caches and states as the eager plan (chunks of 512 rows, attending the rows
+so far); the chunk plans cover a prompt exactly. (Graph replays against the same chunks run
+eagerly: test_prefill_gpu.py.)"""
 
 from __future__ import annotations
 
@@ -10,19 +11,25 @@ import itertools
 import pytest
 import torch
 
-from engine.drama3.prefill import GRAPH_CHUNK_ROWS, ChunkedPrefill, even_chunks, power_chunks
+from engine.drama3.prefill import ChunkedPrefill, even_chunks, padded_chunks, padded_size
 from engine.drama3.prompt import HistoryTurn, build_prompt
 from engine.drama3.sampling import Sampling
 
 
 @pytest.mark.parametrize("start", [0, 7, 300])
 def test_the_chunk_plans_cover_the_rows_exactly(start: int) -> None:
-    assert power_chunks(0, 300) == [(0, 256), (256, 288), (288, 296), (296, 300)]
     for end in range(start + 1, start + 1300, 37):
-        for plan in (power_chunks(start, end), even_chunks(start, end)):
+        plan = even_chunks(start, end)
+        assert plan[0][0] == start and plan[-1][1] == end
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(plan))
+        for limit in (end, end + 5, end + 600):  # padding fits the cache, or exact sizes finish near its end
+            plan = padded_chunks(start, end, limit)
             assert plan[0][0] == start and plan[-1][1] == end
             assert all(a[1] == b[0] for a, b in itertools.pairwise(plan))
-        assert all(e - s in GRAPH_CHUNK_ROWS for s, e in power_chunks(start, end))
+            assert all(e - s <= 512 and s + padded_size(s, e, limit) <= limit for s, e in plan)
+    assert padded_chunks(0, 300, 2000) == [(0, 300)] and padded_size(0, 300, 2000) == 512  # one chunk, padded
+    assert padded_chunks(0, 1300, 2000) == [(0, 512), (512, 1024), (1024, 1300)]
+    assert padded_chunks(0, 300, 400) == [(0, 256), (256, 300)] and padded_size(256, 300, 400) == 64
 
 
 def slot_state(model, slot: int, rows: int) -> dict[str, torch.Tensor]:
@@ -38,19 +45,23 @@ def slot_state(model, slot: int, rows: int) -> dict[str, torch.Tensor]:
     return state
 
 
+@pytest.mark.parametrize("margin", [600, 10])  # the last chunk padded; exact sizes near the cache's end
 @torch.inference_mode()
-def test_the_graphed_plan_leaves_the_eager_plans_state(tiny_model) -> None:
+def test_the_graphed_plan_leaves_the_eager_plans_state(tiny_model, margin: int) -> None:
     model, config, tokenizer = tiny_model
     codes = torch.randint(0, 1024, (10, 640), generator=torch.Generator().manual_seed(5)).numpy()
     prompt = build_prompt("Graphed or not.", None, [HistoryTurn("Before.", codes)], Sampling(seed=1), tokenizer,
                           config)
     rows, count = prompt.rows, len(prompt.rows)
-    assert count > 600 and len(power_chunks(0, count)) > 3 and len(even_chunks(0, count)) == 2
-    max_rows = count + 64
+    assert count > 600 and len(even_chunks(0, count)) == 2
+    max_rows = count + margin
+    padded = any(padded_size(s, e, max_rows) > e - s for s, e in padded_chunks(0, count, max_rows))
+    assert padded == (margin == 600), padded_chunks(0, count, max_rows)
     model.setup_caches(2, max_rows, "cpu", torch.float32)
     eager = ChunkedPrefill(model, max_rows, graphs=False)
     graphed = ChunkedPrefill(model, max_rows, graphs=True)  # on a CPU its graphs' chunks run eagerly
-    assert graphed.chunks(0, count) == power_chunks(0, count) and eager.chunks(0, count) == even_chunks(0, count)
+    assert graphed.chunks(0, count) == padded_chunks(0, count, max_rows)
+    assert eager.chunks(0, count) == even_chunks(0, count)
     expected = eager.run(eager.begin(rows, 0)).clone()
     resumed = graphed.begin(rows, 1)
     while (hidden := graphed.run(resumed, rows=100)) is None:  # a few chunks at a time, as the slot table runs them

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.drama3.fast import install_fast_path
-from engine.drama3.prefill import GRAPH_CHUNK_ROWS, ChunkedPrefill, power_chunks
+from engine.drama3.prefill import GRAPH_CHUNK_ROWS, ChunkedPrefill, padded_chunks, padded_size
 from engine.drama3.prompt import HistoryTurn, build_prompt
 from engine.drama3.sampling import Sampling
 
@@ -35,8 +35,9 @@ def test_prefill_graphs_equal_the_same_chunks_eagerly(tiny_checkpoint, dtype) ->
     prompt = build_prompt("Replayed, not launched.", None, [HistoryTurn("Before.", codes)], Sampling(seed=1),
                           tokenizer, config)
     count = len(prompt.rows)
-    assert {e - s for s, e in power_chunks(0, count)} >= {512, 64}
-    max_rows = count + 100
+    max_rows = count + 600
+    plan = padded_chunks(0, count, max_rows)
+    assert len(plan) > 1 and padded_size(*plan[-1], max_rows) > plan[-1][1] - plan[-1][0]  # a padded last chunk
     with torch.inference_mode():
         model.setup_caches(2, max_rows, "cuda", dtype)
         install_fast_path(model)
@@ -49,8 +50,16 @@ def test_prefill_graphs_equal_the_same_chunks_eagerly(tiny_checkpoint, dtype) ->
         rows = prompt.rows.cuda()
         replayed = graphed.run(graphed.begin(rows, 0)).clone()
         launched = eager.run(eager.begin(rows, 1)).clone()
+        unpadded = ChunkedPrefill(model, max_rows, graphs=False)  # chunks of 512 rows, the last one exact
+        exact = unpadded.run(unpadded.begin(rows, 1)).clone()
         torch.cuda.synchronize()
+    # The padded last chunk changes no real row: within the rounding of another chunking (fla's
+    # kernels round to bfloat16 inside), where padding that wrote the state would be far off.
+    error = ((replayed.float() - exact.float()).norm() / exact.float().norm()).item()
+    assert error < 0.02, error
     assert torch.equal(replayed, launched)
+    with torch.inference_mode():
+        launched = eager.run(eager.begin(rows, 1)).clone()  # slot 1 again as the graphs' chunks leave it
     first, second = slot_state(model, 0, count), slot_state(model, 1, count)
     for name in first:
         assert torch.equal(first[name], second[name]), name
