@@ -162,8 +162,10 @@ class ChunkedPrefill:
         """The chunk a graph captures: the first `size` static rows, `valid` of them real; the
         last real row's hidden into `last`."""
         positions = self.start[:, None] + self.offsets[None, :size]  # [1, T]
+        # A one-row chunk has no padding, and runs the compiled decode layers: as a decode call (no
+        # `valid`), not a new compile of them.
         hidden = self.forward(self.rows[None, :size], self.labels[None, :size], positions, self.slot, kv_len,
-                              self.valid)
+                              self.valid if size > 1 else None)
         self.last.copy_(hidden[0].index_select(0, self.valid - 1)[0])
 
     def begin(self, rows: torch.Tensor, slot: int, start: int = 0, cuts: tuple[int, ...] = ()) -> Prefill:
