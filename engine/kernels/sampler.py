@@ -1,7 +1,7 @@
 """The fused sampler: a frame's main token (temperature, top-p, top-k, RAS) and its codebook codes.
 
     main = sample_main(candidate_logits, candidate_ids, ras_window, settings, seed, counter,
-                       semantic_start, codebook_size, finite)        # [B] int64: one launch
+                       semantic_start, codebook_size, finite)        # [B] int64: two launches
     code = sample_code(head_logits, settings, seed, counter, head, finite)   # [B] int64, head j = 0..8
 
 `settings` is anything with `temperature` (float32 [B]), `top_k` (int64 [B]) and `top_p`
@@ -24,16 +24,23 @@ Design choices:
   stream, index), so a seeded take draws the same frame in any row of any batch bucket.
   These differ from the per-slot torch.Generator draws of drama3/sampler.py: the same seed
   gives other (equally distributed) tokens.
-- Exact ranking without a separate sort launch: each logit becomes an int64 key (its
-  float32 bits made order-preserving, then the complement of its index), so equal logits
-  (common: they come from bfloat16) rank by index, as a stable sort does. One program per
-  row sorts the keys in registers (`tl.sort`); the codebook heads need only the top 32
-  (`tl.topk`), since top_k <= 30 there.
+- Exact ranking by int64 keys (top_keys.py: a logit's float32 bits made order-preserving,
+  then the complement of its index), so equal logits (common: they come from bfloat16)
+  rank by index, as a stable sort does.
+- Two launches per draw instead of one program per row ranking its whole row (45 us per
+  codebook head, 199 us for the main token on an H200, bitonic passes over 4,096 keys in
+  one SM): 16 programs per row each rank a chunk of 256 and report its best 32 keys, its
+  normaliser share and its non-finite count; one program per row merges the 16 lists
+  into the row's best 32 and draws. Codebook heads (top_k <= 30) and the RAS draw (top_k
+  30) never keep more than 32.
+- The main token's own draw may keep more than 32 (a request's top_k is unbounded): when
+  its top_k reaches past the 32 merged keys and their mass is still within top_p, that
+  row alone sorts its whole row in the same program (a runtime branch: the step's shapes
+  stay static, and common settings never take it).
 - The main head has 4,097 candidates = 1 + a power of two: column 0 (EOS) is ranked
-  against the sorted 4,096 by comparison instead of padding the sort to 8,192.
-- Both main draws share one sort (ranks by logit do not depend on T). The RAS check, the
-  candidate-id lookup and the finite flag happen in the same program: one launch for the
-  main token, one per codebook head (each head's logits depend on the previous code).
+  against the others by comparison instead of padding to 8,192.
+- Both main draws share one ranking (ranks by logit do not depend on T). The RAS check,
+  the candidate-id lookup and the finite flag happen in the merging program.
 - Probabilities, cumulative mass and scores are float64, so kernel and reference (and
   any two GPUs) keep the same candidates except on an exact knife edge of top_p.
 - The references below are the definition: plain torch, the same counter-based noise,
@@ -56,18 +63,19 @@ from engine.drama3.sampler import (
 )
 from engine.kernels.draws import STREAM_CODE, STREAM_MAIN, STREAM_RAS, gumbel_reference
 from engine.kernels.fallback import guarded
+from engine.kernels.top_keys import SELECT, top_chunks
 
 try:
     import triton
     import triton.language as tl
 
     from engine.kernels.draws import gumbel
+    from engine.kernels.top_keys import key_index, key_value, keys_of, merge_chunks
 except ImportError:  # CPU installs have no Triton; only the references run there
     triton = None
     tl = None
 
-CODE_SELECT = 32  # the codebook kernel ranks this many (a power of two >= CODEBOOK_TOP_K)
-assert CODEBOOK_TOP_K <= CODE_SELECT and RAS_TOP_K <= 4096
+assert CODEBOOK_TOP_K <= SELECT and RAS_TOP_K <= SELECT  # their draws never need more than the merged keys
 
 
 class RowSettings(Protocol):
@@ -156,41 +164,26 @@ def sample_code_reference(logits: torch.Tensor, settings: RowSettings, seed: tor
 if triton is not None:
 
     @triton.jit
-    def _keys(x, index, SPAN: tl.constexpr):
-        """int64 keys that sort float32 x descending, lower index first among equal values."""
-        x = tl.where(x == 0.0, 0.0, x)  # -0.0 and 0.0 are one value, as for torch.sort
-        bits = x.to(tl.int32, bitcast=True)
-        ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed order of the bits = float order
-        return (ordered.to(tl.int64) << 32) | (SPAN - 1 - index).to(tl.int64)
-
-    @triton.jit
-    def _key_value(key):
-        ordered = (key >> 32).to(tl.int32)
-        return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _key_index(key, SPAN: tl.constexpr):
-        return SPAN - 1 - (key & 0xFFFFFFFF).to(tl.int32)
-
-    @triton.jit
-    def _draw(keys, valid, x_all, all_valid, extra_key, extra_x, temperature, top_k, top_p, seed, counter,
+    def _draw(keys, valid, maxes, shares, extra_key, extra_x, temperature, top_k, top_p, seed, counter,
               stream, SPAN: tl.constexpr, HAS_EXTRA: tl.constexpr, KEEP_CROSSING: tl.constexpr):
-        """The drawn column of one row (`draw_reference` for one row).
+        """The drawn column of one row (`draw_reference` for one row), and whether it is
+        exact: whether no candidate past `keys` could have been kept.
 
-        keys: the top of the row's keys, descending (`valid` marks real ones); x_all and
-        all_valid: the whole row, for the normaliser. With HAS_EXTRA, column 0 (extra_key,
-        extra_x) is ranked by comparison and the keys' indices are columns 1.."""
+        keys: the top of the row's keys, descending (`valid` marks real ones); maxes and
+        shares: the chunks' largest logits and normaliser shares at this temperature
+        (top_keys.py). With HAS_EXTRA, column 0 (extra_key, extra_x) is ranked by
+        comparison and the keys' indices are columns 1.."""
         t = tl.cast(tl.maximum(temperature, 1e-5), tl.float64)
         position = tl.arange(0, keys.shape[0])
-        column = _key_index(keys, SPAN)
+        column = key_index(keys, SPAN)
         if HAS_EXTRA:
             column += 1  # the keys rank columns 1.., column 0 comes separately
-        scaled = _key_value(keys).to(tl.float64) / t
+        scaled = key_value(keys).to(tl.float64) / t
         top = tl.max(tl.where(position == 0, scaled, -float("inf")), 0)
         if HAS_EXTRA:
             extra_scaled = extra_x.to(tl.float64) / t
             top = tl.maximum(top, extra_scaled)
-        total = tl.sum(tl.where(all_valid, tl.exp(x_all.to(tl.float64) / t - top), 0.0), 0)
+        total = tl.sum(shares * tl.exp(maxes.to(tl.float64) / t - top), 0)  # an empty chunk: 0 * 0
         if HAS_EXTRA:
             total += tl.exp(extra_scaled - top)
         probs = tl.where(valid, tl.exp(scaled - top) / total, 0.0)
@@ -223,11 +216,11 @@ if triton is not None:
             take_extra = (extra_score > best_score) | ((extra_score == best_score) & (extra_rank < best_rank))
             choice = tl.where(take_extra, 0, choice)
             greedy = tl.where(extra_rank == 0, 0, greedy)
-        return tl.where(temperature == 0, greedy, choice)
-
-    @triton.jit
-    def _row_finite(x, valid):
-        return tl.sum(tl.where(valid & ((x != x) | (tl.abs(x) == float("inf"))), 1, 0), 0) == 0
+        # A candidate past the keys ranks after all of them: kept only if top_k reaches past
+        # them and their mass is within top_p (and only if the keys are not the whole row).
+        beyond = (top_k > keys.shape[0]) & (tl.sum(probs, 0) <= p_limit) & (tl.sum(valid.to(tl.int32), 0) ==
+                                                                           keys.shape[0])
+        return tl.where(temperature == 0, greedy, choice), beyond
 
     @triton.jit
     def _finite(x):
@@ -235,31 +228,44 @@ if triton is not None:
 
     @triton.jit
     def _sample_main_kernel(
-        logits_ptr, stride_row,  # [B, 1 + SPAN] float: column 0, then the sorted block
-        ids_ptr,  # int64 [1 + SPAN] candidate ids
+        logits_ptr, stride_row,  # [B, 1 + N - 1] float: column 0, then the ranked block
+        ids_ptr,  # int64 [N] candidate ids
         window_ptr,  # int64 [B, WINDOW]
         temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, counter_ptr,  # [B] each
+        keys_ptr, max_ptr, share_ptr, bad_ptr,  # the chunks' reports (top_keys.top_chunks)
         finite_ptr, out_ptr,  # bool [B] (ANDed when HAS_FINITE), int64 [B]
         ras_temperature, ras_top_k, ras_top_p,
         semantic_start, semantic_end,  # the semantic band [start, end)
         N: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr, HAS_FINITE: tl.constexpr,
+        LOG_CHUNKS: tl.constexpr, LOG_K: tl.constexpr,
     ):
         row = tl.program_id(0)
-        position = tl.arange(0, SPAN)
-        valid = position < N - 1
+        CHUNKS: tl.constexpr = 1 << LOG_CHUNKS
+        K: tl.constexpr = 1 << LOG_K
+        at = row * CHUNKS + tl.arange(0, CHUNKS)
+        keys = merge_chunks(tl.load(keys_ptr + at[:, None] * K + tl.arange(0, K)[None, :]), LOG_CHUNKS, LOG_K)
+        valid = keys != -9223372036854775807 - 1
+        maxes = tl.load(max_ptr + at)
         base = logits_ptr + row.to(tl.int64) * stride_row
-        x = tl.load(base + 1 + position, mask=valid, other=0.0).to(tl.float32)
         extra_x = tl.load(base).to(tl.float32)
-        keys = tl.where(valid, _keys(x, position, SPAN), -9223372036854775807 - 1)
-        keys = tl.sort(keys, descending=True)
-        extra_key = _keys(extra_x, row * 0 - 1, SPAN)  # index -1: column 0 ranks first among equal logits
+        extra_key = keys_of(extra_x, row * 0 - 1, SPAN)  # index -1: column 0 ranks first among equal logits
         seed = tl.load(seed_ptr + row)
         counter = tl.load(counter_ptr + row)
-        first = _draw(keys, valid, x, valid, extra_key, extra_x, tl.load(temperature_ptr + row),
-                      tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), seed, counter, 0,
-                      SPAN, True, True)
-        retry = _draw(keys, valid, x, valid, extra_key, extra_x, ras_temperature, ras_top_k, ras_top_p,
-                      seed, counter, 1, SPAN, True, True)
+        temperature = tl.load(temperature_ptr + row)
+        top_k = tl.load(top_k_ptr + row)
+        top_p = tl.load(top_p_ptr + row)
+        first, beyond = _draw(keys, valid, maxes, tl.load(share_ptr + at * 2), extra_key, extra_x, temperature,
+                              top_k, top_p, seed, counter, 0, SPAN, True, True)
+        if beyond:  # a wide top_k over a flat row: rank the whole row (slow, exact)
+            position = tl.arange(0, SPAN)
+            all_valid = position < N - 1
+            x = tl.load(base + 1 + position, mask=all_valid, other=0.0).to(tl.float32)
+            all_keys = tl.sort(tl.where(all_valid, keys_of(x, position, SPAN), -9223372036854775807 - 1),
+                               descending=True)
+            first, beyond = _draw(all_keys, all_valid, maxes, tl.load(share_ptr + at * 2), extra_key, extra_x,
+                                  temperature, top_k, top_p, seed, counter, 0, SPAN, True, True)
+        retry, _ = _draw(keys, valid, maxes, tl.load(share_ptr + at * 2 + 1), extra_key, extra_x, ras_temperature,
+                         ras_top_k, ras_top_p, seed, counter, 1, SPAN, True, True)  # top_k 30: always exact
         first_id = tl.load(ids_ptr + first)
         retry_id = tl.load(ids_ptr + retry)
         window = tl.load(window_ptr + row * WINDOW + tl.arange(0, WINDOW))
@@ -267,69 +273,72 @@ if triton is not None:
         semantic = (first_id >= semantic_start) & (first_id < semantic_end)
         tl.store(out_ptr + row, tl.where(repeated & semantic, retry_id, first_id))
         if HAS_FINITE:
-            ok = _row_finite(x, valid) & _finite(extra_x)
+            ok = (tl.sum(tl.load(bad_ptr + at), 0) == 0) & _finite(extra_x)
             tl.store(finite_ptr + row, (tl.load(finite_ptr + row) != 0) & ok)
 
     @triton.jit
     def _sample_code_kernel(
-        logits_ptr, stride_row,  # [B, N] float
         temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, counter_ptr,  # [B] each
+        keys_ptr, max_ptr, share_ptr, bad_ptr,  # the chunks' reports (top_keys.top_chunks)
         finite_ptr, out_ptr,  # bool [B] (ANDed when HAS_FINITE), int64 [B]
         stream, max_top_k,
-        N: tl.constexpr, SPAN: tl.constexpr, SELECT: tl.constexpr, HAS_FINITE: tl.constexpr,
+        SPAN: tl.constexpr, HAS_FINITE: tl.constexpr, LOG_CHUNKS: tl.constexpr, LOG_K: tl.constexpr,
     ):
         row = tl.program_id(0)
-        position = tl.arange(0, SPAN)
-        valid = position < N
-        x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + position, mask=valid, other=0.0).to(tl.float32)
-        keys = tl.where(valid, _keys(x, position, SPAN), -9223372036854775807 - 1)
-        top = tl.topk(keys, SELECT)  # [SELECT], descending
-        top_valid = tl.arange(0, SELECT) < N
-        top_k = tl.minimum(tl.load(top_k_ptr + row), max_top_k)
-        code = _draw(top, top_valid, x, valid, 0, 0.0, tl.load(temperature_ptr + row), top_k,
-                     tl.load(top_p_ptr + row), tl.load(seed_ptr + row), tl.load(counter_ptr + row), stream,
-                     SPAN, False, False)
+        CHUNKS: tl.constexpr = 1 << LOG_CHUNKS
+        K: tl.constexpr = 1 << LOG_K
+        at = row * CHUNKS + tl.arange(0, CHUNKS)
+        keys = merge_chunks(tl.load(keys_ptr + at[:, None] * K + tl.arange(0, K)[None, :]), LOG_CHUNKS, LOG_K)
+        valid = keys != -9223372036854775807 - 1
+        top_k = tl.minimum(tl.load(top_k_ptr + row), max_top_k)  # <= K: the K keys hold every kept code
+        code, _ = _draw(keys, valid, tl.load(max_ptr + at), tl.load(share_ptr + at * 2), 0, 0.0,
+                        tl.load(temperature_ptr + row), top_k, tl.load(top_p_ptr + row), tl.load(seed_ptr + row),
+                        tl.load(counter_ptr + row), stream, SPAN, False, False)
         tl.store(out_ptr + row, code.to(tl.int64))
         if HAS_FINITE:
-            tl.store(finite_ptr + row, (tl.load(finite_ptr + row) != 0) & _row_finite(x, valid))
+            ok = tl.sum(tl.load(bad_ptr + at), 0) == 0
+            tl.store(finite_ptr + row, (tl.load(finite_ptr + row) != 0) & ok)
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
+def _log2(n: int) -> int:
+    return max(0, n - 1).bit_length()
 
 
 def sample_main_kernel(candidate_logits: torch.Tensor, candidate_ids: torch.Tensor, ras_window: torch.Tensor,
                        settings: RowSettings, seed: torch.Tensor, counter: torch.Tensor, semantic_start: int,
                        codebook_size: int, finite: torch.Tensor | None = None) -> torch.Tensor:
-    """`sample_main_reference` as one Triton launch (one program per row)."""
+    """`sample_main_reference` as two Triton launches: the chunks' top keys, then one program
+    per row merging them and drawing."""
     B, N = candidate_logits.shape
     assert candidate_logits.stride(-1) == 1 and candidate_ids.is_contiguous() and N >= 2
     assert ras_window.shape == (B, RAS_WINDOW_FRAMES) and ras_window.is_contiguous()
-    span = _pow2(N - 1)
+    keys, maxes, shares, bad = top_chunks(candidate_logits, 1, N - 1, settings.temperature, RAS_TEMPERATURE)
+    span = max(1 << _log2(N - 1), SELECT)
     out = torch.empty(B, dtype=torch.long, device=candidate_logits.device)
     _sample_main_kernel[(B,)](
         candidate_logits, candidate_logits.stride(0), candidate_ids, ras_window,
-        settings.temperature, settings.top_k, settings.top_p, seed, counter,
+        settings.temperature, settings.top_k, settings.top_p, seed, counter, keys, maxes, shares, bad,
         finite if finite is not None else out, out,
         RAS_TEMPERATURE, RAS_TOP_K, RAS_TOP_P, semantic_start, semantic_start + codebook_size,
         N=N, SPAN=span, WINDOW=RAS_WINDOW_FRAMES, HAS_FINITE=finite is not None,
-        num_warps=16 if span >= 2048 else 4,
+        LOG_CHUNKS=_log2(keys.shape[1]), LOG_K=_log2(SELECT),
+        num_warps=16 if span >= 2048 else 4,  # the whole-row sort a wide top_k may need
     )
     return out
 
 
 def sample_code_kernel(logits: torch.Tensor, settings: RowSettings, seed: torch.Tensor, counter: torch.Tensor,
                        head: int, finite: torch.Tensor | None = None) -> torch.Tensor:
-    """`sample_code_reference` as one Triton launch (one program per row)."""
+    """`sample_code_reference` as two Triton launches: the chunks' top keys, then one program
+    per row merging them and drawing."""
     B, N = logits.shape
-    assert logits.stride(-1) == 1
-    span = max(_pow2(N), CODE_SELECT)
+    keys, maxes, shares, bad = top_chunks(logits, 0, N, settings.temperature)
     out = torch.empty(B, dtype=torch.long, device=logits.device)
     _sample_code_kernel[(B,)](
-        logits, logits.stride(0), settings.temperature, settings.top_k, settings.top_p, seed, counter,
+        settings.temperature, settings.top_k, settings.top_p, seed, counter, keys, maxes, shares, bad,
         finite if finite is not None else out, out, STREAM_CODE + head, CODEBOOK_TOP_K,
-        N=N, SPAN=span, SELECT=CODE_SELECT, HAS_FINITE=finite is not None,
-        num_warps=8 if span >= 2048 else 4,
+        SPAN=max(1 << _log2(N), SELECT), HAS_FINITE=finite is not None,
+        LOG_CHUNKS=_log2(keys.shape[1]), LOG_K=_log2(SELECT), num_warps=2,
     )
     return out
 

@@ -90,12 +90,31 @@ def check_code(rows: int, width: int, device: str, seed: int, head: int) -> None
 @pytest.mark.kernel
 def test_main_kernel_equals_reference() -> None:
     check_main(rows=8, width=65, device=DEVICE, seed=0)
+    check_main(rows=8, width=201, device=DEVICE, seed=7)  # four chunks of 64, the last one partly empty
 
 
 @pytest.mark.kernel
 def test_code_kernel_equals_reference() -> None:
     check_code(rows=6, width=64, device=DEVICE, seed=1, head=0)
     check_code(rows=6, width=48, device=DEVICE, seed=2, head=8)  # a width that is not a power of two
+    check_code(rows=6, width=200, device=DEVICE, seed=8, head=4)  # four chunks, the last with 8 logits
+
+
+@pytest.mark.kernel
+def test_main_kernel_ranks_the_whole_row_when_a_wide_top_k_reaches_past_the_merged_keys() -> None:
+    """Flat rows with top_k beyond the 32 merged keys and top_p 1 keep all 64 candidates:
+    only the kernel's whole-row ranking draws the ones past the first 32."""
+    rows, width = 12, 65
+    logits = torch.zeros(rows, width, device=DEVICE)
+    settings = SamplingTensors(torch.ones(rows, device=DEVICE), torch.full((rows,), 1000, device=DEVICE),
+                               torch.ones(rows, device=DEVICE))
+    seed, counter = draws_state(rows, DEVICE, torch.Generator().manual_seed(9))
+    ids, window = candidates(width, DEVICE), torch.full((rows, 16), -1, device=DEVICE)
+    got = sampler.sample_main_kernel(logits, ids, window, settings, seed, counter, SEMANTIC_START, width - 1)
+    expected = sampler.sample_main_reference(logits, ids, window, settings, seed, counter, SEMANTIC_START,
+                                             width - 1)
+    assert got.tolist() == expected.tolist()
+    assert (got >= SEMANTIC_START + 32).any()  # some draws lie past the first 32 candidates
 
 
 @pytest.mark.kernel
