@@ -4,7 +4,9 @@ Design choices:
 - The released codec.pth holds weights only; `RELEASED` below is the configuration the
   release builds (modded_dac_vq.yaml), in that file's field names. A `codec_config.json`
   beside codec.pth overrides any of its fields (tiny checkpoints carry one), so every
-  size still comes from the checkpoint directory.
+  size still comes from the checkpoint directory; a field the configuration does not have
+  is refused by name (`codec_config.decoder_dimm is not a field ...`), except the
+  release's training-only ones (TRAINING_FIELDS).
 - Loading is a table: module names follow the state-dict keys, with one rename: weight
   norm (`X.parametrizations.weight.original0/1`, or DAC's older `X.weight_g/_v`) is
   folded into `X.weight` here, once. Wrappers of training checkpoints (a `state_dict`
