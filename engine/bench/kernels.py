@@ -8,9 +8,10 @@ torch reference, the bytes one call must move, the floor (those bytes over the m
 device copy bandwidth), the kernel's ratio to it, and how many calls one decode step
 makes (so `step_ms` is the kernel's share of a step). Kernels: the sampler's main-token
 draw (4,097 candidates with RAS) and one codebook head's (4,096), the residual add +
-RMSNorm of a 2,048-wide row, one Gated DeltaNet layer's step, and one layer's FP8
-experts (256 x 2,048 x 512, top 8; the default layout, one block per pair without
-split-K as the kernel ran before, and the by-expert layout).
+RMSNorm of a 2,048-wide row, one Gated DeltaNet layer's step, one MoE layer's routing
+(softmax, top 8 of 256, renormalised), and one layer's FP8 experts (256 x 2,048 x 512,
+top 8; the default layout, one block per pair without split-K as the kernel ran before,
+and the by-expert layout).
 
 Design choices:
 - A call's time is the replay of a CUDA graph of `copies` calls divided by `copies`,
@@ -41,7 +42,7 @@ import torch
 
 from engine.drama3.config import Drama3Config
 
-HELP = "each decode kernel (sampler, norm, DeltaNet step, FP8 MoE) vs its torch reference (needs CUDA)"
+HELP = "each decode kernel (sampler, norm, DeltaNet step, MoE routing, FP8 MoE) vs its torch reference (needs CUDA)"
 COLD_BYTES = 128 << 20  # data read cold per timed graph, at least (the L2 cache is 50-60 MiB)
 MAX_COPIES = 64
 REPLAYS = 20
@@ -196,10 +197,22 @@ def moe_cases(config: Drama3Config, rows: int, device: torch.device) -> list[Cas
     ]
 
 
+def routing_cases(config: Drama3Config, rows: int, device: torch.device) -> list[Case]:
+    from engine.kernels import moe_routing
+
+    text = config.text
+    E, k = text.num_experts, text.num_experts_per_tok
+    packed = torch.randn(rows, E + 1, device=device).bfloat16()  # the router + shared-expert gate GEMM's output
+    logits = packed[:, :E]  # [B, E], a view as in the step
+    return [Case("moe_routing", rows, text.num_hidden_layers, rows * (E * 2 + k * 12), 1,
+                 lambda i: moe_routing.route_kernel(logits, k), lambda i: moe_routing.route_reference(logits, k))]
+
+
 def cases(config: Drama3Config, rows: int, device: torch.device) -> list[Case]:
     """Every kernel's case at one batch of `rows` decoding takes."""
     return [*sampler_cases(config, rows, device), *norm_cases(config, rows, device),
-            *deltanet_cases(config, rows, device), *moe_cases(config, rows, device)]
+            *deltanet_cases(config, rows, device), *routing_cases(config, rows, device),
+            *moe_cases(config, rows, device)]
 
 
 # ─── timing ──────────────────────────────────────────────────────────────────

@@ -2,7 +2,7 @@
 
     fuse_projections(model)                      # one GEMM per group of linears over one input (any device)
     install_fast_path(model)                     # fused projections; fla DeltaNet prefill; the DeltaNet
-                                                 # decode-step kernel; compiled decode layers
+                                                 # decode-step and MoE routing kernels; compiled decode layers
     install_fast_path(model, kernels=("deltanet_step", "add_rms_norm"))   # kernels picked (KERNELS)
 
 The decode step's CUDA graphs are the Decoder's (decoder.py, engine/graphs.py).
@@ -29,8 +29,11 @@ Design choices:
   the residual add + RMSNorm stays torch code: in the compiled decode layers Inductor
   fuses each norm with the add before it, which is what engine/kernels/norm.py's kernel
   does; `add_rms_norm` puts the kernel (a graph break, like the DeltaNet step) at the
-  layers' `RMSNorm.add` instead. The block-FP8 W8A8 experts always run their kernel on
-  CUDA (moe.py): it is the release's arithmetic, and without host syncs.
+  layers' `RMSNorm.add` instead. `moe_routing` (on by default) runs each MoE layer's
+  router softmax, top-8 and renormalisation as one launch (engine/kernels/moe_routing.py)
+  instead of ~6 (torch.topk alone is a gather and a sort). The block-FP8 W8A8 experts
+  always run their kernel on CUDA (moe.py): it is the release's arithmetic, and without
+  host syncs.
 - Decode calls (one row per slot) of every backbone and tower layer run torch.compile'd
   code (Inductor fuses the norms, rope, gates and the DeltaNet step into a few kernels),
   compiled with symbolic sizes from the start (one compile serves every row and KV bucket);
@@ -51,6 +54,7 @@ from engine.drama3.backbone import DecoderLayer
 from engine.drama3.deltanet import GatedDeltaNet, recurrent_delta_rule
 from engine.drama3.layers import RMSNorm
 from engine.drama3.model import Drama3Model
+from engine.drama3.moe import SparseMoE
 from engine.drama3.tower import TowerBlock
 
 
@@ -186,8 +190,22 @@ def norm_kernel(norm: RMSNorm) -> Callable[[torch.Tensor, torch.Tensor], tuple[t
                 torch.compiler.disable(launch))  # compiled callers break around it
 
 
-KERNELS = ("deltanet_step", "add_rms_norm")  # the step's Triton kernels install_fast_path can put in
-DEFAULT_KERNELS = ("deltanet_step",)  # add_rms_norm: Inductor fuses the compiled layers' norms already
+def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """`moe.top_experts` (softmax, top k, renormalise) as one launch of the routing kernel."""
+    from engine.kernels.moe_routing import route
+
+    k = moe.top_k
+
+    def launch(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return route(logits, k)
+
+    return cast(Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                torch.compiler.disable(launch))  # compiled callers break around it
+
+
+KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing")  # the step's Triton kernels install_fast_path can put in
+# add_rms_norm: Inductor fuses the compiled layers' norms already
+DEFAULT_KERNELS = ("deltanet_step", "moe_routing")
 
 
 def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compile_prefill: bool = False,
@@ -226,6 +244,11 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
                 if "add" not in vars(norm):
                     vars(norm)["add"] = norm_kernel(norm)  # shadows RMSNorm.add
         installed.append("add_rms_norm_kernel")
+    if "moe_routing" in kernels:
+        for module in model.modules():
+            if isinstance(module, SparseMoE) and "top_experts" not in vars(module):
+                vars(module)["top_experts"] = routing_kernel(module)  # shadows SparseMoE.top_experts
+        installed.append("moe_routing_kernel")
     if compile_layers:
         import torch._dynamo
 

@@ -106,6 +106,14 @@ def experts_grouped(experts: Experts, x: torch.Tensor, index: torch.Tensor, weig
     return out
 
 
+def top_experts(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [N, E] -> the k most probable experts [N, k] (int64, most probable
+    first) and their float32 weights [N, k], renormalised over those k."""
+    probs = torch.softmax(logits.float(), dim=-1)  # [N, E]
+    weights, experts = probs.topk(k, dim=-1)  # [N, k] each, descending
+    return experts, weights / weights.sum(-1, keepdim=True)
+
+
 class MLP(nn.Module):
     """The shared expert: a SwiGLU with checkpoint names gate_proj, up_proj, down_proj."""
 
@@ -149,10 +157,9 @@ class SparseMoE(nn.Module):
         return self.top_experts(self.gate(x))
 
     def top_experts(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Router logits [N, E] -> experts [N, k] and their renormalised float32 weights [N, k]."""
-        probs = torch.softmax(logits.float(), dim=-1)  # [N, E]
-        weights, experts = probs.topk(self.top_k, dim=-1)
-        return experts, weights / weights.sum(-1, keepdim=True)
+        """Router logits [N, E] -> experts [N, k] and their renormalised float32 weights [N, k]
+        (the fast path may replace this with engine/kernels/moe_routing.py's kernel)."""
+        return top_experts(logits, self.top_k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(0, -2)  # [N, D]

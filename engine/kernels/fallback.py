@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
+
+Result = TypeVar("Result")
 
 log = logging.getLogger("retake.kernels")
 _failed: dict[str, str] = {}
 
 
-def guarded(name: str, kernel: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor],
-            *args: object) -> torch.Tensor:
+def guarded(name: str, kernel: Callable[..., Result], reference: Callable[..., Result], *args: object) -> Result:
     """kernel(*args), or reference(*args) once the kernel has failed in this process."""
     if name not in _failed:
         try:
