@@ -21,7 +21,7 @@ Design choices:
   buffer). Fuse on the model's final device: `.to()` afterwards copies the views apart.
 - Gated DeltaNet prefill runs flash-linear-attention's chunked kernel; one-row decode
   calls run the whole step between the projections and `out_proj` (conv state, gated
-  delta rule, gated norm) as one Triton launch per layer (engine/kernels/deltanet_step.py,
+  delta rule, gated norm) as two Triton launches per layer (engine/kernels/deltanet_step.py,
   tested against its torch reference and the layer). torch.compile does not trace into
   it (a graph break): inside the decode step's CUDA graph a break costs nothing.
 - Each Triton kernel of the step is selectable (`kernels`, `retake bench decode
