@@ -85,8 +85,8 @@ if triton is not None:
         K: tl.constexpr = x.shape[1]
         flip = tl.reshape(descending, (GROUPS, 1, 1, 1))
         for step in tl.static_range(LOG_K):
-            d: tl.constexpr = (K // 2) >> step
-            h = tl.reshape(x, (GROUPS, K // (2 * d), 2, d))
+            # partners are (K / 2) >> step apart: blocks of twice that, 1 << step of them per row
+            h = tl.reshape(x, (GROUPS, 1 << step, 2, (K // 2) >> step))
             partner = h ^ tl.reduce(h, 2, _xor, keep_dims=True)  # the element across the size-2 axis
             right = tl.reshape(tl.arange(0, 2), (1, 1, 2, 1)) == 1
             # ascending rows keep the smaller on the left, descending ones the larger
@@ -100,10 +100,10 @@ if triton is not None:
         ascending for even c, descending for odd c; a single row: descending)."""
         K: tl.constexpr = keys.shape[1]
         for level in tl.static_range(LOG_CHUNKS):
-            pairs: tl.constexpr = keys.shape[0] // 2
-            keys = tl.max(tl.reshape(keys, (pairs, 2, K)), 1)  # [pairs, K]: bitonic, the pair's best K
-            parity = (tl.arange(0, pairs) % 2 == 1) | (level == LOG_CHUNKS - 1)  # odd rows, the last: descending
-            keys = _bitonic_merge(keys, tl.reshape(parity, (pairs, 1)), LOG_K)
+            # (constexpr sizes inline: Triton does not let a loop reassign a constexpr)
+            keys = tl.max(tl.reshape(keys, (keys.shape[0] // 2, 2, K)), 1)  # [pairs, K]: bitonic, their best K
+            parity = (tl.arange(0, keys.shape[0]) % 2 == 1) | (level == LOG_CHUNKS - 1)  # odd rows, the last: down
+            keys = _bitonic_merge(keys, tl.reshape(parity, (keys.shape[0], 1)), LOG_K)
         return tl.reshape(keys, (K,))
 
     @triton.jit
