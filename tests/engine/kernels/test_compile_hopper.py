@@ -1,5 +1,6 @@
-"""PersonaPlex's kernels compile for the H200 (sm_90) with Triton's own compiler, here without a GPU:
-types, loop-carried values and constexprs are checked as the GPU build will check them."""
+"""The kernels compile for the H200 (sm_90) with Triton's own compiler, here without a GPU:
+types, loop-carried values and constexprs are checked as the GPU build will check them (the
+interpreter lets through, for one, a constexpr reassigned in a loop)."""
 
 from __future__ import annotations
 
@@ -17,15 +18,57 @@ STRIDES = ("stride_qb", "stride_qh", "stride_kb", "stride_kh", "stride_kc", "str
            "stride_sb", "stride_sh", "stride_tb", "stride_th", "capacity", "context")
 
 
-def compile_for_hopper(fn, signature: dict[str, str], constants: dict[str, object]) -> str:  # type: ignore[no-untyped-def]
+def compile_for_hopper(fn, signature: dict[str, str], constants: dict[str, object],  # type: ignore[no-untyped-def]
+                       num_warps: int = 4) -> str:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     source = ASTSource(fn=fn, signature={**signature, **{name: "constexpr" for name in constants}},
                        constexprs=constants)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
     return str(kernel.asm["ptx"])
+
+
+CHUNK_REPORTS = {"keys_ptr": "*i64", "max_ptr": "*fp32", "share_ptr": "*fp64", "bad_ptr": "*i32"}
+ROW_SETTINGS = {"temperature_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "seed_ptr": "*i64",
+                "counter_ptr": "*i64"}
+
+
+def test_sampler_kernels_compile_at_full_width() -> None:
+    from engine.kernels import sampler, top_keys
+
+    chunks = {"logits_ptr": "*fp32", "stride_row": "i32", "offset": "i32", "temperature_ptr": "*fp32",
+              "second_temperature": "fp32", **CHUNK_REPORTS}
+    compile_for_hopper(top_keys._top_chunks_kernel, chunks, {"N": 4096, "SPAN": 4096, "CHUNK_": 256, "CHUNKS": 16,
+                                                             "K": 32, "TWO": True}, num_warps=2)
+    code = {**ROW_SETTINGS, **CHUNK_REPORTS, "finite_ptr": "*i1", "out_ptr": "*i64", "stream": "i32",
+            "max_top_k": "i32"}
+    compile_for_hopper(sampler._sample_code_kernel, code, {"SPAN": 4096, "HAS_FINITE": True, "LOG_CHUNKS": 4,
+                                                           "LOG_K": 5}, num_warps=2)
+    main = {"logits_ptr": "*fp32", "stride_row": "i32", "ids_ptr": "*i64", "window_ptr": "*i64", **ROW_SETTINGS,
+            **CHUNK_REPORTS, "finite_ptr": "*i1", "out_ptr": "*i64", "ras_temperature": "fp32", "ras_top_k": "i32",
+            "ras_top_p": "fp32", "semantic_start": "i32", "semantic_end": "i32"}
+    compile_for_hopper(sampler._sample_main_kernel, main, {"N": 4097, "SPAN": 4096, "WINDOW": 16, "HAS_FINITE": True,
+                                                           "LOG_CHUNKS": 4, "LOG_K": 5}, num_warps=16)
+
+
+def test_routing_and_deltanet_kernels_compile_at_full_size() -> None:
+    from engine.kernels import deltanet_step, moe_routing
+
+    routing = {"logits_ptr": "*bf16", "stride_row": "i32", "experts_ptr": "*i64", "weights_ptr": "*fp32"}
+    compile_for_hopper(moe_routing._route_kernel, routing, {"E": 256, "SPAN": 256, "K": 8, "SLOTS": 8}, num_warps=1)
+    state = {"mixed_ptr": "*bf16", "b_ptr": "*bf16", "a_ptr": "*bf16", "stride_mixed": "i32", "stride_b": "i32",
+             "stride_a": "i32", "conv_state_ptr": "*bf16", "conv_weight_ptr": "*bf16", "a_log_ptr": "*fp32",
+             "dt_bias_ptr": "*fp32", "state_ptr": "*fp32", "positions_ptr": "*i64", "slots_ptr": "*i64",
+             "o_ptr": "*fp32"}
+    compile_for_hopper(deltanet_step._deltanet_state_kernel, state, {"HK": 16, "REPEAT": 2, "DK": 128, "DV": 128,
+                                                                     "BV": 32, "KERNEL": 4, "TAPS": 4})
+    out = {"o_ptr": "*fp32", "z_ptr": "*bf16", "stride_z": "i32", "mixed_ptr": "*bf16", "stride_mixed": "i32",
+           "conv_state_ptr": "*bf16", "norm_weight_ptr": "*bf16", "positions_ptr": "*i64", "slots_ptr": "*i64",
+           "out_ptr": "*bf16", "norm_eps": "fp32"}
+    compile_for_hopper(deltanet_step._deltanet_out_kernel, out, {"HV": 32, "DV": 128, "C": 8192, "CH": 256,
+                                                                 "CH_SPAN": 256, "KERNEL": 4, "TAPS": 4})
 
 
 @pytest.mark.parametrize("float8", [True, False])
