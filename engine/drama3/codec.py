@@ -15,7 +15,11 @@ Design choices:
   autocast on a GPU; decoding runs the quantiser (embeddings, post transformer,
   upsampling) in float32 and the convolutional decoder in float16 on a GPU, float32 on
   CPU.
-- One clip at a time: the batch dimension exists only inside the modules.
+- `decode` takes one clip; `decode_batch` takes clips of one length (the vocoder's windows
+  of several takes at once, codec_graphs.py). The modules carry the batch dimension end
+  to end; each clip's samples depend on its own codes only (no op mixes the batch), but
+  a convolution's kernel may change with the batch size, so a clip decoded in a batch can
+  differ from the same clip alone in float rounding (~4e-6 in float32 on a CPU).
 """
 
 from __future__ import annotations
@@ -216,8 +220,16 @@ class Codec(nn.Module):
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """float32 waveform [F * frame_samples] (on the codec's device) of codes [N, F]."""
-        latent = self.quantizer.decode(codes.to(self.device, torch.long)[None])  # [1, C, 4F]
-        out: torch.Tensor = self.decoder(latent.to(self.decoder_dtype))[0, 0].float()
+        return self.decode_batch(codes[None])[0]
+
+    @torch.inference_mode()
+    def decode_batch(self, codes: torch.Tensor) -> torch.Tensor:
+        """float32 waveforms [B, F * frame_samples] (on the codec's device) of codes [B, N, F]."""
+        if codes.dim() != 3 or codes.shape[1] != self.num_codebooks:
+            raise ValueError(f"decode_batch takes codes [batch, {self.num_codebooks}, frames]; got "
+                             f"{tuple(codes.shape)}")
+        latent = self.quantizer.decode(codes.to(self.device, torch.long))  # [B, C, 4F]
+        out: torch.Tensor = self.decoder(latent.to(self.decoder_dtype))[:, 0].float()  # [B, F * frame_samples]
         return out
 
     def encode_reference(self, data: bytes | str | os.PathLike[str]) -> NDArray[np.int64]:

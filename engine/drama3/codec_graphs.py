@@ -1,8 +1,10 @@
-"""The codec's decoder as CUDA graphs, one per window length: a window's PCM16 from a replay.
+"""The codec's decoder as CUDA graphs, one per window length: windows' PCM16 from a replay,
+several takes' windows of one length in one replay.
 
-    graphs = WindowGraphs(codec, window_lengths(overlap, first_window))   # stream.py's lengths
+    graphs = WindowGraphs(codec, window_lengths(overlap, first_window), batch=8)   # stream.py's lengths
     graphs.capture()                             # before the first take (CUDA)
     pcm = decode_window(codec, codes, window, graphs)   # int16 numpy, the window's new samples
+    pcms = decode_windows(codec, [(codes, window), ...], graphs)   # windows of many takes, batched
     pcm = render_take(codec, codes, overlap, first_window, graphs)   # a whole take, as streamed
 
 Launched from Python, a window's decode (quantiser embeddings, the 8-layer post
@@ -17,15 +19,30 @@ Design choices:
   in the graph of the next longer length, its codes padded with zeros on the right: the
   codec is causal, so the padding changes no sample of the window's own frames beyond
   rounding, and only those samples are kept. A window longer than every graph runs eagerly.
-- The graph converts to PCM16 on the device; only the kept int16 samples come to the host,
+- The long lengths (`batched_from` frames and more: 128 ... 384 with the seed's schedule,
+  where a take spends most of its codec time, 52 ms per 384-frame window on the H200)
+  decode `batch` windows of several takes in one call: their graphs have `batch` rows,
+  the short ones (a take's first windows) one row, so a lone first window never pays
+  for a batch. A group of fewer windows fills the other rows with zero codes.
+- Each length has exactly one graph, of one row count, so a window decodes through the
+  same kernels whichever other windows share its call: the clips of a batch never mix
+  (codec_layers.py), and a row's samples do not depend on its place in the batch or on
+  the other rows (tested on a CPU, and on the GPU by the gpu tests). So `render_take`
+  (the WAV export, one window per call) still reproduces a stream sample for sample. A
+  graph per (rows, length), picked by how many windows are due, would let a lone window
+  pay less, but a window would then decode through different kernels (convolution
+  algorithms change with the batch size), up to rounding: the export would no longer be
+  the stream.
+- The graph converts to PCM16 on the device; only the int16 rows come to the host,
   pinned and event-polled (engine/readback.py).
-- The static buffers serve one window at a time: the vocoder thread and an export on the
+- The static buffers serve one call at a time: the vocoder thread and an export on the
   engine thread take a lock around copy-in, replay and read-back (replays on two streams
-  would otherwise overwrite each other's buffers). The same window always decodes through
-  the same graph, so `render_take` still reproduces a stream sample for sample.
+  would otherwise overwrite each other's buffers).
 - The graphs belong to whoever vocodes (the engine, its takes, the export), passed along
   with the codec rather than hung on it, so the codec and the pure schedule (stream.py)
-  never import this module. Without graphs (a CPU) a window decodes eagerly.
+  never import this module. Without graphs (a CPU) a window decodes eagerly, alone;
+  WindowGraphs on a CPU run their padded, batched code eagerly (the tests' way to the
+  batched path).
 - The graphs share one memory pool of their own (they may run while the decode graphs do).
 """
 
@@ -43,16 +60,24 @@ from engine.graphs import StepGraphs
 from engine.pcm import pcm16
 from engine.readback import to_host
 
+VOCODER_BATCH = 8  # rows of the long windows' graphs (engine default; docs/perf.md)
+BATCHED_FROM = 128  # frames: windows this long (context included) decode `batch` to a call
+
 
 class WindowGraphs:
-    """A window's PCM16 from the graph of its length (padded up), for one codec."""
+    """Windows' PCM16 from the graph of their length (padded up), `batch` windows to a call
+    for the lengths from `batched_from`, for one codec."""
 
-    def __init__(self, codec: Codec, lengths: list[int], *, enabled: bool = True) -> None:
+    def __init__(self, codec: Codec, lengths: list[int], *, batch: int = 1, batched_from: int = BATCHED_FROM,
+                 enabled: bool = True) -> None:
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"the vocoder's batch must be a whole number of windows >= 1; got {batch!r}")
         self.codec, self.lengths = codec, sorted(set(lengths))
+        self.batch, self.batched_from = batch, batched_from
         device = codec.device
         longest = self.lengths[-1]
-        self.codes = torch.zeros((codec.num_codebooks, longest), dtype=torch.long, device=device)
-        self.out = torch.zeros(longest * codec.frame_samples, dtype=torch.int16, device=device)
+        self.codes = torch.zeros((batch, codec.num_codebooks, longest), dtype=torch.long, device=device)
+        self.out = torch.zeros((batch, longest * codec.frame_samples), dtype=torch.int16, device=device)
         self.graphs = StepGraphs(self.static_window, self.lengths, enabled=enabled and device.type == "cuda",
                                  name="codec window")
         self.lock = threading.Lock()
@@ -65,39 +90,85 @@ class WindowGraphs:
         with self.lock:
             self.graphs.capture()
 
+    def rows(self, length: int) -> int:
+        """Windows decoded per call by the graph of `length` frames."""
+        return self.batch if length >= self.batched_from else 1
+
     def static_window(self, length: int) -> None:
-        """What a graph captures: PCM16 of the first `length` static frames."""
-        audio = self.codec.decode(self.codes[:, :length])  # [length * frame_samples] float32
-        self.out[:audio.numel()].copy_(pcm16(audio))
+        """What a graph captures: PCM16 of the first `length` static frames of its rows."""
+        rows = self.rows(length)
+        audio = self.codec.decode_batch(self.codes[:rows, :, :length])  # [rows, length * frame_samples] float32
+        self.out[:rows, :audio.shape[1]].copy_(pcm16(audio))
+
+    def length_for(self, window: Window) -> int | None:
+        """The graph length `window` decodes at (padded up; replayed once captured on CUDA, the
+        same code eagerly on a CPU), None if it decodes eagerly alone (empty, longer than every
+        graph, or its graph failed to capture)."""
+        frames = window.end - window.start
+        if window.frames == 0 or frames > self.lengths[-1]:
+            return None
+        length = self.graphs.bucket_for(frames)
+        return None if length in self.graphs.eager else length
 
     def runs(self, window: Window) -> bool:
-        """Whether `window` decodes through a graph (else eagerly)."""
-        frames = window.end - window.start
-        return self.graphs.enabled and frames <= self.lengths[-1] \
-            and self.graphs.bucket_for(frames) in self.graphs.graphs
+        """Whether `window` decodes as a graph replay."""
+        length = self.length_for(window)
+        return self.graphs.enabled and length is not None and length in self.graphs.graphs
 
     def pcm(self, codes: torch.Tensor, window: Window) -> NDArray[np.int16]:
         """The window's new samples as int16 (on the host); codes [num_codebooks, >= window.end]
         on the codec's device."""
-        frames = window.end - window.start
-        length = self.graphs.bucket_for(frames)
+        return self.pcm_batch([(codes, window)])[0]
+
+    def pcm_batch(self, windows: list[tuple[torch.Tensor, Window]]) -> list[NDArray[np.int16]]:
+        """Each window's new samples as int16 (on the host), decoded in one call: windows of one
+        graph length, at most `rows` of it, each with its take's codes [num_codebooks, >= end]."""
+        frames = [window.end - window.start for _, window in windows]
+        length = self.graphs.bucket_for(max(frames))
+        if len(windows) > self.rows(length) or any(self.graphs.bucket_for(f) != length for f in frames):
+            raise ValueError(f"one call decodes at most {self.rows(length)} windows of one graph length")
         fs = self.codec.frame_samples
         with self.lock:
-            self.codes[:, :frames].copy_(codes[:, window.start:window.end])
-            self.codes[:, frames:length].zero_()  # causal: the padding does not reach the window's frames
+            for row, ((codes, window), span) in enumerate(zip(windows, frames)):
+                self.codes[row, :, :span].copy_(codes[:, window.start:window.end])
+                self.codes[row, :, span:length].zero_()  # causal: the padding does not reach the window's frames
+            self.codes[len(windows):self.rows(length), :, :length].zero_()  # unused rows: a fixed input
             self.graphs(length)
-            kept: NDArray[np.int16] = to_host(self.out[(window.emit - window.start) * fs:frames * fs]).numpy()
-        return kept
+            pcm = self.out[:len(windows), :length * fs]  # [windows, length * fs]
+            # (a copy: on a CPU to_host hands back the static buffer itself, which the next call overwrites)
+            out = to_host(pcm).numpy() if pcm.is_cuda else pcm.clone().numpy()
+        return [out[row, (window.emit - window.start) * fs:span * fs]
+                for row, ((_, window), span) in enumerate(zip(windows, frames))]
 
 
 def decode_window(codec: Codec, codes: torch.Tensor, window: Window,
                   graphs: WindowGraphs | None = None) -> NDArray[np.int16]:
     """A window's new samples as numpy int16 on the host (read without blocking other threads'
     launches); replayed from `graphs` when one of them runs it, else decoded eagerly."""
-    if graphs is not None and window.frames > 0 and graphs.runs(window):
-        return graphs.pcm(codes, window)
-    pcm: NDArray[np.int16] = to_host(window_pcm(codec, codes, window)).numpy()
-    return pcm
+    return decode_windows(codec, [(codes, window)], graphs)[0]
+
+
+def decode_windows(codec: Codec, windows: list[tuple[torch.Tensor, Window]],
+                   graphs: WindowGraphs | None = None) -> list[NDArray[np.int16]]:
+    """Each window's new samples (numpy int16, on the host), in the order given; each window
+    with its take's codes [num_codebooks, >= window.end]. The windows of one graph length
+    decode together, `rows` to a call, shortest length first (a take's first windows are
+    short: they do not wait behind long ones); the others eagerly, one by one."""
+    out: list[NDArray[np.int16] | None] = [None] * len(windows)
+    groups: dict[int, list[int]] = {}  # graph length -> indices of its windows
+    for index, (codes, window) in enumerate(windows):
+        length = graphs.length_for(window) if graphs is not None else None
+        if length is None:
+            out[index] = to_host(window_pcm(codec, codes, window)).numpy()
+        else:
+            groups.setdefault(length, []).append(index)
+    for length, indices in sorted(groups.items()):
+        assert graphs is not None
+        rows = graphs.rows(length)
+        for chunk in (indices[i:i + rows] for i in range(0, len(indices), rows)):
+            for index, pcm in zip(chunk, graphs.pcm_batch([windows[i] for i in chunk])):
+                out[index] = pcm
+    return [pcm for pcm in out if pcm is not None]
 
 
 def render_take(codec: Codec, codes: torch.Tensor, overlap: int = STREAM_OVERLAP_FRAMES,

@@ -12,7 +12,8 @@ Design choices:
 - Numerics follow the release where they matter for parity: RoPE cos/sin are rounded to
   bfloat16 (the release precomputes them in bfloat16) and applied in float32, RMSNorm
   runs in float32, the vector quantiser picks codes by cosine similarity.
-- Batch size is whatever the caller gives; the codec API (codec.py) uses one.
+- Batch size is whatever the caller gives (codec.py decodes one clip, or windows of several
+  takes at once); no op mixes the clips of a batch.
 """
 
 from __future__ import annotations

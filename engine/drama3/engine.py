@@ -15,7 +15,7 @@ Design choices:
   cache memory. Those lengths come from the checkpoint's `max_position_embeddings`
   (`take_rows`: 8,192 + 1,200 rows where it reaches them, shared below that), and the
   engine's `limits` say them to the server. Inside, one worker thread vocodes windows while the loop decodes the
-  next frames; callers never see it.
+  next frames, the due windows of every take together (vocoder.py); callers never see it.
 - Takes in different slots decode together, one frame each per step (slots.py). On a
   GPU the slots are sized at load from the free memory (`sized_slots`: caches for the
   longest prompt plus the longest take each, 0.47 GiB at full size, 15% of the GPU kept
@@ -59,7 +59,7 @@ from engine.device import model_dtype, pick_device
 from engine.drama3.audio import MAX_REFERENCE_SECONDS
 from engine.drama3.checkpoint import HUB_PATTERNS, load_model
 from engine.drama3.codec import Codec, load_codec
-from engine.drama3.codec_graphs import WindowGraphs, render_take
+from engine.drama3.codec_graphs import VOCODER_BATCH, WindowGraphs, render_take
 from engine.drama3.config import Drama3Config
 from engine.drama3.decoder import Decoder
 from engine.drama3.fast import install_fast_path
@@ -89,6 +89,7 @@ class EngineSpec:
     # Prefix cache (prefix.py) budget in GiB; 0: off; None: half the GPU memory free after warm-up, 1 GiB on a CPU.
     prefix_cache_gib: float | None = None
     prefix_cache_host_gib: float = 0.0  # pinned host memory for snapshots evicted from the GPU (0: dropped)
+    vocoder_batch: int = VOCODER_BATCH  # long windows (128+ frames) decoded per codec call on CUDA (codec_graphs.py)
 
 
 # The first window: 4 frames (186 ms of audio) instead of the seed's 10. Measured against
@@ -202,8 +203,8 @@ class Drama3Engine:
         self.decoder = Decoder(model, max_rows, self.slots, graphs=True)  # allocates the caches
         self.decoder.prefix = prefix_cache(spec, model, self.device)
         # On CUDA a window decodes as a graph replay of its length.
-        self.window_graphs = WindowGraphs(codec, window_lengths(spec.stream_overlap_frames, spec.first_window_frames)) \
-            if self.device.type == "cuda" else None
+        self.window_graphs = WindowGraphs(codec, window_lengths(spec.stream_overlap_frames, spec.first_window_frames),
+                                          batch=spec.vocoder_batch) if self.device.type == "cuda" else None
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
         self.slot_table = Slots(self.decoder, codec, overlap=spec.stream_overlap_frames,
@@ -308,8 +309,9 @@ class Drama3Engine:
             if self.window_graphs is not None:
                 captured = time.perf_counter()
                 self.window_graphs.capture()
-                log.info("codec window graphs: %d in %.1f s", len(self.window_graphs.graphs.graphs),
-                         time.perf_counter() - captured)
+                graphs = self.window_graphs
+                log.info("codec window graphs: %d in %.1f s (%d windows to a call from %d frames)",
+                         len(graphs.graphs.graphs), time.perf_counter() - captured, graphs.batch, graphs.batched_from)
         taken = time.perf_counter()
         prompt = self.prompt(WARM_UP_LINE, None, [], Sampling(max_new_tokens=min(24, self.max_new_tokens), seed=0))
         done = next(event for event in self.generate(prompt) if isinstance(event, Done))

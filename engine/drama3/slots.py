@@ -42,6 +42,7 @@ from engine.drama3.prefill import Prefill
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule
 from engine.drama3.take import AudioWindow, Done, Take
+from engine.drama3.vocoder import Vocoder
 
 Events = list[AudioWindow | Done]
 
@@ -54,7 +55,8 @@ class Slots:
     def __init__(self, decoder: Decoder, codec: Codec, *, overlap: int, first_window: int | None,
                  executor: Executor | None = None, graphs: WindowGraphs | None = None,
                  prefill_rows: int | None = None) -> None:
-        self.decoder, self.codec, self.executor, self.graphs = decoder, codec, executor, graphs
+        self.decoder, self.codec = decoder, codec
+        self.vocoder = Vocoder(codec, graphs, executor)  # every take's windows, batched on the executor's thread
         self.overlap, self.first_window = overlap, first_window
         self.prefill_rows = prefill_rows  # prompt rows per step while takes decode; None: `admission`'s
         self.admission = Admission(frame_s=codec.frame_samples / codec.sample_rate)
@@ -93,8 +95,8 @@ class Slots:
             raise RuntimeError(f"all {len(self.takes)} slots are decoding; start a take when one is free")
         slot = self.takes.index(None)
         decoder = self.decoder
-        take = Take(prompt, slot, self.codec, self.graphs, StreamSchedule(self.overlap, self.first_window),
-                    self.executor, deadline, cancelled, eos=decoder.eos, semantic_start=decoder.semantic_start)
+        take = Take(prompt, slot, self.vocoder, StreamSchedule(self.overlap, self.first_window),
+                    deadline, cancelled, eos=decoder.eos, semantic_start=decoder.semantic_start)
         if (reason := take.stopped()) is not None:
             take.close(reason)
             self.closing.append(take)

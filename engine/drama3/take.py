@@ -19,13 +19,13 @@ Design choices:
   take's codes live on the host; a window's codes go to the codec's device (on CUDA on a
   side stream, beside the decode steps) and its PCM16 comes back, both through pinned
   memory with no blocking read: decode never waits for a vocode, and a vocode never
-  waits for the rest of the take (engine/readback.py).
-- Windows (stream.py's schedule) are vocoded as soon as their frames are committed, on a
-  worker thread when the engine gives one, so the codec runs while the next frames
-  decode; they are handed out in order. The final window (marked last, possibly empty)
-  flushes the rest whatever the finish reason, so the stream always carries exactly the
-  take's committed codes. A closed take no longer holds its slot while its last windows
-  vocode; Done follows them.
+  waits for the rest of the take (engine/readback.py, vocoder.py).
+- Windows (stream.py's schedule) go to the vocoder as soon as their frames are
+  committed: on its worker thread, with every other take's due windows (vocoder.py), so
+  the codec runs while the next frames decode; each take hands its windows out in order.
+  The final window (marked last, possibly empty) flushes the rest whatever the finish
+  reason, so the stream always carries exactly the take's committed codes. A closed
+  take no longer holds its slot while its last windows vocode; Done follows them.
 """
 
 from __future__ import annotations
@@ -33,18 +33,15 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
-from engine.drama3.codec import Codec
-from engine.drama3.codec_graphs import WindowGraphs, decode_window
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule, Window
-from engine.readback import to_device
+from engine.drama3.vocoder import Vocoder
 
 Timings = dict[str, float | None]  # prompt_rows, cached_rows, prompt_ms, prefill_ms, first_audio_ms, frames, ...
 
@@ -66,29 +63,14 @@ class Done:
     error: str | None = None
 
 
-_side_streams: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def vocode(codec: Codec, graphs: WindowGraphs | None, frames: NDArray[np.int64], window: Window) -> NDArray[np.int16]:
-    """A window's PCM16 from its frames on the host. On CUDA the copy and the codec run on
-    a side stream of their own, so they overlap the decode steps on the default stream
-    (the seed's vocoder stream) instead of queueing behind them."""
-    with torch.inference_mode():  # on the worker thread too: the graphs' buffers may be inference tensors
-        if codec.device.type != "cuda":
-            return decode_window(codec, torch.from_numpy(frames), window, graphs)
-        stream = _side_streams.setdefault(codec.device, torch.cuda.Stream(device=codec.device))
-        with torch.cuda.stream(stream):  # both copies pinned and non-blocking (engine/readback.py)
-            return decode_window(codec, to_device(frames, codec.device), window, graphs)
-
-
 class Windows:
     """A take's windows, vocoded beside the decode loop and handed out in order.
 
-    With an executor (one worker thread) a window's codec decode overlaps the next decode
-    steps, as the seed overlaps them on a side CUDA stream; without one it runs inline."""
+    The vocoder (vocoder.py) decodes them on its worker thread, batched with other takes'
+    windows, while the next decode steps run; without an executor, inline."""
 
-    def __init__(self, codec: Codec, graphs: WindowGraphs | None, executor: Executor | None) -> None:
-        self.codec, self.graphs, self.executor = codec, graphs, executor
+    def __init__(self, vocoder: Vocoder) -> None:
+        self.vocoder = vocoder
         # (window, its new codes, its PCM16 or the future of it)
         self.pending: collections.deque[tuple[Window, NDArray[np.int64], Future[NDArray[np.int16]] | NDArray[np.int16]]]
         self.pending = collections.deque()
@@ -97,10 +79,7 @@ class Windows:
     def submit(self, codes: NDArray[np.int64], window: Window) -> None:
         frames = codes[:, :window.end].copy()  # [num_codebooks, end]; a copy: later steps write after them
         new = frames[:, window.emit:]  # [num_codebooks, window.frames]
-        if self.executor is None:
-            self.pending.append((window, new, vocode(self.codec, self.graphs, frames, window)))
-        else:
-            self.pending.append((window, new, self.executor.submit(vocode, self.codec, self.graphs, frames, window)))
+        self.pending.append((window, new, self.vocoder.submit(frames, window)))
 
     def ready(self, wait: bool = False) -> Iterator[AudioWindow]:
         """The decoded windows at the head of the queue (all of them if `wait`)."""
@@ -114,17 +93,16 @@ class Windows:
 class Take:
     """A take in flight: decoding in a slot, then closed (slot freed) until its Done is out."""
 
-    def __init__(self, prompt: Prompt, slot: int, codec: Codec, graphs: WindowGraphs | None,
-                 schedule: StreamSchedule, executor: Executor | None, deadline: float | None,
-                 cancelled: Callable[[], bool] | None,
+    def __init__(self, prompt: Prompt, slot: int, vocoder: Vocoder, schedule: StreamSchedule,
+                 deadline: float | None, cancelled: Callable[[], bool] | None,
                  eos: int, semantic_start: int) -> None:
         self.started = time.perf_counter()
         self.prompt, self.slot = prompt, slot
         self.deadline, self.cancelled = deadline, cancelled
         self.eos, self.semantic_start = eos, semantic_start
-        self.schedule, self.windows = schedule, Windows(codec, graphs, executor)
+        self.schedule, self.windows = schedule, Windows(vocoder)
         self.position = len(prompt.rows) - 1  # of the next step's input frame
-        self.codes = np.zeros((codec.num_codebooks, prompt.sampling.max_new_tokens), dtype=np.int64)
+        self.codes = np.zeros((vocoder.codec.num_codebooks, prompt.sampling.max_new_tokens), dtype=np.int64)
         self.committed, self.held, self.steps, self.step_s = 0, False, 0, 0.0  # held: a <|semantic:0|> frame
         self.finish: str | None = None  # set when the take closes
         self.error: str | None = None

@@ -13,11 +13,13 @@
 - prefill: the prompt's backbone and tower prefill for 300, 1,000 and 4,000 rows, launched
   from Python and replayed from the chunk graphs (prefill.py), beside the targets.
 - takes: all of the above, plus first audio (prefill start to the first PCM window on the
-  host) for a 300-row prompt, vocode ms per window length, and peak GPU memory.
+  host) for a 300-row prompt, vocode ms per window length, vocode ms per long window
+  (320 + 64 frames) when 1, 4 or 16 takes' windows decode in one call (vocoder.py), and
+  peak GPU memory.
 
 One module per part: model (the weights and synthetic prompts), decode (the step and its
 floor, the step by decoding rows), profiling (ops per step, kernel tables), prefill, takes
-(first audio, vocode); engine/bench/timing.py times them all.
+(first audio, vocode), vocoder (batched windows); engine/bench/timing.py times them all.
 
 Design choices:
 - The parts run in the order of what matters most (decode, first audio and vocode,
@@ -41,6 +43,7 @@ from engine.bench.drama3.model import Row, build
 from engine.bench.drama3.prefill import PREFILL_ROWS, bench_prefill
 from engine.bench.drama3.profiling import profile_tables
 from engine.bench.drama3.takes import bench_takes
+from engine.bench.drama3.vocoder import TAKES, bench_vocoder_batch
 from engine.bench.options import add_device, add_weights
 from engine.drama3.fast import DEFAULT_KERNELS, KERNELS
 
@@ -108,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         if args.bench == "takes":
             rows += bench_takes(model, codec, config, device, args.prompt_rows[0])
             flush()
+            rows += bench_vocoder_batch(codec, device)
+            flush()
         if args.bench in ("prefill", "takes"):
             rows += bench_prefill(model, config, device, args.prompt_rows)
             flush()
@@ -141,6 +146,12 @@ def run(args: argparse.Namespace) -> int:
         print("targets: first audio " + ", ".join(f"{r['first_audio_ms']} ms (first window "
                                                  f"{r['first_window_frames']}, {r['vocoder']})" for r in first)
               + f" (<= {TARGETS['first_audio_ms']})")
+    batched = [r for r in rows if r["bench"] == "vocode_batch"]
+    if batched:
+        key = "graph_window_ms" if "graph_window_ms" in batched[0] else "eager_window_ms"
+        print(f"targets: vocode per {batched[0]['context_frames']}+{batched[0]['frames']}-frame window "
+              + ", ".join(f"batch {r['batch']} {r.get(key)} ms" for r in batched)
+              + f" ({key.split('_')[0]}; <= {batched[0]['budget_window_ms']} ms for {TAKES} takes in real time)")
     if meta.get("peak_memory_gib") is not None:
         print(f"peak GPU memory {meta['peak_memory_gib']} GiB")
     return 0

@@ -48,3 +48,43 @@ def test_window_graphs_equal_eager_windows(tiny_checkpoint, size: str) -> None:
             assert np.array_equal(replayed, eager), window
             plain = window_pcm(codec, codes, window).cpu().numpy()
             assert snr_db(plain, replayed) > 30, (window, snr_db(plain, replayed))
+
+
+@pytest.mark.parametrize("size", ["tiny", "release"])
+def test_batched_window_graphs_equal_each_window_alone(tiny_checkpoint, size: str) -> None:
+    """Windows of four takes decoded together in the graphs of 4 rows (the long lengths): each
+    row equals the same window decoded alone in that graph (other rows zero) sample for sample,
+    whatever its row and its neighbours (so render_take reproduces a batched stream), and
+    equals the padded batch decoded eagerly."""
+    codec = load_codec(tiny_checkpoint, "cuda") if size == "tiny" else \
+        ready(random_codec(CodecConfig.from_dict(), seed=0, device="cuda"), "cuda")
+    lengths = window_lengths(STREAM_OVERLAP_FRAMES, 4)
+    graphs = WindowGraphs(codec, lengths, batch=4)
+    g = torch.Generator().manual_seed(5)
+    takes = [torch.stack([torch.randint(0, n, (500,), generator=g) for n in codec.codebook_sizes]).cuda()
+             for _ in range(5)]
+    fs = codec.frame_samples
+    with torch.inference_mode():
+        graphs.capture()
+        assert not graphs.graphs.eager, graphs.graphs.eager
+        by_length: dict[int, list] = {}
+        for cut, codes in enumerate(takes):  # each take ends elsewhere: its last window pads differently
+            for window in take_windows(500 - 7 * cut, STREAM_OVERLAP_FRAMES, 4):
+                if (length := graphs.length_for(window)) is not None:
+                    by_length.setdefault(length, []).append((codes, window))
+        batched_lengths = [length for length in by_length if graphs.rows(length) == 4]
+        assert batched_lengths and max(batched_lengths) == max(lengths)
+        for length, windows in by_length.items():
+            rows = graphs.rows(length)
+            for start in range(0, len(windows), rows):
+                group = windows[start:start + rows][::-1 if start % 2 else 1]  # rows in both orders
+                together = graphs.pcm_batch(group)
+                padded = torch.zeros((rows, codec.num_codebooks, length), dtype=torch.long, device="cuda")
+                for row, (codes, window) in enumerate(group):
+                    padded[row, :, :window.end - window.start] = codes[:, window.start:window.end]
+                eager = pcm16(codec.decode_batch(padded)).cpu().numpy()  # [rows, length * fs]
+                for row, ((codes, window), pcm) in enumerate(zip(group, together)):
+                    alone = graphs.pcm(codes, window)
+                    assert np.array_equal(pcm, alone), (length, row, window)
+                    span = window.end - window.start
+                    assert np.array_equal(pcm, eager[row, (window.emit - window.start) * fs:span * fs]), (length, row)

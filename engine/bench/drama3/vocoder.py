@@ -1,0 +1,68 @@
+"""The vocoder's batched windows: codec time per window when 1, 4 or 16 takes' long windows
+(64 new frames after 320 of context: every window of a take after its first ~4 seconds)
+decode in one call, replayed from the window graphs of that many rows, and launched from
+Python.
+
+Design choices:
+- Each batch size gets window graphs of its own (only the 384-frame length), captured,
+  timed and freed before the next, so one run measures the rows the engine could be
+  given (`EngineSpec.vocoder_batch`) without holding every pool at once.
+- The budget is what 64 takes playing in real time leave each window: a take sends a
+  long window every 64 frames, so 64 takes send one per frame's duration (46.4 ms).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import statistics
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.bench.drama3.model import Row
+from engine.bench.timing import timed_ms
+
+if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
+    from engine.drama3.codec import Codec
+
+BATCHES = (1, 4, 16)
+TAKES = 64  # takes playing at once, for the budget
+
+
+def bench_vocoder_batch(codec: Codec, device: torch.device, batches: tuple[int, ...] = BATCHES,
+                        repeats: int = 5) -> list[Row]:
+    """Per batch size: ms per call and per window of the long windows decoded together, from
+    graphs and eagerly, beside the real-time budget per window at 64 takes."""
+    from engine.drama3.codec_graphs import WindowGraphs, decode_windows
+    from engine.drama3.stream import STREAM_FOLLOWUP_STRIDE, STREAM_OVERLAP_FRAMES, Window
+
+    new, context = STREAM_FOLLOWUP_STRIDE, STREAM_OVERLAP_FRAMES
+    length = new + context
+    window = Window(start=0, emit=context, end=length, last=False)
+    frame_ms = codec.frame_samples / codec.sample_rate * 1000
+    budget = round(frame_ms * new / TAKES, 1)  # ms of codec time per window at TAKES takes in real time
+    generator = torch.Generator().manual_seed(0)
+    out: list[Row] = []
+    for batch in batches:
+        windows = [(torch.stack([torch.randint(0, n, (length,), generator=generator) for n in codec.codebook_sizes])
+                    .to(device), window) for _ in range(batch)]  # [num_codebooks, length] each: one take's frames
+        row: Row = {"bench": "vocode_batch", "frames": new, "context_frames": context, "batch": batch}
+        eager = functools.partial(codec.decode_batch, torch.stack([codes for codes, _ in windows]))  # [B, N, L]
+        eager()
+        eager_ms = statistics.median(timed_ms(eager, device, repeats))
+        row.update(eager_call_ms=round(eager_ms, 2), eager_window_ms=round(eager_ms / batch, 2))
+        graphs = WindowGraphs(codec, [length], batch=batch, batched_from=1)
+        graphs.capture()
+        if graphs.runs(window):  # (on a CPU graphs are off: eager only)
+            call = functools.partial(decode_windows, codec, windows, graphs)
+            call()
+            graph_ms = statistics.median(timed_ms(call, device, repeats))
+            row.update(graph_call_ms=round(graph_ms, 2), graph_window_ms=round(graph_ms / batch, 2))
+        row["budget_window_ms"] = budget
+        out.append(row)
+        del graphs, windows
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out

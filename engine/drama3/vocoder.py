@@ -1,0 +1,114 @@
+"""The vocoder: every take's due windows, decoded on one worker thread, a call per graph length.
+
+    vocoder = Vocoder(codec, graphs, executor)     # executor: one worker thread, or None (inline)
+    future = vocoder.submit(frames, window)        # frames [num_codebooks, >= window.end], on the host
+    pcm = future.result()                          # int16 [window.frames * frame_samples]
+
+Design choices:
+- One queue for the windows of every take. The worker drains it: it takes every window
+  queued by then, across all takes, and decodes them with `decode_windows`
+  (codec_graphs.py: the windows of one graph length in one call, shortest length first).
+  Windows that arrive during a drain go to the next one, which starts at once: a lone
+  take's first window waits at most for the call in progress, never for a batch to fill.
+  At 64 takes many long windows come due while a call runs, so the calls fill up by
+  themselves.
+- Each window has its own future; a take hands out its windows in its own order
+  (take.py's `Windows`), so order per take holds whatever order a drain decodes in.
+- A drain that fails is retried window by window, so only the takes whose window fails
+  get the error (take.py ends them); the others' windows stand.
+- On CUDA a drain's copies and codec calls run on a side stream of the vocoder's own, so
+  they overlap the decode steps on the default stream (the seed's vocoder stream)
+  instead of queueing behind them; both copies are pinned and non-blocking
+  (engine/readback.py).
+- Without an executor (a bench, a test) `submit` decodes at once, alone: the same graph
+  and row count as in a batch (codec_graphs.py), so the same samples.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Executor, Future
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from engine.drama3.codec import Codec
+from engine.drama3.codec_graphs import WindowGraphs, decode_windows
+from engine.drama3.stream import Window
+from engine.readback import to_device
+
+Job = tuple[NDArray[np.int64], Window, "Future[NDArray[np.int16]]"]  # a take's frames, its window, the PCM to come
+
+_side_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def vocode(codec: Codec, graphs: WindowGraphs | None,
+           windows: list[tuple[NDArray[np.int64], Window]]) -> list[NDArray[np.int16]]:
+    """Each window's PCM16 from its take's frames [num_codebooks, >= end] on the host, in order."""
+    with torch.inference_mode():  # on the worker thread too: the graphs' buffers may be inference tensors
+        if codec.device.type != "cuda":
+            return decode_windows(codec, [(torch.from_numpy(frames), window) for frames, window in windows], graphs)
+        stream = _side_streams.setdefault(codec.device, torch.cuda.Stream(device=codec.device))
+        with torch.cuda.stream(stream):
+            on_device = [(to_device(frames, codec.device), window) for frames, window in windows]
+            return decode_windows(codec, on_device, graphs)
+
+
+class Vocoder:
+    """Windows of every take, vocoded together on one worker thread (or inline)."""
+
+    def __init__(self, codec: Codec, graphs: WindowGraphs | None, executor: Executor | None) -> None:
+        self.codec, self.graphs, self.executor = codec, graphs, executor
+        self.lock = threading.Lock()
+        self.queue: list[Job] = []  # submitted, not yet taken by a drain
+        self.draining = False  # a drain is scheduled or running on the executor
+        self.calls = 0  # drains (or inline windows) decoded, for benches and tests
+        self.windows = 0
+
+    def submit(self, frames: NDArray[np.int64], window: Window) -> Future[NDArray[np.int16]]:
+        """The future PCM16 of `window` of a take whose frames so far are `frames` (not written
+        to afterwards: the caller hands over a copy)."""
+        future: Future[NDArray[np.int16]] = Future()
+        job = (frames, window, future)
+        if self.executor is None:
+            self.decode([job])
+            return future
+        with self.lock:
+            self.queue.append(job)
+            if self.draining:
+                return future
+            self.draining = True
+        try:
+            self.executor.submit(self.drain)
+        except Exception:
+            with self.lock:  # (the executor is shut down) nothing will drain: the caller reports it
+                self.draining = False
+                self.queue.remove(job)
+            raise
+        return future
+
+    def drain(self) -> None:
+        """Decode every queued window, again until the queue is empty (on the worker thread)."""
+        while True:
+            with self.lock:
+                jobs, self.queue = self.queue, []
+                if not jobs:
+                    self.draining = False
+                    return
+            self.decode(jobs)
+
+    def decode(self, jobs: list[Job]) -> None:
+        self.calls += 1
+        self.windows += len(jobs)
+        try:
+            pcms = vocode(self.codec, self.graphs, [(frames, window) for frames, window, _ in jobs])
+        except Exception as exc:  # noqa: BLE001 - find the windows that fail; the others stand
+            if len(jobs) == 1:
+                jobs[0][2].set_exception(exc)
+                return
+            for job in jobs:
+                self.decode([job])
+            return
+        for (_, _, future), pcm in zip(jobs, pcms):
+            future.set_result(pcm)

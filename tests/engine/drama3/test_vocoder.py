@@ -1,0 +1,128 @@
+"""The batched vocoder on a CPU in float32: the codec's batch decode against each clip alone,
+windows of several takes decoded in one call (WindowGraphs' rows, run eagerly) against each
+window alone, the vocoder's queue (every due window in one drain, order per take, a failing
+window failing its own take only), and takes in flight together against the same takes alone."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from engine import Done, EngineSpec, Sampling, load_engine
+from engine.drama3.codec_graphs import WindowGraphs, decode_window, decode_windows, render_take
+from engine.drama3.slots import Slots
+from engine.drama3.stream import STREAM_OVERLAP_FRAMES, take_windows, window_lengths
+from engine.drama3.vocoder import Vocoder
+
+FIRST_WINDOW = 4
+BATCHED_FROM = 10  # frames: low enough that the tiny takes' windows decode batched
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=3, first_window_frames=FIRST_WINDOW))
+
+
+@pytest.fixture(scope="module")
+def codec(engine):
+    return engine.codec
+
+
+@pytest.fixture(scope="module")
+def graphs(codec) -> WindowGraphs:
+    """The window graphs' code path with 4 rows, run eagerly (a CPU has no graphs)."""
+    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, FIRST_WINDOW), batch=4,
+                          batched_from=BATCHED_FROM)
+    assert not graphs.graphs.enabled
+    return graphs
+
+
+def random_codes(codec, frames: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randint(0, size, (frames,), generator=g) for size in codec.codebook_sizes])
+
+
+def test_a_batch_decodes_each_clip_as_alone(codec) -> None:
+    """Within float32 rounding: the convolutions' CPU kernels (oneDNN) change with the batch
+    size, so a clip in a batch may differ from the clip alone by a few 1e-6 (nothing mixes the
+    clips: the embeddings, transformer and upsampling match exactly)."""
+    codes = torch.stack([random_codes(codec, 24, seed) for seed in range(5)])  # [5, num_codebooks, 24]
+    batch = codec.decode_batch(codes)  # [5, 24 * frame_samples]
+    assert batch.shape == (5, 24 * codec.frame_samples)
+    for clip, audio in zip(codes, batch):
+        assert torch.allclose(audio, codec.decode(clip), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match=r"codes \[batch, 10, frames\]"):
+        codec.decode_batch(codes[0])
+
+
+def test_windows_of_several_takes_in_one_call_equal_each_alone(codec, graphs) -> None:
+    """A window decodes the same samples in any row of a call, whatever the other rows hold:
+    a row's kernels are the graph's, fixed by its length (so render_take reproduces a
+    batched stream sample for sample)."""
+    takes = [random_codes(codec, 60 - 5 * k, seed=20 + k) for k in range(5)]
+    windows = [(codes, window) for codes in takes
+               for window in take_windows(codes.shape[1], STREAM_OVERLAP_FRAMES, FIRST_WINDOW)]
+    together = decode_windows(codec, windows, graphs)
+    for (codes, window), pcm in zip(windows, together):
+        assert np.array_equal(pcm, decode_window(codec, codes, window, graphs)), window
+    lengths = [graphs.length_for(window) for _, window in windows]
+    assert sum(length is not None and graphs.rows(length) == 4 for length in lengths) > 4  # some calls were full
+    for codes in takes:
+        mine = np.concatenate([pcm for (c, _), pcm in zip(windows, together) if c is codes])
+        assert np.array_equal(mine, render_take(codec, codes, STREAM_OVERLAP_FRAMES, FIRST_WINDOW, graphs))
+    with pytest.raises(ValueError, match="at most 4 windows"):
+        graphs.pcm_batch(windows[-1:] * 5)
+
+
+def test_the_queue_drains_every_due_window_in_one_go(codec, graphs) -> None:
+    """Windows of three takes submitted while the worker is busy are decoded in one drain,
+    each as alone; a window that cannot decode fails its own future only."""
+    executor = ThreadPoolExecutor(max_workers=1)
+    vocoder = Vocoder(codec, graphs, executor)
+    release = threading.Event()
+    executor.submit(release.wait)  # the worker is busy: everything below queues
+    takes = [random_codes(codec, 40, seed=30 + k).numpy() for k in range(3)]
+    futures = []
+    for window in take_windows(40, STREAM_OVERLAP_FRAMES, FIRST_WINDOW):
+        for codes in takes:
+            futures.append((codes, window, vocoder.submit(codes[:, :window.end].copy(), window)))
+    broken = vocoder.submit(np.zeros((3, 20), dtype=np.int64), take_windows(20, 8, None)[0])  # 3 codebooks, not 10
+    release.set()
+    for codes, window, future in futures:
+        assert np.array_equal(future.result(timeout=600), decode_window(codec, torch.from_numpy(codes), window, graphs))
+    with pytest.raises(RuntimeError):
+        broken.result(timeout=600)
+    executor.shutdown()
+    assert vocoder.windows >= len(futures) + 1
+
+
+def test_takes_in_flight_together_get_their_pcm_alone(engine, codec, graphs) -> None:
+    """Three takes decoding together, their windows vocoded on one worker thread in batches:
+    each take's windows come in order and its PCM equals the take alone, and the export."""
+    vocoder = ThreadPoolExecutor(max_workers=1)
+    slots = Slots(engine.decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=FIRST_WINDOW,
+                  executor=vocoder, graphs=graphs)
+    prompts = [engine.prompt(text, None, [], Sampling(max_new_tokens=30 + 4 * k, seed=k))
+               for k, text in enumerate(["Again, slower.", "Who is there?", "Nobody, nobody at all."])]
+    alone = []
+    for prompt in prompts:
+        events = list(slots.generate(slots.start(prompt)))
+        alone.append(np.concatenate([e.pcm for e in events[:-1]]))
+    takes = {slots.start(prompt): k for k, prompt in enumerate(prompts)}
+    streams: dict[int, list] = {k: [] for k in takes.values()}
+    while slots.in_flight:
+        for take, events in slots.step():
+            streams[takes[take]] += events
+    vocoder.shutdown()
+    for k, events in streams.items():
+        windows, done = events[:-1], events[-1]
+        assert isinstance(done, Done) and done.finish_reason == "length"
+        assert [w.start_sample for w in windows] == list(np.cumsum([0] + [len(w.pcm) for w in windows[:-1]]))
+        pcm = np.concatenate([w.pcm for w in windows])
+        assert np.array_equal(pcm, alone[k])
+        exported = render_take(codec, torch.from_numpy(done.codes), STREAM_OVERLAP_FRAMES, FIRST_WINDOW, graphs)
+        assert np.array_equal(pcm, exported)
