@@ -70,7 +70,9 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       first_window_frames=settings.first_window_frames, slots=settings.slots,
                                       threads=settings.threads, random_weights=settings.random_weights,
                                       prefix_cache_gib=settings.prefix_cache_gib,
-                                      prefix_cache_host_gib=settings.prefix_cache_host_gib))
+                                      prefix_cache_host_gib=settings.prefix_cache_host_gib,
+                                      **({} if settings.vocoder_batch is None else
+                                         {"vocoder_batch": settings.vocoder_batch})))
 
     return load
 

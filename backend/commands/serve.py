@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-window-frames", type=int,
                         help="frames in a take's first audio window (default 4; the seed's is 10; smaller: earlier "
                              "first audio)")
+    parser.add_argument("--vocoder-batch", type=int,
+                        help="on a GPU, the long windows (128+ frames) of different takes decoded in one codec call "
+                             "(default 8; 1: one window per call)")
     parser.add_argument("--slots", type=int, help="takes that decode together in one batched step (default: as many as "
                                                   "the GPU's free memory holds, at most 64; 2 on a CPU); caps the "
                                                   "number on a GPU")
@@ -135,6 +138,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise UsageError("--converse-slots must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be at least 1")
+    if args.vocoder_batch is not None and args.vocoder_batch < 1:
+        raise UsageError("--vocoder-batch must be at least 1")
     for name in ("prefix_cache_gib", "prefix_cache_host_gib"):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
@@ -167,7 +172,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise UsageError("--random-weights --size released needs a GPU (--device cuda); use --size tiny on a CPU")
     return Settings(data_dir=args.data_dir, database_url=args.database or None, checkpoint=args.checkpoint,
                     random_weights=random_weights, device=device, conversation_random=conversation_random,
-                    first_window_frames=args.first_window_frames, slots=args.slots, threads=args.threads,
+                    first_window_frames=args.first_window_frames, vocoder_batch=args.vocoder_batch,
+                    slots=args.slots, threads=args.threads,
                     prefix_cache_gib=args.prefix_cache_gib, prefix_cache_host_gib=args.prefix_cache_host_gib,
                     host=args.host, allow_hosts=tuple(args.allow_host), allow_origins=tuple(args.allow_origin),
                     token=args.token or None, limits=limits,

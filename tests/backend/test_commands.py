@@ -136,6 +136,7 @@ def test_serve_random_weights_says_so_in_the_log_health_and_session_ready(tmp_pa
                                               "--preset tiny on a CPU"),
     (["--random-weights", "--checkpoint", "owner/name"], "--random-weights and --checkpoint exclude each other"),
     (["--port", "99999"], "--port must be between 1 and 65535 (got 99999)"),  # before the engine loads
+    (["--vocoder-batch", "0"], "--vocoder-batch must be at least 1"),
 ])
 def test_serve_refuses_random_weights_it_cannot_run(options: list[str], message: str) -> None:
     result = subprocess.run([*RETAKE, "serve", *options], capture_output=True, text=True, timeout=120)
