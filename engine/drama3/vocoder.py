@@ -63,8 +63,8 @@ class Vocoder:
         self.lock = threading.Lock()
         self.queue: list[Job] = []  # submitted, not yet taken by a drain
         self.draining = False  # a drain is scheduled or running on the executor
-        self.calls = 0  # drains (or inline windows) decoded, for benches and tests
-        self.windows = 0
+        self.calls = 0  # decode calls: one per drain (or inline window), plus a failed drain's retries
+        self.windows = 0  # windows decoded (a failed drain's counted again in its retries)
 
     def submit(self, frames: NDArray[np.int64], window: Window) -> Future[NDArray[np.int16]]:
         """The future PCM16 of `window` of a take whose frames so far are `frames` (not written
