@@ -115,7 +115,7 @@ def test_takes_started_while_others_decode_all_end_well(gpu):
     waiting, running, ended = list(enumerate(prompts)), {}, {}
     steps = 0
     while waiting or running:
-        if waiting and gpu.free_slots() and steps % 3 == 0:  # one joins every third step
+        if waiting and gpu.free_slots and steps % 3 == 0:  # one joins every third step
             index, prompt = waiting.pop(0)
             running[gpu.start(prompt)] = index
         for take, events in gpu.step():
@@ -128,3 +128,31 @@ def test_takes_started_while_others_decode_all_end_well(gpu):
         assert done.finish_reason in ("stop", "length"), f"take {index}: {done.finish_reason} {done.error}"
         assert done.codes.shape[1] > 0
     assert len(ended) == len(prompts)
+
+
+def test_takes_vocoded_together_stream_what_they_export(tiny_checkpoint):
+    """Four takes long enough for the batched window lengths (128+ frames), started together so
+    their windows come due together: the vocoder decodes them in calls of up to 4 windows, and
+    each take's stream equals its export (vocode_take, one window per call) and the take alone."""
+    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", slots=4, vocoder_batch=4))
+    engine.warm_up()
+    graphs = engine.window_graphs
+    assert graphs is not None and graphs.batch == 4 and graphs.rows(max(graphs.lengths)) == 4
+    prompts = [engine.prompt(f"Take {i}, long enough to fill a few windows.", None, [],
+                             Sampling(max_new_tokens=260, seed=i)) for i in range(4)]
+    alone = []
+    for prompt in prompts:
+        events = list(engine.generate(prompt))
+        alone.append((np.concatenate([e.pcm for e in events[:-1]]), events[-1]))
+    running = {engine.start(prompt): i for i, prompt in enumerate(prompts)}
+    streams: dict[int, list] = {i: [] for i in running.values()}
+    while engine.in_flight:
+        for take, events in engine.step():
+            streams[running[take]] += events
+    for i, events in streams.items():
+        done = events[-1]
+        assert isinstance(done, Done) and done.error is None
+        pcm = np.concatenate([e.pcm for e in events[:-1]])
+        assert np.array_equal(pcm, engine.vocode_take(done.codes))
+        if np.array_equal(done.codes, alone[i][1].codes):  # (the same frames: then the same samples)
+            assert np.array_equal(pcm, alone[i][0])
