@@ -66,6 +66,7 @@ import time
 import torch
 
 from engine.drama3.fast import caches_symbolic
+from engine.drama3.deltanet import GatedDeltaNet
 from engine.drama3.model import Drama3Model
 from engine.drama3.prefill import ChunkedPrefill, Prefill
 from engine.drama3.prefix import Plan, PrefixCache
@@ -174,6 +175,21 @@ class Decoder:
         without blocking other threads' launches."""
         status: list[list[int]] = to_host(self.status, self.status_host).tolist()
         return status
+
+    def diagnose(self, slot: int, rows: int) -> str:
+        """Which of the slot's state holds non-finite values (its first `rows` cache rows: those
+        the last step did not write): for the log of a take whose logits went non-finite.
+        Reads the device (a sync): errors only."""
+        parts = {"hidden": [self.hidden[slot]], "backbone KV": [], "tower KV": [], "DeltaNet states": []}
+        for name, module in self.model.named_modules():
+            cache = getattr(module, "kv_cache", None)
+            if cache is not None:
+                parts["tower KV" if name.startswith("tower") else "backbone KV"] += [cache.k[slot, :rows],
+                                                                                    cache.v[slot, :rows]]
+            if isinstance(module, GatedDeltaNet):
+                parts["DeltaNet states"] += [module.recurrent_state[slot], module.conv_state[slot]]
+        bad = [name for name, tensors in parts.items() if not all(bool(t.isfinite().all()) for t in tensors)]
+        return "non-finite: " + (", ".join(bad) if bad else "none of hidden, KV rows, DeltaNet states")
 
     def release(self, slot: int) -> None:
         """The slot's take ended: its row is ignored from now on, held at position 0, its

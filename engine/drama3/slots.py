@@ -166,8 +166,9 @@ class Slots:
                     if (reason := take.advance(status[take.slot], step_s)) is not None:
                         if reason == "error":  # non-finite logits: where, for whoever debugs the step
                             log.warning("slot %d: non-finite logits at position %d after %d steps (a step of %d "
-                                        "decoding rows: slots %s)", take.slot, take.position, take.steps,
-                                        len(stepping), [t.slot for t in stepping][:16])
+                                        "decoding rows: slots %s; %s)", take.slot, take.position, take.steps,
+                                        len(stepping), [t.slot for t in stepping][:16],
+                                        self.decoder.diagnose(take.slot, take.position - 1))
                         self.end(take, reason)
         wait = not self.started()  # nothing to step next: wait for the closing takes' windows
         out: list[tuple[Take, Events]] = []
