@@ -65,8 +65,8 @@ import time
 
 import torch
 
-from engine.drama3.fast import caches_symbolic
 from engine.drama3.deltanet import GatedDeltaNet
+from engine.drama3.fast import caches_symbolic
 from engine.drama3.model import Drama3Model
 from engine.drama3.prefill import ChunkedPrefill, Prefill
 from engine.drama3.prefix import Plan, PrefixCache
