@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "first audio)")
     parser.add_argument("--vocoder-batch", type=int,
                         help="on a GPU, the long windows (128+ frames) of different takes decoded in one codec call "
-                             "(default 8; 1: one window per call)")
+                             "(default 1: one window per call; 8 batches them)")
     parser.add_argument("--slots", type=int, help="takes that decode together in one batched step (default: as many as "
                                                   "the GPU's free memory holds, at most 64; 2 on a CPU); caps the "
                                                   "number on a GPU")

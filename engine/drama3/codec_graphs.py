@@ -60,7 +60,7 @@ from engine.graphs import StepGraphs
 from engine.pcm import pcm16
 from engine.readback import to_host
 
-VOCODER_BATCH = 8  # rows of the long windows' graphs (engine default; docs/perf.md)
+VOCODER_BATCH = 1  # rows of the long windows' graphs (engine default; 8 once the H200 shows it pays: docs/perf.md)
 BATCHED_FROM = 128  # frames: windows this long (context included) decode `batch` to a call
 
 

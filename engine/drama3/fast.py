@@ -29,7 +29,7 @@ Design choices:
   the residual add + RMSNorm stays torch code: in the compiled decode layers Inductor
   fuses each norm with the add before it, which is what engine/kernels/norm.py's kernel
   does; `add_rms_norm` puts the kernel (a graph break, like the DeltaNet step) at the
-  layers' `RMSNorm.add` instead. `moe_routing` (on by default) runs each MoE layer's
+  layers' `RMSNorm.add` instead. `moe_routing` (off by default until measured) runs each MoE layer's
   router softmax, top-8 and renormalisation as one launch (engine/kernels/moe_routing.py)
   instead of ~6 (torch.topk alone is a gather and a sort). The block-FP8 W8A8 experts
   always run their kernel on CUDA (moe.py): it is the release's arithmetic, and without
@@ -204,8 +204,10 @@ def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tenso
 
 
 KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing")  # the step's Triton kernels install_fast_path can put in
-# add_rms_norm: Inductor fuses the compiled layers' norms already
-DEFAULT_KERNELS = ("deltanet_step", "moe_routing")
+# add_rms_norm: Inductor fuses the compiled layers' norms already. moe_routing: off until the H200
+# shows what it saves; its graph break in every compiled MoE layer more than tripled the decode
+# layers' compile at the server's warm-up (docs/perf.md, the third call of 2026-12-03).
+DEFAULT_KERNELS = ("deltanet_step",)
 
 
 def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compile_prefill: bool = False,
