@@ -205,8 +205,9 @@ def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tenso
 
 KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing")  # the step's Triton kernels install_fast_path can put in
 # add_rms_norm: Inductor fuses the compiled layers' norms already. moe_routing: off until the H200
-# shows what it saves; its graph break in every compiled MoE layer more than tripled the decode
-# layers' compile at the server's warm-up (docs/perf.md, the third call of 2026-12-03).
+# shows what it saves: in the first run with it on, the decode graphs' warm-up (compile included)
+# took 3.7x as long (its graph break in every compiled MoE layer is the suspect, not measured
+# apart; docs/perf.md, the third call of 2026-12-03).
 DEFAULT_KERNELS = ("deltanet_step",)
 
 
