@@ -93,7 +93,7 @@ export async function runSteps(result, out, page, steps, cleanup) {
 
 let replies = null; // lines the test wrote on stdin, read once the first control is asked for
 let waiting = null;
-/** Ask the test (tests/e2e/pages.py run_page_script) to stop or start the server; resolves once done. */
+/** Ask the test (tests/e2e/pages.py run_page_script) to stop, crash or start the server; resolves once done. */
 export function serverControl(action) {
   if (replies === null) {
     replies = [];

@@ -53,11 +53,12 @@ class Server:
                 pytest.fail(f"retake serve did not answer /health in 300 s:\n{self.log_path.read_text()}")
             time.sleep(0.5)
 
-    def stop(self) -> None:
-        """Stop the server as an operator does (SIGTERM, then SIGKILL after 30 s)."""
+    def stop(self, crash: bool = False) -> None:
+        """Stop the server as an operator does (SIGTERM: it drains, finishing the takes under way;
+        SIGKILL after 30 s), or, with `crash`, as a crash does (SIGKILL at once)."""
         if self.process is None:
             return
-        self.process.terminate()
+        self.process.kill() if crash else self.process.terminate()
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -85,8 +86,8 @@ def run_page_script(script: str, server: Server, out: Path, chromium: Path, time
     """node tests/e2e/SCRIPT against the server; copies its screenshots and result to build/e2e (named
     by `artifacts`) and returns its result.json, failing the test when the script failed.
 
-    The script may ask for the server to be stopped or started again: it prints `@@server stop` or
-    `@@server start` on a line of its own and waits for `ok` on its stdin (tests/e2e/lib.mjs
+    The script may ask for the server to be stopped, crashed or started again: it prints `@@server stop`,
+    `@@server crash` or `@@server start` on a line of its own and waits for `ok` on its stdin (tests/e2e/lib.mjs
     `serverControl`)."""
     out.mkdir(exist_ok=True)
     command = ["node", f"tests/e2e/{script}", "--url", server.url, "--out", str(out), "--chromium", str(chromium),
@@ -102,7 +103,8 @@ def run_page_script(script: str, server: Server, out: Path, chromium: Path, time
             for line in run.stdout:
                 lines.append(line)
                 if line.startswith("@@server "):
-                    server.stop() if line.split()[1] == "stop" else server.start()
+                    action = line.split()[1]
+                    server.start() if action == "start" else server.stop(crash=action == "crash")
                     run.stdin.write("ok\n")
                     run.stdin.flush()
         finally:

@@ -179,7 +179,9 @@ export async function sceneSteps(t) {
   const doomed = await startTake(2, lines[2]);
   await page.waitForFunction((id) => (window.retake.scene.takes.get(id)?.received ?? 0) > 0, doomed);
   state.serverDown = true;
-  await serverControl("stop");
+  // A crash, not an operator's stop: a stopped server drains, finishing the take (when the take
+  // is short enough to end within the drain, it is never interrupted).
+  await serverControl("crash");
   const banner = page.locator("#banner-offline");
   await banner.waitFor({ state: "visible" });
   const bannerText = await page.locator("#banner-offline-text").textContent();
