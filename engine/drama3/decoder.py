@@ -53,6 +53,11 @@ Design choices:
   state at the longest prefix of the prompt an earlier prefill left a snapshot of, runs
   only the rows after it, and leaves snapshots at the prompt's boundaries as its chunks
   pass them; a whole-prompt hit runs no chunk at all.
+- A take starts in a clean slot: its KV rows past the restored prefix are zeroed (a few
+  memsets). Attention masks the rows past a query's position, but a masked row still
+  enters the weighted sum with weight 0, and 0 * NaN is NaN: without it, one take that
+  went non-finite left its rows behind and every later take in its slot failed at its
+  first step (seen on the H200 at 16 and 64 directors, 2026-12-03).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ import torch
 
 from engine.drama3.deltanet import GatedDeltaNet
 from engine.drama3.fast import caches_symbolic
+from engine.drama3.layers import KVCache
 from engine.drama3.model import Drama3Model
 from engine.drama3.prefill import ChunkedPrefill, Prefill
 from engine.drama3.prefix import Plan, PrefixCache
@@ -118,6 +124,7 @@ class Decoder:
                                         pool=pool, name=f"decode step, {rows} rows")
                        for rows in self.row_buckets}
         self.chunked = ChunkedPrefill(model, max_rows, graphs=graphs and device.type == "cuda")
+        self.caches = [module for module in model.modules() if isinstance(module, KVCache)]
         self.prompts: dict[int, Prompt] = {}  # slots being prefilled, and their prompts
         self.prefix: PrefixCache | None = None  # snapshots of prompt prefixes (prefix.py), when the engine keeps them
         self.plans: dict[int, Plan] = {}  # slots being prefilled with the prefix cache: where it resumed, what to keep
@@ -143,6 +150,7 @@ class Decoder:
             start, hidden = self.prefix.restore(plan, slot)
             prefill = self.chunked.begin(rows, slot, start, prompt.boundaries)
             prefill.hidden, prefill.cached = hidden, start
+        self.clear_rows(slot, prefill.cached)
         self.prompts[slot] = prompt
         return prefill
 
@@ -169,6 +177,10 @@ class Decoder:
         self.slots[slot] = slot
         self.active[slot] = True
         return True
+
+    def clear_rows(self, slot: int, start: int) -> None:
+        """Zero the slot's KV rows from `start` on (what an earlier take left there)."""
+        torch._foreach_zero_([rows for cache in self.caches for rows in (cache.k[slot, start:], cache.v[slot, start:])])
 
     def read_status(self) -> list[list[int]]:
         """The status rows of the last step on the host ([N][finite, main, code0..9]), read

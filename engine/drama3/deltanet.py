@@ -158,10 +158,12 @@ class GatedDeltaNet(nn.Module):
         """x [B, T, D] at input_pos [B, T] of slots [B] -> [B, T, D]. valid [B]: the first
         valid[b] rows are real, the rest padding (a prefill chunk padded to its graph's size):
         padding neither writes nor decays the state, and the conv state ends at the last real row."""
-        continuing = (input_pos[:, 0] > 0)[:, None, None]  # [B, 1, 1]: a row at position 0 starts a take
+        # A row at position 0 starts a take from zero state: `where`, not a product, since a slot's
+        # stale state may hold non-finite values (a take that failed), and 0 * NaN is NaN.
+        continuing = (input_pos[:, 0] > 0)[:, None, None]  # [B, 1, 1]
         mixed, z, b, a = self.project(x)
         mixed = mixed.transpose(1, 2)  # [B, C, T]
-        window = torch.cat((self.conv_state[slots] * continuing, mixed), dim=-1)  # [B, C, K-1+T]
+        window = torch.cat((torch.where(continuing, self.conv_state[slots], 0), mixed), dim=-1)  # [B, C, K-1+T]
         if valid is None:
             self.conv_state[slots] = window[:, :, -(self.kernel - 1):]
         else:  # the K-1 columns before the first padded row
@@ -181,7 +183,7 @@ class GatedDeltaNet(nn.Module):
         if valid is not None:  # padded rows: beta = 0 writes nothing, g = 0 decays nothing
             real = (torch.arange(x.shape[1], device=x.device) < valid[:, None])[..., None]  # [B, T, 1]
             beta, g = beta * real, g * real
-        state = self.recurrent_state[slots] * continuing[..., None]  # [B, Hv, Dk, Dv]
+        state = torch.where(continuing[..., None], self.recurrent_state[slots], 0)  # [B, Hv, Dk, Dv]
         out, state = self.rule(q, k, v, g, beta, state)  # [B, T, Hv, Dv]
         self.recurrent_state[slots] = state
         z = z.unflatten(-1, (self.v_heads, self.v_dim))  # [B, T, Hv, Dv]

@@ -37,8 +37,9 @@ Design choices:
   so a resumed prefill runs exactly the calls a prefill from row 0 runs after that
   boundary, and the state a snapshot holds is the state that prefill had there. In float32
   on a CPU the take is the same bit for bit; on the GPU too, as far as its kernels are
-  deterministic (within the fast path's tolerance in any case). (3) Attention rows past a
-  position are masked, so what a restored slot holds beyond the prefix is never read.
+  deterministic (within the fast path's tolerance in any case). (3) The decoder zeroes the
+  slot's rows past the restored prefix (decoder.py: a masked row still enters attention's
+  sum with weight 0, and 0 * NaN is NaN), so what an earlier take left there is never read.
   Sampling settings and seeds are not part of the prefill: the decoder seeds the take's
   generator after a hit as after a prefill.
 - A tree of snapshots (sglang's Mamba radix cache does the same for its hybrid models):

@@ -6,7 +6,7 @@ From the layer's input projections of one row per slot (mixed [B, C] = q | k | v
 channels, z [B, Hv*Dv], b and a [B, Hv]; views into one packed GEMM output are fine),
 it runs what GatedDeltaNet.forward does between `project` and `out_proj`:
 
-    window = [conv_state * continuing, mixed];  conv_state <- window[1:]      # per channel, K taps
+    window = [continuing ? conv_state : 0, mixed];  conv_state <- window[1:]  # per channel, K taps
     q, k, v = silu(conv1d(window));  q, k = l2norm(q) / sqrt(Dk), l2norm(k)    # key head h serves value heads
     beta = sigmoid(b);  g = -exp(A_log) softplus(a + dt_bias)                 #   h*R .. h*R+R-1
     S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q               # S: float32 [Dk, Dv] per value head
@@ -68,8 +68,8 @@ STATE_COLUMNS = 32  # value columns of a state per program (Dk x 32 float32: 16 
 def deltanet_step_reference(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
                             a: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """mixed [B, C], z [B, Hv*Dv], b and a [B, Hv], positions and slots [B] -> out [B, Hv*Dv] (z's dtype)."""
-    continuing = (positions > 0)[:, None, None]  # [B, 1, 1]
-    window = torch.cat((layer.conv_state[slots] * continuing, mixed[:, :, None]), dim=-1)  # [B, C, K]
+    continuing = (positions > 0)[:, None, None]  # [B, 1, 1]: `where`, as in the layer (a stale state may be NaN)
+    window = torch.cat((torch.where(continuing, layer.conv_state[slots], 0), mixed[:, :, None]), dim=-1)  # [B, C, K]
     layer.conv_state[slots] = window[:, :, 1:]
     mixed = F.silu(F.conv1d(window, layer.conv1d.weight, groups=layer.conv_channels))[:, :, 0]  # [B, C]
     B, key_width = len(mixed), layer.k_heads * layer.k_dim
@@ -81,7 +81,7 @@ def deltanet_step_reference(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.
     v = v.float().view(B, layer.v_heads, layer.v_dim)  # [B, Hv, Dv]
     beta = torch.sigmoid(b.float())  # [B, Hv]
     g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())  # [B, Hv]
-    state = layer.recurrent_state[slots] * continuing[..., None]  # [B, Hv, Dk, Dv]
+    state = torch.where(continuing[..., None], layer.recurrent_state[slots], 0)  # [B, Hv, Dk, Dv]
     out, state = recurrent_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], state)
     layer.recurrent_state[slots] = state
     normed: torch.Tensor = layer.norm(out[:, 0], z.reshape(B, layer.v_heads, layer.v_dim))  # [B, Hv, Dv]

@@ -15,6 +15,8 @@ import torch
 
 import engine.drama3.prefill as prefill_module
 from engine import AudioWindow, Done, EngineSpec, HistoryTurn, RequestError, Sampling, load_engine
+from engine.drama3.deltanet import GatedDeltaNet
+from engine.drama3.layers import KVCache
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +152,39 @@ def test_one_take_failing_leaves_the_others_intact(batched, prompts, solo, monke
     frames = poisoned_take.codes.shape[1]
     assert 0 < frames < 8 and np.array_equal(poisoned_take.codes, solo["a"][1].codes[:, :frames])
     assert same(takes["b"], solo["b"])
+
+
+def poison(model, slot: int) -> None:
+    """What a take that went non-finite leaves behind: NaN in every cache row and state of its slot."""
+    with torch.inference_mode():
+        for module in model.modules():
+            if isinstance(module, KVCache):
+                module.k[slot], module.v[slot] = math.nan, math.nan
+            if isinstance(module, GatedDeltaNet):
+                module.recurrent_state[slot], module.conv_state[slot] = math.nan, math.nan
+
+
+def test_a_slot_left_non_finite_serves_the_next_take_as_a_fresh_slot(batched, single, prompts, solo):
+    """Attention masks the rows past a query's position, but a masked row still enters the
+    weighted sum with weight 0 (0 * NaN is NaN), and a take at position 0 starts its DeltaNet
+    state from the slot's: one take that went non-finite made every later take in its slot
+    fail at its first step (the H200 at 16 and 64 directors). The next take must be the take
+    a fresh slot gives, prefilled from row 0, restored whole from the prefix cache, or
+    resumed after a cached prefix."""
+    history = torch.randint(0, 1024, (10, 30), generator=torch.Generator().manual_seed(1)).numpy()  # b's
+    again = single.prompt("Then who did?", None, [HistoryTurn("Not me.", history)], Sampling(max_new_tokens=20, seed=3))
+    prefix = batched.decoder.prefix
+    assert prefix is not None
+    prefix.clear()
+    for what, prompt, want, counter in (("prefilled from row 0", prompts["a"], solo["a"], "misses"),
+                                        ("restored whole", prompts["a"], solo["a"], "hits"),
+                                        ("resumed after b's history", again, alone(single, again), "partial_hits")):
+        if counter == "partial_hits":
+            assert same(alone(batched, prompts["b"]), solo["b"])  # b's history into the cache
+        poison(batched.model, 0)
+        before = prefix.counters.as_dict()[counter]
+        assert same(alone(batched, prompt), want), what
+        assert prefix.counters.as_dict()[counter] == before + 1, what
 
 
 def slot_caches(model, slot: int) -> list[torch.Tensor]:
