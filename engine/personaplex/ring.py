@@ -142,6 +142,18 @@ class RingAttention(StreamingModule):
         self.key_scales = torch.zeros(scales, dtype=torch.float32, device=w.device)
         self.value_scales = torch.zeros(scales, dtype=torch.float32, device=w.device)
 
+    def _reset_stream(self, rows: torch.Tensor) -> None:
+        # Positions hide what the ring held before (a restarted row's start at -1), but a masked
+        # slot still enters attention's sum with weight 0, and 0 * NaN is NaN: a conversation that
+        # went non-finite would leave its slot failing every later one. So the rows start zeroed
+        # (bytes: a float8 ring has no masked_fill; all-zero bytes are 0.0 in every dtype here).
+        for ring in (self.keys, self.values):
+            if ring.numel():
+                ring.view(torch.uint8).masked_fill_(rows[:, None, None, None], 0)
+        for scales in (self.key_scales, self.value_scales):
+            if scales.numel():
+                scales.masked_fill_(rows[:, None, None], 0)
+
     def stream_bytes(self) -> int:
         """Bytes of ring state per slot."""
         return sum(t.nbytes for t in (self.keys, self.values, self.key_scales, self.value_scales)) // max(

@@ -11,6 +11,7 @@ import torch
 
 from engine.personaplex.engine import Frame, PersonaPlex
 from engine.personaplex.sampling import Sampling
+from engine.personaplex.streaming import StreamingModule
 from engine.personaplex.tiny import voice_clip
 
 GREEDY = Sampling(greedy=True)
@@ -47,6 +48,34 @@ def test_recycled_slot_equals_a_fresh_engine_while_the_other_slot_talks_on(perso
     assert_same_frames(recycled, [alone.step_codes(c[1:])[0] for c in after])
     alone.open(persona=first)
     assert_same_frames(talk0, [alone.step_codes(c[:1])[0] for c in np.concatenate([before, after])])
+
+
+def poison(engine: PersonaPlex, slot: int) -> None:
+    """What a conversation that went non-finite leaves behind: NaN in every float state of its slot."""
+    for model in (engine.lockstep.temporal, engine.lockstep.depformer, engine.mimi):
+        for module in model.modules():
+            if isinstance(module, StreamingModule):
+                for buffer in module.buffers(recurse=False):
+                    if buffer.is_floating_point() and buffer.dim() and len(buffer) == engine.slots:
+                        buffer[slot] = float("nan")
+
+
+@torch.no_grad()
+def test_a_slot_left_non_finite_serves_the_next_conversation_as_a_fresh_engine(personaplex_checkpoint: Path):
+    """A masked ring slot still enters attention's sum with weight 0 (0 * NaN is NaN): a
+    conversation that went non-finite must not make every later one in its slot fail."""
+    batched = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=2, sampling=GREEDY)
+    alone = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=1, sampling=GREEDY)
+    batched.open(persona="You enjoy having a good conversation.")
+    user = codes(batched, 12, seed=5)
+    for c in user[:4]:
+        batched.step_codes(c)
+    poison(batched, 1)
+    batched.start(1, persona="Your name is Jane.", voice="NATF2")
+    recycled = [batched.step_codes(c)[1] for c in user[4:]]
+    assert all(np.isfinite(frame.pcm).all() for frame in recycled)
+    alone.open(persona="Your name is Jane.", voice="NATF2")
+    assert_same_frames(recycled, [alone.step_codes(c[1:])[0] for c in user[4:]])
 
 
 @torch.no_grad()
