@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from drama3.poisoned_slot import poison
 from engine import AudioWindow, Done, EngineSpec, Sampling, load_engine
 
 pytestmark = pytest.mark.gpu
@@ -128,6 +129,18 @@ def test_takes_started_while_others_decode_all_end_well(gpu):
         assert done.finish_reason in ("stop", "length"), f"take {index}: {done.finish_reason} {done.error}"
         assert done.codes.shape[1] > 0
     assert len(ended) == len(prompts)
+
+
+def test_a_slot_left_non_finite_serves_the_next_take_as_a_clean_one(gpu):
+    """With the graphs, compiled layers and kernels of the GPU: a take after one that left NaN in
+    its slot (rows past its prompt, DeltaNet states) is the take a clean slot gives."""
+    prompt = gpu.prompt("After a failed take.", None, [], Sampling(max_new_tokens=30, seed=4))
+    clean = list(gpu.generate(prompt))[-1]
+    poison(gpu.model, 0)  # generate runs alone: the lowest free slot, 0
+    again = list(gpu.generate(prompt))[-1]
+    assert isinstance(clean, Done) and isinstance(again, Done)
+    assert again.finish_reason == clean.finish_reason != "error", again.error
+    assert np.array_equal(again.codes, clean.codes)
 
 
 def test_takes_vocoded_together_stream_what_they_export(tiny_checkpoint):

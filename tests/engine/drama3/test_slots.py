@@ -14,9 +14,8 @@ import pytest
 import torch
 
 import engine.drama3.prefill as prefill_module
+from drama3.poisoned_slot import poison
 from engine import AudioWindow, Done, EngineSpec, HistoryTurn, RequestError, Sampling, load_engine
-from engine.drama3.deltanet import GatedDeltaNet
-from engine.drama3.layers import KVCache
 
 
 @pytest.fixture(scope="module")
@@ -152,16 +151,6 @@ def test_one_take_failing_leaves_the_others_intact(batched, prompts, solo, monke
     frames = poisoned_take.codes.shape[1]
     assert 0 < frames < 8 and np.array_equal(poisoned_take.codes, solo["a"][1].codes[:, :frames])
     assert same(takes["b"], solo["b"])
-
-
-def poison(model, slot: int) -> None:
-    """What a take that went non-finite leaves behind: NaN in every cache row and state of its slot."""
-    with torch.inference_mode():
-        for module in model.modules():
-            if isinstance(module, KVCache):
-                module.k[slot], module.v[slot] = math.nan, math.nan
-            if isinstance(module, GatedDeltaNet):
-                module.recurrent_state[slot], module.conv_state[slot] = math.nan, math.nan
 
 
 def test_a_slot_left_non_finite_serves_the_next_take_as_a_fresh_slot(batched, single, prompts, solo):
