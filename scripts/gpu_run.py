@@ -413,6 +413,9 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
         shown = r"ready on|DEMO|loading|bucket \d+ runs eagerly|kernel failed|PersonaPlex ticks|slots|Traceback|Error" \
             r"|^Thread|^Current thread|^  File"
         data["log"] = [line for line in text.splitlines() if re.search(shown, line)][:60]
+        # Takes whose logits went non-finite, with the state the engine found bad (Decoder.diagnose): the
+        # first ones say where it starts.
+        data["non_finite"] = [line for line in text.splitlines() if "non-finite logits at position" in line][:12]
         ready = re.search(r"one decode step ([\d.?]+) ms, (\d+) slots?, peak memory ([\d.]+ GiB|n/a)", text)
         if ready:
             data["decode_step_ms"], data["slots"], data["peak_memory_gib"] = ready.groups()
