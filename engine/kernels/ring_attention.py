@@ -67,6 +67,7 @@ def ring_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.
     scores = torch.einsum("bhd,bhcd->bhc", q.float(), k) / math.sqrt(q.shape[-1])  # [B, H, C]
     visible = visible_slots(positions, keys.shape[2], context)[:, None]  # [B, 1, C]
     weights = torch.softmax(scores.masked_fill(~visible, -torch.inf), dim=-1)
+    v = torch.where(visible[..., None], v, 0)  # a hidden slot's weight is 0, and 0 * NaN is NaN (ring.py)
     return torch.einsum("bhc,bhcd->bhd", weights, v).to(q.dtype)
 
 

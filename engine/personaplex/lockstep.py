@@ -82,9 +82,8 @@ class Lockstep:
 
     def reset(self, rows: torch.Tensor) -> None:
         """The slots marked in `rows` (bool [B]) start fresh streams at their next tick; the others are
-        unaffected. The slot's positions restart at -1, and its Helium rings start zeroed (ring.py)."""
+        unaffected. Helium's ring needs nothing: the slot's positions restart at -1 (ring.py)."""
         rows = rows.to(self.device, torch.bool)
-        self.temporal.reset_streams(rows)
         self.ring.copy_(torch.where(rows[:, None, None], self.initial[:, None], self.ring))
         self.provided.masked_fill_(rows[:, None, None], False)
         self.local.masked_fill_(rows, 0)

@@ -13,8 +13,8 @@ Design choices:
 - Rows are batch rows, i.e. PersonaPlex's slots. Which rows restart is data (a bool
   mask), so a reset never reallocates and never disturbs the other rows.
 - A module whose history is hidden by positions its caller owns (the attention rings:
-  a position below 0 is never visible) still zeroes it on reset (ring.py): a masked slot
-  enters attention's sum with weight 0, and 0 * NaN is NaN.
+  a position below 0 is never visible, layers.py) needs nothing on reset; its
+  `_reset_stream` is the default, which does nothing.
 """
 
 from __future__ import annotations
