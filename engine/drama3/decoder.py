@@ -62,6 +62,7 @@ Design choices:
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
@@ -135,8 +136,10 @@ class Decoder:
         self.prefill_more(self.begin_prefill(prompt, slot))
 
     @torch.inference_mode()
-    def begin_prefill(self, prompt: Prompt, slot: int) -> Prefill:
-        """A prefill of `prompt` into `slot` (inactive until its last chunk has run)."""
+    def begin_prefill(self, prompt: Prompt, slot: int, stop: int | None = None) -> Prefill:
+        """A prefill of `prompt` into `slot` (inactive until its last chunk has run); with `stop`
+        (one of the prompt's boundaries), only the chunks up to that row: a prefill for the prefix
+        cache's snapshots alone (`Slots.start`'s prefill-only takes), whose slot is released after."""
         rows = to_device(prompt.rows, self.device)  # [R, 11]
         count = len(rows)
         if count < 2 or count + prompt.sampling.max_new_tokens > self.max_rows:
@@ -150,6 +153,11 @@ class Decoder:
             start, hidden = self.prefix.restore(plan, slot)
             prefill = self.chunked.begin(rows, slot, start, prompt.boundaries)
             prefill.hidden, prefill.cached = hidden, start
+        if stop is not None:
+            if self.prefix is None or stop not in prompt.boundaries:
+                raise ValueError(f"a prefill stops at one of the prompt's boundaries {prompt.boundaries}, with a "
+                                 f"prefix cache; got {stop}")
+            prefill.chunks = collections.deque(chunk for chunk in prefill.chunks if chunk[1] <= stop)
         self.clear_rows(slot, prefill.cached)
         self.prompts[slot] = prompt
         return prefill
@@ -210,6 +218,7 @@ class Decoder:
         self.position[slot] = 0
         self.slots[slot] = self.scratch
         self.prompts.pop(slot, None)
+        self.plans.pop(slot, None)
         self.plans.pop(slot, None)
 
     @property

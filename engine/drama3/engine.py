@@ -35,7 +35,8 @@ Design choices:
   codec.py loads it.
 - A prefix cache (prefix.py) keeps snapshots of prompt prefixes, so a retake prefills only
   what is new: `prefix_cache_gib` (0: off; by default half the GPU memory free after
-  warm-up, 1 GiB on a CPU), `prefix_cache_stats` for the server's metrics and log.
+  warm-up, 1 GiB on a CPU), `prefix_cache_stats` for the server's metrics and log. `warm`
+  fills it ahead of a take: the next line after a keep then prefills its own rows only.
 """
 
 from __future__ import annotations
@@ -259,6 +260,23 @@ class Drama3Engine:
                 raise RuntimeError("the decode graphs must be captured (warm_up) before takes run together")
             self.capture()  # normally done by warm_up; safe here, with no take in flight
         return self.slot_table.start(prompt, deadline, cancelled)
+
+    def warm(self, prompt: Prompt, cancelled: Callable[[], bool] | None = None) -> Take | None:
+        """Prefill `prompt`'s rows up to its last boundary (the end of its history, or of its
+        system message) into a free slot for the prefix cache alone, so a take of a prompt that
+        shares them prefills only what follows: the server warms the next line's prompt when a
+        take is kept, while the director reads. Returns the prefill-only take (its events come
+        from `step`; it ends "prefilled", with no frames), or None when there is nothing to do:
+        no prefix cache, or the cache holds that prefix already."""
+        prefix = self.decoder.prefix
+        stop = max((b for b in prompt.boundaries if b < len(prompt.rows)), default=0)
+        if prefix is None or stop == 0 or prefix.plan(prompt).start >= stop:
+            return None
+        if not self.captured:
+            if not self.slot_table.idle:
+                raise RuntimeError("the decode graphs must be captured (warm_up) before takes run together")
+            self.capture()
+        return self.slot_table.start(prompt, None, cancelled, stop=stop)
 
     @property
     def captured(self) -> bool:

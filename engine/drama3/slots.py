@@ -23,6 +23,11 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   with them. With no take decoding, `step` waits for the closing takes' windows.
 - One take's failure (prefill, non-finite logits, its vocoder) ends that take only. A
   failure of the shared step itself ends the takes in it, and the others go on.
+- A prefill-only take (`start(..., stop=row)`, Drama3Engine.warm) prefills a prompt up to
+  one of its boundaries for the prefix cache's snapshots, then ends "prefilled" with no
+  frames and frees its slot. It never delays a take: the takes' prompts are prefilled
+  first, and its own chunks are budgeted even with nothing decoding, so a take started
+  next waits one step's chunks at most.
 """
 
 from __future__ import annotations
@@ -87,23 +92,25 @@ class Slots:
 
     @torch.inference_mode()
     def start(self, prompt: Prompt, deadline: float | None = None,
-              cancelled: Callable[[], bool] | None = None) -> Take:
+              cancelled: Callable[[], bool] | None = None, stop: int | None = None) -> Take:
         """Start `prompt` in the lowest free slot (the next steps prefill it). A take already
         cancelled or past its deadline ends without a slot; a prompt that cannot be prefilled
-        ends the take as an error."""
+        ends the take as an error. With `stop` (a boundary of the prompt): a prefill-only take
+        of the rows before it."""
         if self.free_slots == 0:
             raise RuntimeError(f"all {len(self.takes)} slots are decoding; start a take when one is free")
         slot = self.takes.index(None)
         decoder = self.decoder
         take = Take(prompt, slot, self.vocoder, StreamSchedule(self.overlap, self.first_window),
-                    deadline, cancelled, eos=decoder.eos, semantic_start=decoder.semantic_start)
+                    deadline, cancelled, eos=decoder.eos, semantic_start=decoder.semantic_start,
+                    prefill_only=stop is not None)
         if (reason := take.stopped()) is not None:
             take.close(reason)
             self.closing.append(take)
             return take
         self.takes[slot] = take
         try:
-            prefill = self.prefills[take] = decoder.begin_prefill(prompt, slot)
+            prefill = self.prefills[take] = decoder.begin_prefill(prompt, slot, stop)
             take.timings["cached_rows"] = prefill.cached  # prompt rows the prefix cache restored
         except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the others
             self.end(take, "error", f"{type(exc).__name__}: {exc}")
@@ -115,15 +122,27 @@ class Slots:
         whole prefill (nobody is stalled by it). A take whose prefill is done decodes from
         this step on. Returns the rows prefilled while takes decode."""
         decoding = bool(self.decoding())
-        budget = allowed = (self.prefill_rows or self.admission.rows()) if decoding else 0
-        for take, prefill in list(self.prefills.items()):
+        step_rows = self.prefill_rows or self.admission.rows()
+        budget = allowed = step_rows if decoding else 0
+        # Takes first (in start order), then prefill-only takes, which never delay a take: while
+        # takes decode they get what is left of the step's budget; otherwise a step of their own.
+        took = False  # a take's prefill ran in this step
+        for take, prefill in sorted(self.prefills.items(), key=lambda item: item[0].prefill_only):
+            if take.prefill_only and took and not decoding:
+                break
+            took |= not take.prefill_only
             left = sum(end - start for start, end in prefill.chunks)
+            rows = budget if decoding else step_rows if take.prefill_only else None
             try:
-                done = self.decoder.prefill_more(prefill, budget if decoding else None)
+                done = self.decoder.prefill_more(prefill, rows)
             except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the others
                 self.end(take, "error", f"{type(exc).__name__}: {exc}")
                 continue
-            if done:
+            if take.prefill_only and not prefill.chunks:  # its snapshots are kept: the slot goes back
+                del self.prefills[take]
+                take.prefilled()
+                self.end(take, "prefilled")
+            elif done:
                 del self.prefills[take]
                 take.prefilled()
             budget -= left - sum(end - start for start, end in prefill.chunks)

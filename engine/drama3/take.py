@@ -57,7 +57,7 @@ class AudioWindow:
 
 @dataclass(frozen=True)
 class Done:
-    finish_reason: str  # "stop" | "length" | "deadline" | "cancelled" | "error"
+    finish_reason: str  # "stop" | "length" | "deadline" | "cancelled" | "error"; "prefilled" (prefill-only)
     timings: Timings
     codes: NDArray[np.int64]  # [num_codebooks, frames]: exactly what the stream carried
     error: str | None = None
@@ -95,8 +95,9 @@ class Take:
 
     def __init__(self, prompt: Prompt, slot: int, vocoder: Vocoder, schedule: StreamSchedule,
                  deadline: float | None, cancelled: Callable[[], bool] | None,
-                 eos: int, semantic_start: int) -> None:
+                 eos: int, semantic_start: int, prefill_only: bool = False) -> None:
         self.started = time.perf_counter()
+        self.prefill_only = prefill_only  # a prefill for the prefix cache alone: ends "prefilled", no frames
         self.prompt, self.slot = prompt, slot
         self.deadline, self.cancelled = deadline, cancelled
         self.eos, self.semantic_start = eos, semantic_start

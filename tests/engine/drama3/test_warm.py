@@ -1,0 +1,111 @@
+"""Warming the prefix cache ahead of a take (Drama3Engine.warm), float32 on the CPU: the
+next line after a keep prefills only its own rows, and is bit for bit the take prefilled
+from row 0; a warm never delays a take, ends "prefilled" with no frames, frees its slot,
+and can be cancelled."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine import AudioWindow, Done, EngineSpec, HistoryTurn, Sampling, load_engine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=2))
+
+
+@pytest.fixture(scope="module")
+def cold(tiny_checkpoint):
+    """Takes prefilled from row 0 (no prefix cache)."""
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=1, prefix_cache_gib=0))
+
+
+def kept(seed: int, frames: int) -> HistoryTurn:
+    return HistoryTurn(f"Kept line {seed}.", np.random.default_rng(seed).integers(0, 1024, (10, frames)))
+
+
+HISTORY = [kept(1, 30), kept(2, 45)]
+SAMPLING = Sampling(max_new_tokens=10, seed=3)
+
+
+def run(engine, *takes) -> list[AudioWindow | Done]:
+    """Step until every take is done; the first one's events (the others' are read and dropped)."""
+    events: list[AudioWindow | Done] = []
+    while not all(take.done for take in takes):
+        events += [event for t, new in engine.step() if t is takes[0] for event in new]
+    return events
+
+
+def test_the_next_line_after_a_warm_prefills_only_its_own_rows(engine, cold):
+    cache = engine.decoder.prefix
+    cache.clear()
+    # What the server warms when a take is kept: the next line's prompt (its text not known yet).
+    warm = engine.warm(engine.prompt("(the next line)", None, HISTORY, SAMPLING))
+    assert warm is not None and warm.prefill_only
+    events = run(engine, warm)
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "prefilled" and done.error is None
+    assert done.codes.shape == (10, 0) and all(len(e.pcm) == 0 for e in events if isinstance(e, AudioWindow))
+    assert engine.free_slots == 2 and engine.in_flight == 0
+    prompt = engine.prompt("Then the lamp went out.", None, HISTORY, SAMPLING)
+    end_of_history = max(prompt.boundaries)
+    assert cache.stats()["misses"] == 1  # the warm's
+    take = list(engine.generate(prompt))[-1]
+    assert isinstance(take, Done) and take.timings["cached_rows"] == end_of_history < len(prompt.rows)
+    fresh = list(cold.generate(prompt))[-1]
+    assert isinstance(fresh, Done) and fresh.timings["cached_rows"] == 0
+    assert np.array_equal(take.codes, fresh.codes)
+    # Warming what the cache holds already, or without a cache, does nothing.
+    assert engine.warm(engine.prompt("(another)", None, HISTORY, SAMPLING)) is None
+    assert cold.warm(prompt) is None
+
+
+def test_a_take_started_beside_a_warm_is_prefilled_first_and_is_the_same_take(engine, cold):
+    engine.decoder.prefix.clear()
+    slots = engine.slot_table
+    rows, slots.prefill_rows = slots.prefill_rows, 8  # many chunks each
+    try:
+        warm = engine.warm(engine.prompt("(the next line)", None, HISTORY, SAMPLING))
+        assert warm is not None
+        slots.step()  # one budgeted chunk of the warm, nothing decoding
+        assert warm in slots.prefills and sum(b - a for a, b in slots.prefills[warm].chunks) > 8
+        prompt = engine.prompt("Meanwhile, a take.", None, [kept(9, 20)], SAMPLING)
+        take = engine.start(prompt)
+        warm_left = sum(b - a for a, b in slots.prefills[warm].chunks)
+        slots.step()  # nothing decodes: the take's whole prefill, and the warm waits
+        assert take.decoding and take not in slots.prefills
+        assert sum(b - a for a, b in slots.prefills[warm].chunks) == warm_left
+        events = run(engine, take, warm)
+        assert warm.finish == "prefilled" and engine.in_flight == 0
+    finally:
+        slots.prefill_rows = rows
+    fresh = list(cold.generate(prompt))[-1]
+    assert isinstance(events[-1], Done) and np.array_equal(events[-1].codes, fresh.codes)
+
+
+def test_a_cancelled_warm_frees_its_slot(engine):
+    engine.decoder.prefix.clear()
+    slots = engine.slot_table
+    rows, slots.prefill_rows = slots.prefill_rows, 8
+    stop = False
+    try:
+        warm = engine.warm(engine.prompt("(the next line)", None, HISTORY, SAMPLING), cancelled=lambda: stop)
+        assert warm is not None
+        slots.step()
+        stop = True
+        done = run(engine, warm)[-1]
+    finally:
+        slots.prefill_rows = rows
+    assert isinstance(done, Done) and done.finish_reason == "cancelled" and engine.free_slots == 2
+
+
+@torch.inference_mode()
+def test_a_prefill_stops_only_at_a_boundary_with_a_cache(engine, cold):
+    prompt = engine.prompt("A line.", None, HISTORY, SAMPLING)
+    with pytest.raises(ValueError, match="boundaries"):
+        engine.decoder.begin_prefill(prompt, 0, stop=max(prompt.boundaries) + 1)
+    with pytest.raises(ValueError, match="prefix cache"):
+        cold.decoder.begin_prefill(prompt, 0, stop=max(prompt.boundaries))
