@@ -205,6 +205,7 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
         state.metrics.draining = lambda: state.draining
         if (engine := running.engine) is not None:
             state.metrics.prefix_cache = engine.prefix_cache_stats
+            state.metrics.warms = lambda: dict(running.warms)
         if (live := talking) is not None:
             state.metrics.conversations = lambda: live.active
         app.state.retake = state

@@ -51,6 +51,7 @@ class Metrics:
         self.draining: Callable[[], bool] = lambda: False  # SIGTERM came: no new takes (backend/draining.py)
         # The engine's prefix cache counters (engine/drama3/prefix.py), None when it is off.
         self.prefix_cache: Callable[[], dict[str, int] | None] = lambda: None
+        self.warms: Callable[[], dict[str, int]] = dict  # prefix warms ended, by finish reason (directing/loop.py)
         self.takes: dict[str, int] = dict.fromkeys(FINISH_REASONS, 0)
         self.retries = 0
         self.exports = {"kept": 0, "vocoded": 0}  # take exports served from kept audio, or vocoded on the engine
@@ -88,7 +89,14 @@ class Metrics:
                   "# TYPE retake_take_exports_total counter"]
         lines += [f'retake_take_exports_total{{audio="{source}"}} {count}' for source, count in self.exports.items()]
         lines += self.first_audio.lines() + self.decode_fps.lines()
-        lines += prefix_cache_lines(self.prefix_cache())
+        stats = self.prefix_cache()
+        lines += prefix_cache_lines(stats)
+        if stats is not None:
+            lines += ["# HELP retake_prefix_warms_total Prompts prefilled into the prefix cache ahead of a take (the "
+                      "next line after a keep), by how they ended (cached: the cache held it already).",
+                      "# TYPE retake_prefix_warms_total counter"]
+            lines += [f'retake_prefix_warms_total{{finish_reason="{reason}"}} {count}'
+                      for reason, count in sorted(self.warms().items())]
         return "\n".join(lines) + "\n"
 
 

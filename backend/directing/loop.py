@@ -27,12 +27,18 @@ Design choices:
   the queue bound) and takes the next free slot in deadline order.
 - Nothing a job does can stop the loop or another take: a take's failure ends that take
   (`finish_reason="error"`); a call's failure is raised from its future.
+- Warms (`warm(key, build)`): when a session keeps a take, it asks for the prompt its next
+  line will have to be prefilled into the prefix cache (Drama3Engine.warm), so that line's
+  first audio pays for its own rows only. A warm is the lowest priority there is: one per
+  session (a newer one replaces it), started only in a free slot with no take waiting,
+  cancelled when a take waits for its slot, and never counted in the queue.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +46,9 @@ from typing import Any
 from backend.directing.jobs import CallJob, Job, TakeJob
 from backend.directing.queue_wait import SOON_S, QueueWait, queue_wait
 from backend.engine_thread import EngineThread
-from engine import Drama3Engine, Take
+from engine import Done, Drama3Engine, Prompt, Take
+
+WarmBuilder = Callable[[Drama3Engine], Prompt]  # the prompt a warm prefills (built on the engine thread)
 
 log = logging.getLogger("retake.loop")
 
@@ -74,11 +82,34 @@ class EngineLoop(EngineThread[Drama3Engine]):
         self._starting: TakeJob | None = None  # out of the queue, being started (prompt, prefill)
         self.wait = QueueWait()  # the rates of the busy retry hint, measured as takes end
         self.frame_samples = 2048  # the engine's, once loaded
+        self._warms: dict[str, WarmBuilder] = {}  # per session, the warm asked for and not started
+        self._warming: dict[Take, tuple[str, threading.Event]] = {}  # warms in slots: session, cancel flag
+        # Warms ended, by finish reason (metrics; its keys made here: another thread copies it).
+        self.warms: collections.Counter[str] = collections.Counter(
+            dict.fromkeys(("prefilled", "cached", "cancelled", "error"), 0))
 
     def _stopped(self) -> None:
         """Cancel every job; the thread ends once the takes in flight have stopped."""
         for job in (*self._queue, *self._retries, *self._running.values()):
             job.cancel()
+        self._warms.clear()
+        for _, cancel in self._warming.values():
+            cancel.set()
+
+    @property
+    def warms_pending(self) -> int:
+        """Warms asked for or in slots, not ended yet."""
+        with self._condition:
+            return len(self._warms) + len(self._warming)
+
+    def warm(self, key: str, build: WarmBuilder) -> None:
+        """Prefill the prompt `build` makes into the prefix cache when a slot is idle (key: the
+        session; its newer warm replaces one not started yet). Never refused, never queued."""
+        with self._condition:
+            if self._stopping:
+                return
+            self._warms[key] = build
+            self._condition.notify()
 
     @property
     def depth(self) -> int:
@@ -152,9 +183,10 @@ class EngineLoop(EngineThread[Drama3Engine]):
     def _serve(self, engine: Drama3Engine) -> None:
         while True:
             with self._condition:
-                while not (self._queue or self._retries or self._running or self._stopping):
+                while not (self._queue or self._retries or self._running or self._warms or self._warming
+                           or self._stopping):
                     self._condition.wait()
-                if self._stopping and not self._running:
+                if self._stopping and not self._running and not self._warming:
                     return
                 call = None if self._stopping else self._next_call()
                 take = self._starting = None if self._stopping or engine.free_slots == 0 else self._next_take()
@@ -164,7 +196,8 @@ class EngineLoop(EngineThread[Drama3Engine]):
                 self._begin(take, engine)
                 with self._condition:
                     take = self._starting = None if self._stopping or engine.free_slots == 0 else self._next_take()
-            if self._running:
+            self._warm(engine)
+            if self._running or self._warming:
                 self._step(engine)
 
     def _next_call(self) -> CallJob[Any] | None:
@@ -186,6 +219,41 @@ class EngineLoop(EngineThread[Drama3Engine]):
         else:
             self._queue.remove(job)
         return job
+
+    def _warm(self, engine: Drama3Engine) -> None:
+        """Start the waiting warms in free slots when no take waits; a take waiting with every
+        slot taken cancels the warms in slots (they free them at the next step)."""
+        with self._condition:
+            waiting = any(isinstance(job, TakeJob) for job in (*self._retries, *self._queue))
+            if waiting and engine.free_slots == 0:
+                for _, cancel in self._warming.values():
+                    cancel.set()
+            if waiting or self._stopping:
+                return
+            starting: list[tuple[str, WarmBuilder]] = []
+            while self._warms and engine.free_slots > len(starting):
+                key = next(iter(self._warms))
+                starting.append((key, self._warms.pop(key)))
+        for key, build in starting:
+            cancel = threading.Event()
+            try:
+                take = engine.warm(build(engine), cancelled=cancel.is_set)
+            except Exception:  # noqa: BLE001 - a warm is an optimisation: its failure is logged, never felt
+                log.warning("warming the prefix cache for a session failed:\n%s", traceback.format_exc())
+                continue
+            if take is None:  # the cache holds that prefix already (or has no room for it)
+                self.warms["cached"] += 1
+            else:
+                with self._condition:
+                    self._warming[take] = (key, cancel)
+
+    def _warmed(self, take: Take, done: Done) -> None:
+        key, _ = self._warming.pop(take)
+        self.warms[done.finish_reason] += 1
+        rows = done.timings.get("prompt_rows")
+        log.info("prefix cache warmed for session %s: %s (%s rows, %s cached; %s ms)%s", key[:8], done.finish_reason,
+                 rows, done.timings.get("cached_rows"), done.timings.get("prefill_ms"),
+                 f": {done.error}" if done.error else "")
 
     def _run_call(self, job: CallJob[Any], engine: Drama3Engine) -> None:
         try:
@@ -213,11 +281,18 @@ class EngineLoop(EngineThread[Drama3Engine]):
             log.error("engine step crashed:\n%s", traceback.format_exc())
             with self._condition:
                 running, self._running = self._running, {}
+                warming, self._warming = self._warming, {}
             for take, job in running.items():
                 engine.drop(take)
                 job.finish("error", f"{type(error).__name__}: {error}")
+            for take in warming:
+                engine.drop(take)
             return
         for take, events in results:
+            if take in self._warming:
+                if events and isinstance(done := events[-1], Done):
+                    self._warmed(take, done)
+                continue
             found = self._running.get(take)
             if found is None:
                 continue

@@ -48,6 +48,7 @@ from backend.directing.live_take import LiveTake, sampling_info
 from backend.directing.loop import QueueFull
 from backend.directing.scenes import DELETED
 from backend.directing.script import kept_history
+from backend.directing.warming import next_line_warm
 from backend.state import ServerState
 from backend.store import StoredTake, audio_url
 from backend.transport import Outbox
@@ -338,10 +339,16 @@ class Session:
         return take, history_ids, build_prompt, sampling
 
     def keep(self, message: p.TakeKeep) -> p.History:
-        """Keep the take: it replaces its line's kept take, if any (`unkept`)."""
+        """Keep the take: it replaces its line's kept take, if any (`unkept`); the next line's
+        prompt goes into the prefix cache while the director reads (directing/warming.py)."""
         session_id = self.require_open()
-        unkept = self.state.store.keep(self.usable_take(session_id, message.take_id).take_id)
+        take = self.usable_take(session_id, message.take_id)
+        unkept = self.state.store.keep(take.take_id)
         kept = kept_history(self.state.store, session_id)
+        loop = self.state.engine_loop
+        if (engine := loop.engine) is not None and engine.prefix_cache_stats() is not None:
+            loop.warm(session_id, next_line_warm(self.state.store, session_id, take.line_id,
+                                                 self.limits.max_prompt_rows))
         return p.History(kept.history, [], None, kept.hears, unkept)
 
     def drop(self, message: p.TakeDrop) -> p.History:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import re
 import urllib.request
@@ -10,9 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
-from live_server import LiveServer, run
+from live_server import LiveServer, fetch, run
 
 from backend.directing.jobs import SilenceGuard
+from backend.directing.loop import EngineLoop
 from backend.schema import takes
 from backend.store import Store
 from backend.tools.client import Director, TakeResult
@@ -266,15 +268,37 @@ def test_a_retake_restores_its_prompt_from_the_prefix_cache(server: LiveServer) 
     assert held is not None and int(held.group(1)) > 0
 
 
-def test_a_scene_prefills_each_kept_take_once_as_it_moves_line_by_line(make_server: Any) -> None:
-    """Line by line, each keep then the next line (history "kept"): a new line restores the
-    previous line's history from the cache and prefills only the newly kept take and itself; a
-    retake of the line restores all of it; the restored takes sound as prefilled from row 0."""
+async def warms(server: LiveServer) -> dict[str, int]:
+    """Prefix warms ended, by finish reason (/metrics; the engine loop is shared by the tests' servers)."""
+    metrics = (await fetch(f"{server.http}/metrics")).decode()
+    return {reason: int(n) for reason, n in re.findall(r'^retake_prefix_warms_total\{finish_reason="(\w+)"\} (\d+)$',
+                                                       metrics, re.M)}
+
+
+async def warms_ended(engine_loop: EngineLoop) -> None:
+    """Wait until no prefix warm is asked for or running (a keep asks for one before its reply)."""
+    for _ in range(600):
+        if not engine_loop.warms_pending:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("a prefix warm did not end within a minute")
+
+
+def test_a_scene_prefills_each_kept_take_once_as_it_moves_line_by_line(make_server: Any,
+                                                                       engine_loop: EngineLoop) -> None:
+    """Line by line, each keep then the next line (history "kept"): the keep warms the next
+    line's prompt into the prefix cache (system message and kept takes), so the next line
+    prefills only its own rows; a retake of the line restores all of it; the restored takes
+    sound as prefilled from row 0."""
     server = make_server(silence=SilenceGuard(retries=0))
     sampling = {"sampling": {"max_new_tokens": 6, "seed": 5}}
-    script = [("p1", "The curtain is up, prefix."), ("p2", "Nobody moves, prefix."), ("p3", "Lights, prefix.")]
+    # p2 and p3 say the same words: each prefills the same rows, its line, whatever it hears.
+    script = [("p1", "The curtain is up, and the whole company waits in the wings, prefix."),
+              ("p2", "Nobody moves, prefix."), ("p3", "Nobody moves, prefix.")]
 
-    async def main() -> list[TakeResult]:
+    async def main() -> tuple[list[TakeResult], dict[str, int], dict[str, int]]:
+        await warms_ended(engine_loop)  # (the engine loop is shared: another test's warm ends first)
+        before = await warms(server)
         director = await Director.connect(server.ws)
         await director.open()
         for line_id, text in script:
@@ -284,17 +308,20 @@ def test_a_scene_prefills_each_kept_take_once_as_it_moves_line_by_line(make_serv
             take = await director.take(line_id, text, **sampling)
             takes.append(take)
             await director.request({"type": "take.keep", "take_id": take.take_id}, "history")
+            await warms_ended(engine_loop)
         takes.append(await director.take(*script[-1], **sampling))  # the last line retaken
         await director.close()
-        return takes
+        return takes, before, await warms(server)
 
-    takes = run(main())
+    takes, before, after = run(main())
     assert [len(t.of_type("history")[0]["take_ids"]) for t in takes] == [0, 1, 2, 2]  # type: ignore[arg-type]
     second, third, retake = [take.done["timings"] for take in takes[1:]]
     assert isinstance(second, dict) and isinstance(third, dict) and isinstance(retake, dict)
-    # p2 shares the system message with p1; p3 shares with p2 the system message and p1's kept take, whose
-    # rows (its text and its codes, a row a frame) p2 prefilled and p3 restored.
+    # p2 restores the system message and p1's kept take (its text and codes, a row a frame), which
+    # the warm after p1's keep prefilled; p3 restores those and p2's kept take: each prefills its line.
     assert 0 < second["cached_rows"] < third["cached_rows"] < third["prompt_rows"]
     assert third["cached_rows"] - second["cached_rows"] > int(takes[0].done["frames"])  # type: ignore[call-overload]
+    assert second["prompt_rows"] - second["cached_rows"] == third["prompt_rows"] - third["cached_rows"]
     assert retake["cached_rows"] == retake["prompt_rows"] == third["prompt_rows"]
     np.testing.assert_array_equal(takes[3].pcm, takes[2].pcm)  # same seed, same rows: the same take
+    assert after["prefilled"] - before["prefilled"] == 3  # the third: a new line after p3
