@@ -248,12 +248,12 @@ class EngineLoop(EngineThread[Drama3Engine]):
                     self._warming[take] = (key, cancel)
 
     def _warmed(self, take: Take, done: Done) -> None:
-        key, _ = self._warming.pop(take)
+        with self._condition:
+            key, _ = self._warming.pop(take)
         self.warms[done.finish_reason] += 1
-        rows = done.timings.get("prompt_rows")
-        log.info("prefix cache warmed for session %s: %s (%s rows, %s cached; %s ms)%s", key[:8], done.finish_reason,
-                 rows, done.timings.get("cached_rows"), done.timings.get("prefill_ms"),
-                 f": {done.error}" if done.error else "")
+        start, stop = int(done.timings.get("cached_rows") or 0), max(take.prompt.boundaries, default=0)
+        log.info("prefix cache warmed for session %s: %s, rows %s to %s (%s ms)%s", key[:8], done.finish_reason,
+                 f"{start:,}", f"{stop:,}", done.timings.get("prefill_ms"), f": {done.error}" if done.error else "")
 
     def _run_call(self, job: CallJob[Any], engine: Drama3Engine) -> None:
         try:

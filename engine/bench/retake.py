@@ -10,7 +10,10 @@ engine as served (`engine.generate`, warm-up first):
 - off: the cache off (`--prefix-cache-gib 0`): every take prefills its whole prompt;
 - retake: the same line again (another seed): the whole prompt comes from the cache;
 - next line: a retake kept, a new line: the history up to it comes from the cache, the
-  kept take and the new line are prefilled.
+  kept take and the new line are prefilled;
+- next line, warmed: as the server does after a keep, the next line's prompt is first
+  prefilled into the cache up to the end of its history (`Drama3Engine.warm`, while the
+  director would read): the new line alone is prefilled.
 Printed: first audio (prefill start to the first PCM window; median of `--repeats`), the
 prefill, the rows restored; the ratio of the 4,000-row retake to the retake with no
 history (the target on the H200: within 1.2x), with the cache on and off; bytes per row
@@ -112,7 +115,23 @@ def scene(engine: Drama3Engine, rows: int, args: argparse.Namespace) -> tuple[li
     following = [measure(engine, "And the next line.", [*turns, HistoryTurn(LINE, take["codes"])], 200 + seed,
                          args.frames) for seed, take in enumerate(again)]
     out.append(median_row(following, history_rows=rows, cache="on", take="next line"))
+    # Each of those kept in turn, the line after it warmed first (as after a keep in the studio).
+    warmed = []
+    for seed, take in enumerate(following):
+        kept = [*turns, HistoryTurn("And the next line.", take["codes"])]
+        warm_prefix(engine, "And the line after.", kept)
+        warmed.append(measure(engine, "And the line after.", kept, 300 + seed, args.frames))
+    out.append(median_row(warmed, history_rows=rows, cache="on", take="next line, warmed"))
     return out, prefix.stats()["device_bytes"] + prefix.stats()["host_bytes"]
+
+
+def warm_prefix(engine: Drama3Engine, text: str, turns: list[HistoryTurn]) -> None:
+    """Prefill the prompt's history into the prefix cache, as the server does after a keep."""
+    from engine import Sampling
+
+    take = engine.warm(engine.prompt(text, None, turns, Sampling(max_new_tokens=1)))
+    while take is not None and not take.done:
+        engine.step()
 
 
 def run(args: argparse.Namespace) -> int:
