@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import secrets
 import time
+import traceback
 
 from backend.directing import protocol as p
 from backend.directing.cast import (
@@ -48,11 +50,13 @@ from backend.directing.live_take import LiveTake, sampling_info
 from backend.directing.loop import QueueFull
 from backend.directing.scenes import DELETED
 from backend.directing.script import kept_history
-from backend.directing.warming import next_line_warm
+from backend.directing.warming import line_warm, next_line
 from backend.state import ServerState
 from backend.store import StoredTake, audio_url
 from backend.transport import Outbox
 from engine import Drama3Engine, Prompt, Sampling
+
+log = logging.getLogger("retake.session")
 
 WATCH_S = 0.5  # how often a take another replica runs is looked up in the store
 
@@ -122,6 +126,7 @@ class Session:
             voice=None if voice is None else voice.info(), lines=lines,
             takes=[take.info() for take in store.takes(session_id)], history=kept.history, hears=kept.hears,
             cast=cast_info(store, session_id), name=store.scene_name(session_id), session_key=key, ref=message.ref)
+        self.warm(session_id)  # a resumed scene's history into a cache a restart left cold
         return ready, store.takes_elsewhere(session_id)
 
     async def watch(self, session_id: str, pending: set[int]) -> None:
@@ -187,6 +192,7 @@ class Session:
         encoded = await encode_voice(self.state, references, character)
         stored = await self.state.db.run(self.state.store.set_voice, session_id, encoded, character)
         self.outbox.message(p.VoiceReady(None if stored is None else stored.info(), message.ref))
+        await self.state.db.run(self.warm, session_id)  # the new system message, before the first take asks
 
     # The cast and the notes ----------------------------------------------------
 
@@ -345,11 +351,21 @@ class Session:
         take = self.usable_take(session_id, message.take_id)
         unkept = self.state.store.keep(take.take_id)
         kept = kept_history(self.state.store, session_id)
-        loop = self.state.engine_loop
-        if (engine := loop.engine) is not None and engine.prefix_cache_stats() is not None:
-            loop.warm(session_id, next_line_warm(self.state.store, session_id, take.line_id,
-                                                 self.limits.max_prompt_rows))
+        self.warm(session_id, take.line_id)
         return p.History(kept.history, [], None, kept.hears, unkept)
+
+    def warm(self, session_id: str, after: str | None = None) -> None:
+        """(On the store thread.) Ask the engine to prefill the prompt of the line the director most
+        likely takes next (the one after `after`; else the first with no kept take) into the prefix
+        cache while they read (directing/warming.py); nothing when the cache is off."""
+        loop, store = self.state.engine_loop, self.state.store
+        if (engine := loop.engine) is None or engine.prefix_cache_stats() is None:
+            return
+        try:
+            line_id = next_line(store, session_id, after)
+            loop.warm(session_id, line_warm(store, session_id, line_id, self.limits.max_prompt_rows))
+        except Exception:  # noqa: BLE001 - a warm is an optimisation: never a reason to refuse what asked for it
+            log.warning("could not warm the prefix cache for session %s:\n%s", session_id[:8], traceback.format_exc())
 
     def drop(self, message: p.TakeDrop) -> p.History:
         session_id = self.require_open()

@@ -1,19 +1,21 @@
-"""The next line's prompt, to warm the prefix cache with when a take is kept.
+"""The prompt of the line a director most likely takes next, to warm the prefix cache with.
 
-    build = next_line_warm(store, session_id, kept_line_id, max_rows)   # on the store's thread
-    engine_loop.warm(session_id, build)                                 # prefilled when a slot is idle
+    build = line_warm(store, session_id, next_line(store, session_id, after=kept_line_id), max_rows)
+    engine_loop.warm(session_id, build)          # prefilled when a slot is idle (directing/loop.py)
 
 Design choices:
-- After a keep, the scene's next take is most likely of the script's next line, and that
-  line's prompt shares everything before its own text: the system message (its voice, or
-  its character and the cast) and the kept takes above it. The engine prefills that much
-  into the prefix cache while the director reads (Drama3Engine.warm), so the line's first
-  audio pays for its own rows only. The line's text is not prefilled (the warm stops
-  before it); it only decides, as for the take, which oldest turns a long scene drops.
-- Past the script's last line, the next line is a new one at the end: it hears every kept
-  take, in the session's voice.
-- It is a guess: a director who retakes the kept line or jumps elsewhere loses only GPU
-  time spent while no take waited (directing/loop.py gives warms the lowest priority).
+- A take's prompt is the system message (the line's voice, or its character and the cast),
+  the kept takes of the lines above it, then the line. All but the line can be prefilled
+  into the prefix cache before the take is asked for (Drama3Engine.warm), so its first
+  audio pays for the line's rows only. The server does it while the director reads: after
+  a keep (the script's next line), after a voice is set and when a session is opened or
+  resumed (the first line with no kept take: after a restart the cache is cold, and a long
+  scene's history is most of its first take's prefill).
+- The line's text is not prefilled (the warm stops before it); it only decides, as for the
+  take, which oldest turns a long scene drops. A line not written yet (past the script's
+  end) hears every kept take, in the session's voice.
+- It is a guess: a director who takes another line loses only GPU time spent while no take
+  waited (warms have the lowest priority, and one per session).
 """
 
 from __future__ import annotations
@@ -26,18 +28,23 @@ from engine import Drama3Engine, Prompt, Sampling
 PLACEHOLDER = "..."  # the text of a line not written yet (it is never prefilled)
 
 
-def next_line_warm(store: Store, session_id: str, line_id: str, max_rows: int | None) -> WarmBuilder:
-    """The prompt builder of the line after `line_id` in the script (or of a new last line)."""
-    script = store.lines(session_id)
-    ids = [line["line_id"] for line in script]
-    after = ids.index(line_id) + 1 if line_id in ids else len(ids)
-    if after < len(script):
-        next_id, text = script[after]["line_id"], script[after]["text"] or PLACEHOLDER
-        history_ids = store.kept_history(session_id, next_id)
-    else:
-        next_id, text = "", PLACEHOLDER  # (no line has that id: the session's voice)
-        history_ids = store.kept_history(session_id)
-    _, _, voice = take_voice(store, session_id, next_id)
+def next_line(store: Store, session_id: str, after: str | None = None) -> str | None:
+    """The line after `after` in the script; without `after`, the first line with no kept take.
+    None: a new line at the end."""
+    ids = store.line_ids(session_id)
+    if after is not None:
+        at = ids.index(after) + 1 if after in ids else len(ids)
+        return ids[at] if at < len(ids) else None
+    kept = {take.line_id for take in store.takes(session_id) if take.kept}
+    return next((line_id for line_id in ids if line_id not in kept), None)
+
+
+def line_warm(store: Store, session_id: str, line_id: str | None, max_rows: int | None) -> WarmBuilder:
+    """The builder of the prompt a take of `line_id` (None: a new last line) would get."""
+    texts = {line["line_id"]: line["text"] for line in store.lines(session_id)}
+    text = texts.get(line_id or "") or PLACEHOLDER
+    history_ids = store.kept_history(session_id, line_id) if line_id in texts else store.kept_history(session_id)
+    _, _, voice = take_voice(store, session_id, line_id or "")  # (no line has the id "": the session's voice)
     heard = [take for take_id in history_ids if (take := store.take(session_id, take_id)) is not None]
     turns = history_turns(store, session_id, heard, voice)
 

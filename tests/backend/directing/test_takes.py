@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import re
 import urllib.request
@@ -325,3 +326,32 @@ def test_a_scene_prefills_each_kept_take_once_as_it_moves_line_by_line(make_serv
     assert retake["cached_rows"] == retake["prompt_rows"] == third["prompt_rows"]
     np.testing.assert_array_equal(takes[3].pcm, takes[2].pcm)  # same seed, same rows: the same take
     assert after["prefilled"] - before["prefilled"] == 3  # the third: a new line after p3
+
+
+def test_a_voice_set_warms_the_system_message_of_the_line_to_take_next(make_server: Any,
+                                                                       engine_loop: EngineLoop) -> None:
+    """A voice's reference codes fill the system message, which no take has prefilled yet: the
+    server warms it when the voice is set, so the first take restores it and prefills its line."""
+    server = make_server(silence=SilenceGuard(retries=0))
+    t = np.arange(int(44100 * 0.5)) / 44100
+    wav = io.BytesIO()
+    sf.write(wav, (0.4 * np.sin(2 * np.pi * 313.0 * t)).astype(np.float32), 44100, format="WAV", subtype="PCM_16")
+    voice = {"type": "voice.set", "references": [{"audio": base64.b64encode(wav.getvalue()).decode(),
+                                                  "text": "A voice no other test sets."}]}
+
+    async def main() -> tuple[TakeResult, TakeResult]:
+        director = await Director.connect(server.ws)
+        await director.open()
+        await director.request({"type": "line.set", "line_id": "w1", "text": "Warm before the take."}, "script")
+        await director.request(voice, "voice.ready")
+        await warms_ended(engine_loop)
+        first = await director.take("w1", "Warm before the take.", sampling={**SHORT, "seed": 2})
+        again = await director.take("w1", "Warm before the take.", sampling={**SHORT, "seed": 2})
+        await director.close()
+        return first, again
+
+    first, again = run(main())
+    timings, whole = first.done["timings"], again.done["timings"]
+    assert isinstance(timings, dict) and isinstance(whole, dict)
+    assert 0 < timings["cached_rows"] < timings["prompt_rows"] == whole["cached_rows"]
+    np.testing.assert_array_equal(first.pcm, again.pcm)
