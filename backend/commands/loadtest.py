@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=200, help="frames per take at most (default 200)")
     parser.add_argument("--stagger-ms", type=float, default=50.0, help="delay between session starts (default 50)")
     parser.add_argument("--no-keep", action="store_true", help="do not keep takes (no growing history)")
+    parser.add_argument("--think-ms", type=float, default=0.0,
+                        help="a director's pause before each take, reading the next line (default 0); the server "
+                             "warms the line's prompt meanwhile")
     parser.add_argument("--token", help="bearer token, if the server wants one")
     parser.add_argument("--json", type=Path, help="also write every take's numbers to this file")
     parser.add_argument("--converse", action="store_true",
@@ -48,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sessions < 1 or args.takes < 1 or args.max_new_tokens < 1:
         raise UsageError("--sessions, --takes and --max-new-tokens must be at least 1")
+    if not 0 <= args.think_ms < 3_600_000:
+        raise UsageError(f"--think-ms must be from 0 to 3600000 (an hour); got {args.think_ms:g}")
     if args.resume:
         from backend.tools import resume_load
 
@@ -69,4 +74,5 @@ def run(args: argparse.Namespace) -> int:
 
     return loadtest.run(loadtest.LoadTest(url=args.url, sessions=args.sessions, takes=args.takes,
                                           max_new_tokens=args.max_new_tokens, stagger_ms=args.stagger_ms,
-                                          keep=not args.no_keep, token=args.token, json=args.json))
+                                          keep=not args.no_keep, token=args.token, json=args.json,
+                                          think_ms=args.think_ms))

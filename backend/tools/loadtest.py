@@ -8,6 +8,11 @@ directing history grows as in a real scene). Every take is measured on the clien
   duration stalls whenever the next window has not arrived; the longest stall of a take is
   its longest gap relative to playback time (0 when the stream keeps ahead of playback).
 
+`think_ms` is a director's pause before each take (reading the next line): in it the server
+warms the line's prompt into its prefix cache (backend/directing/warming.py), which the
+default of 0 (a take asked for at once) leaves no time for. Each take's `cached_rows` (the
+prompt rows the prefix cache restored) is reported beside its prompt rows.
+
 It prints p50 / p95 / p99 of both over all takes, the finish reasons, and how many takes had a
 gap above 100 ms (sglang-omni's continuity criterion); with a JSON path it writes the raw
 numbers too.
@@ -47,6 +52,7 @@ class LoadTest:
     keep: bool  # keep each take (a growing history)
     token: str | None
     json: Path | None  # also write every take's numbers here
+    think_ms: float = 0.0  # a director's pause before each take
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class TakeStats:
     audio_s: float
     wall_s: float
     prompt_rows: int
+    cached_rows: int  # of those, restored from the prefix cache
     error: str | None  # the server's `error` of a take that ended with finish_reason "error"
 
 
@@ -82,6 +89,7 @@ async def run_session(index: int, plan: LoadTest, results: list[TakeStats], fail
         rate = int(str(ready["sample_rate"]))
         for number in range(plan.takes):
             text = LINES[(index + number) % len(LINES)]
+            await asyncio.sleep(plan.think_ms / 1000)
             take = await director.take(f"line-{number}", text, sampling={"max_new_tokens": plan.max_new_tokens})
             done = take.done
             arrivals = [frame.arrived for frame in take.frames]
@@ -94,6 +102,7 @@ async def run_session(index: int, plan: LoadTest, results: list[TakeStats], fail
                 server_first_audio_ms=None if server_first is None else server_first + (timings.get("queue_ms") or 0),
                 longest_gap_s=longest_stall(arrivals, durations), audio_s=sum(durations),
                 wall_s=time.monotonic() - take.sent, prompt_rows=int(timings.get("prompt_rows") or 0),
+                cached_rows=int(timings.get("cached_rows") or 0),
                 error=None if done.get("error") is None else str(done["error"])))
             if plan.keep and done["finish_reason"] in ("stop", "length") and take.frames:
                 await director.request({"type": "take.keep", "take_id": take.take_id}, "history")
@@ -135,6 +144,9 @@ def run(plan: LoadTest) -> int:
     print(f"{'first audio (server)':28} {percentiles(server_first)}")
     print(f"{'longest gap vs playback':28} {percentiles(gaps)}")
     print(f"takes with a gap above 100 ms: {sum(g > 0.1 for g in gaps)} of {len(gaps)}")
+    rows, cached = sum(r.prompt_rows for r in results), sum(r.cached_rows for r in results)
+    print(f"prompt rows restored from the prefix cache: {cached:,} of {rows:,}"
+          + (f" (a {plan.think_ms:g} ms pause before each take)" if plan.think_ms else ""))
     for failure in failures:
         print(f"FAILED {failure}")
     if plan.json:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from live_server import RETAKE, LiveServer
 
+from backend.cli import UsageError
 from backend.commands import loadtest
 from backend.tools.client import Director
 from backend.tools.loadtest import longest_stall
@@ -34,10 +35,11 @@ def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys:
     loadtest.add_arguments(parser)
     out = tmp_path / "load.json"
     args = parser.parse_args(["--url", server.ws, "--sessions", "2", "--takes", "2", "--max-new-tokens", "12",
-                              "--stagger-ms", "0", "--json", str(out)])
+                              "--stagger-ms", "0", "--think-ms", "50", "--json", str(out)])
     assert loadtest.run(args) == 0
     printed = capsys.readouterr().out
     assert "2 sessions x 2 takes" in printed and "first audio (client)" in printed and "longest gap" in printed
+    assert "prompt rows restored from the prefix cache: " in printed and "(a 50 ms pause before each take)" in printed
     report = json.loads(out.read_text())
     assert report["failures"] == [] and len(report["takes"]) == 4
     for take in report["takes"]:
@@ -46,6 +48,10 @@ def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys:
     # Kept takes grow each session's history: the second take's prompt holds the first.
     by_session = {s: [t for t in report["takes"] if t["session"] == s] for s in (0, 1)}
     assert all(takes[1]["prompt_rows"] > takes[0]["prompt_rows"] for takes in by_session.values())
+    assert all(0 <= take["cached_rows"] <= take["prompt_rows"] for take in report["takes"])
+    bad = parser.parse_args(["--url", server.ws, "--think-ms", "-1"])
+    with pytest.raises(UsageError, match="--think-ms"):
+        loadtest.run(bad)
 
 
 def test_loadtest_resume_reports_resumes_per_second(server: LiveServer, capsys: pytest.CaptureFixture[str]) -> None:
