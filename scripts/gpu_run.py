@@ -82,8 +82,10 @@ LIMITS_S = {"env": 15, "pytest": 70, "takes": 140, "serve": 130, "kernels": 20, 
 BUDGET_S = 555.0
 SMOKE_LIMITS_S = {name: 900 for name in STAGES}
 LOG_TAIL = 120_000  # characters of each stage's output kept in log.txt
-LOADS = ((1, 4), (16, 2), (64, 2))  # (sessions, takes each) against the full-size server
-SMOKE_LOADS = ((1, 2), (2, 1))
+# (sessions, takes each, a director's pause before each take in ms) against the full-size server;
+# the pause lets the server warm the next line's prompt (backend/directing/warming.py).
+LOADS = ((1, 4, 0), (1, 4, 1000), (16, 2, 0), (64, 2, 0))
+SMOKE_LOADS = ((1, 2, 0), (1, 2, 200), (2, 1, 0))
 Json = dict[str, Any]
 
 
@@ -327,6 +329,7 @@ def load_summary(report: Json) -> Json:
             "longest_gap_ms": percentiles(gaps), "gaps_over_100ms": sum(g > 0.1 for g in gaps),
             "real_time": bool(gaps) and not reasons.get("error") and (percentiles(gaps) or {}).get("p99", 1e9) <= 100.0,
             "prompt_rows_p50": statistics.median([t["prompt_rows"] for t in takes]) if takes else None,
+            "cached_rows_p50": statistics.median([t.get("cached_rows", 0) for t in takes]) if takes else None,
             "finish_reasons": reasons, "errors": errors, "failures": report.get("failures", [])}
 
 
@@ -385,18 +388,19 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
                 data["loads"].append(row)
         else:
             tokens = "12" if run.smoke else "200"
-            for sessions, takes in SMOKE_LOADS if run.smoke else LOADS:
+            for sessions, takes, think_ms in SMOKE_LOADS if run.smoke else LOADS:
                 left = stage_end - time.monotonic()
                 if left < 30:
-                    data["loads"].append({"sessions": sessions, "skipped": "out of time"})
+                    data["loads"].append({"sessions": sessions, "think_ms": think_ms, "skipped": "out of time"})
                     continue
-                report = WORK / f"load-{sessions}.json"
+                report = WORK / f"load-{sessions}-{think_ms}.json"
                 report.unlink(missing_ok=True)
                 rc = run.command([*CLI, "loadtest", "--url", f"ws://127.0.0.1:{port}/ws", "--sessions", str(sessions),
-                                  "--takes", str(takes), "--max-new-tokens", tokens, "--json", str(report)],
-                                 left - 10, log)
+                                  "--takes", str(takes), "--max-new-tokens", tokens, "--think-ms", str(think_ms),
+                                  "--json", str(report)], left - 10, log)
                 found_report = read_json(report)
                 row: Json = load_summary(found_report) if found_report else {"sessions": sessions}
+                row["think_ms"] = think_ms
                 row["exit_code"] = rc
                 data["loads"].append(row)
                 if rc is None:
