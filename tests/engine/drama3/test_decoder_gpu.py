@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drama3.poisoned_slot import poison
-from engine import AudioWindow, Done, EngineSpec, Sampling, load_engine
+from engine import AudioWindow, Done, EngineSpec, HistoryTurn, Sampling, load_engine
 
 pytestmark = pytest.mark.gpu
 
@@ -141,6 +141,29 @@ def test_a_slot_left_non_finite_serves_the_next_take_as_a_clean_one(gpu):
     assert isinstance(clean, Done) and isinstance(again, Done)
     assert again.finish_reason == clean.finish_reason != "error", again.error
     assert np.array_equal(again.codes, clean.codes)
+
+
+def test_a_warmed_prefix_serves_the_next_line_on_the_gpu(gpu):
+    """The server's warm (padded prefill graphs cut at the history's end): the next line then
+    restores everything but its own rows and is the take a cold cache gives."""
+    gpu.warm_up()  # sizes the prefix cache from the free memory
+    rng = np.random.default_rng(5)
+    history = [HistoryTurn(f"Kept {i}.", rng.integers(0, 1024, (10, 40 + 30 * i))) for i in range(3)]
+    prompt = gpu.prompt("The line after a keep.", None, history, Sampling(max_new_tokens=20, seed=6))
+    prefix = gpu.decoder.prefix
+    assert prefix is not None and prefix.budget > 0
+    prefix.clear()
+    cold = list(gpu.generate(prompt))[-1]
+    prefix.clear()
+    warm = gpu.warm(gpu.prompt("(not written yet)", None, history, Sampling(max_new_tokens=1)))
+    assert warm is not None
+    while not warm.done:
+        gpu.step()
+    assert warm.finish == "prefilled" and gpu.free_slots == gpu.slots
+    again = list(gpu.generate(prompt))[-1]
+    assert isinstance(cold, Done) and isinstance(again, Done) and again.error is None
+    assert again.timings["cached_rows"] == max(prompt.boundaries)
+    assert np.array_equal(again.codes, cold.codes)
 
 
 def test_takes_vocoded_together_stream_what_they_export(tiny_checkpoint):
