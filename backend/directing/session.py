@@ -191,14 +191,16 @@ class Session:
                                                              "saved_voice")
         encoded = await encode_voice(self.state, references, character)
         stored = await self.state.db.run(self.state.store.set_voice, session_id, encoded, character)
+        await self.state.db.run(self.warm, session_id)  # the new system message (asked before the reply)
         self.outbox.message(p.VoiceReady(None if stored is None else stored.info(), message.ref))
-        await self.state.db.run(self.warm, session_id)  # the new system message, before the first take asks
 
     # The cast and the notes ----------------------------------------------------
 
     async def set_cast(self, message: p.CastSet) -> None:
         session_id = self.require_open()
-        self.outbox.message(p.Cast(await set_member(self.state, session_id, message), message.ref))
+        members = await set_member(self.state, session_id, message)
+        await self.state.db.run(self.warm, session_id)  # the cast is in every described character's prompt
+        self.outbox.message(p.Cast(members, message.ref))
 
     # (delete_cast, note, set_line, delete_line, order_lines, keep, drop and stored_take run on the
     # store thread: `dispatch` awaits them there and puts what they return in the outbox.)

@@ -8,8 +8,8 @@ Design choices:
   the kept takes of the lines above it, then the line. All but the line can be prefilled
   into the prefix cache before the take is asked for (Drama3Engine.warm), so its first
   audio pays for the line's rows only. The server does it while the director reads: after
-  a keep (the script's next line), after a voice is set and when a session is opened or
-  resumed (the first line with no kept take: after a restart the cache is cold, and a long
+  a keep (the script's next line), after a voice or the cast is set, and when a session is
+  opened or resumed (the first line with no kept take: after a restart the cache is cold, and a long
   scene's history is most of its first take's prefill).
 - The line's text is not prefilled (the warm stops before it); it only decides, as for the
   take, which oldest turns a long scene drops. A line not written yet (past the script's

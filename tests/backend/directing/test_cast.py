@@ -4,6 +4,7 @@ history (checked against the engine's own prompt builder), stored and back after
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -182,3 +183,25 @@ def test_the_length_guard_stops_a_take_that_outruns_its_line(server: LiveServer)
         await director.close()
 
     run(main())
+
+
+def test_a_cast_set_warms_the_line_to_take_next(server: LiveServer, engine_loop: EngineLoop) -> None:
+    """A described character's system message lists the cast, which no take has prefilled yet: the
+    server warms it when the cast is set, so the first take restores it and prefills its line."""
+
+    async def main() -> dict[str, Any]:
+        director = await Director.connect(server.ws)
+        await director.open()
+        await director.request({"type": "line.set", "line_id": "c1", "text": "The lamp is lit."}, "script")
+        await cast(director, {"type": "cast.set", "character_id": "ida", "name": "Ida",
+                              "voice": {"description": "a harbour pilot no other test has, hoarse and calm"}})
+        for _ in range(600):  # the warm the cast.set asked for (before its reply)
+            if not engine_loop.warms_pending:
+                break
+            await asyncio.sleep(0.1)
+        take = await director.take("c1", "The lamp is lit.", **SHORT)
+        await director.close()
+        return take.done["timings"]  # type: ignore[return-value]
+
+    timings = run(main())
+    assert 0 < timings["cached_rows"] < timings["prompt_rows"]
