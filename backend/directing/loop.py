@@ -230,21 +230,23 @@ class EngineLoop(EngineThread[Drama3Engine]):
                     cancel.set()
             if waiting or self._stopping:
                 return
-            starting: list[tuple[str, WarmBuilder]] = []
-            while self._warms and engine.free_slots > len(starting):
-                key = next(iter(self._warms))
-                starting.append((key, self._warms.pop(key)))
+            # (Each stays asked for until it is in a slot or done: `warms_pending` never misses it.)
+            starting = list(self._warms.items())[:engine.free_slots]
         for key, build in starting:
             cancel = threading.Event()
+            take: Take | None = None
             try:
                 take = engine.warm(build(engine), cancelled=cancel.is_set)
             except Exception:  # noqa: BLE001 - a warm is an optimisation: its failure is logged, never felt
                 log.warning("warming the prefix cache for a session failed:\n%s", traceback.format_exc())
-                continue
-            if take is None:  # the cache holds that prefix already (or has no room for it)
-                self.warms["cached"] += 1
+                self.warms["error"] += 1
             else:
-                with self._condition:
+                if take is None:  # the cache holds that prefix already (or has no room for it)
+                    self.warms["cached"] += 1
+            with self._condition:
+                if self._warms.get(key) is build:  # (not replaced by a newer warm of the session meanwhile)
+                    del self._warms[key]
+                if take is not None:
                     self._warming[take] = (key, cancel)
 
     def _warmed(self, take: Take, done: Done) -> None:
