@@ -27,9 +27,10 @@ Design choices:
   the queue bound) and takes the next free slot in deadline order.
 - Nothing a job does can stop the loop or another take: a take's failure ends that take
   (`finish_reason="error"`); a call's failure is raised from its future.
-- Warms (`warm(key, build)`): when a session keeps a take, it asks for the prompt its next
-  line will have to be prefilled into the prefix cache (Drama3Engine.warm), so that line's
-  first audio pays for its own rows only. A warm is the lowest priority there is: one per
+- Warms (`warm(key, build)`): a session asks for the prompt of the line its director most
+  likely takes next (after a keep, a voice or cast change, an open: directing/warming.py) to
+  be prefilled into the prefix cache (Drama3Engine.warm), so that take's first audio pays
+  for its line's rows only. A warm is the lowest priority there is: one per
   session (a newer one replaces it), started only in a free slot with no take waiting,
   cancelled when a take waits for its slot, and never counted in the queue.
 """

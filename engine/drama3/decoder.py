@@ -219,7 +219,6 @@ class Decoder:
         self.slots[slot] = self.scratch
         self.prompts.pop(slot, None)
         self.plans.pop(slot, None)
-        self.plans.pop(slot, None)
 
     @property
     def graphed(self) -> bool:

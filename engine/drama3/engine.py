@@ -255,11 +255,14 @@ class Drama3Engine:
         Its events come from `step`."""
         if not isinstance(prompt, Prompt):
             raise TypeError(f"start takes a Prompt from engine.prompt; got {type(prompt).__name__}")
+        self.ensure_captured()
+        return self.slot_table.start(prompt, deadline, cancelled)
+
+    def ensure_captured(self) -> None:
         if not self.captured:
             if not self.slot_table.idle:
                 raise RuntimeError("the decode graphs must be captured (warm_up) before takes run together")
             self.capture()  # normally done by warm_up; safe here, with no take in flight
-        return self.slot_table.start(prompt, deadline, cancelled)
 
     def warm(self, prompt: Prompt, cancelled: Callable[[], bool] | None = None) -> Take | None:
         """Prefill `prompt`'s rows up to its last boundary (the end of its history, or of its
@@ -269,13 +272,10 @@ class Drama3Engine:
         from `step`; it ends "prefilled", with no frames), or None when there is nothing to do:
         no prefix cache, or the cache holds that prefix already."""
         prefix = self.decoder.prefix
-        stop = max((b for b in prompt.boundaries if b < len(prompt.rows)), default=0)
+        stop = max(prompt.boundaries, default=0)  # (boundaries are rows before the prompt's end)
         if prefix is None or stop == 0 or prefix.plan(prompt).start >= stop:
             return None
-        if not self.captured:
-            if not self.slot_table.idle:
-                raise RuntimeError("the decode graphs must be captured (warm_up) before takes run together")
-            self.capture()
+        self.ensure_captured()
         return self.slot_table.start(prompt, None, cancelled, stop=stop)
 
     @property
