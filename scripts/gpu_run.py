@@ -33,8 +33,9 @@ that fails or runs out of time is recorded and the next one runs):
 OUT gets at most 6 files: summary.json (everything measured, per stage; rewritten after
 each stage, so a run cut short keeps what it measured), summary.txt (the figures that
 matter, readable; also printed at the end), log.txt (each stage's output, its tail when
-long), server.log and converse-server.log (the served engines' logs), profile.txt (the
-kernel tables of `bench takes --profile`). Work files live in /tmp/retake-gpu.
+long), server.log (server-2.log, ... for each further --serve-variant) and converse-server.log
+(the served engines' logs), profile.txt (the kernel tables of `bench takes --profile`).
+Work files live in /tmp/retake-gpu.
 
 Design choices:
 - Python orchestrates (subprocesses, time limits, the server's life); scripts/gpu only
@@ -84,8 +85,21 @@ SMOKE_LIMITS_S = {name: 900 for name in STAGES}
 LOG_TAIL = 120_000  # characters of each stage's output kept in log.txt
 # (sessions, takes each, a director's pause before each take in ms) against the full-size server;
 # the pause lets the server warm the next line's prompt (backend/directing/warming.py).
-LOADS = ((1, 4, 0), (1, 4, 1000), (16, 2, 0), (64, 2, 0))
-SMOKE_LOADS = ((1, 2, 0), (1, 2, 200), (2, 1, 0))
+Load = tuple[int, int, int]
+LOADS: tuple[Load, ...] = ((1, 4, 0), (1, 4, 1000), (16, 2, 0), (64, 2, 0))
+SMOKE_LOADS: tuple[Load, ...] = ((1, 2, 0), (1, 2, 200), (2, 1, 0))
+
+
+def parse_loads(text: str) -> tuple[Load, ...]:
+    """`--loads 1x4@1000,16x2,64x2`: sessions x takes each, @ a pause before each take in ms."""
+    loads = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)x(\d+)(?:@(\d+))?\s*", part)
+        if match is None:
+            raise argparse.ArgumentTypeError(f"a load is SESSIONSxTAKES[@THINK_MS], e.g. 16x2 or 1x4@1000; "
+                                             f"got {part!r}")
+        loads.append((int(match[1]), int(match[2]), int(match[3] or 0)))
+    return tuple(loads)
 Json = dict[str, Any]
 
 
@@ -101,6 +115,8 @@ class Stage:
 class Run:
     def __init__(self, args: argparse.Namespace) -> None:
         self.out, self.smoke, self.slots = args.out, args.smoke, args.slots
+        self.loads: tuple[Load, ...] = args.loads or (SMOKE_LOADS if self.smoke else LOADS)
+        self.variants: list[str] = args.serve_variant or [""]  # extra `retake serve` arguments, a server each
         self.deadline: float = time.monotonic() + float(args.budget)
         self.started = time.monotonic()
         self.limits = {**(SMOKE_LIMITS_S if self.smoke else LIMITS_S), **dict(args.limit)}
@@ -342,7 +358,27 @@ def stage_limit(text: str) -> tuple[str, float]:
 
 
 def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Json:
-    """A server of random weights; load tests against it while time allows; its log."""
+    """A server of random weights per --serve-variant (its extra arguments), the loads against
+    each while time allows; the first server's results, the others' under "variants"."""
+    if converse:
+        return one_server(run, stage, log, converse=True)
+    stage_end = time.monotonic() + run.limit(stage)
+    results = []
+    for number, variant in enumerate(run.variants):
+        if stage_end - time.monotonic() < 60:
+            results.append({"variant": variant, "skipped": "out of time"})
+            continue
+        results.append(one_server(run, stage, log, extra=variant.split(), number=number, stage_end=stage_end))
+    data = results[0]
+    if len(results) > 1:
+        data["variants"] = results[1:]
+    return data
+
+
+def one_server(run: Run, stage: Stage, log: Path, converse: bool = False, extra: list[str] | None = None,
+               number: int = 0, stage_end: float | None = None) -> Json:
+    """A server of random weights; load tests against it while time allows; its log. A load that
+    fails has every server thread's stack dumped into the log, and ends this server's loads."""
     port = free_port()
     data_dir = WORK / f"data-{port}"
     if converse:  # Drama 3 tiny: the GPU's memory is for PersonaPlex's rings
@@ -354,13 +390,15 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
                 "--device", "cpu" if run.smoke else "cuda"]
         if run.slots:
             argv += ["--slots", str(run.slots)]
-    argv += ["--port", str(port), "--data-dir", str(data_dir), "--max-sessions", "256", "--max-queue", "512"]
-    server_log = WORK / ("converse-server.log" if converse else "server.log")
+    argv += ["--port", str(port), "--data-dir", str(data_dir), "--max-sessions", "256", "--max-queue", "512",
+             *(extra or [])]
+    server_log = WORK / ("converse-server.log" if converse else "server.log" if not number else
+                         f"server-{number + 1}.log")
     stage.commands.append(" ".join(argv))
-    stage_end = time.monotonic() + run.limit(stage)
+    stage_end = stage_end or time.monotonic() + run.limit(stage)
     with server_log.open("w") as sink:
         server = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ})
-    data: Json = {"command": " ".join(argv), "loads": []}
+    data: Json = {"command": " ".join(argv), "variant": " ".join(extra or []), "loads": []}
     try:
         started = time.monotonic()
         while (found := health(port)) is None:
@@ -388,12 +426,12 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
                 data["loads"].append(row)
         else:
             tokens = "12" if run.smoke else "200"
-            for sessions, takes, think_ms in SMOKE_LOADS if run.smoke else LOADS:
+            for sessions, takes, think_ms in run.loads:
                 left = stage_end - time.monotonic()
                 if left < 30:
                     data["loads"].append({"sessions": sessions, "think_ms": think_ms, "skipped": "out of time"})
                     continue
-                report = WORK / f"load-{sessions}-{think_ms}.json"
+                report = WORK / f"load-{number}-{sessions}-{think_ms}.json"
                 report.unlink(missing_ok=True)
                 rc = run.command([*CLI, "loadtest", "--url", f"ws://127.0.0.1:{port}/ws", "--sessions", str(sessions),
                                   "--takes", str(takes), "--max-new-tokens", tokens, "--think-ms", str(think_ms),
@@ -404,6 +442,10 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
                 row["exit_code"] = rc
                 data["loads"].append(row)
                 if rc is None:
+                    break
+                if row.get("failures"):  # sessions failed: where the server stands (its stacks), then no more loads
+                    server.send_signal(signal.SIGUSR1)
+                    time.sleep(3)
                     break
     finally:
         if "health" not in data and server.poll() is None:
@@ -417,9 +459,11 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
         shown = r"ready on|DEMO|loading|bucket \d+ runs eagerly|kernel failed|PersonaPlex ticks|slots|Traceback|Error" \
             r"|^Thread|^Current thread|^  File"
         data["log"] = [line for line in text.splitlines() if re.search(shown, line)][:60]
-        # Takes whose logits went non-finite, with the state the engine found bad (Decoder.diagnose): the
-        # first ones say where it starts.
+        # Takes whose logits went non-finite, with the state the engine found bad (Decoder.diagnose), and
+        # takes that failed otherwise: the first ones say where it starts.
         data["non_finite"] = [line for line in text.splitlines() if "non-finite logits at position" in line][:12]
+        failed_take = r"take failed|take start failed|step crashed|ended with an error"
+        data["take_errors"] = [line for line in text.splitlines() if re.search(failed_take, line)][:12]
         ready = re.search(r"one decode step ([\d.?]+) ms, (\d+) slots?, peak memory ([\d.]+ GiB|n/a)", text)
         if ready:
             data["decode_step_ms"], data["slots"], data["peak_memory_gib"] = ready.groups()
@@ -532,6 +576,11 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=None,
                         help=f"seconds for the whole run (default {BUDGET_S:.0f} on a GPU, 3600 with --smoke)")
     parser.add_argument("--slots", type=int, default=None, help="retake serve --slots (default: the server's)")
+    parser.add_argument("--loads", type=parse_loads, default=None,
+                        help="the serve stage's loads, e.g. 1x4@1000,16x2,64x2 (sessions x takes @ pause ms)")
+    parser.add_argument("--serve-variant", action="append", default=[], metavar="ARGS",
+                        help="extra `retake serve` arguments (repeatable): the serve stage runs a server and the "
+                             "loads for each, e.g. --serve-variant '' --serve-variant '--prefix-cache-gib 0'")
     parser.add_argument("--limit", type=stage_limit, action="append", default=[], metavar="STAGE=SECONDS",
                         help="a stage's own time limit instead of LIMITS_S's (repeatable), e.g. --limit serve=250")
     args = parser.parse_args()

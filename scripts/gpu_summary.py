@@ -109,9 +109,16 @@ def serve_lines(data: Json) -> list[str]:
                      + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
                      + (f"  exit {load['exit_code']}" if load.get("exit_code", 0) != 0 else ""))
         lines += [f"           error x{count}: {error[:160]}" for error, count in load.get("errors", {}).items()]
+        lines += [f"           FAILED {failure[:160]}" for failure in load.get("failures", [])[:3]]
     problems = [line for line in data.get("log", [])
                 if any(word in line for word in ("Traceback", "Error", "eagerly", "failed"))]
     lines += [f"  log: {line[:200]}" for line in problems[:8]]
+    lines += [f"  non-finite: {line[:300]}" for line in data.get("non_finite", [])[:3]]
+    for variant in data.get("variants", []):  # further servers (--serve-variant)
+        skipped = f"skipped: {variant['skipped']}" if "skipped" in variant else ""
+        lines += ["", f"  variant {variant.get('variant')!r}: {skipped}"]
+        if "skipped" not in variant:
+            lines += ["  " + line for line in serve_lines(variant)]
     return lines
 
 

@@ -184,9 +184,11 @@ class Slots:
                 for take in stepping:
                     if (reason := take.advance(status[take.slot], step_s)) is not None:
                         if reason == "error":  # non-finite logits: where, for whoever debugs the step
-                            log.warning("slot %d: non-finite logits at position %d after %d steps (a step of %d "
-                                        "decoding rows: slots %s; %s)", take.slot, take.position, take.steps,
-                                        len(stepping), [t.slot for t in stepping][:16],
+                            log.warning("slot %d: non-finite logits at position %d after %d steps (a prompt of %d "
+                                        "rows, %d restored from the prefix cache; a step of %d decoding rows: "
+                                        "slots %s; %s)", take.slot, take.position, take.steps,
+                                        len(take.prompt.rows), take.timings.get("cached_rows", 0), len(stepping),
+                                        [t.slot for t in stepping][:16],
                                         self.decoder.diagnose(take.slot, take.position - 1))
                         self.end(take, reason)
         wait = not self.started()  # nothing to step next: wait for the closing takes' windows
