@@ -390,15 +390,18 @@ def one_server(run: Run, stage: Stage, log: Path, converse: bool = False, extra:
                 "--device", "cpu" if run.smoke else "cuda"]
         if run.slots:
             argv += ["--slots", str(run.slots)]
+    env = {name: value for name, _, value in (word.partition("=") for word in extra or [])
+           if re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) and value}  # NAME=VALUE words: the server's environment
     argv += ["--port", str(port), "--data-dir", str(data_dir), "--max-sessions", "256", "--max-queue", "512",
-             *(extra or [])]
+             *(word for word in extra or [] if word.partition("=")[0] not in env)]
     server_log = WORK / ("converse-server.log" if converse else "server.log" if not number else
                          f"server-{number + 1}.log")
     stage.commands.append(" ".join(argv))
     stage_end = stage_end or time.monotonic() + run.limit(stage)
     with server_log.open("w") as sink:
-        server = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ})
-    data: Json = {"command": " ".join(argv), "variant": " ".join(extra or []), "loads": []}
+        server = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **env})
+    data: Json = {"command": " ".join([*(f"{k}={v}" for k, v in env.items()), *argv]),
+                  "variant": " ".join(extra or []), "loads": []}
     try:
         started = time.monotonic()
         while (found := health(port)) is None:
@@ -579,8 +582,9 @@ def main() -> int:
     parser.add_argument("--loads", type=parse_loads, default=None,
                         help="the serve stage's loads, e.g. 1x4@1000,16x2,64x2 (sessions x takes @ pause ms)")
     parser.add_argument("--serve-variant", action="append", default=[], metavar="ARGS",
-                        help="extra `retake serve` arguments (repeatable): the serve stage runs a server and the "
-                             "loads for each, e.g. --serve-variant '' --serve-variant '--prefix-cache-gib 0'")
+                        help="extra `retake serve` arguments, NAME=VALUE words its environment (repeatable): the "
+                             "serve stage runs a server and the loads for each, e.g. --serve-variant '' "
+                             "--serve-variant '--prefix-cache-gib 0 RETAKE_CHECK_FINITE=1'")
     parser.add_argument("--limit", type=stage_limit, action="append", default=[], metavar="STAGE=SECONDS",
                         help="a stage's own time limit instead of LIMITS_S's (repeatable), e.g. --limit serve=250")
     args = parser.parse_args()

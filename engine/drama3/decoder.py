@@ -66,8 +66,10 @@ import collections
 import functools
 import logging
 import math
+import os
 import secrets
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -88,6 +90,9 @@ log = logging.getLogger("retake.engine")
 KV_BUCKET_ROWS = 256  # eager steps attend over a whole number of these
 GRAPH_KV_ROWS = 512  # the smallest graphed KV bucket; then 1,024, 2,048, ... and the whole cache
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decoding rows a graph steps (and the slot count itself)
+# Debugging non-finite takes: RETAKE_CHECK_FINITE=1 reads the slot's state after every restore and
+# prefill chunk (a sync each) and logs the first place it is non-finite: which chunk, which layers.
+CHECK_FINITE = os.environ.get("RETAKE_CHECK_FINITE") == "1"
 
 
 class Decoder:
@@ -129,6 +134,7 @@ class Decoder:
         self.prompts: dict[int, Prompt] = {}  # slots being prefilled, and their prompts
         self.prefix: PrefixCache | None = None  # snapshots of prompt prefixes (prefix.py), when the engine keeps them
         self.plans: dict[int, Plan] = {}  # slots being prefilled with the prefix cache: where it resumed, what to keep
+        self.reported: set[int] = set()  # RETAKE_CHECK_FINITE: slots whose prefill logged a non-finite state
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, slot: int = 0) -> None:
@@ -160,6 +166,10 @@ class Decoder:
             prefill.chunks = collections.deque(chunk for chunk in prefill.chunks if chunk[1] <= stop)
         self.clear_rows(slot, prefill.cached)
         self.prompts[slot] = prompt
+        self.reported.discard(slot)
+        if CHECK_FINITE and prefill.cached and (bad := self.nonfinite(slot, prefill.cached)):
+            log.warning("slot %d: the state restored from the prefix cache (%d rows) is non-finite: %s", slot,
+                        prefill.cached, bad)
         return prefill
 
     @torch.inference_mode()
@@ -169,6 +179,8 @@ class Decoder:
         plan = self.plans.get(prefill.slot)
         after = None if plan is None or self.prefix is None else functools.partial(self.prefix.record, plan,
                                                                                    prefill.slot)
+        if CHECK_FINITE:
+            after = functools.partial(self.check_chunk, prefill, after)
         hidden = self.chunked.run(prefill, rows, after)
         if hidden is None:
             return False
@@ -210,6 +222,35 @@ class Decoder:
                 parts["DeltaNet states"] += [module.recurrent_state[slot], module.conv_state[slot]]
         bad = [name for name, tensors in parts.items() if not all(bool(t.isfinite().all()) for t in tensors)]
         return "non-finite: " + (", ".join(bad) if bad else "none of hidden, KV rows, DeltaNet states")
+
+    def nonfinite(self, slot: int, rows: int) -> str:
+        """The slot's modules (in model order) whose state or first `rows` cache rows hold
+        non-finite values, the first few; "" when all is finite. Reads the device (a sync)."""
+        bad = []
+        for name, module in self.model.named_modules():
+            cache = getattr(module, "kv_cache", None)
+            tensors = [cache.k[slot, :rows], cache.v[slot, :rows]] if cache is not None else []
+            if isinstance(module, GatedDeltaNet):
+                tensors += [module.recurrent_state[slot], module.conv_state[slot]]
+            if tensors and not all(bool(t.isfinite().all()) for t in tensors):
+                bad.append(name)
+        return "" if not bad else f"{len(bad)} modules, first {bad[:4]}"
+
+    def check_chunk(self, prefill: Prefill, after: Callable[[int, torch.Tensor], None] | None, end: int,
+                    hidden: torch.Tensor) -> None:
+        """RETAKE_CHECK_FINITE: after a prefill chunk ending at row `end`, log where the slot's
+        state first went non-finite (once per prefill), then `after` (the prefix cache's record)."""
+        if prefill.slot not in self.reported:
+            finite = bool(hidden.isfinite().all())
+            bad = self.nonfinite(prefill.slot, end)
+            if bad or not finite:
+                self.reported.add(prefill.slot)
+                log.warning("slot %d: prefill chunk ending at row %d of %d (resumed at %d; %d chunks left; %d takes "
+                            "active) left a non-finite state: hidden %s; %s", prefill.slot, end, len(prefill.rows),
+                            prefill.cached, len(prefill.chunks), int(self.active.sum()),
+                            "finite" if finite else "non-finite", bad or "no layer state")
+        if after is not None:
+            after(end, hidden)
 
     def release(self, slot: int) -> None:
         """The slot's take ended: its row is ignored from now on, held at position 0, its
