@@ -14,6 +14,14 @@ Design choices (nano-vllm's capture_cudagraph, moshi's CUDAGraphed):
   StepGraphs may share a pool (`shared_pool()`) when their graphs never run at once.
 - Warm-up and capture run the step, so they change the static buffers it writes:
   capture before a take starts, then reset those buffers.
+- Each capture gets a cuBLAS workspace of its own, in its graph's pool: cuBLAS keeps one
+  workspace per (thread's handle, stream), every `torch.cuda.graph` captures on one class-wide
+  stream, so without clearing the workspaces first every graph captured on a thread bakes in
+  the same workspace. Graphs replayed at once on two streams (the vocoder's codec windows on
+  its side stream, the decode step and prefill chunks on the engine's) then write each
+  other's split-K partial sums and stream-K semaphores: on the H200 that gave prefill chunks
+  non-finite from a middle layer on, and a GPU that hung with 16 directors (2026-12-04,
+  docs/perf.md). Inductor's CUDA graph trees clear them before each capture for the same reason.
 - A bucket that cannot be captured runs eagerly, with the reason logged (never a crash):
   the last warm-up call runs under CUDA's sync debug mode "error" (the first may compile
   and autotune, which synchronise), so a step that reads the host (which a capture cannot
@@ -33,6 +41,12 @@ if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE  # the type of a graph's memory pool (torch keeps it private)
 
 log = logging.getLogger("retake.engine")
+
+
+def clear_cublas_workspaces() -> None:
+    """Forget cuBLAS's workspaces, so the next use, a capture, allocates a new one. A workspace
+    a graph baked in goes back to the pool it came from, which only that pool's graphs use."""
+    torch._C._cuda_clearCublasWorkspaces()  # private: what inductor's graph trees call
 
 
 def shared_pool() -> _POOL_HANDLE:
@@ -98,6 +112,7 @@ class StepGraphs:
         graph = torch.cuda.CUDAGraph()
         for generator in self.generators:  # replays then advance the generator's own offset
             graph.register_generator_state(generator)
+        clear_cublas_workspaces()  # the capture allocates its own, in this graph's pool (see above)
         with torch.cuda.graph(graph, pool=self.pool):
             self.step(bucket)
         if self.pool is None:
