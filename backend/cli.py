@@ -17,6 +17,9 @@ import io
 import os
 import signal
 import sys
+import threading
+import time
+import traceback
 from types import ModuleType
 
 COMMANDS = ("serve", "deploy", "say", "make_checkpoint", "bench", "converse", "loadtest")
@@ -48,6 +51,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     return parser, modules
 
 
+def print_stacks_every(seconds: float) -> None:
+    """Every thread's stack to stderr every `seconds`, read under the GIL. (faulthandler's
+    dump_traceback_later reads the other threads' frames while they run: on the H200 it
+    killed servers with SIGSEGV mid-dump while torch.compile worked, 2026-12-04.)"""
+    while True:
+        time.sleep(seconds)
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        dump = [f"Stacks after {seconds:g} s (RETAKE_STACKS_EVERY):"]
+        for ident, frame in sys._current_frames().items():
+            if ident != threading.get_ident():
+                dump += [f"Thread {names.get(ident, ident)} (most recent call last):", *traceback.format_stack(frame)]
+        print("\n".join(dump), file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser()
     args = parser.parse_args(argv)
@@ -60,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     # it: a process under a time limit shows where its time went even if it never finishes).
     try:
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
-        every = float(os.environ.get("RETAKE_STACKS_EVERY") or 0)
-        if every > 0:
-            faulthandler.dump_traceback_later(every, repeat=True)
     except (io.UnsupportedOperation, AttributeError, ValueError):
         pass
+    every = float(os.environ.get("RETAKE_STACKS_EVERY") or 0)
+    if every > 0:
+        threading.Thread(target=print_stacks_every, args=(every,), name="stacks", daemon=True).start()
 
     try:
         return int(modules[args.command].run(args) or 0)

@@ -79,12 +79,16 @@ def as_from_a_terminal() -> None:
 
 
 @pytest.mark.slow
-def serve(options: list[str], tmp_path: Path) -> tuple[subprocess.Popen[str], int, dict[str, object]]:
-    """`retake serve OPTIONS` as a process, once its /health answers: (process, port, health)."""
+def serve(options: list[str], tmp_path: Path, env: dict[str, str] | None = None,
+          log: Path | None = None) -> tuple[subprocess.Popen[str], int, dict[str, object]]:
+    """`retake serve OPTIONS` as a process, once its /health answers: (process, port, health).
+    With `log`, its output goes to that file (a pipe nobody reads before `stop` holds 64 KiB)."""
     port = free_port()
     command = [*RETAKE, "serve", *options, "--port", str(port), "--data-dir", str(tmp_path / "data")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=as_from_a_terminal)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE if log is None else log.open("w"),
+                               stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                                         **(env or {})},
+                               preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -135,6 +139,21 @@ def test_serve_random_weights_says_so_in_the_log_health_and_session_ready(tmp_pa
         output = stop(process)
     assert "loading random weights of the tiny preset (DEMO/RANDOM: its audio is noise) on cpu" in output
     assert "DEMO WEIGHTS (RANDOM): random weights of the tiny preset, made on cpu; its audio is noise" in output
+
+
+def test_serve_prints_every_threads_stack_while_it_warms_up(tmp_path: Path) -> None:
+    """RETAKE_STACKS_EVERY (scripts/gpu sets it): where each thread is, from a thread of its own that
+    reads the stacks under the GIL (faulthandler's timer killed servers with SIGSEGV on the H200)."""
+    log = tmp_path / "serve.log"
+    process, _, _ = serve(["--random-weights", "--preset", "tiny", "--device", "cpu"], tmp_path,
+                          env={"RETAKE_STACKS_EVERY": "1"}, log=log)
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=60)
+    output = log.read_text()
+    assert process.returncode == 130, output[-2000:]
+    assert "Stacks after 1 s (RETAKE_STACKS_EVERY):" in output
+    assert "Thread MainThread (most recent call last):" in output and "backend/cli.py" in output
+    assert "print_stacks_every" not in output  # (its own thread is left out)
 
 
 @pytest.mark.parametrize(("options", "message"), [
