@@ -49,7 +49,9 @@ def vocode(codec: Codec, graphs: WindowGraphs | None,
     with torch.inference_mode():  # on the worker thread too: the graphs' buffers may be inference tensors
         if codec.device.type != "cuda":
             return decode_windows(codec, [(torch.from_numpy(frames), window) for frames, window in windows], graphs)
-        stream = _side_streams.setdefault(codec.device, torch.cuda.Stream(device=codec.device))
+        stream = _side_streams.get(codec.device)
+        if stream is None:  # (setdefault would make a stream on every call to keep the first)
+            stream = _side_streams[codec.device] = torch.cuda.Stream(device=codec.device)
         with torch.cuda.stream(stream):
             on_device = [(to_device(frames, codec.device), window) for frames, window in windows]
             return decode_windows(codec, on_device, graphs)
