@@ -209,19 +209,12 @@ class Decoder:
         return status
 
     def diagnose(self, slot: int, rows: int) -> str:
-        """Which of the slot's state holds non-finite values (its first `rows` cache rows: those
-        the last step did not write): for the log of a take whose logits went non-finite.
-        Reads the device (a sync): errors only."""
-        parts = {"hidden": [self.hidden[slot]], "backbone KV": [], "tower KV": [], "DeltaNet states": []}
-        for name, module in self.model.named_modules():
-            cache = getattr(module, "kv_cache", None)
-            if cache is not None:
-                parts["tower KV" if name.startswith("tower") else "backbone KV"] += [cache.k[slot, :rows],
-                                                                                    cache.v[slot, :rows]]
-            if isinstance(module, GatedDeltaNet):
-                parts["DeltaNet states"] += [module.recurrent_state[slot], module.conv_state[slot]]
-        bad = [name for name, tensors in parts.items() if not all(bool(t.isfinite().all()) for t in tensors)]
-        return "non-finite: " + (", ".join(bad) if bad else "none of hidden, KV rows, DeltaNet states")
+        """Which of the slot's state holds non-finite values (its hidden state, its first `rows`
+        cache rows: those the last step did not write, its DeltaNet states): for the log of a
+        take whose logits went non-finite. Reads the device (a sync): errors only."""
+        hidden = "" if bool(self.hidden[slot].isfinite().all()) else "hidden; "
+        found = hidden + self.nonfinite(slot, rows)
+        return "non-finite: " + (found or "none of hidden, KV rows, DeltaNet states")
 
     def nonfinite(self, slot: int, rows: int) -> str:
         """The slot's modules (in model order) whose state or first `rows` cache rows hold
