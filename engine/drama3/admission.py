@@ -22,6 +22,18 @@ Design choices:
   least one chunk runs), so a step can exceed its budget by less than one chunk.
 - Before anything is measured the budget is `start_rows` (512: what the slot table
   prefilled per step before it was adaptive).
+- Playback (`playback_limit`): a take's audio reaches the client a window at a time, and
+  the stream's windows grow (4, 10, 20, 32, 64 frames...), so a take early in its stream
+  must run faster than real time to send its next window before the audio it has sent
+  runs out: from 32 frames sent to the window at 64, 32 frames must decode while at
+  most 32 play, so any step above 46 ms less the vocode makes it stall, and 3/4 of a frame is
+  not enough. The slot table knows, for every take playing, the audio it has sent ahead
+  of playback and the frames still to decode before its next window; the step may not
+  be longer than the tightest of those allows (counting two more steps for the window's
+  vocode and hand-out), and the prefill gets only what is left. Where nothing is left, no prompt
+  row is prefilled in that step (a chunk is never cut, so even `min_rows` could cost a
+  playing take its audio): while a step alone is shorter than a frame, the playing takes
+  gain on playback with every such step, so the new prompt is admitted a few steps later.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from dataclasses import dataclass
 
 START_ROWS = 512
 SMOOTHING = 0.2  # weight of the newest step in the averages
+HAND_OUT_STEPS = 2  # steps from a window's last frame to its audio leaving: its vocode, its hand-out
 
 
 @dataclass
@@ -42,12 +55,19 @@ class Admission:
     decode_s: float | None = None  # a step that prefills nothing
     row_s: float | None = None  # one prompt row's prefill, beside a step
 
-    def rows(self) -> int:
-        """Prompt rows to prefill in the next step while takes decode."""
+    def rows(self, limit_s: float | None = None) -> int:
+        """Prompt rows to prefill in the next step while takes decode; `limit_s`: the longest
+        step the takes playing allow (`playback_limit`), None when none is playing."""
+        target = self.share * self.frame_s
+        if limit_s is not None and limit_s < target:  # a playing take's next window sets the pace
+            spare = limit_s - (self.decode_s or 0.0)
+            if self.row_s is None:  # rows not measured yet: a few, which measure them
+                return self.min_rows if spare > 0 else 0
+            rows = spare / self.row_s if self.row_s > 0 else self.max_rows
+            return 0 if rows < self.min_rows else int(min(self.max_rows, rows))
         if self.decode_s is None or self.row_s is None:
             return self.start_rows
-        spare = self.share * self.frame_s - self.decode_s
-        rows = spare / self.row_s if self.row_s > 0 else self.max_rows
+        rows = (target - self.decode_s) / self.row_s if self.row_s > 0 else self.max_rows
         return int(min(self.max_rows, max(self.min_rows, rows)))
 
     def record(self, step_s: float, rows: int) -> None:
@@ -58,6 +78,25 @@ class Admission:
         elif self.decode_s is not None:
             per_row = max(0.0, step_s - self.decode_s) / rows
             self.row_s = per_row if self.row_s is None else average(self.row_s, per_row)
+
+
+@dataclass(frozen=True)
+class Playing:
+    """A take whose first audio is out: how far its sent audio is ahead of playback, and the
+    frames to decode before its next window closes."""
+
+    ahead_s: float  # audio its client has yet to play: handed out and not played yet, or vocoding
+    frames: int  # frames still to decode before its next window (>= 1)
+
+
+def playback_limit(playing: list[Playing]) -> float | None:
+    """The longest step that still lets every playing take's next window out before the audio it
+    sent has played (None: no take is playing; <= 0: one is already late). A window's frames
+    decode in `frames` steps, then it vocodes beside the next step and is handed out after
+    it: `frames + HAND_OUT_STEPS` steps in all."""
+    if not playing:
+        return None
+    return min(take.ahead_s / (max(1, take.frames) + HAND_OUT_STEPS) for take in playing)
 
 
 def average(old: float, new: float) -> float:

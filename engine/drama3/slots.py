@@ -12,7 +12,8 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   first). Its prompt is prefilled by the next steps, a few chunks per step while other
   takes decode: as many rows as keep a step within most of a frame's duration, measured
   as the steps go (admission.py), so a new director never makes the others fall behind
-  real time; `prefill_rows` fixes the rows per step instead. With no take decoding, a
+  real time, nor a take whose stream just began run out of audio before its next
+  window (admission.py's playback limit); `prefill_rows` fixes the rows per step instead. With no take decoding, a
   step runs the whole prefill at once. Prompts waiting for their prefill go in start
   order.
 - `step` polls every decoding take's stop rules (cancel, deadline), runs one decode
@@ -39,7 +40,7 @@ from concurrent.futures import Executor
 
 import torch
 
-from engine.drama3.admission import Admission
+from engine.drama3.admission import Admission, playback_limit
 from engine.drama3.codec import Codec
 from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.decoder import Decoder
@@ -122,7 +123,9 @@ class Slots:
         whole prefill (nobody is stalled by it). A take whose prefill is done decodes from
         this step on. Returns the rows prefilled while takes decode."""
         decoding = bool(self.decoding())
-        step_rows = self.prefill_rows or self.admission.rows()
+        step_rows = self.prefill_rows or self.admission.rows(self.playback_limit())
+        if decoding and step_rows == 0:  # a playing take needs this step short: no prefill in it
+            return 0
         budget = allowed = step_rows if decoding else 0
         # Takes first (in start order), then prefill-only takes, which never delay a take: while
         # takes decode they get what is left of the step's budget; otherwise a step of their own.
@@ -149,6 +152,11 @@ class Slots:
             if decoding and budget <= 0:
                 break
         return allowed - budget if decoding else 0
+
+    def playback_limit(self) -> float | None:
+        """The longest step the takes playing allow (admission.py), None if none is playing."""
+        now = time.perf_counter()
+        return playback_limit([playing for take in self.decoding() if (playing := take.playing(now))])
 
     def end(self, take: Take, reason: str, error: str | None = None) -> None:
         """Stop a take in a slot (prefilling or decoding): free its slot, send its last window."""

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from engine.drama3.admission import Playing
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule, Window
 from engine.drama3.vocoder import Vocoder
@@ -109,6 +110,11 @@ class Take:
         self.error: str | None = None
         self.done = False  # Done was handed out
         self.vocoder_broken = False
+        # Its client's player, as loadtest's longest_stall plays it: the perf_counter until which
+        # the audio handed out plays (None before the first), and the frames handed out.
+        self.playing_until: float | None = None
+        self.handed_out = 0
+        self.frame_s = vocoder.codec.frame_samples / vocoder.codec.sample_rate
         self.timings: Timings = {"prompt_rows": len(prompt.rows), "prompt_ms": round(prompt.prompt_ms, 1)}
 
     @property
@@ -154,6 +160,15 @@ class Take:
             return "length"
         return None
 
+    def playing(self, now: float) -> Playing | None:
+        """Where its stream stands against the audio playing at its client (admission.py); None
+        before its first audio is out or once it stopped decoding. The windows vocoding count
+        as sent; a client that ran out of audio restarts with the next window."""
+        if self.playing_until is None or not self.decoding:
+            return None
+        vocoding_s = (self.schedule.emitted - self.handed_out) * self.frame_s
+        return Playing(max(0.0, self.playing_until - now) + vocoding_s, self.schedule.next_end - self.committed)
+
     def close(self, reason: str, error: str | None = None) -> None:
         """End the decoding (any reason): commit a held frame, send the final window."""
         self.finish, self.error = reason, self.error or error
@@ -190,6 +205,10 @@ class Take:
             for window in self.windows.ready(wait and not self.decoding):
                 if len(window.pcm) and "first_audio_ms" not in self.timings:
                     self.timings["first_audio_ms"] = self.since_start_ms()
+                if window.frames:
+                    now = time.perf_counter()
+                    self.playing_until = max(now, self.playing_until or now) + window.frames * self.frame_s
+                    self.handed_out += window.frames
                 events.append(window)
         except Exception as exc:  # noqa: BLE001 - the vocoder failed: report it, the codes stand
             self.vocoder_failed(exc)

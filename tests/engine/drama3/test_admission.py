@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.drama3.admission import Admission
+from engine.drama3.admission import HAND_OUT_STEPS, Admission, Playing, playback_limit
 
 FRAME_S = 2048 / 44100  # 46.4 ms
 
@@ -15,6 +15,9 @@ def test_before_any_step_is_measured_the_budget_is_the_start_rows() -> None:
     assert budget.rows() == budget.start_rows
     budget.record(0.030, 256)  # a prefilling step before any plain one: nothing to compare it with
     assert budget.rows() == budget.start_rows and budget.row_s is None
+    # A playing take's limit holds before that: none when it is late, a few rows (which
+    # measure a row) when it leaves room.
+    assert budget.rows(-0.01) == 0 and budget.rows(0.001) == budget.min_rows
 
 
 def test_the_budget_fills_what_is_left_of_three_quarters_of_a_frame() -> None:
@@ -47,3 +50,32 @@ def test_the_averages_follow_a_change_of_load() -> None:
     assert budget.decode_s == pytest.approx(0.025, rel=0.01)
     assert budget.rows() < before
     assert budget.rows() == pytest.approx((0.75 * FRAME_S - 0.025) / 50e-6, rel=0.05)
+
+
+def test_a_take_early_in_its_stream_limits_the_step_and_the_prefill_gets_what_is_left() -> None:
+    budget = Admission(FRAME_S)
+    budget.record(0.010, 0)
+    budget.record(0.030, 400)  # 50 us a row
+    # Sent 4 frames (186 ms), 60 ms of them played; 6 frames to its next window (at 10): the
+    # window leaves after 6 + 2 steps, so no step may take more than 126 / 8 ms.
+    early = Playing(ahead_s=4 * FRAME_S - 0.060, frames=6)
+    settled = Playing(ahead_s=2.0, frames=64)  # far ahead: allows 2.0 / 66 s, not the tightest
+    limit = playback_limit([settled, early])
+    assert limit == pytest.approx((4 * FRAME_S - 0.060) / (6 + HAND_OUT_STEPS))
+    assert budget.rows(limit) == int((limit - 0.010) / 50e-6)  # below the 3/4-frame budget
+    assert budget.rows(limit) < budget.rows()
+    assert budget.rows(1.0) == budget.rows()  # a looser limit than 3/4 of a frame changes nothing
+    assert playback_limit([]) is None and budget.rows(None) == budget.rows()
+
+
+def test_no_row_is_prefilled_when_a_playing_take_has_no_time_to_spare() -> None:
+    budget = Admission(FRAME_S)
+    budget.record(0.010, 0)
+    budget.record(0.030, 400)
+    late = playback_limit([Playing(ahead_s=-0.020, frames=3)])  # its audio already ran out
+    assert late is not None and late < 0 and budget.rows(late) == 0
+    tight = playback_limit([Playing(ahead_s=0.050, frames=3)])  # 10 ms a step: the frame alone
+    assert budget.rows(tight) == 0
+    # A few rows' worth is not worth a chunk that could take longer: none either.
+    assert budget.rows(0.010 + (budget.min_rows - 1) * 50e-6) == 0
+    assert budget.rows(0.010 + (budget.min_rows + 0.5) * 50e-6) == budget.min_rows

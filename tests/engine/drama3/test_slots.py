@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -225,10 +226,16 @@ def test_a_long_prompt_is_prefilled_between_the_steps_of_a_take_playing(batched,
     second = batched.start(long)
     events[second] = events.pop("long")
     playing, prefill_steps = first.steps, 0
-    while batched.slot_table.prefills:
-        for take, new in batched.step():
-            events[take] += new
-        prefill_steps += 1
+    # A chunk per step (the rows of one): how far the measured budget and the playback limit
+    # let the prefill go depends on this machine's speed (the next test covers the limit).
+    batched.slot_table.prefill_rows = prefill_module.EAGER_CHUNK_ROWS
+    try:
+        while batched.slot_table.prefills:
+            for take, new in batched.step():
+                events[take] += new
+            prefill_steps += 1
+    finally:
+        batched.slot_table.prefill_rows = None
     assert prefill_steps >= 2 and first.steps - playing >= 2  # chunks between frames, not one stall
     admission = batched.slot_table.admission  # the budget measured those steps (admission.py)
     assert admission.decode_s is not None and admission.row_s is not None
@@ -237,6 +244,36 @@ def test_a_long_prompt_is_prefilled_between_the_steps_of_a_take_playing(batched,
             events[take] += new
     assert same(checked(batched, events[first]), solo["b"])
     assert same(checked(batched, events[second]), alone(single, long))
+
+
+def test_a_prompt_waits_while_a_playing_take_would_run_out_of_audio(batched, prompts, solo, single):
+    """The playback limit (admission.py): while a take's client is about to run out of audio
+    before its next window, a new prompt's chunks wait; once it is ahead they run; both takes
+    are the ones they are alone."""
+    line = batched.prompt("Another line.", None, [], Sampling(max_new_tokens=10, seed=4))
+    first = batched.start(prompts["b"])
+    events: dict[object, list] = {first: []}
+    while first.playing_until is None or first.windows.pending:  # its first audio out, none vocoding
+        for take, new in batched.step():
+            events[take] += new
+    second = batched.start(line)
+    events[second] = []
+    chunks = list(batched.slot_table.prefills[second].chunks)
+    first.playing_until = time.perf_counter() - 60.0  # its client played it all a minute ago
+    steps = first.steps
+    for take, new in batched.step():
+        events[take] += new
+    assert first.steps == steps + 1 and list(batched.slot_table.prefills[second].chunks) == chunks
+    first.playing_until = time.perf_counter() + 3600.0  # an hour of audio ahead of its client
+    while batched.slot_table.prefills:
+        for take, new in batched.step():
+            events[take] += new
+    assert first.decoding  # the prompt went in while the first take still played
+    while batched.in_flight:
+        for take, new in batched.step():
+            events[take] += new
+    assert same(checked(batched, events[first]), solo["b"])
+    assert same(checked(batched, events[second]), alone(single, line))
 
 
 def test_slots_are_checked(batched, prompts, tiny_checkpoint):
