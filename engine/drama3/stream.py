@@ -2,9 +2,17 @@
 
 Design choices:
 - The schedule is the seed's (SGLang Omni's): windows close when 10, 20, 32, 64, 128,
-  192, ... frames exist (strides 10, 10, 12, 32, then 64). An optional smaller first
-  window closes earlier and the schedule goes on from there. `window_ends` is a pure
-  function; `StreamSchedule` only remembers how far a take has been emitted.
+  192, ... frames exist (strides 10, 10, 12, 32, then 64). An optional first window of f
+  frames closes earlier; the ends then double (f, 2f, 4f, ...) while a doubled end is at
+  most STREAM_STRIDE / 2, and the seed's ends beyond the last one follow: 1, 2, 4, 10,
+  20, ... for f=1; 3, 10, 20, ... for f=3; 4, 10, 20, ... for f=4. Each window is
+  decoded while the windows before it play, and doubling keeps the frames to decode no
+  more than the frames already sent (1 then 10 would decode 9 frames while 1 frame, 46
+  ms, plays: the client stalls). Stopping at half of 10 keeps the window that joins the
+  seed's ends at least as long as the ramp's last end (no 8 then 10: a codec call for 2
+  frames); that join asks a little more than doubling (4 then 10 decodes 6 frames with 4
+  sent; 3 then 10, 7 with 3). `window_ends` is a pure function; `StreamSchedule` only
+  remembers how far a take has been emitted.
 - A window decodes its new frames with up to `overlap` frames of left context and keeps
   only the new frames' samples. The codec is causal, so with enough context (the
   window-limited transformers reach hundreds of frames back; 320 frames is the seed's
@@ -39,13 +47,23 @@ STREAM_OVERLAP_FRAMES = 320  # left context per window (SGLang Omni uses 32: ~3.
 
 def window_ends(first_window: int | None = None) -> Iterator[int]:
     """Frame counts at which windows close: 10, 20, 32, 64, 128, 192, ... (endless).
-    With `first_window` f: f first, then the schedule's ends beyond f."""
+
+    With `first_window` f: f, then f doubled while that is at most STREAM_STRIDE / 2, then
+    the seed's ends beyond the last of those: 1, 2, 4, 10, 20, ... (f=1), 2, 4, 10, ...
+    (f=2), 3, 10, ... (f=3), 15, 20, 32, ... (f=15). A window is decoded while the ones
+    before it play; doubling keeps its frames to decode no more than the frames already sent.
+    """
     strides = itertools.chain((STREAM_STRIDE,), STREAM_FOLLOWUP_STRIDE_RAMP,
                               itertools.repeat(STREAM_FOLLOWUP_STRIDE))
     ends = itertools.accumulate(strides)
     if first_window is None:
         return ends
-    return itertools.chain((first_window,), (end for end in ends if end > first_window))
+    if first_window < 1:
+        raise ValueError(f"a first window must be at least 1 frame; got {first_window}")
+    ramp = [first_window]
+    while 2 * ramp[-1] <= STREAM_STRIDE / 2:
+        ramp.append(2 * ramp[-1])
+    return itertools.chain(ramp, (end for end in ends if end > ramp[-1]))
 
 
 def check_settings(overlap: int, first_window: int | None) -> None:
@@ -129,14 +147,16 @@ def window_pcm(codec: Codec, codes: torch.Tensor, window: Window) -> torch.Tenso
 
 def window_lengths(overlap: int = STREAM_OVERLAP_FRAMES, first_window: int | None = None) -> list[int]:
     """The frames a stream's windows decode (left context + new frames), every length they
-    take until it repeats: 4, 10, 20, 32, 64, 128, 192, 256, 320, 384 for the seed's windows
-    with a first window of 4 and 320 frames of context. A take's last window is shorter."""
+    take, in order: 4, 10, 20, 32, 64, 128, 192, 256, 320, 384 for the seed's windows with a
+    first window of 4 and 320 frames of context (1, 2, 4, 10, ... with a first window of 1).
+    A take's last window is shorter."""
     lengths: list[int] = []
     emitted = 0
     for end in window_ends(first_window):
         length = end - max(0, emitted - overlap)
-        if lengths and length == lengths[-1] and emitted > overlap:
-            return lengths
-        lengths.append(length)
+        if length not in lengths:
+            lengths.append(length)
+        if end - emitted == STREAM_FOLLOWUP_STRIDE and emitted >= overlap:
+            return lengths  # every later window has this stride and this full context
         emitted = end
     raise AssertionError("window_ends is endless")

@@ -61,8 +61,38 @@ def test_window_ends_follow_the_seed() -> None:
     assert list(itertools.islice(window_ends(10), 4)) == [10, 20, 32, 64]
 
 
-@pytest.mark.parametrize("frames", [0, 1, 9, 10, 11, 20, 64, 65, 200, 500])
-@pytest.mark.parametrize(("overlap", "first_window"), [(320, None), (32, None), (0, None), (320, 3), (5, 40)])
+@pytest.mark.parametrize(("first_window", "ends"), [
+    (None, [10, 20, 32, 64, 128, 192, 256]),
+    (1, [1, 2, 4, 10, 20, 32, 64]),  # doubles up to 5 frames, then the seed's ends
+    (2, [2, 4, 10, 20, 32, 64, 128]),
+    (3, [3, 10, 20, 32, 64, 128, 192]),  # 6 would pass 5
+    (4, [4, 10, 20, 32, 64, 128, 192]),
+    (5, [5, 10, 20, 32, 64, 128, 192]),
+    (12, [12, 20, 32, 64, 128, 192, 256]),
+])
+def test_a_small_first_window_ramps_up_to_the_seed(first_window: int | None, ends: list[int]) -> None:
+    assert list(itertools.islice(window_ends(first_window), len(ends))) == ends
+
+
+@pytest.mark.parametrize("first_window", [1, 2, 3, 4, 5])
+def test_the_ramp_decodes_no_more_frames_than_were_sent(first_window: int) -> None:
+    """Before the seed's first end, each window's new frames are at most the frames sent before it."""
+    ramp = list(itertools.takewhile(lambda end: end < 10, window_ends(first_window)))
+    assert ramp[0] == first_window
+    for sent, end in itertools.pairwise(ramp):
+        assert end - sent <= sent
+    assert 2 * ramp[-1] > 5  # the ramp stops only where a doubled end would pass half of 10
+
+
+@pytest.mark.parametrize("first_window", [0, -1])
+def test_window_ends_refuse_an_empty_first_window(first_window: int) -> None:
+    with pytest.raises(ValueError, match="first window"):
+        window_ends(first_window)
+
+
+@pytest.mark.parametrize("frames", [0, 1, 2, 3, 4, 5, 9, 10, 11, 20, 64, 65, 200, 500])
+@pytest.mark.parametrize(("overlap", "first_window"), [(320, None), (32, None), (0, None), (320, 3), (5, 40),
+                                                       (320, 1), (0, 1), (2, 1), (320, 2)])
 def test_windows_tile_the_take_exactly(frames: int, overlap: int, first_window: int | None) -> None:
     windows = take_windows(frames, overlap, first_window)
     assert windows[0].emit == 0 and windows[-1].end == frames
@@ -127,12 +157,13 @@ def test_windows_decoded_from_the_start_are_the_whole_take(codec, take) -> None:
     assert np.abs(pcm.astype(np.int32) - whole[window.emit * 2048: window.end * 2048]).max() <= 1
 
 
-def test_render_take_is_what_the_stream_carried(codec) -> None:
+@pytest.mark.parametrize(("first_window", "first_starts"), [(3, [0, 3, 10]), (1, [0, 1, 2, 4, 10])])
+def test_render_take_is_what_the_stream_carried(codec, first_window: int, first_starts: list[int]) -> None:
     """A stream driven frame by frame from a growing codes buffer, with a small first
     window, and the export of the final codes: the same PCM16, sample for sample."""
     frames = 150
     codes = random_codes(codec, frames, seed=12)
-    schedule, buffer, streamed, starts = StreamSchedule(overlap=40, first_window=3), codes[:, :0], [], []
+    schedule, buffer, streamed, starts = StreamSchedule(overlap=40, first_window=first_window), codes[:, :0], [], []
     for produced in range(1, frames + 1):
         buffer = codes[:, :produced]  # what exists so far
         while (window := schedule.due(produced)) is not None:
@@ -141,9 +172,9 @@ def test_render_take_is_what_the_stream_carried(codec) -> None:
     final = schedule.final(frames)
     streamed.append(decode_window(codec, buffer, final))
     starts.append(final.emit * 2048)
-    assert starts[:3] == [0, 3 * 2048, 10 * 2048]
+    assert starts[:len(first_starts)] == [frame * 2048 for frame in first_starts]
     assert [s + p.size for s, p in zip(starts, streamed)][:-1] == starts[1:]
-    exported = render_take(codec, codes, overlap=40, first_window=3)
+    exported = render_take(codec, codes, overlap=40, first_window=first_window)
     assert np.array_equal(np.concatenate(streamed), exported)
     whole = pcm16(codec.decode(codes)).numpy()
     assert exported.shape == whole.shape
@@ -156,25 +187,29 @@ def test_empty_take_renders_no_samples(codec) -> None:
 # ─── Window lengths and their graphs ──────────────────────────────────────────
 
 
-@pytest.mark.parametrize(("overlap", "first_window"), [(320, 4), (320, None), (32, None), (0, 4)])
+@pytest.mark.parametrize(("overlap", "first_window"), [(320, 4), (320, None), (32, None), (0, 4),
+                                                       (0, None), (320, 1), (32, 1), (0, 1), (0, 2)])
 def test_window_lengths_are_every_length_the_windows_take(overlap: int, first_window: int | None) -> None:
     lengths = window_lengths(overlap, first_window)
     windows = take_windows(2000, overlap, first_window)
     scheduled = {w.end - w.start for w in windows[:-1]}  # the last window is whatever is left
-    assert scheduled == set(lengths)
+    assert scheduled == set(lengths) and len(lengths) == len(set(lengths))
     assert all((w.end - w.start) <= max(lengths) for w in windows)
     assert window_lengths(320, 4) == [4, 10, 20, 32, 64, 128, 192, 256, 320, 384]
+    assert window_lengths(320, 1) == [1, 2, 4, 10, 20, 32, 64, 128, 192, 256, 320, 384]
+    assert window_lengths(0, None) == [10, 12, 32, 64]  # 10 twice (0-10, 10-20) ends no list early
 
 
-def test_a_window_padded_to_a_longer_graph_keeps_its_samples(codec, take) -> None:
+@pytest.mark.parametrize("first_window", [4, 1])
+def test_a_window_padded_to_a_longer_graph_keeps_its_samples(codec, take, first_window: int) -> None:
     """WindowGraphs' path (codes padded with zeros up to the next captured length, PCM16 of
     the window's frames kept), run eagerly on a CPU: the codec is causal, so it gives the
     window's own samples (to a rounding step) for every window of a take, the last included."""
     codes, _ = take
-    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, 4))
+    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, first_window))
     assert not graphs.graphs.enabled  # a CPU: the graphed windows' code runs eagerly
     padded = 0
-    for window in take_windows(TAKE_FRAMES - 3, STREAM_OVERLAP_FRAMES, 4):
+    for window in take_windows(TAKE_FRAMES - 3, STREAM_OVERLAP_FRAMES, first_window):
         if window.frames == 0:
             continue
         padded += graphs.graphs.bucket_for(window.end - window.start) > window.end - window.start
