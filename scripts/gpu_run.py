@@ -18,7 +18,7 @@ that fails or runs out of time is recorded and the next one runs):
   decode (graph, floor), first audio, prefill, the step with 1..64 of 64 slots decoding,
   vocode (the bench writes its JSON after each part: a timeout keeps what was measured)
 - serve: `retake serve --random-weights --preset full`, then `retake loadtest` at 1 session
-  (first audio at client and server, gaps) and at 16 and 64 (the concurrency table)
+  (take.queued, first audio at client and server, gaps) and at 16 and 64 (the concurrency table)
 - kernels: `retake bench kernels` (each decode kernel against its torch reference)
 - numerics: `retake bench numerics`: compiled vs eager in float32, per experts path and TF32
 - retake (only with --stages): `retake bench retake --random-weights --preset full --device
@@ -329,6 +329,7 @@ def health(port: int) -> Json | None:
 def load_summary(report: Json) -> Json:
     takes = report.get("takes", [])
     first = [t["first_audio_s"] for t in takes if t.get("first_audio_s") is not None]
+    queued = [t["queued_s"] for t in takes if t.get("queued_s") is not None]
     server = [t["server_first_audio_ms"] / 1000 for t in takes if t.get("server_first_audio_ms") is not None]
     gaps = [t["longest_gap_s"] for t in takes if t.get("first_audio_s") is not None]
     audio, wall = sum(t.get("audio_s", 0.0) for t in takes), report.get("wall_s") or 0.0
@@ -341,7 +342,8 @@ def load_summary(report: Json) -> Json:
     return {"sessions": report.get("sessions"), "takes_per_session": report.get("takes_per_session"),
             "takes": len(takes), "wall_s": round(wall, 1), "audio_s": round(audio, 1),
             "audio_per_s": round(audio / wall, 2) if wall else None,
-            "first_audio_client_ms": percentiles(first), "first_audio_server_ms": percentiles(server),
+            "queued_ms": percentiles(queued), "first_audio_client_ms": percentiles(first),
+            "first_audio_server_ms": percentiles(server),
             "longest_gap_ms": percentiles(gaps), "gaps_over_100ms": sum(g > 0.1 for g in gaps),
             "real_time": bool(gaps) and not reasons.get("error") and (percentiles(gaps) or {}).get("p99", 1e9) <= 100.0,
             "prompt_rows_p50": statistics.median([t["prompt_rows"] for t in takes]) if takes else None,

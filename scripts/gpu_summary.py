@@ -25,10 +25,10 @@ def get(row: Json | None, key: str, unit: str = "") -> str:
     return "?" if value is None else f"{value}{unit}"
 
 
-def pct(stats: Json | None, unit: str = " ms") -> str:
+def pct(stats: Json | None, unit: str = " ms", of: tuple[str, ...] = ("p50", "p95", "p99")) -> str:
     if not stats:
         return "?"
-    return "/".join(str(stats.get(q, "?")) for q in ("p50", "p95", "p99")) + unit
+    return "/".join(str(stats.get(q, "?")) for q in of) + unit
 
 
 def rows_of(data: Json | None, bench: str) -> list[Json]:
@@ -92,7 +92,7 @@ def serve_lines(data: Json) -> list[str]:
              f"  ready in {get(data, 'ready_s', ' s')}, {get(data, 'slots')} slots, decode step "
              f"{get(data, 'decode_step_ms', ' ms')}, peak memory {get(data, 'peak_memory_gib')}; server exit "
              f"{data.get('server_exit_code')}",
-             "  sessions  takes  audio s/s  first audio client p50/p95/p99  server p50/p95/p99  "
+             "  sessions  takes  audio s/s  queued p50/p95  first audio client p50/p95/p99  server p50/p95/p99  "
              "longest gap p50/p95/p99  real time"]
     for load in data.get("loads", []):
         if "skipped" in load:
@@ -102,6 +102,7 @@ def serve_lines(data: Json) -> list[str]:
             lines.append(f"  {load.get('sessions')!s:>8}  {load.get('seconds', '?')} s, exit {load.get('exit_code')}")
             continue
         lines.append(f"  {load.get('sessions')!s:>8}  {load.get('takes', '?')!s:>5}  {get(load, 'audio_per_s'):>9}  "
+                     f"{pct(load.get('queued_ms'), of=('p50', 'p95')):>14}  "
                      f"{pct(load.get('first_audio_client_ms')):>30}  {pct(load.get('first_audio_server_ms')):>17}  "
                      f"{pct(load.get('longest_gap_ms')):>23}  {load.get('real_time')}"
                      + (f"  pause {load['think_ms']} ms" if load.get("think_ms") else "")

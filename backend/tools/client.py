@@ -39,6 +39,7 @@ class AudioFrame:
 class TakeResult:
     take_id: int
     sent: float  # time.monotonic() when take.start was sent
+    queued_at: float  # time.monotonic() when its take.queued (or the error) arrived
     messages: list[JsonMessage] = field(default_factory=list)  # every JSON message of the take, in order
     frames: list[AudioFrame] = field(default_factory=list)  # audio of the last attempt
     all_frames: list[AudioFrame] = field(default_factory=list)  # audio of every attempt
@@ -138,7 +139,7 @@ class Director:
                 continue
             self.pending = skipped + self.pending
             take_id = item.get("take_id") if item["type"] == "take.queued" else 0
-            result = TakeResult(take_id if isinstance(take_id, int) else 0, sent)
+            result = TakeResult(take_id if isinstance(take_id, int) else 0, sent, time.monotonic())
             result.messages.append(item)
             return result
 

@@ -4,6 +4,9 @@ Each session opens a socket, and runs `takes` takes one after another (keeping e
 directing history grows as in a real scene). Every take is measured on the client:
 
 - first audio: from sending take.start to the first audio frame arriving;
+- queued: the part of that until take.queued arrived: the server storing the take and the
+  messages' round trip, before the engine has the take (the server's first-audio figure
+  starts after the take is stored);
 - longest gap: a player that starts at the first frame and plays each window for its
   duration stalls whenever the next window has not arrived; the longest stall of a take is
   its longest gap relative to playback time (0 when the stream keeps ahead of playback).
@@ -13,7 +16,7 @@ warms the line's prompt into its prefix cache (backend/directing/warming.py), wh
 default of 0 (a take asked for at once) leaves no time for. Each take's `cached_rows` (the
 prompt rows the prefix cache restored) is reported beside its prompt rows.
 
-It prints p50 / p95 / p99 of both over all takes, the finish reasons, and how many takes had a
+It prints p50 / p95 / p99 of these over all takes, the finish reasons, and how many takes had a
 gap above 100 ms (sglang-omni's continuity criterion); with a JSON path it writes the raw
 numbers too.
 
@@ -60,6 +63,7 @@ class TakeStats:
     session: int
     take_id: int
     finish_reason: str
+    queued_s: float  # client-side, from take.start to take.queued
     first_audio_s: float | None  # client-side, from take.start to the first frame
     server_first_audio_ms: float | None  # engine-side timings.first_audio_ms + queue_ms
     longest_gap_s: float  # the longest playback stall
@@ -98,6 +102,7 @@ async def run_session(index: int, plan: LoadTest, results: list[TakeStats], fail
             server_first = timings.get("first_audio_ms")
             results.append(TakeStats(
                 session=index, take_id=take.take_id, finish_reason=str(done["finish_reason"]),
+                queued_s=take.queued_at - take.sent,
                 first_audio_s=arrivals[0] - take.sent if arrivals else None,
                 server_first_audio_ms=None if server_first is None else server_first + (timings.get("queue_ms") or 0),
                 longest_gap_s=longest_stall(arrivals, durations), audio_s=sum(durations),
@@ -140,6 +145,7 @@ def run(plan: LoadTest) -> int:
     for error, count in Counter(r.error for r in results if r.error is not None).most_common():
         print(f"error x{count}: {error}")
     print(f"{'ms':28} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}")
+    print(f"{'take.queued (client)':28} {percentiles([r.queued_s for r in results])}")
     print(f"{'first audio (client)':28} {percentiles(first)}")
     print(f"{'first audio (server)':28} {percentiles(server_first)}")
     print(f"{'longest gap vs playback':28} {percentiles(gaps)}")
