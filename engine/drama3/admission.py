@@ -32,8 +32,11 @@ Design choices:
   be longer than the tightest of those allows (counting two more steps for the window's
   vocode and hand-out), and the prefill gets only what is left. Where nothing is left, no prompt
   row is prefilled in that step (a chunk is never cut, so even `min_rows` could cost a
-  playing take its audio): while a step alone is shorter than a frame, the playing takes
-  gain on playback with every such step, so the new prompt is admitted a few steps later.
+  playing take its audio): the playing takes gain on playback with every such step, so
+  the new prompt is admitted a few steps later. Only while they can gain: where the
+  decode step alone takes 3/4 of a frame or more (an overloaded GPU, a CPU), the limit
+  would hold every new prompt until the playing takes end, so it is not applied and
+  the budget is the plain one (at least `min_rows`).
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class Admission:
         """Prompt rows to prefill in the next step while takes decode; `limit_s`: the longest
         step the takes playing allow (`playback_limit`), None when none is playing."""
         target = self.share * self.frame_s
-        if limit_s is not None and limit_s < target:  # a playing take's next window sets the pace
+        gaining = self.decode_s is None or self.decode_s < target  # steps alone outpace playback
+        if limit_s is not None and limit_s < target and gaining:  # a playing take's next window sets the pace
             spare = limit_s - (self.decode_s or 0.0)
             if self.row_s is None:  # rows not measured yet: a few, which measure them
                 return self.min_rows if spare > 0 else 0

@@ -79,3 +79,13 @@ def test_no_row_is_prefilled_when_a_playing_take_has_no_time_to_spare() -> None:
     # A few rows' worth is not worth a chunk that could take longer: none either.
     assert budget.rows(0.010 + (budget.min_rows - 1) * 50e-6) == 0
     assert budget.rows(0.010 + (budget.min_rows + 0.5) * 50e-6) == budget.min_rows
+
+
+def test_where_steps_alone_cannot_outpace_playback_the_limit_is_not_applied() -> None:
+    budget = Admission(FRAME_S)
+    budget.record(0.040, 0)  # the takes alone: 40 ms a step, more than 3/4 of a frame
+    budget.record(0.060, 400)
+    late = playback_limit([Playing(ahead_s=0.0, frames=5)])
+    # Holding the prompts back would hold them until the playing takes end: they get the
+    # plain budget, a few rows a step.
+    assert budget.rows(late) == budget.rows() == budget.min_rows
