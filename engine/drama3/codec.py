@@ -16,7 +16,13 @@ Design choices:
   upsampling) in float32 and the convolutional decoder in float16 on a GPU, float32 on
   CPU.
 - `decode` takes one clip; `decode_batch` takes clips of one length (the vocoder's windows
-  of several takes at once, codec_graphs.py). The modules carry the batch dimension end
+  of several takes at once, codec_graphs.py); `decode_tail` decodes a tail of each: the post
+  transformer (8 layers, a 128-frame window: it reaches hundreds of frames back, hence the
+  stream's 320 frames of context) runs on every frame, the upsampling and the decoder
+  (short causal convolutions, but nearly all the codec's work: they run at up to 2,048
+  samples a frame) only on the frames kept plus `conv_context` frames before them. A
+  window of 64 new frames after 320 of context then runs its convolutions on 74 frames,
+  not 384. The modules carry the batch dimension end
   to end; each clip's samples depend on its own codes only (no op mixes the batch), but
   a convolution's kernel may change with the batch size, so a clip decoded in a batch can
   differ from the same clip alone in float rounding (~4e-6 in float32 on a CPU).
@@ -50,6 +56,7 @@ from engine.drama3.codec_layers import (
     Snake,
     VectorQuantizer,
     WindowLimitedTransformer,
+    conv_context,
 )
 from engine.errors import ConfigError
 from engine.readback import to_host
@@ -194,6 +201,8 @@ class Codec(nn.Module):
             quantizer_transformer(q["pre_module"]), quantizer_transformer(q["post_module"]))
         self.decoder = Decoder(raw["latent_dim"], raw["decoder_dim"], raw["decoder_rates"])
         self.references: collections.OrderedDict[str, NDArray[np.int64]] = collections.OrderedDict()
+        # Whole frames back that the upsampling and the decoder reach (9.1 at the release's rates: 10)
+        self.conv_context = math.ceil(conv_context([self.quantizer.upsample, self.decoder]))
 
     @property
     def device(self) -> torch.device:
@@ -225,11 +234,26 @@ class Codec(nn.Module):
     @torch.inference_mode()
     def decode_batch(self, codes: torch.Tensor) -> torch.Tensor:
         """float32 waveforms [B, F * frame_samples] (on the codec's device) of codes [B, N, F]."""
+        return self.decode_tail(codes, 0, codes.shape[-1])
+
+    @torch.inference_mode()
+    def decode_tail(self, codes: torch.Tensor, start: int | torch.Tensor, frames: int) -> torch.Tensor:
+        """float32 waveforms [B, frames * frame_samples] of frames [start, start + frames) of
+        codes [B, N, F]: the post transformer reads all F frames, the upsampling and the decoder
+        only those (`start` per clip, a device tensor [B], or one int). A frame at least
+        `conv_context` frames past `start` (or any, with start 0) is the whole clip's decode of
+        it, to rounding: a window's new frames need no more of its left context than that."""
         if codes.dim() != 3 or codes.shape[1] != self.num_codebooks:
-            raise ValueError(f"decode_batch takes codes [batch, {self.num_codebooks}, frames]; got "
+            raise ValueError(f"the codec decodes codes [batch, {self.num_codebooks}, frames]; got "
                              f"{tuple(codes.shape)}")
-        latent = self.quantizer.decode(codes.to(self.device, torch.long))  # [B, C, 4F]
-        out: torch.Tensor = self.decoder(latent.to(self.decoder_dtype))[:, 0].float()  # [B, F * frame_samples]
+        z = self.quantizer.transformed(codes.to(self.device, torch.long))  # [B, C, F]
+        if isinstance(start, int):
+            z = z[:, :, start:start + frames]  # [B, C, frames]
+        else:
+            index = start[:, None] + torch.arange(frames, device=z.device)  # [B, frames]
+            z = z.gather(2, index[:, None, :].expand(-1, z.shape[1], -1))  # [B, C, frames]
+        latent = self.quantizer.upsample(z)  # [B, C, 4 frames]
+        out: torch.Tensor = self.decoder(latent.to(self.decoder_dtype))[:, 0].float()  # [B, frames * frame_samples]
         return out
 
     def encode_reference(self, data: bytes | str | os.PathLike[str]) -> NDArray[np.int64]:

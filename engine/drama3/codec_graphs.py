@@ -33,6 +33,11 @@ Design choices:
   pay less, but a window would then decode through different kernels (convolution
   algorithms change with the batch size), up to rounding: the export would no longer be
   the stream.
+- A graph runs the codec's post transformer on all its frames and the convolutions (most of
+  the work) on the `kept` frames that end with the window's new ones (codec.py
+  `decode_tail`; the first kept frame is a per-row static index): at most `length - shorter
+  length` new frames plus `conv_context`, so 74 of a 384-frame window's frames. A window
+  whose new frames do not fit (none of the stream's) decodes eagerly.
 - The graph converts to PCM16 on the device; only the int16 rows come to the host,
   pinned and event-polled (engine/readback.py).
 - The static buffers serve one call at a time: the vocoder thread and an export on the
@@ -76,7 +81,14 @@ class WindowGraphs:
         self.batch, self.batched_from = batch, batched_from
         device = codec.device
         longest = self.lengths[-1]
+        # Frames each length's convolutions run on (codec.py `decode_tail`): a window of length L
+        # after the next shorter length L' has at most L - L' new frames, plus the convolutions'
+        # context; the shortest length runs all its frames.
+        self.kept = {length: min(length, codec.conv_context + length - shorter)
+                     for shorter, length in zip([self.lengths[0], *self.lengths], self.lengths)}
+        self.kept[self.lengths[0]] = self.lengths[0]
         self.codes = torch.zeros((batch, codec.num_codebooks, longest), dtype=torch.long, device=device)
+        self.starts = torch.zeros(batch, dtype=torch.long, device=device)  # first frame kept, per row
         self.out = torch.zeros((batch, longest * codec.frame_samples), dtype=torch.int16, device=device)
         self.graphs = StepGraphs(self.static_window, self.lengths, enabled=enabled and device.type == "cuda",
                                  name="codec window")
@@ -96,9 +108,21 @@ class WindowGraphs:
 
     def static_window(self, length: int) -> None:
         """What a graph captures: PCM16 of the first `length` static frames of its rows."""
-        rows = self.rows(length)
-        audio = self.codec.decode_batch(self.codes[:rows, :, :length])  # [rows, length * frame_samples] float32
+        rows, kept = self.rows(length), self.kept[length]
+        codes = self.codes[:rows, :, :length]
+        if kept == length:
+            audio = self.codec.decode_batch(codes)  # [rows, length * frame_samples] float32
+        else:
+            audio = self.codec.decode_tail(codes, self.starts[:rows], kept)  # [rows, kept * frame_samples]
         self.out[:rows, :audio.shape[1]].copy_(pcm16(audio))
+
+    def start_for(self, window: Window, length: int) -> int | None:
+        """The first frame (from the window's start) that the convolutions of `length`'s graph
+        run on for `window`; None if that graph cannot give its new frames exactly."""
+        kept, context = self.kept[length], self.codec.conv_context
+        start = max(0, min(window.emit - window.start - context, length - kept))
+        whole = start == 0 or window.emit - window.start - start >= context
+        return start if whole and window.end - window.start <= start + kept else None
 
     def length_for(self, window: Window) -> int | None:
         """The graph length `window` decodes at (padded up; replayed once captured on CUDA, the
@@ -108,7 +132,7 @@ class WindowGraphs:
         if window.frames == 0 or frames > self.lengths[-1]:
             return None
         length = self.graphs.bucket_for(frames)
-        return None if length in self.graphs.eager else length
+        return None if length in self.graphs.eager or self.start_for(window, length) is None else length
 
     def runs(self, window: Window) -> bool:
         """Whether `window` decodes as a graph replay."""
@@ -127,18 +151,23 @@ class WindowGraphs:
         length = self.graphs.bucket_for(max(frames))
         if len(windows) > self.rows(length) or any(self.graphs.bucket_for(f) != length for f in frames):
             raise ValueError(f"one call decodes at most {self.rows(length)} windows of one graph length")
-        fs = self.codec.frame_samples
+        fs, kept = self.codec.frame_samples, self.kept[length]
+        starts = [self.start_for(window, length) for _, window in windows]
+        if any(start is None for start in starts):
+            raise ValueError(f"a window's new frames do not fit the {kept} frames the {length}-frame graph keeps")
         with self.lock:
-            for row, ((codes, window), span) in enumerate(zip(windows, frames)):
+            for row, ((codes, window), span, start) in enumerate(zip(windows, frames, starts)):
                 self.codes[row, :, :span].copy_(codes[:, window.start:window.end])
                 self.codes[row, :, span:length].zero_()  # causal: the padding does not reach the window's frames
+                self.starts[row].fill_(start or 0)
             self.codes[len(windows):self.rows(length), :, :length].zero_()  # unused rows: a fixed input
+            self.starts[len(windows):self.rows(length)].zero_()
             self.graphs(length)
-            pcm = self.out[:len(windows), :length * fs]  # [windows, length * fs]
+            pcm = self.out[:len(windows), :kept * fs]  # [windows, kept * fs]: frames [start, start + kept)
             # (a copy: on a CPU to_host hands back the static buffer itself, which the next call overwrites)
             out = to_host(pcm).numpy() if pcm.is_cuda else pcm.clone().numpy()
-        return [out[row, (window.emit - window.start) * fs:span * fs]
-                for row, ((_, window), span) in enumerate(zip(windows, frames))]
+        return [out[row, (window.emit - window.start - (start or 0)) * fs:(span - (start or 0)) * fs]
+                for row, ((_, window), span, start) in enumerate(zip(windows, frames, starts))]
 
 
 def decode_window(codec: Codec, codes: torch.Tensor, window: Window,

@@ -12,6 +12,9 @@ Design choices:
 - Numerics follow the release where they matter for parity: RoPE cos/sin are rounded to
   bfloat16 (the release precomputes them in bfloat16) and applied in float32, RMSNorm
   runs in float32, the vector quantiser picks codes by cosine similarity.
+- Outside the post transformer, everything is a short causal convolution: `conv_context`
+  counts how many frames back they reach (about 9 at the release's rates), which is all
+  the context the upsampling and the decoder need (codec.py `decode_tail`).
 - Batch size is whatever the caller gives (codec.py decodes one clip, or windows of several
   takes at once); no op mixes the clips of a batch.
 """
@@ -87,6 +90,23 @@ class ResidualUnit(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = x + self.block(x)
         return out
+
+
+def conv_context(modules: list[nn.Module], rate: int = 1) -> float:
+    """Frames back that the causal convolutions of `modules` (run in this order on an input of
+    `rate` samples a frame) reach: an output depends on inputs no further back. Receptive
+    fields add along a chain; a residual adds none; a transposed convolution whose kernel
+    overhangs its stride reads one more input step, then multiplies the rate."""
+    frames = 0.0
+    for module in modules:
+        for part in module.modules():
+            if isinstance(part, CausalConv):
+                frames += part.left / rate
+            elif isinstance(part, CausalConvTranspose):
+                stride = int(part.conv.stride[0])
+                frames += -(-part.trim // stride) / rate
+                rate *= stride
+    return frames
 
 
 # ─── Window-limited causal transformer ────────────────────────────────────────
@@ -380,8 +400,14 @@ class DownsampleQuantizer(nn.Module):
         return torch.cat((semantic, residual), 1)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:  # [B, 1 + N, T] -> [B, C, 4T]
+        out: torch.Tensor = self.upsample(self.transformed(codes))
+        return out
+
+    def transformed(self, codes: torch.Tensor) -> torch.Tensor:  # [B, 1 + N, T] -> [B, C, T]
+        """The codes' embeddings through the post transformer: the part of decoding that reaches
+        far back (codec.py `decode_tail` runs the upsampling and what follows on a tail of it)."""
         semantic = codes[:, :1].clamp(0, self.semantic_quantizer.codebook_size - 1)
         residual = codes[:, 1:].clamp(0, self.quantizer.codebook_size - 1)
         z = self.semantic_quantizer.decode(semantic) + self.quantizer.decode(residual)
-        out: torch.Tensor = self.upsample(self.post_module(z))
+        out: torch.Tensor = self.post_module(z)
         return out

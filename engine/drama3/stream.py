@@ -17,7 +17,9 @@ Design choices:
   only the new frames' samples. The codec is causal, so with enough context (the
   window-limited transformers reach hundreds of frames back; 320 frames is the seed's
   default) the concatenated windows equal a whole-take decode; they always have exactly
-  its sample count, with no gap and no overlap.
+  its sample count, with no gap and no overlap. Only the codec's post transformer needs
+  that context: its upsampling and decoder run on the new frames and `conv_context`
+  frames before them (codec.py `decode_tail`), most of a window's cost.
 - A window is always decoded the same way from the same codes, so `render_take`
   (codec_graphs.py, the WAV export) reproduces the streamed PCM16 sample for sample by
   replaying the schedule.
@@ -141,8 +143,9 @@ def window_pcm(codec: Codec, codes: torch.Tensor, window: Window) -> torch.Tenso
     `codes` [num_codebooks, >= window.end] holds the take's frames so far."""
     if window.frames == 0:
         return torch.zeros(0, dtype=torch.int16, device=codec.device)
-    audio = codec.decode(codes[:, window.start: window.end])  # [(end - start) * frame_samples]
-    return pcm16(audio[(window.emit - window.start) * codec.frame_samples:])
+    start = max(0, window.emit - window.start - codec.conv_context)  # the convolutions' own context
+    audio = codec.decode_tail(codes[None, :, window.start: window.end], start, window.end - window.start - start)
+    return pcm16(audio[0, (window.emit - window.start - start) * codec.frame_samples:])  # [frames * frame_samples]
 
 
 def window_lengths(overlap: int = STREAM_OVERLAP_FRAMES, first_window: int | None = None) -> list[int]:

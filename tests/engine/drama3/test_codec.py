@@ -156,6 +156,27 @@ def test_decode_is_causal(codec) -> None:
     assert torch.allclose(prefix, whole[: 17 * 2048], atol=1e-5)
 
 
+def test_a_tail_decode_needs_only_the_convolutions_context(codec) -> None:
+    """decode_tail: the post transformer over every frame, the convolutions from `start` on.
+    With conv_context frames before a frame (or from frame 0) it is the whole decode's; with
+    fewer it is not, so conv_context is not larger than the convolutions reach."""
+    assert codec.conv_context == 10  # the release's rates and kernels (the tiny codec keeps them): 9.1 frames
+    codes = random_codes(codec, 60, seed=5)
+    whole = codec.decode_batch(codes[None])  # [1, 60 * 2048]
+    fs, context = 2048, codec.conv_context
+    for start, frames in ((0, 60), (0, 25), (30, 30), (17, 20)):
+        tail = codec.decode_tail(codes[None], start, frames)
+        assert tail.shape == (1, frames * fs)
+        kept = 0 if start == 0 else context  # frames of the tail that are exact
+        assert torch.allclose(tail[:, kept * fs:], whole[:, (start + kept) * fs:(start + frames) * fs], atol=1e-5)
+    # Per clip, from a device index: two clips, two starts, in one call.
+    both = codec.decode_tail(torch.stack((codes, codes.flip(1))), torch.tensor([30, 40]), 20)  # [2, 20 * fs]
+    assert torch.allclose(both[0], codec.decode_tail(codes[None], 30, 20)[0], atol=1e-5)
+    assert torch.allclose(both[1], codec.decode_tail(codes.flip(1)[None], 40, 20)[0], atol=1e-5)
+    short = codec.decode_tail(codes[None], 30, 30)[:, (context - 2) * fs:context * fs]  # 8 and 9 frames of context
+    assert not torch.allclose(short, whole[:, (28 + context) * fs:(30 + context) * fs], atol=1e-3)
+
+
 def test_encode_gives_one_frame_per_2048_samples_in_codebook_range(codec) -> None:
     audio = speechlike(1.0)
     codes = codec.encode(audio)

@@ -213,7 +213,11 @@ def test_a_window_padded_to_a_longer_graph_keeps_its_samples(codec, take, first_
         if window.frames == 0:
             continue
         padded += graphs.graphs.bucket_for(window.end - window.start) > window.end - window.start
+        assert graphs.length_for(window) is not None  # every window of the stream has its graph
         got = graphs.pcm(codes, window)
         expected = window_pcm(codec, codes, window).numpy()
         assert got.shape == expected.shape and np.abs(got.astype(int) - expected).max() <= 1
     assert padded >= 1
+    # Past the first lengths the graphs run their convolutions on a tail: the new frames, at
+    # most, and the convolutions' context (codec.py decode_tail).
+    assert graphs.kept[384] == 64 + codec.conv_context and graphs.kept[first_window] == first_window
