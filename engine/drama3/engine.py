@@ -93,12 +93,12 @@ class EngineSpec:
     vocoder_batch: int = VOCODER_BATCH  # long windows (128+ frames) decoded per codec call on CUDA (codec_graphs.py)
 
 
-# The first window: 4 frames (186 ms of audio) instead of the seed's 10. Measured against
-# `retake serve` on 2 CPU cores (one director, `retake loadtest --sessions 1 --takes 6
-# --max-new-tokens 120`): first audio p50 336 -> 232 ms with no playback gap; on the H200
-# (`retake bench takes`) 303 -> 232 ms. Windows up to 320 frames still decode from frame 0,
-# so the stream equals a whole-take decode there exactly.
-FIRST_WINDOW_FRAMES = 4
+# The first window: 1 frame (46 ms of audio), then 2, 4 and the seed's 10, 20, ... (stream.py's
+# ramp). The seed starts at 10; 4 frames gave first audio p50 232 ms against 336 on 2 CPU cores
+# (`retake loadtest --sessions 1 --takes 6 --max-new-tokens 120`) and 232 against 303 ms on the
+# H200 (`retake bench takes`); 1 frame against 4 through the H200's server, one director who
+# pauses 1 s: 66.2 / 71.9 ms against 77.5 / 81.7 at the client (p50 / p95; docs/perf.md).
+FIRST_WINDOW_FRAMES = 1
 
 
 def default_threads() -> int:

@@ -75,7 +75,7 @@ def test_the_first_window_is_handed_out_while_the_take_decodes(gpu):
     """The first-window bug (docs/perf.md): a blocking device-to-host read in the decode loop
     (`.tolist()` of the step's status) held up the vocoder thread's kernel launches, so a
     take's first window came out after about the whole take had decoded. Now the window is
-    handed out within 3x its frames of decoding (an order of events, not a time), and with
+    handed out within 3x its frames of decoding, 8 at least (an order of events, not a time), and with
     CUDA's sync debug mode set to "error" any blocking read in the decode loop or the
     vocoder thread would fail the take."""
     gpu.warm_up()  # graphs, compilation and the codec's first run happen before the check
@@ -101,7 +101,8 @@ def test_the_first_window_is_handed_out_while_the_take_decodes(gpu):
         runs.append((first, take.steps))
     long_takes = [(first, frames) for first, frames in runs if frames >= 6 * first_window]
     assert long_takes, f"every take ended too early to tell: {runs}"
-    assert all(first is not None and first <= 3 * first_window for first, _ in long_takes), runs
+    # (8 at least: a window of 1 frame vocodes beside a few of the tiny model's 1.6 ms steps)
+    assert all(first is not None and first <= max(3 * first_window, 8) for first, _ in long_takes), runs
 
 
 def test_takes_started_while_others_decode_all_end_well(gpu):
