@@ -13,7 +13,8 @@ that fails or runs out of time is recorded and the next one runs):
 
 - env: torch, CUDA, the GPU, package versions
 - pytest: `pytest -m gpu` over every test file with GPU tests (verbose; junit once it ends),
-  the kernels, the decoder's and the fast path's files first (FIRST_TESTS)
+  the kernels, the decoder's and the fast path's files first (FIRST_TESTS); `--tests A,B`
+  runs those files instead
 - takes: `retake bench takes --random-weights --preset full --device cuda --profile FILE`:
   decode (graph, floor), first audio, prefill, the step with 1..64 of 64 slots decoding,
   vocode (the bench writes its JSON after each part: a timeout keeps what was measured)
@@ -115,6 +116,7 @@ class Stage:
 class Run:
     def __init__(self, args: argparse.Namespace) -> None:
         self.out, self.smoke, self.slots = args.out, args.smoke, args.slots
+        self.tests: list[str] = [path for path in (args.tests or "").split(",") if path]
         self.loads: tuple[Load, ...] = args.loads or (SMOKE_LOADS if self.smoke else LOADS)
         self.variants: list[str] = args.serve_variant or [""]  # extra `retake serve` arguments, a server each
         self.deadline: float = time.monotonic() + float(args.budget)
@@ -285,7 +287,7 @@ def gpu_test_files() -> list[str]:
 def pytest_stage(run: Run, stage: Stage, log: Path) -> Json:
     junit = WORK / "pytest.xml"
     junit.unlink(missing_ok=True)
-    files = gpu_test_files()
+    files = run.tests or gpu_test_files()
     rc = run.command([PY, "-m", "pytest", "-m", "gpu", "-vv", "-p", "no:cacheprovider", "-o", "timeout=240",
                       f"--junitxml={junit}", *files], run.limit(stage), log)
     if rc is None:
@@ -581,6 +583,8 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=None,
                         help=f"seconds for the whole run (default {BUDGET_S:.0f} on a GPU, 3600 with --smoke)")
     parser.add_argument("--slots", type=int, default=None, help="retake serve --slots (default: the server's)")
+    parser.add_argument("--tests", default=None, metavar="PATHS",
+                        help="the pytest stage's files, comma-separated (default: every file with GPU tests)")
     parser.add_argument("--loads", type=parse_loads, default=None,
                         help="the serve stage's loads, e.g. 1x4@1000,16x2,64x2 (sessions x takes @ pause ms)")
     parser.add_argument("--serve-variant", action="append", default=[], metavar="ARGS",
