@@ -40,7 +40,7 @@ from concurrent.futures import Executor
 
 import torch
 
-from engine.drama3.admission import Admission, playback_limit
+from engine.drama3.admission import HELD_S, Admission, playback_limit
 from engine.drama3.codec import Codec
 from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.decoder import Decoder
@@ -124,8 +124,11 @@ class Slots:
         this step on. Returns the rows prefilled while takes decode."""
         decoding = bool(self.decoding())
         step_rows = self.prefill_rows or self.admission.rows(self.playback_limit())
-        if decoding and step_rows == 0:  # a playing take needs this step short: no prefill in it
-            return 0
+        if decoding and step_rows == 0:  # a playing take needs this step short: no prefill in it...
+            now = time.perf_counter()
+            if all(now - take.started < HELD_S for take in self.prefills if not take.prefill_only):
+                return 0
+            step_rows = self.admission.min_rows  # ...unless a prompt waited HELD_S for it: a few rows
         budget = allowed = step_rows if decoding else 0
         # Takes first (in start order), then prefill-only takes, which never delay a take: while
         # takes decode they get what is left of the step's budget; otherwise a step of their own.

@@ -17,6 +17,7 @@ import torch
 import engine.drama3.prefill as prefill_module
 from drama3.poisoned_slot import poison
 from engine import AudioWindow, Done, EngineSpec, HistoryTurn, RequestError, Sampling, load_engine
+from engine.drama3.admission import HELD_S
 
 
 @pytest.fixture(scope="module")
@@ -267,6 +268,13 @@ def test_a_prompt_waits_while_a_playing_take_would_run_out_of_audio(batched, pro
     for take, new in batched.step():
         events[take] += new
     assert first.steps == steps + 1 and list(batched.slot_table.prefills[second].chunks) == chunks
+    # Held back HELD_S already: a few rows go in whatever the limit.
+    second.started -= HELD_S
+    first.playing_until = time.perf_counter() - 60.0
+    batched.slot_table.admission.decode_s = 0.001
+    for take, new in batched.step():
+        events[take] += new
+    assert second not in batched.slot_table.prefills or list(batched.slot_table.prefills[second].chunks) != chunks
     first.playing_until = time.perf_counter() + 3600.0  # an hour of audio ahead of its client
     while batched.slot_table.prefills:
         for take, new in batched.step():
