@@ -34,9 +34,11 @@ Design choices:
   row is prefilled in that step (a chunk is never cut, so even `min_rows` could cost a
   playing take its audio): the playing takes gain on playback with every such step, so
   the new prompt is admitted a few steps later. Not much later: a prompt held back for
-  `HELD_S` (1 s) gets `min_rows` a step whatever the limit (the slot table's choice): with
-  64 directors starting at once the limit alone held the last prompts 12.9 s (p95) on the
-  H200 (their gaps fell from 1.9 s to 0.38 s, p50; their first audio waited). Only while they can gain: where the
+  `HELD_S` gets `min_rows` a step whatever the limit (the slot table's choice). Measured on
+  the H200 (docs/perf.md), 16 / 64 directors starting at once: the limit alone, first audio
+  p95 1.9 / 12.9 s and longest gap p95 44 ms / 1.5 s; held 1 s at most, 1.3 / 2.7 s and
+  288 ms / 4.0 s. 2 s lies between (not measured): it keeps 16 directors' playback whole
+  (their waits were mostly under 2 s) and bounds the wait at 64. Only while they can gain: where the
   decode step alone takes 3/4 of a frame or more (an overloaded GPU, a CPU), the limit
   would hold every new prompt until the playing takes end, so it is not applied and
   the budget is the plain one (at least `min_rows`).
@@ -49,7 +51,7 @@ from dataclasses import dataclass
 START_ROWS = 512
 SMOOTHING = 0.2  # weight of the newest step in the averages
 HAND_OUT_STEPS = 2  # steps from a window's last frame to its audio leaving: its vocode, its hand-out
-HELD_S = 1.0  # a prompt the playback limit held back this long gets `min_rows` a step anyway
+HELD_S = 2.0  # a prompt the playback limit held back this long gets `min_rows` a step anyway
 
 
 @dataclass
