@@ -469,6 +469,7 @@ def one_server(run: Run, stage: Stage, log: Path, converse: bool = False, extra:
         # Takes whose logits went non-finite, with the state the engine found bad (Decoder.diagnose), and
         # takes that failed otherwise: the first ones say where it starts.
         data["non_finite"] = [line for line in text.splitlines() if "non-finite logits at position" in line][:12]
+        data["pace"] = [line.split("pace: ", 1)[1] for line in text.splitlines() if "pace: " in line][-40:]
         failed_take = r"take failed|take start failed|step crashed|ended with an error"
         data["take_errors"] = [line for line in text.splitlines() if re.search(failed_take, line)][:12]
         ready = re.search(r"one decode step ([\d.?]+) ms, (\d+) slots?, peak memory ([\d.]+ GiB|n/a)", text)

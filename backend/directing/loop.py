@@ -27,6 +27,9 @@ Design choices:
   the queue bound) and takes the next free slot in deadline order.
 - Nothing a job does can stop the loop or another take: a take's failure ends that take
   (`finish_reason="error"`); a call's failure is raised from its future.
+- Every `REPORT_S` (10 s) while takes run, the engine's pace goes to the log in a line
+  (engine/drama3/pace.py: steps, prefill beside them, prompts held for playback, windows'
+  time to audio), so a slow load says why in the server's log.
 - Warms (`warm(key, build)`): a session asks for the prompt of the line its director most
   likely takes next (after a keep, a voice or cast change, an open: directing/warming.py) to
   be prefilled into the prefix cache (Drama3Engine.warm), so that take's first audio pays
@@ -40,6 +43,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +52,7 @@ from backend.directing.jobs import CallJob, Job, TakeJob
 from backend.directing.queue_wait import SOON_S, QueueWait, queue_wait
 from backend.engine_thread import EngineThread
 from engine import Done, Drama3Engine, Prompt, Take
+from engine.drama3.pace import REPORT_S
 
 WarmBuilder = Callable[[Drama3Engine], Prompt]  # the prompt a warm prefills (built on the engine thread)
 
@@ -88,6 +93,7 @@ class EngineLoop(EngineThread[Drama3Engine]):
         # Warms ended, by finish reason (metrics; its keys made here: another thread copies it).
         self.warms: collections.Counter[str] = collections.Counter(
             dict.fromkeys(("prefilled", "cached", "cancelled", "error"), 0))
+        self.paced = time.monotonic()  # the engine's last pace line (engine/drama3/pace.py)
 
     def _stopped(self) -> None:
         """Cancel every job; the thread ends once the takes in flight have stopped."""
@@ -278,6 +284,10 @@ class EngineLoop(EngineThread[Drama3Engine]):
                     self._running[job.take] = job
 
     def _step(self, engine: Drama3Engine) -> None:
+        if time.monotonic() - self.paced >= REPORT_S:  # while takes run: how the engine keeps pace
+            self.paced = time.monotonic()
+            if (line := engine.pace_report()) is not None:
+                log.info(line)
         try:
             results = engine.step()
         except Exception as error:  # noqa: BLE001 - a last resort: the takes in flight end, the loop goes on

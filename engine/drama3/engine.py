@@ -230,6 +230,11 @@ class Drama3Engine:
                               drop_oldest_history=drop_oldest_history)
         return replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
 
+    def pace_report(self) -> str | None:
+        """Steps, prefill and windows since the last report, as a log line (pace.py); None if
+        no step ran."""
+        return self.slot_table.pace.report()
+
     def prefix_cache_stats(self) -> dict[str, int] | None:
         """The prefix cache's counters (hits, misses, rows saved, bytes held), None when it is
         off; plain integers, safe to read from another thread."""

@@ -44,6 +44,7 @@ from engine.drama3.admission import HELD_S, Admission, playback_limit
 from engine.drama3.codec import Codec
 from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.decoder import Decoder
+from engine.drama3.pace import Pace
 from engine.drama3.prefill import Prefill
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule
@@ -62,7 +63,9 @@ class Slots:
                  executor: Executor | None = None, graphs: WindowGraphs | None = None,
                  prefill_rows: int | None = None) -> None:
         self.decoder, self.codec = decoder, codec
-        self.vocoder = Vocoder(codec, graphs, executor)  # every take's windows, batched on the executor's thread
+        self.pace = Pace()  # steps and windows, for the server's log (pace.py)
+        self.vocoder = Vocoder(codec, graphs, executor, self.pace)  # every take's windows, batched on its thread
+        self.held = False  # this step's prefill was held back by the playback limit
         self.overlap, self.first_window = overlap, first_window
         self.prefill_rows = prefill_rows  # prompt rows per step while takes decode; None: `admission`'s
         self.admission = Admission(frame_s=codec.frame_samples / codec.sample_rate)
@@ -127,6 +130,7 @@ class Slots:
         if decoding and step_rows == 0:  # a playing take needs this step short: no prefill in it...
             now = time.perf_counter()
             if all(now - take.started < HELD_S for take in self.prefills if not take.prefill_only):
+                self.held = any(not take.prefill_only for take in self.prefills)
                 return 0
             step_rows = self.admission.min_rows  # ...unless a prompt waited HELD_S for it: a few rows
         budget = allowed = step_rows if decoding else 0
@@ -178,6 +182,7 @@ class Slots:
             if (reason := take.stopped()) is not None:
                 self.end(take, reason)
         started, beside = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
+        self.held = False
         admitted = self.prefill() if self.prefills else 0  # prompt rows prefilled beside decoding takes
         stepping = self.decoding()
         if stepping:
@@ -192,6 +197,7 @@ class Slots:
                 step_s = time.perf_counter() - timer
                 if beside:  # (a step after a whole prefill says nothing of the budget)
                     self.admission.record(time.perf_counter() - started, admitted)
+                self.pace.step(time.perf_counter() - started, len(stepping), admitted, self.held)
                 for take in stepping:
                     if (reason := take.advance(status[take.slot], step_s)) is not None:
                         if reason == "error":  # non-finite logits: where, for whoever debugs the step

@@ -27,6 +27,7 @@ Design choices:
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Executor, Future
 
 import numpy as np
@@ -35,10 +36,12 @@ from numpy.typing import NDArray
 
 from engine.drama3.codec import Codec
 from engine.drama3.codec_graphs import WindowGraphs, decode_windows
+from engine.drama3.pace import Pace
 from engine.drama3.stream import Window
 from engine.readback import to_device
 
-Job = tuple[NDArray[np.int64], Window, "Future[NDArray[np.int16]]"]  # a take's frames, its window, the PCM to come
+# A take's frames, its window, the PCM to come, when it was submitted (perf_counter)
+Job = tuple[NDArray[np.int64], Window, "Future[NDArray[np.int16]]", float]
 
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -60,8 +63,10 @@ def vocode(codec: Codec, graphs: WindowGraphs | None,
 class Vocoder:
     """Windows of every take, vocoded together on one worker thread (or inline)."""
 
-    def __init__(self, codec: Codec, graphs: WindowGraphs | None, executor: Executor | None) -> None:
+    def __init__(self, codec: Codec, graphs: WindowGraphs | None, executor: Executor | None,
+                 pace: Pace | None = None) -> None:
         self.codec, self.graphs, self.executor = codec, graphs, executor
+        self.pace = pace  # each window's time from submitted to PCM, each codec call (pace.py)
         self.lock = threading.Lock()
         self.queue: list[Job] = []  # submitted, not yet taken by a drain
         self.draining = False  # a drain is scheduled or running on the executor
@@ -72,7 +77,7 @@ class Vocoder:
         """The future PCM16 of `window` of a take whose frames so far are `frames` (not written
         to afterwards: the caller hands over a copy)."""
         future: Future[NDArray[np.int16]] = Future()
-        job = (frames, window, future)
+        job = (frames, window, future, time.perf_counter())
         if self.executor is None:
             self.decode([job])
             return future
@@ -103,8 +108,10 @@ class Vocoder:
     def decode(self, jobs: list[Job]) -> None:
         self.calls += 1
         self.windows += len(jobs)
+        if self.pace is not None:
+            self.pace.call()
         try:
-            pcms = vocode(self.codec, self.graphs, [(frames, window) for frames, window, _ in jobs])
+            pcms = vocode(self.codec, self.graphs, [(frames, window) for frames, window, _, _ in jobs])
         except Exception as exc:  # noqa: BLE001 - find the windows that fail; the others stand
             if len(jobs) == 1:
                 jobs[0][2].set_exception(exc)
@@ -112,5 +119,8 @@ class Vocoder:
             for job in jobs:
                 self.decode([job])
             return
-        for (_, _, future), pcm in zip(jobs, pcms):
+        done = time.perf_counter()
+        for (_, _, future, submitted), pcm in zip(jobs, pcms):
             future.set_result(pcm)
+            if self.pace is not None:
+                self.pace.window(done - submitted)

@@ -268,6 +268,7 @@ def test_a_prompt_waits_while_a_playing_take_would_run_out_of_audio(batched, pro
     for take, new in batched.step():
         events[take] += new
     assert first.steps == steps + 1 and list(batched.slot_table.prefills[second].chunks) == chunks
+    assert batched.slot_table.pace.held >= 1 and batched.slot_table.pace.window_s  # for the server's log (pace.py)
     # Held back HELD_S already: a few rows go in whatever the limit.
     second.started -= HELD_S
     first.playing_until = time.perf_counter() - 60.0

@@ -1,0 +1,78 @@
+"""How the engine keeps pace under load: steps, prefill and windows, as one log line.
+
+    pace = Pace()                                   # the slot table's (slots.py)
+    pace.step(seconds, decoding=12, prefilled=64, held=False)   # after each step (engine thread)
+    pace.window(seconds)                            # each window's due-to-PCM time (vocoder thread)
+    line = pace.report()                            # the numbers since the last report, then reset
+
+A load test says what a director felt (first audio, gaps); this says why: whether the
+steps ran long (and how many takes they carried), how many prompt rows went in beside
+them, how often the playback limit held a prompt back (admission.py), and how long a
+closed window waited for its audio (the vocoder's queue and its codec calls). The server
+logs a line every `REPORT_S` seconds while takes run (backend/directing/loop.py).
+
+Design choices:
+- Plain counters and lists, appended to by the engine thread (steps) and the vocoder's
+  worker (windows), under one lock; a report reads and clears them, so nothing grows
+  between reports and each line covers its own seconds.
+- Percentiles are nearest-rank over that period's values (a few thousand at most).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+REPORT_S = 10.0  # seconds between two lines in the server's log
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+class Pace:
+    """Steps and windows since the last report."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.since = time.monotonic()
+        self.step_s: list[float] = []
+        self.window_s: list[float] = []
+        self.decoding = 0  # takes decoding, summed over the steps
+        self.prefilled = 0  # prompt rows prefilled beside decoding takes
+        self.held = 0  # steps in which the playback limit held back a waiting prompt
+        self.calls = 0  # codec calls
+
+    def step(self, seconds: float, decoding: int, prefilled: int, held: bool) -> None:
+        with self.lock:
+            self.step_s.append(seconds)
+            self.decoding += decoding
+            self.prefilled += prefilled
+            self.held += held
+
+    def window(self, seconds: float) -> None:
+        with self.lock:
+            self.window_s.append(seconds)
+
+    def call(self) -> None:
+        with self.lock:
+            self.calls += 1
+
+    def report(self) -> str | None:
+        """One line of what happened since the last report (None if no step ran), and reset."""
+        with self.lock:
+            steps, windows = self.step_s, self.window_s
+            seconds, self.since = time.monotonic() - self.since, time.monotonic()
+            decoding, prefilled, held, calls = self.decoding, self.prefilled, self.held, self.calls
+            self.step_s, self.window_s = [], []
+            self.decoding = self.prefilled = self.held = self.calls = 0
+        if not steps:
+            return None
+        line = (f"pace: {seconds:.1f} s: {len(steps):,} steps (p50 {percentile(steps, 0.5) * 1000:.1f} ms, p95 "
+                f"{percentile(steps, 0.95) * 1000:.1f} ms), {decoding / len(steps):.1f} takes decoding a step, "
+                f"{prefilled:,} prompt rows prefilled beside them, {held:,} steps held a prompt back for playback")
+        if windows:
+            line += (f"; {len(windows):,} windows in {calls:,} codec calls, closed to audio p50 "
+                     f"{percentile(windows, 0.5) * 1000:.1f} ms, p95 {percentile(windows, 0.95) * 1000:.1f} ms")
+        return line
