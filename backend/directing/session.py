@@ -311,6 +311,11 @@ class Session:
                                          take.character_id, take.guard_frames, message.ref))
 
     def stored_take(self, message: p.TakeStart) -> tuple[StoredTake, list[int], PromptBuilder, Sampling]:
+        """`checked_take` (its checks: a dozen reads; its insert) as one store transaction."""
+        with self.state.store.together():
+            return self.checked_take(message)
+
+    def checked_take(self, message: p.TakeStart) -> tuple[StoredTake, list[int], PromptBuilder, Sampling]:
         """The take checked against the session and stored (queued), with what its job needs: the
         history it asks for, its prompt builder and its settings (the seed picked)."""
         session_id = self.require_open()

@@ -21,6 +21,7 @@ Design choices:
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -74,6 +75,7 @@ class Store(Sessions, Script, Voices, SavedVoices, Takes, Cast, Scenes):
 
     def __init__(self, database: Path | str) -> None:
         self.name = describe(database)
+        self.local = threading.local()
         self.engine = schema.connect(database)
         try:
             schema.migrate(self.engine, self.name)

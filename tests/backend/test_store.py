@@ -67,6 +67,33 @@ def test_takes_lines_and_codes_survive_reopening(database: Path | str) -> None:
     store.close()
 
 
+def test_calls_together_are_one_transaction(database: Path | str) -> None:
+    """Store.together (a take's start: its checks' reads and its insert): one BEGIN for every
+    call inside, committed at the end, all undone if the block fails."""
+    store = Store(database)
+    session = store.create_session()
+    begins: list[object] = []
+    sa.event.listen(store.engine, "begin", begins.append)
+    with store.together():
+        store.line_ids(session)
+        assert store.count_takes(session) == 0
+        with store.together():  # a block inside a block joins it
+            taken = store.add_take(session, "line-a", "Hello there.", None, SAMPLING)
+        assert store.count_takes(session) == 1  # its own write, before the commit
+    assert len(begins) == 1
+    assert store.take(session, taken.take_id) is not None  # committed
+    with pytest.raises(RuntimeError, match="the request failed"):
+        with store.together():
+            lost = store.add_take(session, "line-b", "Never stored.", None, SAMPLING)
+            raise RuntimeError("the request failed")
+    assert store.take(session, lost.take_id) is None and store.line_ids(session) == ["line-a"]
+    begins.clear()
+    store.line_ids(session)
+    store.line_ids(session)
+    assert len(begins) == 2  # outside a block, each call is its own transaction
+    store.close()
+
+
 def test_a_running_take_keeps_the_windows_it_sent(database: Path | str) -> None:
     store = Store(database)
     session = store.create_session()
