@@ -64,6 +64,11 @@ def takes_lines(data: Json) -> list[str]:
         lines.append(f"  graphed step of {by_rows[0].get('slots')} slots, by decoding rows: "
                      + ", ".join(f"{r.get('rows')}: {r.get('graph_ms')} ms ({r.get('frames_per_s')} frames/s)"
                                  for r in by_rows))
+    by_kv = rows_of(data, "decode_kv")
+    if by_kv:
+        lines.append("  graphed step of one take, by KV bucket: "
+                     + ", ".join(f"{r.get('kv_rows')}: {r.get('graph_ms')} ms (floor {r.get('floor_ms')})"
+                                 for r in by_kv))
     for f in rows_of(data, "first_audio"):
         lines.append(f"  first audio, {f.get('prompt_rows')}-row prompt, first window {f.get('first_window_frames')}, "
                      f"vocoder {f.get('vocoder')}: {get(f, 'first_audio_ms', ' ms')} (target <= 60 ms)")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from engine.bench.drama3.decode import bench_decode, bench_rows
+from engine.bench.drama3.decode import bench_decode, bench_kv, bench_rows
 from engine.bench.drama3.model import Row, build
 from engine.bench.drama3.prefill import PREFILL_ROWS, bench_prefill
 from engine.bench.drama3.profiling import profile_tables
@@ -118,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
             flush()
         if args.bench in ("decode", "takes"):
             rows += bench_rows(model, config, device, args.steps, args.slots)
+            flush()
+            rows += bench_kv(model, config, device, args.steps)
             flush()
         if args.profile:
             args.profile.write_text(profile_tables(model, config, device), encoding="utf-8")

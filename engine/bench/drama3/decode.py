@@ -1,5 +1,6 @@
 """The Drama 3 decode step timed: eager, fused, compiled and replayed from its CUDA graph, against
-the bytes it must read (the floor); and the graphed step of a many-slot decoder by rows decoding.
+the bytes it must read (the floor); the graphed step of a many-slot decoder by rows decoding;
+and the graphed step of one take by KV bucket (what a long history costs every frame).
 
 Design choices:
 - The floor is the fewest bytes one step must read (the weights it multiplies, k of E experts
@@ -144,4 +145,27 @@ def bench_rows(model: Drama3Model, config: Drama3Config, device: torch.device, s
         position += steps
         out.append({"bench": "decode_rows", "slots": slots, "rows": rows, "graph_ms": round(ms, 3),
                     "frames_per_s": round(rows * 1000 / ms, 1), "graphs": decoder.graphed})
+    return out
+
+
+def bench_kv(model: Drama3Model, config: Drama3Config, device: torch.device, steps: int,
+             max_rows: int = 8192) -> list[Row]:
+    """The graphed step of one take at each KV bucket up to `max_rows`: a retake with 4,000 rows
+    of history steps at the bucket past them (its attention reads every row of it, masked past
+    its position), where a take with none steps at 512. Beside each: its floor."""
+    from engine.drama3.decoder import Decoder
+
+    decoder = Decoder(model, min(max_rows, config.text.max_position_embeddings), graphs=True)
+    decoder.capture()
+    decoder.prefill(synthetic_prompt(config, 300, steps + 32))
+    bandwidth = copy_bandwidth(device)
+    out: list[Row] = []
+    for bucket in decoder.graphs[decoder.row_buckets[0]].buckets:
+        position = bucket - 2  # the furthest position whose step attends this bucket
+        for _ in range(3):
+            decoder.step(position)
+        ms = statistics.median(timed_ms(functools.partial(decoder.step, position), device, steps))
+        floor_ms = decode_step_bytes(model, bucket) / bandwidth * 1000
+        out.append({"bench": "decode_kv", "kv_rows": bucket, "graph_ms": round(ms, 3),
+                    "floor_ms": round(floor_ms, 3), "graphs": decoder.graphed})
     return out
