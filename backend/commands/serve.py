@@ -62,11 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require 'Authorization: Bearer TOKEN' (the studio: open /#token=TOKEN once) on the "
                              "sockets, the API and exports (default $RETAKE_TOKEN; none)")
     parser.add_argument("--first-window-frames", type=int,
-                        help="frames in a take's first audio window (default 4; the seed's is 10; smaller: earlier "
-                             "first audio)")
+                        help="frames in a take's first audio window (default 1: windows close at 1, 2, 4, 10, 20, "
+                             "... frames; the seed's first is 10; smaller: earlier first audio)")
     parser.add_argument("--vocoder-batch", type=int,
                         help="on a GPU, the long windows (128+ frames) of different takes decoded in one codec call "
-                             "(default 1: one window per call; 8 batches them)")
+                             "(default 1: one window per call; 8 measured worse under load on the H200)")
     parser.add_argument("--slots", type=int, help="takes that decode together in one batched step (default: as many as "
                                                   "the GPU's free memory holds, at most 64; 2 on a CPU); caps the "
                                                   "number on a GPU")
