@@ -71,6 +71,7 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       threads=settings.threads, random_weights=settings.random_weights,
                                       prefix_cache_gib=settings.prefix_cache_gib,
                                       prefix_cache_host_gib=settings.prefix_cache_host_gib,
+                                      prefill_group=settings.prefill_group,
                                       **({} if settings.vocoder_batch is None else
                                          {"vocoder_batch": settings.vocoder_batch})))
 

@@ -67,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocoder-batch", type=int,
                         help="on a GPU, the long windows (128+ frames) of different takes decoded in one codec call "
                              "(default 1: one window per call; 8 measured worse under load on the H200)")
+    parser.add_argument("--prefill-group", type=int,
+                        help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
+                             "on a GPU, where a chunk costs about the same for 40 rows as for 300; 1, off, on a CPU, "
+                             "which keeps its takes bit for bit those of one prompt at a time)")
     parser.add_argument("--slots", type=int, help="takes that decode together in one batched step (default: as many as "
                                                   "the GPU's free memory holds, at most 64; 2 on a CPU); caps the "
                                                   "number on a GPU")
@@ -120,6 +124,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     from backend.directing.jobs import SilenceGuard
     from backend.directing.protocol import Limits
     from backend.settings import Settings
+    from engine.drama3.prefill_groups import PREFILL_GROUP
 
     for name in ("max_sessions", "max_queue", "deadline_ms", "max_deadline_ms"):
         if getattr(args, name) < 1:
@@ -140,6 +145,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise UsageError("--threads must be at least 1")
     if args.vocoder_batch is not None and args.vocoder_batch < 1:
         raise UsageError("--vocoder-batch must be at least 1")
+    if args.prefill_group is not None and not 1 <= args.prefill_group <= PREFILL_GROUP:
+        raise UsageError(f"--prefill-group must be a whole number from 1 (off) to {PREFILL_GROUP}")
     for name in ("prefix_cache_gib", "prefix_cache_host_gib"):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
@@ -173,6 +180,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(data_dir=args.data_dir, database_url=args.database or None, checkpoint=args.checkpoint,
                     random_weights=random_weights, device=device, conversation_random=conversation_random,
                     first_window_frames=args.first_window_frames, vocoder_batch=args.vocoder_batch,
+                    prefill_group=args.prefill_group,
                     slots=args.slots, threads=args.threads,
                     prefix_cache_gib=args.prefix_cache_gib, prefix_cache_host_gib=args.prefix_cache_host_gib,
                     host=args.host, allow_hosts=tuple(args.allow_host), allow_origins=tuple(args.allow_origin),

@@ -48,7 +48,9 @@ Design choices:
   the first decode step overwrites); on CUDA each chunk is a graph replay. Other slots
   are untouched. `begin_prefill` and `prefill_more` run it a few chunks at a time, so
   the slot table interleaves a new prompt with the steps of the takes playing; the slot
-  turns active when its last chunk has run.
+  turns active when its last chunk has run. `prefill_group` runs the next chunk of
+  several waiting prompts as one batched chunk (prefill_groups.py; on where chunks are
+  graphs, or with `group`).
 - With a prefix cache (`decoder.prefix`, prefix.py), a prefill first restores the slot's
   state at the longest prefix of the prompt an earlier prefill left a snapshot of, runs
   only the rows after it, and leaves snapshots at the prompt's boundaries as its chunks
@@ -78,6 +80,7 @@ from engine.drama3.fast import caches_symbolic
 from engine.drama3.layers import KVCache
 from engine.drama3.model import Drama3Model
 from engine.drama3.prefill import ChunkedPrefill, Prefill
+from engine.drama3.prefill_groups import PREFILL_GROUP, PrefillGroups
 from engine.drama3.prefix import Plan, PrefixCache
 from engine.drama3.prompt import Prompt
 from engine.drama3.sampler import RAS_WINDOW_FRAMES, SamplingTensors, ras_window_of
@@ -98,7 +101,8 @@ CHECK_FINITE = os.environ.get("RETAKE_CHECK_FINITE") == "1"
 class Decoder:
     """The static decode state of N slots and the step that advances them by one frame."""
 
-    def __init__(self, model: Drama3Model, max_rows: int, slots: int = 1, *, graphs: bool = False) -> None:
+    def __init__(self, model: Drama3Model, max_rows: int, slots: int = 1, *, graphs: bool = False,
+                 group: int | None = None) -> None:
         config = model.config
         self.model, self.max_rows, self.num_slots = model, max_rows, slots
         self.semantic_start, self.codebook_size = config.semantic_start_token_id, config.codebook_size
@@ -130,6 +134,9 @@ class Decoder:
                                         pool=pool, name=f"decode step, {rows} rows")
                        for rows in self.row_buckets}
         self.chunked = ChunkedPrefill(model, max_rows, graphs=graphs and device.type == "cuda")
+        # Waiting prompts' chunks batched (prefill_groups.py): up to 8 where chunks are graphs, else off.
+        most = group if group is not None else PREFILL_GROUP if self.chunked.graphed else 1
+        self.groups = PrefillGroups(self.chunked, scratch=N, most=most)
         self.caches = [module for module in model.modules() if isinstance(module, KVCache)]
         self.prompts: dict[int, Prompt] = {}  # slots being prefilled, and their prompts
         self.prefix: PrefixCache | None = None  # snapshots of prompt prefixes (prefix.py), when the engine keeps them
@@ -176,14 +183,35 @@ class Decoder:
     def prefill_more(self, prefill: Prefill, rows: int | None = None) -> bool:
         """Run about `rows` rows of the prefill's chunks (None: all); True once it is done and
         its slot active."""
+        hidden = self.chunked.run(prefill, rows, self.after_chunk(prefill))
+        if hidden is None:
+            return False
+        self.activate(prefill, hidden)
+        return True
+
+    @torch.inference_mode()
+    def prefill_group(self, group: list[Prefill]) -> list[bool]:
+        """The next chunk of each prefill in `group` (`groups.pick`'s) as one batched chunk;
+        for each, True once it is done and its slot active."""
+        self.groups.run(group, [self.after_chunk(prefill) for prefill in group])
+        done = [not prefill.chunks for prefill in group]
+        for prefill, finished in zip(group, done, strict=True):
+            if finished:
+                assert prefill.hidden is not None, "a prefill that ran its last chunk has its hidden state"
+                self.activate(prefill, prefill.hidden)  # (before the next group overwrites that view)
+        return done
+
+    def after_chunk(self, prefill: Prefill) -> Callable[[int, torch.Tensor], None] | None:
+        """What runs after each of the prefill's chunks: the prefix cache's snapshots, the finite check."""
         plan = self.plans.get(prefill.slot)
         after = None if plan is None or self.prefix is None else functools.partial(self.prefix.record, plan,
                                                                                    prefill.slot)
         if CHECK_FINITE:
             after = functools.partial(self.check_chunk, prefill, after)
-        hidden = self.chunked.run(prefill, rows, after)
-        if hidden is None:
-            return False
+        return after
+
+    def activate(self, prefill: Prefill, hidden: torch.Tensor) -> None:
+        """The prefill is done: its slot's state for the first step; the slot decodes from now on."""
         self.plans.pop(prefill.slot, None)
         slot, prompt = prefill.slot, self.prompts.pop(prefill.slot)
         self.hidden[slot] = hidden
@@ -196,7 +224,6 @@ class Decoder:
         self.counter[slot] = 0
         self.slots[slot] = slot
         self.active[slot] = True
-        return True
 
     def clear_rows(self, slot: int, start: int) -> None:
         """Zero the slot's KV rows from `start` on (what an earlier take left there)."""
@@ -262,7 +289,8 @@ class Decoder:
     def captured(self) -> bool:
         """Every bucket of the step and of the prefill chunks has its graph or runs eagerly
         for a logged reason (or graphs are off)."""
-        return all(graphs.captured for graphs in self.graphs.values()) and self.chunked.captured
+        return all(graphs.captured for graphs in self.graphs.values()) and self.chunked.captured \
+            and self.groups.captured
 
     def capture(self, up_to_rows: int | None = None) -> None:
         """Capture the step's graphs (every row bucket, the KV buckets up to `up_to_rows`;
@@ -283,9 +311,11 @@ class Decoder:
                          rows, len(buckets), time.perf_counter() - started)
         started = time.perf_counter()
         self.chunked.capture(self.scratch)
+        self.groups.capture()
         if self.graphed:
-            log.info("prefill chunk graphs: %d in %.1f s", sum(len(g.graphs) for g in self.chunked.graphs.values()),
-                     time.perf_counter() - started)
+            log.info("prefill chunk graphs: %d, and %d of grouped chunks, in %.1f s",
+                     sum(len(g.graphs) for g in self.chunked.graphs.values()),
+                     sum(len(g.graphs) for g in self.groups.graphs.values()), time.perf_counter() - started)
 
     def graph_kv_len(self, position: int) -> int:
         """The KV bucket a graphed step whose furthest row is at `position` attends."""

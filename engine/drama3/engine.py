@@ -91,6 +91,8 @@ class EngineSpec:
     prefix_cache_gib: float | None = None
     prefix_cache_host_gib: float = 0.0  # pinned host memory for snapshots evicted from the GPU (0: dropped)
     vocoder_batch: int = VOCODER_BATCH  # long windows (128+ frames) decoded per codec call on CUDA (codec_graphs.py)
+    # Waiting prompts whose next prefill chunks run as one (prefill_groups.py); None: 8 on CUDA, 1 (off) on a CPU.
+    prefill_group: int | None = None
 
 
 # The first window: 1 frame (46 ms of audio), then 2, 4 and the seed's 10, 20, ... (stream.py's
@@ -201,7 +203,8 @@ class Drama3Engine:
                                                  spec.slots)
         # On CUDA: fla prefill, compiled decode layers, and the step replayed from CUDA graphs.
         self.fast_path = install_fast_path(model) if self.device.type == "cuda" else []
-        self.decoder = Decoder(model, max_rows, self.slots, graphs=True)  # allocates the caches
+        self.decoder = Decoder(model, max_rows, self.slots, graphs=True,
+                               group=spec.prefill_group)  # allocates the caches
         self.decoder.prefix = prefix_cache(spec, model, self.device)
         # On CUDA a window decodes as a graph replay of its length.
         self.window_graphs = WindowGraphs(codec, window_lengths(spec.stream_overlap_frames, spec.first_window_frames),

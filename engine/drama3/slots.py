@@ -134,9 +134,26 @@ class Slots:
                 return 0
             step_rows = self.admission.min_rows  # ...unless a prompt waited HELD_S for it: a few rows
         budget = allowed = step_rows if decoding else 0
+        took = False  # a take's prefill ran in this step
+        # Several takes' next chunks as one batched chunk while they fit a group (the weights read
+        # once for all of them), then the rest one by one.
+        while group := self.group():
+            took = True
+            budget -= sum(end - start for start, end in (prefill.chunks[0] for _, prefill in group))
+            try:
+                ended = self.decoder.prefill_group([prefill for _, prefill in group])
+            except Exception as exc:  # noqa: BLE001 - the group's takes fail, the others go on
+                for take, _ in group:
+                    self.end(take, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            for (take, _), finished in zip(group, ended, strict=True):
+                if finished:
+                    del self.prefills[take]
+                    take.prefilled()
+            if decoding and budget <= 0:
+                return allowed - budget
         # Takes first (in start order), then prefill-only takes, which never delay a take: while
         # takes decode they get what is left of the step's budget; otherwise a step of their own.
-        took = False  # a take's prefill ran in this step
         for take, prefill in sorted(self.prefills.items(), key=lambda item: item[0].prefill_only):
             if take.prefill_only and took and not decoding:
                 break
@@ -159,6 +176,13 @@ class Slots:
             if decoding and budget <= 0:
                 break
         return allowed - budget if decoding else 0
+
+    def group(self) -> list[tuple[Take, Prefill]]:
+        """The waiting takes (not prefill-only ones) whose next chunks run together next
+        (prefill_groups.py `pick`), with their prefills; [] when fewer than two fit."""
+        waiting = [(take, prefill) for take, prefill in self.prefills.items() if not take.prefill_only]
+        picked = {id(prefill) for prefill in self.decoder.groups.pick([prefill for _, prefill in waiting])}
+        return [(take, prefill) for take, prefill in waiting if id(prefill) in picked]
 
     def playback_limit(self) -> float | None:
         """The longest step the takes playing allow (admission.py), None if none is playing."""

@@ -1,0 +1,158 @@
+"""Several prompts' next prefill chunks run as one batched chunk: [prompts, rows].
+
+    groups = PrefillGroups(chunked, scratch=N, most=8)   # beside a ChunkedPrefill, same caches
+    groups.capture(scratch)                              # CUDA: a graph per (shape, KV bucket)
+    group = groups.pick(prefills)                        # the waiting prefills whose next chunks fit a group
+    groups.run(group, after)                             # one chunk of each; each prefill's hidden once done
+
+On the H200 a prefill chunk costs about the same for 40 rows as for 300 (32 ms, docs/perf.md:
+a chunk reads nearly every expert of every layer whatever its rows), so 64 directors
+starting at once paid 64 such chunks one after another while their first audio waited.
+A group reads the weights once for up to 8 prompts.
+
+Design choices:
+- A group is a batch of prompts, not one packed sequence: each prompt keeps its own slot,
+  positions and DeltaNet state (`Backbone.forward` takes [B, T] rows, positions [B, T],
+  slots [B] and `valid` [B]), so the model needs nothing new. Each prompt contributes the
+  next chunk of its own layout (prefill.py: cut-relative chunks), padded to the group's
+  rows like a graphed chunk is (`valid`: DeltaNet skips the padding; its KV writes land
+  past the prompt's rows, where its next rows are written before any row attends them).
+- Shapes: (8 prompts, 64 rows) and (4 prompts, 128 rows), 512 rows either way: the size of
+  the largest single chunk, so a group's activations fit the memory pool the single chunks
+  already use. A chunk longer than 128 rows, or ending past the 4,096-row KV bucket,
+  runs alone (it is already a large chunk, or its attention is).
+- On CUDA each shape is captured per KV bucket (1,024, 4,096) into the prefill's pool: 4
+  more graphs at warm-up. A graph runs its shape's prompts; a group with fewer fills the
+  rest with idle rows in the scratch slot (position 0, one row, nothing anyone reads).
+- Numerics: a prompt's chunk in a group is not bit for bit the same chunk alone (a GEMM's
+  blocking depends on its rows: float32 on the CPU differs in the 6th digit), so groups are
+  on where chunks are graphs (CUDA), where batched steps already differ by that much, and
+  off on a CPU by default, which keeps the CPU's takes and prefix snapshots exact (tests
+  compare them bit for bit). Tests run the groups on the CPU against single chunks with a
+  tolerance.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.drama3.prefill import ChunkedPrefill, Prefill
+from engine.graphs import StepGraphs
+from engine.readback import to_device
+
+GROUP_SHAPES = ((8, 64), (4, 128))  # (prompts, rows) of a grouped chunk, fewest rows first
+PREFILL_GROUP = 8  # the most prompts a group holds, where groups are on
+GROUP_KV_ROWS = 4096  # the furthest row a grouped chunk may end at (past it: alone)
+
+
+class PrefillGroups:
+    """Grouped chunks over a ChunkedPrefill's model and caches."""
+
+    def __init__(self, chunked: ChunkedPrefill, *, scratch: int, most: int) -> None:
+        self.chunked, self.scratch, self.most = chunked, scratch, most
+        device, width = chunked.device, chunked.model.config.frame_width
+        takes, rows = max(t for t, _ in GROUP_SHAPES), max(r for _, r in GROUP_SHAPES)
+        # Static inputs and output of the graphed groups.
+        self.rows = torch.zeros((takes, rows, width), dtype=torch.long, device=device)
+        self.labels = torch.zeros((takes, rows, width), dtype=torch.long, device=device)
+        self.start = torch.zeros(takes, dtype=torch.long, device=device)
+        self.valid = torch.ones(takes, dtype=torch.long, device=device)
+        self.slot = torch.full((takes,), scratch, dtype=torch.long, device=device)
+        self.index = torch.arange(takes, device=device)
+        self.last = torch.zeros((takes, chunked.last.shape[0]), dtype=chunked.last.dtype, device=device)
+        self.buckets = [b for b in chunked.buckets if b <= GROUP_KV_ROWS] or chunked.buckets[:1]
+        graphed = chunked.graphed and most > 1
+        pool = next((g.pool for g in chunked.graphs.values()), None)
+        self.graphs = {shape: StepGraphs(functools.partial(self.static_group, *shape), self.buckets,
+                                         enabled=graphed, pool=pool, name=f"prefill group {shape[0]}x{shape[1]} rows")
+                       for shape in GROUP_SHAPES if shape[1] <= chunked.max_rows} if graphed else {}
+
+    @property
+    def captured(self) -> bool:
+        return all(graphs.captured for graphs in self.graphs.values())
+
+    def capture(self) -> None:
+        """Capture every shape's graphs (CUDA, groups on), writing the scratch slot only."""
+        self.start.zero_()
+        self.valid.fill_(1)
+        self.slot.fill_(self.scratch)
+        for graphs in self.graphs.values():
+            graphs.capture()
+
+    def shape(self, count: int) -> tuple[int, int] | None:
+        """The group shape a chunk of `count` rows can join (the fewest rows that hold it)."""
+        return next((shape for shape in GROUP_SHAPES if count <= shape[1]), None)
+
+    def pick(self, prefills: list[Prefill]) -> list[Prefill]:
+        """The prefills whose next chunks run as one group: the first prefill and those after
+        it (in order) that fit the shape its chunk picks, up to the shape's prompts; [] when
+        fewer than two fit (the first runs alone)."""
+        if self.most < 2 or len(prefills) < 2 or not prefills[0].chunks:
+            return []
+        first, end = prefills[0].chunks[0]
+        shape = self.shape(end - first)
+        if shape is None or not self.fits(first, end, shape[1]):
+            return []
+        takes, rows = shape
+        group = [p for p in prefills if p.chunks and (c := p.chunks[0])[1] - c[0] <= rows and self.fits(*c, rows)]
+        group = group[:min(takes, self.most)]
+        return group if len(group) >= 2 else []
+
+    def fits(self, first: int, end: int, rows: int) -> bool:
+        """A chunk [first, end) padded to `rows` stays in the cache and in the groups' KV buckets."""
+        return first + rows <= self.chunked.max_rows and end <= self.buckets[-1]
+
+    def run(self, group: list[Prefill], after: list[Callable[[int, torch.Tensor], None] | None]) -> None:
+        """The next chunk of each prefill in `group` (from `pick`), as one batched chunk; then
+        each prefill's `after(end, hidden)`. A prefill whose chunks are all run has its last
+        row's hidden [D] in `prefill.hidden` (a view the next group overwrites)."""
+        chunks = [prefill.chunks.popleft() for prefill in group]
+        shape = self.shape(max(end - first for first, end in chunks))
+        assert shape is not None, "pick chose the group"
+        hidden = self.graphed(group, chunks, shape) if shape in self.graphs else self.eager(group, chunks, shape[1])
+        for prefill, (_, end), call, row in zip(group, chunks, after, hidden, strict=True):
+            prefill.hidden = row
+            if call is not None:
+                call(end, row)
+
+    def eager(self, group: list[Prefill], chunks: list[tuple[int, int]], rows: int) -> torch.Tensor:
+        """The group launched op by op: its prompts only, each chunk padded to `rows`. [B, D]."""
+        device = self.chunked.device
+        padded = [(F.pad(p.rows[a:b], (0, 0, 0, rows - (b - a))), F.pad(p.labels[a:b], (0, 0, 0, rows - (b - a))))
+                  for p, (a, b) in zip(group, chunks, strict=True)]
+        frames = torch.stack([r for r, _ in padded])  # [B, T, 11]
+        labels = torch.stack([lab for _, lab in padded])
+        start = to_device(torch.tensor([a for a, _ in chunks]), device)  # [B]
+        valid = to_device(torch.tensor([b - a for a, b in chunks]), device)  # [B]
+        slots = to_device(torch.tensor([p.slot for p in group]), device)  # [B]
+        positions = start[:, None] + torch.arange(rows, device=device)[None]  # [B, T]
+        hidden = self.chunked.forward(frames, labels, positions, slots, max(b for _, b in chunks), valid)
+        return hidden[torch.arange(len(group), device=device), valid - 1]  # [B, D]
+
+    def graphed(self, group: list[Prefill], chunks: list[tuple[int, int]], shape: tuple[int, int]) -> torch.Tensor:
+        """The group as its shape's graph replay: the static inputs filled, idle rows in the
+        scratch slot. [B, D], views of the static output."""
+        takes, rows = shape
+        self.rows[:takes, :rows].zero_()  # padding: zeros, to be plain (they change no real row)
+        self.labels[:takes, :rows].zero_()
+        for i, (prefill, (first, end)) in enumerate(zip(group, chunks, strict=True)):
+            self.rows[i, :end - first].copy_(prefill.rows[first:end])
+            self.labels[i, :end - first].copy_(prefill.labels[first:end])
+        idle = takes - len(group)
+        host = torch.tensor([[a for a, _ in chunks] + [0] * idle, [b - a for a, b in chunks] + [1] * idle,
+                             [p.slot for p in group] + [self.scratch] * idle])  # [3, takes]
+        self.start[:takes], self.valid[:takes], self.slot[:takes] = to_device(host, self.chunked.device)
+        self.graphs[shape](max(b for _, b in chunks))
+        return self.last[:len(group)]
+
+    def static_group(self, takes: int, rows: int, kv_len: int) -> None:
+        """The group a graph captures: `takes` prompts of `rows` static rows, `valid` of each real;
+        each prompt's last real row's hidden into `last`."""
+        positions = self.start[:takes, None] + self.chunked.offsets[None, :rows]  # [B, T]
+        hidden = self.chunked.forward(self.rows[:takes, :rows], self.labels[:takes, :rows], positions,
+                                      self.slot[:takes], kv_len, self.valid[:takes])  # [B, T, D]
+        self.last[:takes].copy_(hidden[self.index[:takes], self.valid[:takes] - 1])

@@ -1,0 +1,127 @@
+"""Waiting prompts' next chunks prefilled as one batched chunk (prefill_groups.py), on the tiny
+checkpoint in float32 on the CPU, where groups are off unless asked for: a prompt prefilled in
+groups leaves the state it leaves alone (to float32 rounding: a GEMM's blocking follows its
+rows), takes started together through the slot table run in groups and end well, and the
+prefix cache's snapshots a group leaves are that group's state, bit for bit."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+
+from engine import Done, EngineSpec, HistoryTurn, Sampling, load_engine
+from engine.drama3.prefill import Prefill
+from engine.drama3.prefill_groups import GROUP_SHAPES
+
+from .test_prefix import slot_state
+
+
+@pytest.fixture(scope="module")
+def grouped(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=4, prefill_group=8))
+
+
+@pytest.fixture(scope="module")
+def single(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=1))
+
+
+def history(turns: int) -> list[HistoryTurn]:
+    rng = np.random.default_rng(turns)
+    return [HistoryTurn(f"Line {i}, as kept.", rng.integers(0, 1024, (10, 12 + 7 * i))) for i in range(turns)]
+
+
+def prompts(engine, count: int = 4) -> list:
+    """Prompts of different lengths, with histories: several chunks each (cut at their turns)."""
+    return [engine.prompt(f"Take {i}: " + "again, " * i, None, history(i), Sampling(max_new_tokens=12, seed=i))
+            for i in range(count)]
+
+
+class Counted:
+    """The decoder's grouped chunks, counted (each call still runs)."""
+
+    def __init__(self, decoder) -> None:
+        self.decoder, self.run, self.sizes = decoder, decoder.prefill_group, []
+
+    def __call__(self, group: list[Prefill]) -> list[bool]:
+        self.sizes.append(len(group))
+        return self.run(group)
+
+
+@torch.inference_mode()
+def test_a_prompt_prefilled_in_groups_leaves_the_state_it_leaves_alone(grouped, single):
+    decoder = grouped.decoder
+    decoder.prefix.clear()
+    single.decoder.prefix.clear()
+    takes = prompts(grouped)
+    prefills = [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(takes)]
+    sizes = []
+    while any(prefill.chunks for prefill in prefills):
+        waiting = [prefill for prefill in prefills if prefill.chunks]
+        if group := decoder.groups.pick(waiting):
+            sizes.append(len(group))
+            decoder.prefill_group(group)
+        else:
+            decoder.prefill_more(waiting[0], rows=1)  # one chunk alone: the group rules said so
+    assert max(sizes) == len(takes) and len(sizes) > 1  # all four at once, over several chunks each
+    for slot, prompt in enumerate(takes):
+        assert bool(decoder.active[slot])
+        got = slot_state(decoder, slot, len(prompt.rows))
+        single.decoder.prefill(prompt, 0)
+        want = slot_state(single.decoder, 0, len(prompt.rows))
+        single.decoder.release(0)
+        for a, b in zip(got, want, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            error, scale = (a.double() - b.double()).abs().max(), b.double().abs().max()
+            assert error <= 1e-4 * scale + 1e-6, (error, scale)  # float32 rounding, through every layer
+        decoder.release(slot)
+
+
+def test_takes_started_together_prefill_in_groups_and_a_retake_restores_the_group_state(grouped, monkeypatch):
+    decoder, table = grouped.decoder, grouped.slot_table
+    decoder.prefix.clear()
+    counted = Counted(decoder)
+    monkeypatch.setattr(decoder, "prefill_group", counted)
+    takes = prompts(grouped)
+    started = [table.start(prompt) for prompt in takes]
+    events: dict[int, list] = {take.slot: [] for take in started}
+    while any(not take.done for take in started):
+        for take, new in table.step():
+            events[take.slot] += new
+    assert counted.sizes and max(counted.sizes) == len(takes)  # nothing decoded yet: all four in the first group
+    dones = [events[take.slot][-1] for take in started]
+    assert all(isinstance(done, Done) and done.finish_reason == "length" and done.codes.shape[1] == 12
+               for done in dones)
+    # A retake restores each whole prompt from the snapshots the groups recorded: the same frames.
+    hits = decoder.prefix.counters.hits
+    for prompt, done in zip(takes, dones, strict=True):
+        again = list(grouped.generate(prompt))[-1]
+        assert np.array_equal(again.codes, done.codes)
+    assert decoder.prefix.counters.hits == hits + len(takes)
+
+
+def test_which_chunks_join_a_group(grouped):
+    groups, width = grouped.decoder.groups, grouped.config.frame_width
+    limit = groups.chunked.max_rows
+
+    def waiting(first: int, end: int) -> Prefill:
+        rows = torch.zeros((end, width), dtype=torch.long)
+        return Prefill(rows, rows, 0, collections.deque([(first, end)]))
+
+    (takes, small), (_, large) = GROUP_SHAPES
+    assert groups.pick([waiting(0, small)] * 2) and len(groups.pick([waiting(0, 10)] * 12)) == takes
+    assert groups.pick([waiting(0, 10)]) == []  # one prompt: alone
+    assert groups.pick([waiting(0, large + 1), waiting(0, 10)]) == []  # the first chunk is long: alone first
+    # The first chunk picks the shape; longer chunks wait for a group of their own.
+    first, longer, short = waiting(0, small), waiting(0, small + 1), waiting(5, 20)
+    assert groups.pick([first, longer, short]) == [first, short]
+    assert len(groups.pick([longer, waiting(0, large)] * 4)) == GROUP_SHAPES[1][0]
+    assert groups.pick([waiting(limit - 10, limit - 1)] * 2) == []  # padded, it would pass the cache's last row
+    groups.most, most = 1, groups.most
+    try:
+        assert groups.pick([waiting(0, 10)] * 2) == []  # groups off
+    finally:
+        groups.most = most

@@ -1,0 +1,64 @@
+"""On a GPU, where prefill groups are on: every group shape is captured as a CUDA graph, a
+prompt prefilled in grouped graph replays leaves the state it leaves alone (to bfloat16
+rounding), and takes started together all end well."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Done, EngineSpec, load_engine
+
+from .test_prefill_groups import prompts
+from .test_prefix import slot_state
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu(tiny_checkpoint):
+    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", slots=4))
+    engine.warm_up()  # captures the graphs
+    return engine
+
+
+@torch.inference_mode()
+def test_groups_replay_as_graphs_and_leave_the_state_of_one_prompt_alone(gpu):
+    decoder = gpu.decoder
+    groups = decoder.groups
+    assert groups.most > 1 and groups.graphs and all(g.graphs and not g.eager for g in groups.graphs.values())
+    decoder.prefix.clear()
+    takes = prompts(gpu)
+    prefills = [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(takes)]
+    sizes = []
+    while any(prefill.chunks for prefill in prefills):
+        waiting = [prefill for prefill in prefills if prefill.chunks]
+        if group := groups.pick(waiting):
+            sizes.append(len(group))
+            decoder.prefill_group(group)
+        else:
+            decoder.prefill_more(waiting[0], rows=1)
+    assert max(sizes) == len(takes)
+    together = [slot_state(decoder, slot, len(prompt.rows)) for slot, prompt in enumerate(takes)]
+    for slot in range(len(takes)):
+        decoder.release(slot)
+    decoder.prefix.clear()
+    for prompt, got in zip(takes, together, strict=True):
+        decoder.prefill(prompt, 0)
+        want = slot_state(decoder, 0, len(prompt.rows))
+        decoder.release(0)
+        for a, b in zip(got, want, strict=True):
+            error, scale = (a.double() - b.double()).abs().max(), b.double().abs().max()
+            assert error <= 5e-2 * scale + 1e-3, (error, scale)  # bfloat16 rounding, through every layer
+
+
+def test_takes_started_together_end_well(gpu):
+    gpu.decoder.prefix.clear()
+    table = gpu.slot_table
+    started = [table.start(prompt) for prompt in prompts(gpu)]
+    ended: dict[int, Done] = {}
+    while any(not take.done for take in started):
+        for take, events in table.step():
+            ended.update((take.slot, event) for event in events if isinstance(event, Done))
+    assert len(ended) == len(started)
+    assert all(done.finish_reason in ("stop", "length") and done.codes.shape[1] > 0 for done in ended.values())
