@@ -11,7 +11,9 @@
   step launches (torch.profiler), before and after `fuse_projections`, and the eager
   step time once fused.
 - prefill: the prompt's backbone and tower prefill for 300, 1,000 and 4,000 rows, launched
-  from Python and replayed from the chunk graphs (prefill.py), beside the targets.
+  from Python and replayed from the chunk graphs (prefill.py), beside the targets; then
+  2, 4 and 8 prompts of 40 and 100 rows waiting together, prefilled one after another and
+  in groups (`prefill_group` rows: prefill_groups.py), with the ratio.
 - takes: all of the above, plus first audio (prefill start to the first PCM window on the
   host) for a 300-row prompt, vocode ms per window length, vocode ms per long window
   (320 + 64 frames) when 1, 4 or 16 takes' windows decode in one call (vocoder.py), and
@@ -40,7 +42,7 @@ import torch
 
 from engine.bench.drama3.decode import bench_decode, bench_kv, bench_rows
 from engine.bench.drama3.model import Row, build
-from engine.bench.drama3.prefill import PREFILL_ROWS, bench_prefill
+from engine.bench.drama3.prefill import PREFILL_ROWS, bench_prefill, bench_prefill_groups
 from engine.bench.drama3.profiling import profile_tables
 from engine.bench.drama3.takes import bench_takes
 from engine.bench.drama3.vocoder import TAKES, bench_vocoder_batch
@@ -115,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
             flush()
         if args.bench in ("prefill", "takes"):
             rows += bench_prefill(model, config, device, args.prompt_rows)
+            flush()
+            rows += bench_prefill_groups(model, config, device)
             flush()
         if args.bench in ("decode", "takes"):
             rows += bench_rows(model, config, device, args.steps, args.slots)

@@ -1,4 +1,5 @@
-"""Drama 3 prefill timed: each prompt size launched from Python and replayed from the chunk graphs.
+"""Drama 3 prefill timed: each prompt size launched from Python and replayed from the chunk graphs;
+prompts waiting together prefilled one by one and in groups.
 
 Design choices:
 - Both decoders prefill the same synthetic prompt; the median of 3 after a warm-up (which
@@ -20,9 +21,12 @@ from engine.bench.timing import timed_ms
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.config import Drama3Config
     from engine.drama3.model import Drama3Model
+    from engine.drama3.prompt import Prompt
 
 PREFILL_ROWS = (300, 1000, 4000)
 PREFILL_TARGETS_MS = {300: 30.0, 1000: 80.0, 4000: 300.0}
+GROUP_PROMPT_ROWS = (40, 100)  # a line's own rows after a restored prefix; a short first prompt
+GROUP_PROMPTS = (2, 4, 8)
 
 
 def bench_prefill(model: Drama3Model, config: Drama3Config, device: torch.device,
@@ -50,3 +54,42 @@ def bench_prefill(model: Drama3Model, config: Drama3Config, device: torch.device
                    eager_chunk_sizes=eager_sizes)
         rows_out.append(row)
     return rows_out
+
+
+def bench_prefill_groups(model: Drama3Model, config: Drama3Config, device: torch.device) -> list[Row]:
+    """Prompts waiting together (as when directors start at once) prefilled one after another
+    and as groups (prefill_groups.py): graphs on CUDA, groups asked for on a CPU too. Median
+    of 3 after a warm-up; each prompt in its own slot."""
+    from engine.drama3.decoder import Decoder
+    from engine.drama3.prefill_groups import PREFILL_GROUP
+
+    decoder = Decoder(model, max(GROUP_PROMPT_ROWS) + 64, slots=max(GROUP_PROMPTS), graphs=True, group=PREFILL_GROUP)
+    started = time.perf_counter()
+    decoder.chunked.capture(decoder.scratch)
+    decoder.groups.capture()
+    capture_s = round(time.perf_counter() - started, 1)
+
+    def alone(prompts: list[Prompt]) -> None:
+        for slot, prompt in enumerate(prompts):
+            decoder.prefill(prompt, slot)
+
+    def grouped(prompts: list[Prompt]) -> None:
+        prefills = [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(prompts)]
+        while waiting := [prefill for prefill in prefills if prefill.chunks]:
+            if group := decoder.groups.pick(waiting):
+                decoder.prefill_group(group)
+            else:
+                decoder.prefill_more(waiting[0], rows=1)
+
+    out: list[Row] = []
+    for rows in GROUP_PROMPT_ROWS:
+        for count in GROUP_PROMPTS:
+            prompts = [synthetic_prompt(config, rows, 16, seed) for seed in range(count)]
+            row: Row = {"bench": "prefill_group", "rows": rows, "prompts": count}
+            for name, run in (("alone", alone), ("grouped", grouped)):
+                run(prompts)  # warm-up
+                row[f"{name}_ms"] = round(statistics.median(timed_ms(functools.partial(run, prompts), device, 3)), 2)
+            row.update(ratio=round(row["alone_ms"] / row["grouped_ms"], 2), graphs=decoder.graphed,
+                       capture_s=capture_s)
+            out.append(row)
+    return out
