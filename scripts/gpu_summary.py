@@ -76,6 +76,11 @@ def takes_lines(data: Json) -> list[str]:
         lines.append(f"  prefill {p.get('rows')} rows: graph {get(p, 'graph_ms', ' ms')} (target <= "
                      f"{get(p, 'target_ms', ' ms')}), eager {get(p, 'eager_ms', ' ms')}; chunks that run eagerly: "
                      f"{p.get('eager_chunk_sizes') or 'none'}")
+    grouped = rows_of(data, "prefill_group")
+    if grouped:
+        lines.append("  prompts waiting together (rows x prompts: one by one / grouped ms, ratio): "
+                     + ", ".join(f"{g.get('rows')}x{g.get('prompts')}: {g.get('alone_ms')} / {g.get('grouped_ms')} "
+                                 f"({g.get('ratio')}x)" for g in grouped))
     vocode = rows_of(data, "vocode")
     if vocode:
         lines.append("  vocode per window (frames+context: eager / graph ms, target <= 10): "
