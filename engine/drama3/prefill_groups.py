@@ -89,18 +89,26 @@ class PrefillGroups:
 
     def pick(self, prefills: list[Prefill]) -> list[Prefill]:
         """The prefills whose next chunks run as one group: the first prefill and those after
-        it (in order) that fit the shape its chunk picks, up to the shape's prompts; [] when
-        fewer than two fit (the first runs alone)."""
-        if self.most < 2 or len(prefills) < 2 or not prefills[0].chunks:
+        it (in order) whose chunks fit a shape that holds the first's, up to the shape's
+        prompts, in the shape that takes the most; [] when fewer than two fit (the first runs
+        alone)."""
+        if self.most < 2 or len(prefills) < 2 or not self.groupable(prefills[0]):
             return []
-        first, end = prefills[0].chunks[0]
+        best: list[Prefill] = []
+        for takes, rows in GROUP_SHAPES:
+            group = [p for p in prefills if p.chunks and (c := p.chunks[0])[1] - c[0] <= rows and self.fits(*c, rows)]
+            group = group[:min(takes, self.most)]
+            if group and group[0] is prefills[0] and len(group) > len(best):
+                best = group
+        return best if len(best) >= 2 else []
+
+    def groupable(self, prefill: Prefill) -> bool:
+        """The prefill's next chunk can run in a group (it fits a shape, the cache and the buckets)."""
+        if not prefill.chunks:
+            return False
+        first, end = prefill.chunks[0]
         shape = self.shape(end - first)
-        if shape is None or not self.fits(first, end, shape[1]):
-            return []
-        takes, rows = shape
-        group = [p for p in prefills if p.chunks and (c := p.chunks[0])[1] - c[0] <= rows and self.fits(*c, rows)]
-        group = group[:min(takes, self.most)]
-        return group if len(group) >= 2 else []
+        return shape is not None and self.fits(first, end, shape[1])
 
     def fits(self, first: int, end: int, rows: int) -> bool:
         """A chunk [first, end) padded to `rows` stays in the cache and in the groups' KV buckets."""

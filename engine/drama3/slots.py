@@ -137,7 +137,7 @@ class Slots:
         took = False  # a take's prefill ran in this step
         # Several takes' next chunks as one batched chunk while they fit a group (the weights read
         # once for all of them), then the rest one by one.
-        while group := self.group():
+        while group := self.group(ordered=decoding):
             took = True
             budget -= sum(end - start for start, end in (prefill.chunks[0] for _, prefill in group))
             try:
@@ -177,10 +177,15 @@ class Slots:
                 break
         return allowed - budget if decoding else 0
 
-    def group(self) -> list[tuple[Take, Prefill]]:
+    def group(self, ordered: bool) -> list[tuple[Take, Prefill]]:
         """The waiting takes (not prefill-only ones) whose next chunks run together next
-        (prefill_groups.py `pick`), with their prefills; [] when fewer than two fit."""
+        (prefill_groups.py `pick`), with their prefills; [] when fewer than two fit. `ordered`
+        (takes decode, the step's rows are few): the group starts with the first waiting take,
+        so a long chunk is never passed over; otherwise every waiting prompt runs in this
+        step anyway, and the group starts with the first that can join one."""
         waiting = [(take, prefill) for take, prefill in self.prefills.items() if not take.prefill_only]
+        if not ordered:
+            waiting = [(take, prefill) for take, prefill in waiting if self.decoder.groups.groupable(prefill)]
         picked = {id(prefill) for prefill in self.decoder.groups.pick([prefill for _, prefill in waiting])}
         return [(take, prefill) for take, prefill in waiting if id(prefill) in picked]
 

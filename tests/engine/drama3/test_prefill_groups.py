@@ -103,6 +103,22 @@ def test_takes_started_together_prefill_in_groups_and_a_retake_restores_the_grou
     assert decoder.prefix.counters.hits == hits + len(takes)
 
 
+def test_a_long_chunk_first_keeps_no_group_from_running_while_nothing_decodes(grouped, monkeypatch):
+    decoder, table = grouped.decoder, grouped.slot_table
+    monkeypatch.setattr(decoder, "prefix", None)  # no cache: a prompt is one chunk (512 rows at most)
+    counted = Counted(decoder)
+    monkeypatch.setattr(decoder, "prefill_group", counted)
+    turn = HistoryTurn("A long kept take.", np.random.default_rng(9).integers(0, 1024, (10, 300)))
+    long = grouped.prompt("After a long take.", None, [turn], Sampling(max_new_tokens=4, seed=9))
+    short = [grouped.prompt(f"Short {i}.", None, [], Sampling(max_new_tokens=4, seed=i)) for i in range(3)]
+    started = [table.start(prompt) for prompt in [long, *short]]
+    table.step()  # nothing decodes: every prompt prefilled in this step
+    assert len(long.rows) > 128 and counted.sizes == [3]  # the three short ones together; the long one alone
+    assert all(take.decoding and take not in table.prefills for take in started)
+    while any(not take.done for take in started):
+        table.step()
+
+
 def test_which_chunks_join_a_group(grouped):
     groups, width = grouped.decoder.groups, grouped.config.frame_width
     limit = groups.chunked.max_rows
@@ -115,9 +131,11 @@ def test_which_chunks_join_a_group(grouped):
     assert groups.pick([waiting(0, small)] * 2) and len(groups.pick([waiting(0, 10)] * 12)) == takes
     assert groups.pick([waiting(0, 10)]) == []  # one prompt: alone
     assert groups.pick([waiting(0, large + 1), waiting(0, 10)]) == []  # the first chunk is long: alone first
-    # The first chunk picks the shape; longer chunks wait for a group of their own.
+    # The shape that holds the first chunk and takes the most prompts; the others wait.
     first, longer, short = waiting(0, small), waiting(0, small + 1), waiting(5, 20)
-    assert groups.pick([first, longer, short]) == [first, short]
+    assert groups.pick([first, longer, short]) == [first, longer, short]  # 3 in the larger shape, 2 in the smaller
+    assert groups.pick([first, longer, *[short] * 7]) == [first, *[short] * 7]  # 8 in the smaller, 4 in the larger
+    assert groups.pick([longer, short, short]) == [longer, short, short]
     assert len(groups.pick([longer, waiting(0, large)] * 4)) == GROUP_SHAPES[1][0]
     assert groups.pick([waiting(limit - 10, limit - 1)] * 2) == []  # padded, it would pass the cache's last row
     groups.most, most = 1, groups.most
