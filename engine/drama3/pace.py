@@ -2,12 +2,14 @@
 
     pace = Pace()                                   # the slot table's (slots.py)
     pace.step(seconds, decoding=12, prefilled=64, held=False)   # after each step (engine thread)
+    pace.group(prompts=8)                           # a grouped prefill chunk (prefill_groups.py)
     pace.window(seconds)                            # each window's due-to-PCM time (vocoder thread)
     line = pace.report()                            # the numbers since the last report, then reset
 
 A load test says what a director felt (first audio, gaps); this says why: whether the
 steps ran long (and how many takes they carried), how many prompt rows went in beside
-them, how often the playback limit held a prompt back (admission.py), and how long a
+them (and in how many grouped chunks), how often the playback limit held a prompt back
+(admission.py), and how long a
 closed window waited for its audio (the vocoder's queue and its codec calls). The server
 logs a line every `REPORT_S` seconds while takes run (backend/directing/loop.py).
 
@@ -43,6 +45,7 @@ class Pace:
         self.prefilled = 0  # prompt rows prefilled beside decoding takes
         self.held = 0  # steps in which the playback limit held back a waiting prompt
         self.calls = 0  # codec calls
+        self.groups = self.grouped = 0  # grouped prefill chunks, and the prompts they carried
 
     def step(self, seconds: float, decoding: int, prefilled: int, held: bool) -> None:
         with self.lock:
@@ -50,6 +53,11 @@ class Pace:
             self.decoding += decoding
             self.prefilled += prefilled
             self.held += held
+
+    def group(self, prompts: int) -> None:
+        with self.lock:
+            self.groups += 1
+            self.grouped += prompts
 
     def window(self, seconds: float) -> None:
         with self.lock:
@@ -65,13 +73,16 @@ class Pace:
             steps, windows = self.step_s, self.window_s
             seconds, self.since = time.monotonic() - self.since, time.monotonic()
             decoding, prefilled, held, calls = self.decoding, self.prefilled, self.held, self.calls
+            groups, grouped = self.groups, self.grouped
             self.step_s, self.window_s = [], []
-            self.decoding = self.prefilled = self.held = self.calls = 0
+            self.decoding = self.prefilled = self.held = self.calls = self.groups = self.grouped = 0
         if not steps:
             return None
         line = (f"pace: {seconds:.1f} s: {len(steps):,} steps (p50 {percentile(steps, 0.5) * 1000:.1f} ms, p95 "
                 f"{percentile(steps, 0.95) * 1000:.1f} ms), {decoding / len(steps):.1f} takes decoding a step, "
                 f"{prefilled:,} prompt rows prefilled beside them, {held:,} steps held a prompt back for playback")
+        if groups:
+            line += f"; {groups:,} grouped prefill chunks of {grouped / groups:.1f} prompts"
         if windows:
             line += (f"; {len(windows):,} windows in {calls:,} codec calls, closed to audio p50 "
                      f"{percentile(windows, 0.5) * 1000:.1f} ms, p95 {percentile(windows, 0.95) * 1000:.1f} ms")

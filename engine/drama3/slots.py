@@ -139,6 +139,7 @@ class Slots:
         # once for all of them), then the rest one by one.
         while group := self.group(ordered=decoding):
             took = True
+            self.pace.group(len(group))
             budget -= sum(end - start for start, end in (prefill.chunks[0] for _, prefill in group))
             try:
                 ended = self.decoder.prefill_group([prefill for _, prefill in group])
