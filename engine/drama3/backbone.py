@@ -63,11 +63,19 @@ class GatedAttention(nn.Module):
         v = v.unflatten(-1, (self.kv_heads, self.head_dim))
         q = rope_neox(self.q_norm(q), rope)
         k = rope_neox(self.k_norm(k), rope)
-        assert self.kv_cache is not None, "setup_caches allocates the cache"
-        keys, values = self.kv_cache.update(k, v, input_pos, slots, kv_len)
-        out = attend(q, keys, values, input_pos)  # [B, T, H, Dh]
+        out = self.attend_cache(q, k, v, input_pos, slots, kv_len)  # [B, T, H, Dh]
         y: torch.Tensor = self.o_proj((out * torch.sigmoid(gate)).flatten(-2))  # [B, T, D]
         return y
+
+
+    def attend_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor,
+                     slots: torch.Tensor, kv_len: int | None) -> torch.Tensor:
+        """k, v [B, T, Hkv, Dh] into the cache at input_pos [B, T], then q [B, T, H, Dh] over the
+        slots' first kv_len rows -> [B, T, H, Dh]. (The fast path's `cache_attention` kernel
+        replaces it for one-row calls: fast.py.)"""
+        assert self.kv_cache is not None, "setup_caches allocates the cache"
+        keys, values = self.kv_cache.update(k, v, input_pos, slots, kv_len)
+        return attend(q, keys, values, input_pos)
 
 
 class DecoderLayer(nn.Module):

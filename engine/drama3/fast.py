@@ -31,7 +31,11 @@ Design choices:
   does; `add_rms_norm` puts the kernel (a graph break, like the DeltaNet step) at the
   layers' `RMSNorm.add` instead. `moe_routing` (off by default until measured) runs each MoE layer's
   router softmax, top-8 and renormalisation as one launch (engine/kernels/moe_routing.py)
-  instead of ~6 (torch.topk alone is a gather and a sort). The block-FP8 W8A8 experts
+  instead of ~6 (torch.topk alone is a gather and a sort). `cache_attention` (off until
+  measured) runs each full-attention layer's one-row attention as a split-K kernel that
+  reads each row's own rows up to its position straight from the cache
+  (engine/kernels/cache_attention.py) instead of gathering the step's KV bucket and
+  masking it. The block-FP8 W8A8 experts
   always run their kernel on CUDA (moe.py): it is the release's arithmetic, and without
   host syncs.
 - Decode calls (one row per slot) of every backbone and tower layer run torch.compile'd
@@ -50,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.drama3.backbone import DecoderLayer
+from engine.drama3.backbone import DecoderLayer, GatedAttention
 from engine.drama3.deltanet import GatedDeltaNet, recurrent_delta_rule
 from engine.drama3.layers import RMSNorm
 from engine.drama3.model import Drama3Model
@@ -151,6 +155,25 @@ def caches_symbolic(model: Drama3Model) -> None:
                 torch._dynamo.mark_static(tensor, dim)
 
 
+def cache_decode(module: GatedAttention) -> Callable[..., torch.Tensor]:
+    """`module.attend_cache` with one-row calls through engine/kernels/cache_attention.py: each
+    row reads its own slot's rows up to its position, straight from the cache."""
+    from engine.kernels.cache_attention import cache_attention
+
+    plain = module.attend_cache
+    launch = cast(Callable[..., torch.Tensor], torch.compiler.disable(cache_attention))  # a break, as above
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
+            kv_len: int | None) -> torch.Tensor:
+        cache = module.kv_cache
+        if q.shape[1] != 1 or cache is None:
+            return plain(q, k, v, input_pos, slots, kv_len)
+        cache.write(k, v, input_pos, slots)
+        return launch(q[:, 0], cache.k, cache.v, slots, input_pos[:, 0])[:, None]  # [B, 1, H, Dh]
+
+    return run
+
+
 def deltanet_decode(layer: GatedDeltaNet) -> Callable[..., torch.Tensor]:
     """`layer.forward` with one-row calls ([B, 1, D]) through the decode-step kernel."""
     from engine.kernels.deltanet_step import deltanet_step
@@ -203,7 +226,9 @@ def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tenso
                 torch.compiler.disable(launch))  # compiled callers break around it
 
 
-KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing")  # the step's Triton kernels install_fast_path can put in
+KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention")  # the step's Triton kernels
+# cache_attention: off until the H200 shows the step at long KV buckets with it (`retake bench decode
+# --kernels deltanet_step,cache_attention`, the decode_kv rows).
 # add_rms_norm: Inductor fuses the compiled layers' norms already. moe_routing: off until the H200
 # shows what it saves: in the first run with it on, the decode graphs' warm-up (compile included)
 # took 3.7x as long (its graph break in every compiled MoE layer is the suspect, not measured
@@ -252,6 +277,11 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
             if isinstance(module, SparseMoE) and "top_experts" not in vars(module):
                 vars(module)["top_experts"] = routing_kernel(module)  # shadows SparseMoE.top_experts
         installed.append("moe_routing_kernel")
+    if "cache_attention" in kernels:
+        for module in model.modules():
+            if isinstance(module, GatedAttention) and "attend_cache" not in vars(module):
+                vars(module)["attend_cache"] = cache_decode(module)  # shadows GatedAttention.attend_cache
+        installed.append("cache_attention_kernel")
     if compile_layers:
         import torch._dynamo
 

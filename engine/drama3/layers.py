@@ -88,12 +88,16 @@ class KVCache(nn.Module):
         self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
 
-    def update(self, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
-               kv_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, T, Hkv, Dh] at input_pos [B, T]; return the first kv_len rows of the slots."""
+    def write(self, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write k, v [B, T, Hkv, Dh] at input_pos [B, T] of the slots [B]."""
         rows = slots[:, None].expand_as(input_pos)  # [B, T]
         self.k.index_put_((rows, input_pos), k.to(self.k.dtype))
         self.v.index_put_((rows, input_pos), v.to(self.v.dtype))
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
+               kv_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, T, Hkv, Dh] at input_pos [B, T]; return the first kv_len rows of the slots."""
+        self.write(k, v, input_pos, slots)
         rows_read = kv_len or self.max_rows
         return self.k[slots, :rows_read], self.v[slots, :rows_read]  # [B, S, Hkv, Dh] each
 

@@ -185,8 +185,15 @@ def ring_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Ten
         H=H, DH=DH, SPLITS=splits, BLOCK=BLOCK_N, HAS_SCALE=has_scale, DYNAMIC=not INTERPRETED,
         STATIC_BLOCKS=triton.cdiv(triton.cdiv(C, splits), BLOCK_N) if INTERPRETED else 0, num_warps=4,
     )
-    _combine_kernel[(B, H)](part, out, out.stride(0), out.stride(1), H=H, DH=DH, SPLITS=splits, num_warps=1)
+    combine_splits(part, out)
     return out
+
+
+def combine_splits(part: torch.Tensor, out: torch.Tensor) -> None:
+    """The splits' partial softmaxes part [B, H, SPLITS, Dh + 2] (weighted values, max, sum)
+    into out [B, H, Dh]: one launch (cache_attention.py uses it too)."""
+    B, H, splits, width = part.shape
+    _combine_kernel[(B, H)](part, out, out.stride(0), out.stride(1), H=H, DH=width - 2, SPLITS=splits, num_warps=1)
 
 
 def ring_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
