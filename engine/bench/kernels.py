@@ -11,7 +11,8 @@ draw (4,097 candidates with RAS) and one codebook head's (4,096), the residual a
 RMSNorm of a 2,048-wide row, one Gated DeltaNet layer's step, one MoE layer's routing
 (softmax, top 8 of 256, renormalised), and one layer's FP8 experts (256 x 2,048 x 512,
 top 8; the default layout, one block per pair without split-K as the kernel ran before,
-and the by-expert layout).
+and the by-expert layout), and one full-attention layer's one-row attention over 512 and
+4,096 rows of history per take (cache_attention, against the model's gather and SDPA).
 
 Design choices:
 - A call's time is the replay of a CUDA graph of `copies` calls divided by `copies`,
@@ -42,7 +43,8 @@ import torch
 
 from engine.drama3.config import Drama3Config
 
-HELP = "each decode kernel (sampler, norm, DeltaNet step, MoE routing, FP8 MoE) vs its torch reference (needs CUDA)"
+HELP = ("each decode kernel (sampler, norm, DeltaNet step, MoE routing, FP8 MoE, cache attention) vs its torch "
+        "reference (needs CUDA)")
 COLD_BYTES = 128 << 20  # data read cold per timed graph, at least (the L2 cache is 50-60 MiB)
 MAX_COPIES = 64
 REPLAYS = 20
@@ -208,11 +210,47 @@ def routing_cases(config: Drama3Config, rows: int, device: torch.device) -> list
                  lambda i: moe_routing.route_kernel(logits, k), lambda i: moe_routing.route_reference(logits, k))]
 
 
+ATTENTION_KV_ROWS = (512, 4096)  # each take's rows of history: a short scene, a retake's long one
+
+
+def attention_cases(config: Drama3Config, rows: int, device: torch.device) -> list[Case]:
+    """One full-attention layer's one-row attention, every take at `kv` rows: the kernel over the
+    slot cache, against the model's path (the slots' rows of the KV bucket gathered, SDPA with
+    its mask), at the KV bucket those rows step in."""
+    text = config.text
+    return [attention_case(config, rows, kv, device) for kv in ATTENTION_KV_ROWS if kv <= text.max_position_embeddings]
+
+
+def attention_case(config: Drama3Config, rows: int, kv: int, device: torch.device) -> Case:
+    from engine.drama3.layers import attend
+    from engine.kernels import cache_attention
+
+    text = config.text
+    H, Hkv, Dh = text.num_attention_heads, text.num_key_value_heads, text.head_dim
+    moved = rows * kv * Hkv * Dh * 2 * 2  # keys and values, bfloat16
+    copies = copies_for(moved)
+    caches = [tuple(torch.randn(rows, kv + 1, Hkv, Dh, device=device).bfloat16() for _ in range(2))
+              for _ in range(copies)]
+    q = torch.randn(rows, H, Dh, device=device).bfloat16()
+    slots = torch.arange(rows, device=device)
+    positions = torch.full((rows,), kv - 1, device=device)
+
+    def call(i: int) -> torch.Tensor:
+        keys, values = caches[i]
+        return cache_attention.cache_attention_kernel(q, keys, values, slots, positions)
+
+    def reference(i: int) -> torch.Tensor:
+        keys, values = caches[i]
+        return attend(q[:, None], keys[slots, :kv], values[slots, :kv], positions[:, None])[:, 0]
+
+    return Case(f"cache_attention kv {kv}", rows, len(text.full_attention_layers), moved, copies, call, reference)
+
+
 def cases(config: Drama3Config, rows: int, device: torch.device) -> list[Case]:
     """Every kernel's case at one batch of `rows` decoding takes."""
     return [*sampler_cases(config, rows, device), *norm_cases(config, rows, device),
             *deltanet_cases(config, rows, device), *routing_cases(config, rows, device),
-            *moe_cases(config, rows, device)]
+            *moe_cases(config, rows, device), *attention_cases(config, rows, device)]
 
 
 # ─── timing ──────────────────────────────────────────────────────────────────

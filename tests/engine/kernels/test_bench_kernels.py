@@ -32,7 +32,8 @@ def test_every_case_runs_its_kernel_and_reference() -> None:
     with torch.inference_mode():
         cases = bench.cases(config, rows=2, device=device)
         assert {case.kernel for case in cases} == {"sample_main", "sample_code", "add_rms_norm", "deltanet_step",
-                                                   "moe_routing", "fp8_moe", "fp8_moe pairs split 1", "fp8_moe experts"}
+                                                   "moe_routing", "fp8_moe", "fp8_moe pairs split 1", "fp8_moe experts",
+                                                   "cache_attention kv 512", "cache_attention kv 4096"}
         for case in cases:
             got, expected = case.call(0), case.reference(0)
             assert case.bytes > 0 and case.copies >= 1 and case.per_step >= 1
