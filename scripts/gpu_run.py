@@ -119,6 +119,7 @@ class Run:
         self.tests: list[str] = [path for path in (args.tests or "").split(",") if path]
         self.loads: tuple[Load, ...] = args.loads or (SMOKE_LOADS if self.smoke else LOADS)
         self.variants: list[str] = args.serve_variant or [""]  # extra `retake serve` arguments, a server each
+        self.kernels: list[str] | None = args.takes_kernels.split(",") if args.takes_kernels else None
         self.deadline: float = time.monotonic() + float(args.budget)
         self.started = time.monotonic()
         self.limits = {**(SMOKE_LIMITS_S if self.smoke else LIMITS_S), **dict(args.limit)}
@@ -497,8 +498,9 @@ def takes_stage(run: Run, stage: Stage, log: Path) -> Json:
     report, profile = WORK / "takes.json", run.out / "profile.txt"
     size = ["--preset", "tiny", "--device", "cpu", "--no-compile", "--steps", "3", "--slots", "4",
             "--prompt-rows", "24", "40"] if run.smoke else ["--preset", "full", "--device", "cuda", "--steps", "50"]
-    return bench_stage(run, stage, log, [*CLI, "bench", "takes", "--random-weights", *size, "--json", str(report),
-                                         "--profile", str(profile)], report)  # --steps 50: fewer graphs
+    kernels = [] if run.kernels is None else ["--kernels", *run.kernels]
+    return bench_stage(run, stage, log, [*CLI, "bench", "takes", "--random-weights", *size, *kernels, "--json",
+                                         str(report), "--profile", str(profile)], report)  # --steps 50: fewer graphs
 
 
 def retake_stage(run: Run, stage: Stage, log: Path) -> Json:
@@ -594,6 +596,9 @@ def main() -> int:
                         help="extra `retake serve` arguments, NAME=VALUE words its environment (repeatable): the "
                              "serve stage runs a server and the loads for each, e.g. --serve-variant '' "
                              "--serve-variant '--prefix-cache-gib 0 RETAKE_CHECK_FINITE=1'")
+    parser.add_argument("--takes-kernels", default=None, metavar="NAMES",
+                        help="the takes stage's `retake bench takes --kernels`, comma-separated, e.g. "
+                             "deltanet_step,cache_attention (default: the bench's)")
     parser.add_argument("--limit", type=stage_limit, action="append", default=[], metavar="STAGE=SECONDS",
                         help="a stage's own time limit instead of LIMITS_S's (repeatable), e.g. --limit serve=250")
     args = parser.parse_args()
