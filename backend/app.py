@@ -65,15 +65,16 @@ NOT_BUILT = """<!doctype html><meta charset="utf-8"><title>Retake</title>
 def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
     def load() -> Drama3Engine:
         from engine import EngineSpec, load_engine
+        from engine.drama3.codec_graphs import VOCODER_BATCH
 
         return load_engine(EngineSpec(checkpoint=settings.checkpoint, device=settings.device,
                                       first_window_frames=settings.first_window_frames, slots=settings.slots,
                                       threads=settings.threads, random_weights=settings.random_weights,
                                       prefix_cache_gib=settings.prefix_cache_gib,
                                       prefix_cache_host_gib=settings.prefix_cache_host_gib,
-                                      prefill_group=settings.prefill_group,
-                                      **({} if settings.vocoder_batch is None else
-                                         {"vocoder_batch": settings.vocoder_batch})))
+                                      prefill_group=settings.prefill_group, kernels=settings.kernels,
+                                      vocoder_batch=VOCODER_BATCH if settings.vocoder_batch is None else
+                                      settings.vocoder_batch))
 
     return load
 

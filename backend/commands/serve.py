@@ -71,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
                              "on a GPU, where a chunk costs about the same for 40 rows as for 300; 1, off, on a CPU, "
                              "which keeps its takes bit for bit those of one prompt at a time)")
+    parser.add_argument("--kernels", nargs="*", metavar="NAME",
+                        help="the decode step's Triton kernels on a GPU (default: deltanet_step; see `retake bench "
+                             "decode --help` for the names); to measure one through the server")
     parser.add_argument("--slots", type=int, help="takes that decode together in one batched step (default: as many as "
                                                   "the GPU's free memory holds, at most 64; 2 on a CPU); caps the "
                                                   "number on a GPU")
@@ -124,6 +127,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     from backend.directing.jobs import SilenceGuard
     from backend.directing.protocol import Limits
     from backend.settings import Settings
+    from engine.drama3.fast import KERNELS
     from engine.drama3.prefill_groups import PREFILL_GROUP
 
     for name in ("max_sessions", "max_queue", "deadline_ms", "max_deadline_ms"):
@@ -145,6 +149,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise UsageError("--threads must be at least 1")
     if args.vocoder_batch is not None and args.vocoder_batch < 1:
         raise UsageError("--vocoder-batch must be at least 1")
+    if args.kernels is not None and (unknown := [name for name in args.kernels if name not in KERNELS]):
+        raise UsageError(f"--kernels: unknown {', '.join(unknown)}; choose from {', '.join(KERNELS)}")
     if args.prefill_group is not None and not 1 <= args.prefill_group <= PREFILL_GROUP:
         raise UsageError(f"--prefill-group must be a whole number from 1 (off) to {PREFILL_GROUP}")
     for name in ("prefix_cache_gib", "prefix_cache_host_gib"):
@@ -180,7 +186,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(data_dir=args.data_dir, database_url=args.database or None, checkpoint=args.checkpoint,
                     random_weights=random_weights, device=device, conversation_random=conversation_random,
                     first_window_frames=args.first_window_frames, vocoder_batch=args.vocoder_batch,
-                    prefill_group=args.prefill_group,
+                    prefill_group=args.prefill_group, kernels=None if args.kernels is None else tuple(args.kernels),
                     slots=args.slots, threads=args.threads,
                     prefix_cache_gib=args.prefix_cache_gib, prefix_cache_host_gib=args.prefix_cache_host_gib,
                     host=args.host, allow_hosts=tuple(args.allow_host), allow_origins=tuple(args.allow_origin),

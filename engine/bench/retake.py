@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.bench.options import add_device, add_weights
+from engine.drama3.fast import DEFAULT_KERNELS, KERNELS
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine import Drama3Engine, HistoryTurn
@@ -55,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="takes per measurement, median reported (default 3)")
     parser.add_argument("--frames", type=int, default=8, help="frames per take at most (default 8: past first audio)")
     parser.add_argument("--prefix-cache-gib", type=float, help="the cache's budget (default: the engine's)")
+    parser.add_argument("--kernels", nargs="*", choices=KERNELS, metavar="NAME", default=None,
+                        help=f"the decode step's Triton kernels on CUDA, of {', '.join(KERNELS)} (default: "
+                             f"{' '.join(DEFAULT_KERNELS)})")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
 
 
@@ -145,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("retake bench retake: --device cuda but no CUDA GPU is available")
     spec = EngineSpec(checkpoint=args.checkpoint, device=args.device,
                       random_weights=args.preset if args.random_weights else None,
-                      prefix_cache_gib=args.prefix_cache_gib, slots=1)
+                      prefix_cache_gib=args.prefix_cache_gib, slots=1,
+                      kernels=None if args.kernels is None else tuple(args.kernels))
     engine = load_engine(spec)
     warm = engine.warm_up()
     prefix = engine.decoder.prefix

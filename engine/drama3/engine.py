@@ -63,7 +63,7 @@ from engine.drama3.codec import Codec, load_codec
 from engine.drama3.codec_graphs import VOCODER_BATCH, WindowGraphs, render_take
 from engine.drama3.config import Drama3Config
 from engine.drama3.decoder import Decoder
-from engine.drama3.fast import install_fast_path
+from engine.drama3.fast import DEFAULT_KERNELS, install_fast_path
 from engine.drama3.model import Drama3Model, cache_bytes
 from engine.drama3.moe import GATHER_MAX_PAIRS
 from engine.drama3.prefix import CPU_BUDGET_GIB, PrefixCache
@@ -93,6 +93,7 @@ class EngineSpec:
     vocoder_batch: int = VOCODER_BATCH  # long windows (128+ frames) decoded per codec call on CUDA (codec_graphs.py)
     # Waiting prompts whose next prefill chunks run as one (prefill_groups.py); None: 8 on CUDA, 1 (off) on a CPU.
     prefill_group: int | None = None
+    kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
 
 
 # The first window: 1 frame (46 ms of audio), then 2, 4 and the seed's 10, 20, ... (stream.py's
@@ -202,7 +203,8 @@ class Drama3Engine:
         self.slots, self.slots_why = sized_slots(config, self.device, max_rows, model.candidate_head.dtype,
                                                  spec.slots)
         # On CUDA: fla prefill, compiled decode layers, and the step replayed from CUDA graphs.
-        self.fast_path = install_fast_path(model) if self.device.type == "cuda" else []
+        kernels = DEFAULT_KERNELS if spec.kernels is None else spec.kernels
+        self.fast_path = install_fast_path(model, kernels=kernels) if self.device.type == "cuda" else []
         self.decoder = Decoder(model, max_rows, self.slots, graphs=True,
                                group=spec.prefill_group)  # allocates the caches
         self.decoder.prefix = prefix_cache(spec, model, self.device)
