@@ -42,7 +42,8 @@ except ImportError:  # CPU installs have no Triton; only the reference runs ther
     triton = None
     tl = None
 
-BLOCK_N = 64  # cache rows per block
+BLOCK_N = 32  # cache rows per block: a key and a value tile of 32 x 256 bfloat16, 16 KiB each
+STAGES = 2  # software pipelining depth: 64 KiB of shared memory for the tiles (an SM has 228)
 LEAST_DOT_ROWS = 16  # tl.dot's smallest M
 
 
@@ -140,6 +141,7 @@ def cache_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
         H=H, GROUP=group, ROWS=max(LEAST_DOT_ROWS, triton.next_power_of_2(group)), DH=DH, SPLITS=splits,
         BLOCK=BLOCK_N, IEEE=q.dtype == torch.float32, DYNAMIC=not INTERPRETED,
         STATIC_BLOCKS=triton.cdiv(triton.cdiv(R, splits), BLOCK_N) if INTERPRETED else 0, num_warps=4,
+        num_stages=STAGES,
     )
     combine_splits(part, out)
     return out
