@@ -148,6 +148,9 @@ def log_ready(engine_loop: EngineLoop) -> None:
     else:
         log.info("prefix cache: %s GiB for snapshots of prompt prefixes (%s GiB of host memory for evicted ones)",
                  warm.get("prefix_cache_gib"), warm.get("prefix_cache_host_gib"))
+    group = engine.prefill_group
+    log.info("prefill groups: %s", f"the next chunks of up to {group} waiting prompts run as one" if group > 1
+             else "off; each waiting prompt's chunks run alone (--prefill-group)")
     if engine.demo_weights:
         log.warning("DEMO WEIGHTS (RANDOM): %s; its audio is noise", engine.weights)
 

@@ -240,6 +240,11 @@ class Drama3Engine:
         no step ran."""
         return self.slot_table.pace.report()
 
+    @property
+    def prefill_group(self) -> int:
+        """The most waiting prompts whose next prefill chunks run as one (1: off; prefill_groups.py)."""
+        return self.decoder.groups.most
+
     def prefix_cache_stats(self) -> dict[str, int] | None:
         """The prefix cache's counters (hits, misses, rows saved, bytes held), None when it is
         off; plain integers, safe to read from another thread."""
