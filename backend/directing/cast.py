@@ -166,9 +166,10 @@ def history_turns(store: Store, session_id: str, history: list[StoredTake], voic
     """The kept takes a take hears, as turns: in a described character's prompt each is said by the
     character it was a take of (a take from before the cast, by the take's own character)."""
     names = {m.character_id: m.name for m in store.cast(session_id)}
+    found = store.takes_codes([take.take_id for take in history])  # one query for the scene, not one a take
     turns = []
     for take in history:
-        codes = store.take_codes(take.take_id)
+        codes = found.get(take.take_id)
         if codes is None:
             continue
         speaker = names.get(take.character_id or "") if isinstance(voice, Character) else None

@@ -268,8 +268,9 @@ class Session:
 
     # Takes ----------------------------------------------------------------------
 
-    def usable_take(self, session_id: str, take_id: int) -> StoredTake:
-        take = self.state.store.take(session_id, take_id)
+    def usable_take(self, session_id: str, take_id: int, found: dict[int, StoredTake] | None = None) -> StoredTake:
+        """The take, checked: this session's, finished, with audio (`found`: takes read already)."""
+        take = self.state.store.take(session_id, take_id) if found is None else found.get(take_id)
         if take is None:
             raise p.ProtocolError("unknown_take", f"take {take_id} is not a take of this session", take_id=take_id)
         if take.state != "done":
@@ -320,10 +321,14 @@ class Session:
         history it asks for, its prompt builder and its settings (the seed picked)."""
         session_id = self.require_open()
         state, store, limits = self.state, self.state.store, self.limits
+        # The takes it hears in one query, however long the scene (a query each cost a director
+        # ~0.3 ms per kept take before take.queued, on 2 CPU cores).
         if message.history == "kept":
             history_ids = store.kept_history(session_id, message.line_id)  # the lines above this one
+            found = store.takes_by_id(session_id, history_ids)
         else:
-            history_ids = [self.usable_take(session_id, take_id).take_id for take_id in message.history]
+            found = store.takes_by_id(session_id, list(message.history))
+            history_ids = [self.usable_take(session_id, take_id, found).take_id for take_id in message.history]
         if store.count_takes(session_id) >= limits.max_takes_per_session:
             raise p.ProtocolError("too_many_takes", f"this session holds {limits.max_takes_per_session} takes, "
                                                     "the most it may; open a new session")
@@ -338,7 +343,7 @@ class Session:
             if cap < sampling.max_new_tokens:
                 capped, sampling = cap, dataclasses.replace(sampling, max_new_tokens=cap)
         member, voice, engine_voice_value = take_voice(store, session_id, message.line_id)
-        heard = [take for take_id in history_ids if (take := store.take(session_id, take_id)) is not None]
+        heard = [found[take_id] for take_id in history_ids if take_id in found]
         turns = history_turns(store, session_id, heard, engine_voice_value)
         text, max_rows = message.text, limits.max_prompt_rows
 

@@ -45,7 +45,8 @@ def line_warm(store: Store, session_id: str, line_id: str | None, max_rows: int 
     text = texts.get(line_id or "") or PLACEHOLDER
     history_ids = store.kept_history(session_id, line_id) if line_id in texts else store.kept_history(session_id)
     _, _, voice = take_voice(store, session_id, line_id or "")  # (no line has the id "": the session's voice)
-    heard = [take for take_id in history_ids if (take := store.take(session_id, take_id)) is not None]
+    found = store.takes_by_id(session_id, history_ids)
+    heard = [found[take_id] for take_id in history_ids if take_id in found]
     turns = history_turns(store, session_id, heard, voice)
 
     def build(engine: Drama3Engine) -> Prompt:

@@ -125,6 +125,15 @@ class Takes(Part):
                                                               takes.c.session_id == session_id)).first()
         return None if row is None else _take(row)
 
+    def takes_by_id(self, session_id: str, take_ids: list[int]) -> dict[int, StoredTake]:
+        """Those of the takes that belong to this session, by id, in one query (a take's history)."""
+        if not take_ids:
+            return {}
+        with self._transaction() as conn:
+            rows = conn.execute(sa.select(*TAKE_COLUMNS).where(takes.c.session_id == session_id,
+                                                              takes.c.take_id.in_(take_ids))).all()
+        return {int(row.take_id): _take(row) for row in rows}
+
     def takes(self, session_id: str) -> list[StoredTake]:
         with self._transaction() as conn:
             rows = conn.execute(sa.select(*TAKE_COLUMNS).where(takes.c.session_id == session_id)
@@ -234,6 +243,15 @@ class Takes(Part):
         if row is None or row.codes is None:
             return None
         return blob_to_codes(row.codebooks, row.codes)
+
+    def takes_codes(self, take_ids: list[int]) -> dict[int, np.ndarray]:
+        """The codes of those takes that have them, by id, in one query ([codebooks, frames] each)."""
+        if not take_ids:
+            return {}
+        with self._transaction() as conn:
+            rows = conn.execute(sa.select(takes.c.take_id, takes.c.codebooks, takes.c.codes)
+                                .where(takes.c.take_id.in_(take_ids), takes.c.codes.is_not(None))).all()
+        return {int(row.take_id): blob_to_codes(row.codebooks, row.codes) for row in rows}
 
     def set_kept(self, take_id: int, kept: bool) -> None:
         with self._transaction() as conn:

@@ -268,6 +268,29 @@ def test_sessions_do_not_see_each_others_takes(database: Path | str) -> None:
     assert store.take(two, take.take_id) is None
     assert store.takes(two) == [] and store.lines(two) == [] and store.kept_history(two) == []
     assert store.count_takes(one) == 1 and store.count_takes(two) == 0
+    assert store.takes_by_id(two, [take.take_id]) == {} and list(store.takes_by_id(one, [take.take_id])) == [take.take_id]
+
+
+def test_a_history_is_read_in_one_query_each_for_its_takes_and_codes(database: Path | str) -> None:
+    store = Store(database)
+    session = store.create_session()
+    made = [store.add_take(session, f"line-{i}", f"Line {i}.", None, SAMPLING) for i in range(5)]
+    for i, take in enumerate(made[:4]):  # the last one never finishes: no codes
+        store.finish_take(take.take_id, "stop", error=None, timings={}, samples=(3 + i) * 2048, attempts=1,
+                          codes=codes(3 + i, i))
+    ids = [take.take_id for take in reversed(made)] + [10**6]  # any order; an id of no take
+    statements: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    found = store.takes_by_id(session, ids)
+    read = store.takes_codes(ids)
+    assert [s.split()[0] for s in statements if not s.startswith("BEGIN")] == ["SELECT", "SELECT"]
+    assert found == {take.take_id: store.take(session, take.take_id) for take in made}
+    assert sorted(read) == [take.take_id for take in made[:4]]
+    for i, take in enumerate(made[:4]):
+        np.testing.assert_array_equal(read[take.take_id], codes(3 + i, i))
+        np.testing.assert_array_equal(read[take.take_id], store.take_codes(take.take_id))
+    assert store.takes_by_id(session, []) == {} and store.takes_codes([]) == {}
+    store.close()
 
 
 def test_voices_keep_their_codes(database: Path | str) -> None:
