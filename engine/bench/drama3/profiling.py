@@ -17,6 +17,7 @@ import torch
 
 from engine.bench.drama3.model import synthetic_prompt
 from engine.bench.timing import sync
+from engine.readback import to_device
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from torch.autograd.profiler_util import FunctionEvent
@@ -37,6 +38,7 @@ GEMMS = frozenset(f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", 
 
 
 PARTS = ("deltanet", "attention", "tower")  # profiler ranges around layer calls
+LINE_ROWS = 40  # a line's own rows: what a take prefills after a restored prefix
 
 
 def step_op_counts(decoder: Decoder, kv_len: int) -> dict[str, int]:
@@ -95,7 +97,9 @@ def step_op_counts(decoder: Decoder, kv_len: int) -> dict[str, int]:
 
 
 def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.device) -> str:
-    """The kernels of one graphed decode step and one 300-row prefill, most time first."""
+    """The kernels of one graphed decode step, one 300-row prefill and one 40-row chunk after 300
+    rows (a line's own rows after a restored prefix: what one director's take prefills), most
+    time first."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine.drama3.decoder import Decoder
@@ -119,4 +123,12 @@ def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.devic
         decoder.prefill(prompt)
         sync(device)
     out.append("# one 300-row prefill\n" + prefill_profile.key_averages().table(sort_by=sort, row_limit=40))
+    line = to_device(synthetic_prompt(config, 300 + LINE_ROWS, 32).rows, device)  # [340, 11]
+    decoder.chunked.run(decoder.chunked.begin(line, 0, start=300))  # warm-up: this chunk size's kernels
+    sync(device)
+    with profile(activities=activities) as chunk_profile:
+        decoder.chunked.run(decoder.chunked.begin(line, 0, start=300))
+        sync(device)
+    out.append(f"# one {LINE_ROWS}-row chunk after 300 rows (a line after its restored prefix)\n"
+               + chunk_profile.key_averages().table(sort_by=sort, row_limit=40))
     return "\n\n".join(out)
