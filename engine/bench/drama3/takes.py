@@ -35,6 +35,7 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
 
     from engine.drama3.codec_graphs import WindowGraphs, decode_window
     from engine.drama3.decoder import Decoder
+    from engine.drama3.engine import FIRST_WINDOW_FRAMES
     from engine.drama3.slots import Slots
     from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, window_lengths
     from engine.drama3.take import Done
@@ -43,11 +44,11 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
     max_rows = prompt_rows + 200 + 64
     decoder = Decoder(model, max_rows, graphs=True)
     decoder.capture()
-    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, 4))  # covers the seed's windows too
+    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, 1))  # covers first windows 4 and 10 too
     graphs.capture()
     window_graphs = graphs if graphs.graphs.enabled else None
     vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-vocoder")
-    for first_window in (None, 4):
+    for first_window in (FIRST_WINDOW_FRAMES, 4, None):  # the server's default, then 4, then the seed's 10
         for where, executor in (("inline", None), ("thread", vocoder)):
             firsts: list[float] = []
             slots = Slots(decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window,
