@@ -32,7 +32,7 @@ class KeptHistory:
 def kept_history(store: Store, session_id: str, lines: list[LineInfo] | None = None) -> KeptHistory:
     """The script's kept history and each line's share of it (`lines`: the script, if already read)."""
     history = store.kept_history(session_id)
-    line_of = {take.take_id: take.line_id for take in store.takes(session_id) if take.kept}
+    line_of = store.kept_lines(session_id)
     kept_per_line = Counter(line_of[take_id] for take_id in history)
     hears: dict[str, int] = {}
     heard = 0

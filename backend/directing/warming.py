@@ -35,7 +35,7 @@ def next_line(store: Store, session_id: str, after: str | None = None) -> str | 
     if after is not None:
         at = ids.index(after) + 1 if after in ids else len(ids)
         return ids[at] if at < len(ids) else None
-    kept = {take.line_id for take in store.takes(session_id) if take.kept}
+    kept = set(store.kept_lines(session_id).values())
     return next((line_id for line_id in ids if line_id not in kept), None)
 
 

@@ -134,6 +134,14 @@ class Takes(Part):
                                                               takes.c.take_id.in_(take_ids))).all()
         return {int(row.take_id): _take(row) for row in rows}
 
+    def kept_lines(self, session_id: str) -> dict[int, str]:
+        """The session's kept takes and their lines (take id -> line id), in one light query (a keep
+        asks, and did read every take of the session)."""
+        with self._transaction() as conn:
+            rows = conn.execute(sa.select(takes.c.take_id, takes.c.line_id)
+                                .where(takes.c.session_id == session_id, takes.c.kept)).all()
+        return {int(row.take_id): str(row.line_id) for row in rows}
+
     def takes(self, session_id: str) -> list[StoredTake]:
         with self._transaction() as conn:
             rows = conn.execute(sa.select(*TAKE_COLUMNS).where(takes.c.session_id == session_id)

@@ -270,6 +270,7 @@ def test_sessions_do_not_see_each_others_takes(database: Path | str) -> None:
     assert store.count_takes(one) == 1 and store.count_takes(two) == 0
     assert store.takes_by_id(two, [take.take_id]) == {}
     assert list(store.takes_by_id(one, [take.take_id])) == [take.take_id]
+    assert store.kept_lines(one) == {take.take_id: "a"} and store.kept_lines(two) == {}
 
 
 def test_a_history_is_read_in_one_query_each_for_its_takes_and_codes(database: Path | str) -> None:
