@@ -24,6 +24,9 @@ Design choices:
 - On CUDA each shape is captured per KV bucket (1,024, 4,096) into the prefill's pool: 4
   more graphs at warm-up. A graph runs its shape's prompts; a group with fewer fills the
   rest with idle rows in the scratch slot (position 0, one row, nothing anyone reads).
+- The slot table's budget (admission.py) counts a group as its longest chunk: what it costs
+  on the H200, where a chunk's cost hardly follows its rows. Counting every row would teach
+  the admission a per-row cost that a single chunk then overruns.
 - Numerics: a prompt's chunk in a group is not bit for bit the same chunk alone (a GEMM's
   blocking depends on its rows: float32 on the CPU differs in the 6th digit), so groups are
   on where chunks are graphs (CUDA), where batched steps already differ by that much, and

@@ -66,6 +66,7 @@ class Slots:
         self.pace = Pace()  # steps and windows, for the server's log (pace.py)
         self.vocoder = Vocoder(codec, graphs, executor, self.pace)  # every take's windows, batched on its thread
         self.held = False  # this step's prefill was held back by the playback limit
+        self.beside = 0  # prompt rows this step prefilled beside decoding takes
         self.overlap, self.first_window = overlap, first_window
         self.prefill_rows = prefill_rows  # prompt rows per step while takes decode; None: `admission`'s
         self.admission = Admission(frame_s=codec.frame_samples / codec.sample_rate)
@@ -124,7 +125,8 @@ class Slots:
         """Run waiting prompts' prefill chunks, in start order: about `prefill_rows` rows of them
         (or the admission budget's) while takes decode; with none decoding, the first prompt's
         whole prefill (nobody is stalled by it). A take whose prefill is done decodes from
-        this step on. Returns the rows prefilled while takes decode."""
+        this step on. Returns the rows prefilled while takes decode, as the admission budget
+        counts them (a group as its longest chunk); `beside` gets the prompt rows themselves."""
         decoding = bool(self.decoding())
         step_rows = self.prefill_rows or self.admission.rows(self.playback_limit())
         if decoding and step_rows == 0:  # a playing take needs this step short: no prefill in it...
@@ -140,7 +142,13 @@ class Slots:
         while group := self.group(ordered=decoding):
             took = True
             self.pace.group(len(group))
-            budget -= sum(end - start for start, end in (prefill.chunks[0] for _, prefill in group))
+            chunk_rows = [end - start for start, end in (prefill.chunks[0] for _, prefill in group)]
+            # A group costs about what its longest chunk costs alone (on the H200 a chunk's cost
+            # hardly follows its rows: the weights are read once), so the budget counts that:
+            # counting every row would teach the admission a per-row cost a single chunk then
+            # overruns, stalling a playing take.
+            budget -= max(chunk_rows)
+            self.beside += sum(chunk_rows) if decoding else 0
             try:
                 ended = self.decoder.prefill_group([prefill for _, prefill in group])
             except Exception as exc:  # noqa: BLE001 - the group's takes fail, the others go on
@@ -173,7 +181,9 @@ class Slots:
             elif done:
                 del self.prefills[take]
                 take.prefilled()
-            budget -= left - sum(end - start for start, end in prefill.chunks)
+            ran = left - sum(end - start for start, end in prefill.chunks)
+            budget -= ran
+            self.beside += ran if decoding else 0
             if decoding and budget <= 0:
                 break
         return allowed - budget if decoding else 0
@@ -212,8 +222,8 @@ class Slots:
             if (reason := take.stopped()) is not None:
                 self.end(take, reason)
         started, beside = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
-        self.held = False
-        admitted = self.prefill() if self.prefills else 0  # prompt rows prefilled beside decoding takes
+        self.held, self.beside = False, 0
+        admitted = self.prefill() if self.prefills else 0  # prompt rows beside decoding takes, as budgeted
         stepping = self.decoding()
         if stepping:
             timer = time.perf_counter()
@@ -227,7 +237,7 @@ class Slots:
                 step_s = time.perf_counter() - timer
                 if beside:  # (a step after a whole prefill says nothing of the budget)
                     self.admission.record(time.perf_counter() - started, admitted)
-                self.pace.step(time.perf_counter() - started, len(stepping), admitted, self.held)
+                self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held)
                 for take in stepping:
                     if (reason := take.advance(status[take.slot], step_s)) is not None:
                         if reason == "error":  # non-finite logits: where, for whoever debugs the step

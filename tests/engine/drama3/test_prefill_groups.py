@@ -103,6 +103,32 @@ def test_takes_started_together_prefill_in_groups_and_a_retake_restores_the_grou
     assert decoder.prefix.counters.hits == hits + len(takes)
 
 
+def test_a_step_budget_counts_a_group_as_its_longest_chunk(grouped, monkeypatch):
+    """While a take decodes, a step prefills about its budget of rows; a group costs about what
+    its longest chunk costs alone (the weights read once), so a budget of 128 rows runs more
+    than one group of three prompts' ~50-row chunks, and the pace line counts every row."""
+    decoder, table = grouped.decoder, grouped.slot_table
+    decoder.prefix.clear()
+    playing, *waiting = prompts(grouped)
+    monkeypatch.setattr(table, "prefill_rows", 128)  # the budget, whatever this machine's speed
+    first = table.start(playing)
+    while first in table.prefills:
+        table.step()
+    counted = Counted(decoder)
+    monkeypatch.setattr(decoder, "prefill_group", counted)
+    started = [table.start(prompt) for prompt in waiting]
+    before = {take: list(table.prefills[take].chunks) for take in started}
+    table.step()
+    assert first.decoding and len(counted.sizes) >= 2, counted.sizes  # counting every row: one group
+    ran = [chunk for take in started
+           for chunk in before[take][:len(before[take]) - len(table.prefills[take].chunks if take in table.prefills
+                                                                else ())]]
+    assert len(ran) == sum(counted.sizes)  # every chunk of the step ran in a group
+    assert table.beside == sum(end - start for start, end in ran) > 128  # the pace line's rows: all of them
+    while any(not take.done for take in [first, *started]):
+        table.step()
+
+
 def test_a_long_chunk_first_keeps_no_group_from_running_while_nothing_decodes(grouped, monkeypatch):
     decoder, table = grouped.decoder, grouped.slot_table
     monkeypatch.setattr(decoder, "prefix", None)  # no cache: a prompt is one chunk (512 rows at most)
