@@ -119,7 +119,7 @@ class Run:
         self.tests: list[str] = [path for path in (args.tests or "").split(",") if path]
         self.loads: tuple[Load, ...] = args.loads or (SMOKE_LOADS if self.smoke else LOADS)
         self.variants: list[str] = args.serve_variant or [""]  # extra `retake serve` arguments, a server each
-        self.kernels: list[str] | None = args.takes_kernels.split(",") if args.takes_kernels else None
+        self.kernels: list[str] | None = args.bench_kernels.split(",") if args.bench_kernels else None
         self.deadline: float = time.monotonic() + float(args.budget)
         self.started = time.monotonic()
         self.limits = {**(SMOKE_LIMITS_S if self.smoke else LIMITS_S), **dict(args.limit)}
@@ -507,8 +507,9 @@ def retake_stage(run: Run, stage: Stage, log: Path) -> Json:
     report = WORK / "retake.json"
     size = ["--preset", "tiny", "--device", "cpu", "--history-rows", "0", "200", "--turn-frames", "40",
             "--repeats", "1"] if run.smoke else ["--preset", "full", "--device", "cuda"]
-    return bench_stage(run, stage, log, [*CLI, "bench", "retake", "--random-weights", *size, "--json", str(report)],
-                       report)
+    kernels = [] if run.kernels is None else ["--kernels", *run.kernels]
+    return bench_stage(run, stage, log, [*CLI, "bench", "retake", "--random-weights", *size, *kernels, "--json",
+                                         str(report)], report)
 
 
 def numerics_stage(run: Run, stage: Stage, log: Path) -> Json:
@@ -596,9 +597,9 @@ def main() -> int:
                         help="extra `retake serve` arguments, NAME=VALUE words its environment (repeatable): the "
                              "serve stage runs a server and the loads for each, e.g. --serve-variant '' "
                              "--serve-variant '--prefix-cache-gib 0 RETAKE_CHECK_FINITE=1'")
-    parser.add_argument("--takes-kernels", default=None, metavar="NAMES",
-                        help="the takes stage's `retake bench takes --kernels`, comma-separated, e.g. "
-                             "deltanet_step,cache_attention (default: the bench's)")
+    parser.add_argument("--bench-kernels", default=None, metavar="NAMES",
+                        help="`--kernels` for the takes and retake stages' benches, comma-separated, e.g. "
+                             "deltanet_step,cache_attention (default: the benches')")
     parser.add_argument("--limit", type=stage_limit, action="append", default=[], metavar="STAGE=SECONDS",
                         help="a stage's own time limit instead of LIMITS_S's (repeatable), e.g. --limit serve=250")
     args = parser.parse_args()
