@@ -272,7 +272,7 @@ def env_stage(run: Run, stage: Stage, log: Path) -> Json:
 # the kernels (no compile), the first window and graph replays, graph == eager, then the rest.
 FIRST_TESTS = ("tests/engine/test_graphs_gpu.py", "tests/engine/drama3/test_decoder_gpu.py", "tests/engine/kernels/",
                "tests/engine/drama3/test_fast_gpu.py", "tests/engine/drama3/test_prefill_gpu.py",
-               "tests/engine/drama3/test_codec_graphs_gpu.py")
+               "tests/engine/drama3/test_prefill_groups_gpu.py", "tests/engine/drama3/test_codec_graphs_gpu.py")
 
 
 def gpu_test_files() -> list[str]:
