@@ -15,7 +15,8 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   real time, nor a take whose stream just began run out of audio before its next
   window (admission.py's playback limit); `prefill_rows` fixes the rows per step instead. With no take decoding, a
   step runs the whole prefill at once. Prompts waiting for their prefill go in start
-  order.
+  order; where groups are on (prefill_groups.py), the next chunks of several waiting
+  prompts run as one batched chunk first, counted in the budget as their longest chunk.
 - `step` polls every decoding take's stop rules (cancel, deadline), runs one decode
   step for all slots at the KV bucket of the furthest take, reads the status of every
   slot in one host read (pinned, event polled: it never holds up the vocoder thread's
@@ -221,7 +222,7 @@ class Slots:
         for take in self.started():
             if (reason := take.stopped()) is not None:
                 self.end(take, reason)
-        started, beside = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
+        started, budgeted = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
         self.held, self.beside = False, 0
         admitted = self.prefill() if self.prefills else 0  # prompt rows beside decoding takes, as budgeted
         stepping = self.decoding()
@@ -235,7 +236,7 @@ class Slots:
                     self.end(take, "error", f"{type(exc).__name__}: {exc}")
             else:
                 step_s = time.perf_counter() - timer
-                if beside:  # (a step after a whole prefill says nothing of the budget)
+                if budgeted:  # (a step after a whole prefill says nothing of the budget)
                     self.admission.record(time.perf_counter() - started, admitted)
                 self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held)
                 for take in stepping:
