@@ -1,12 +1,12 @@
 """Several prompts' next prefill chunks run as one batched chunk: [prompts, rows].
 
     groups = PrefillGroups(chunked, scratch=N, most=8)   # beside a ChunkedPrefill, same caches
-    groups.capture(scratch)                              # CUDA: a graph per (shape, KV bucket)
+    groups.capture()                                     # CUDA: a graph per (shape, KV bucket), into the scratch slot
     group = groups.pick(prefills)                        # the waiting prefills whose next chunks fit a group
     groups.run(group, after)                             # one chunk of each; each prefill's hidden once done
 
-On the H200 a prefill chunk costs about the same for 40 rows as for 300 (32 ms, docs/perf.md:
-a chunk reads nearly every expert of every layer whatever its rows), so 64 directors
+On the H200 a prefill chunk costs about the same for 40 rows as for 93 (32 ms, docs/perf.md;
+likely because a chunk reads nearly every expert of every layer whatever its rows), so 64 directors
 starting at once paid 64 such chunks one after another while their first audio waited.
 A group reads the weights once for up to 8 prompts.
 
