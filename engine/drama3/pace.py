@@ -1,7 +1,7 @@
 """How the engine keeps pace under load: steps, prefill and windows, as one log line.
 
     pace = Pace()                                   # the slot table's (slots.py)
-    pace.step(seconds, decoding=12, prefilled=64, held=False)   # after each step (engine thread)
+    pace.step(seconds, decoding=12, prefilled=64, held=False, grouped=True)   # after each step (engine thread)
     pace.group(prompts=8)                           # a grouped prefill chunk (prefill_groups.py)
     pace.window(seconds)                            # each window's due-to-PCM time (vocoder thread)
     line = pace.report()                            # the numbers since the last report, then reset
@@ -46,10 +46,13 @@ class Pace:
         self.held = 0  # steps in which the playback limit held back a waiting prompt
         self.calls = 0  # codec calls
         self.groups = self.grouped = 0  # grouped prefill chunks, and the prompts they carried
+        self.group_step_s: list[float] = []  # the steps that ran a grouped chunk (what a group costs a step)
 
-    def step(self, seconds: float, decoding: int, prefilled: int, held: bool) -> None:
+    def step(self, seconds: float, decoding: int, prefilled: int, held: bool, grouped: bool = False) -> None:
         with self.lock:
             self.step_s.append(seconds)
+            if grouped:
+                self.group_step_s.append(seconds)
             self.decoding += decoding
             self.prefilled += prefilled
             self.held += held
@@ -73,8 +76,8 @@ class Pace:
             steps, windows = self.step_s, self.window_s
             seconds, self.since = time.monotonic() - self.since, time.monotonic()
             decoding, prefilled, held, calls = self.decoding, self.prefilled, self.held, self.calls
-            groups, grouped = self.groups, self.grouped
-            self.step_s, self.window_s = [], []
+            groups, grouped, group_steps = self.groups, self.grouped, self.group_step_s
+            self.step_s, self.window_s, self.group_step_s = [], [], []
             self.decoding = self.prefilled = self.held = self.calls = self.groups = self.grouped = 0
         if not steps:
             return None
@@ -83,6 +86,8 @@ class Pace:
                 f"{prefilled:,} prompt rows prefilled beside them, {held:,} steps held a prompt back for playback")
         if groups:
             line += f"; {groups:,} grouped prefill chunks of {grouped / groups:.1f} prompts"
+            if group_steps:
+                line += f" (steps with one p50 {percentile(group_steps, 0.5) * 1000:.1f} ms)"
         if windows:
             line += (f"; {len(windows):,} windows in {calls:,} codec calls, closed to audio p50 "
                      f"{percentile(windows, 0.5) * 1000:.1f} ms, p95 {percentile(windows, 0.95) * 1000:.1f} ms")

@@ -223,7 +223,7 @@ class Slots:
             if (reason := take.stopped()) is not None:
                 self.end(take, reason)
         started, budgeted = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
-        self.held, self.beside = False, 0
+        self.held, self.beside, groups = False, 0, self.pace.groups
         admitted = self.prefill() if self.prefills else 0  # prompt rows beside decoding takes, as budgeted
         stepping = self.decoding()
         if stepping:
@@ -238,7 +238,8 @@ class Slots:
                 step_s = time.perf_counter() - timer
                 if budgeted:  # (a step after a whole prefill says nothing of the budget)
                     self.admission.record(time.perf_counter() - started, admitted)
-                self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held)
+                self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held,
+                               grouped=self.pace.groups > groups)
                 for take in stepping:
                     if (reason := take.advance(status[take.slot], step_s)) is not None:
                         if reason == "error":  # non-finite logits: where, for whoever debugs the step

@@ -10,8 +10,8 @@ from engine.drama3.pace import Pace
 def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> None:
     pace = Pace()
     assert pace.report() is None  # no step: nothing to say
-    for ms in (5, 6, 7, 8, 40):  # five steps, one long
-        pace.step(ms / 1000, decoding=4, prefilled=32 if ms == 40 else 0, held=ms == 8)
+    for ms in (5, 6, 7, 8, 40):  # five steps, one long: the one with the grouped chunks
+        pace.step(ms / 1000, decoding=4, prefilled=32 if ms == 40 else 0, held=ms == 8, grouped=ms == 40)
     for ms in (3, 4, 30):
         pace.window(ms / 1000)
     pace.call()
@@ -22,7 +22,7 @@ def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> No
     assert line is not None
     assert re.search(r"5 steps \(p50 7\.0 ms, p95 40\.0 ms\), 4\.0 takes decoding a step, 32 prompt rows "
                      r"prefilled beside them, 1 steps held a prompt back for playback; 2 grouped prefill chunks "
-                     r"of 5\.5 prompts; 3 windows in 2 codec "
+                     r"of 5\.5 prompts \(steps with one p50 40\.0 ms\); 3 windows in 2 codec "
                      r"calls, closed to audio p50 4\.0 ms, p95 30\.0 ms", line), line
     assert pace.report() is None  # reset: the next line covers only what follows
     pace.step(0.010, decoding=1, prefilled=0, held=False)
