@@ -67,7 +67,6 @@ class GatedAttention(nn.Module):
         y: torch.Tensor = self.o_proj((out * torch.sigmoid(gate)).flatten(-2))  # [B, T, D]
         return y
 
-
     def attend_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor,
                      slots: torch.Tensor, kv_len: int | None) -> torch.Tensor:
         """k, v [B, T, Hkv, Dh] into the cache at input_pos [B, T], then q [B, T, H, Dh] over the
