@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 1: one window per call; 8 measured worse under load on the H200)")
     parser.add_argument("--prefill-group", type=int,
                         help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
-                             "on a GPU, where a chunk costs about the same for 40 rows as for 300; 1, off, on a CPU, "
+                             "on a GPU, where a chunk costs about the same for 40 rows as for 93; 1, off, on a CPU, "
                              "which keeps its takes bit for bit those of one prompt at a time)")
     parser.add_argument("--kernels", nargs="*", metavar="NAME",
                         help="the decode step's Triton kernels on a GPU (default: deltanet_step; see `retake bench "
