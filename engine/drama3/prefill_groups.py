@@ -24,6 +24,9 @@ Design choices:
 - On CUDA each shape is captured per KV bucket (1,024, 4,096) into the prefill's pool: 4
   more graphs at warm-up. A graph runs its shape's prompts; a group with fewer fills the
   rest with idle rows in the scratch slot (position 0, one row, nothing anyone reads).
+- Warms (the server's prefill-only takes of a next line) fill the rows a group of takes
+  leaves idle when their chunks are no longer than its longest (`fill`): a graph computes
+  every row of its shape, so they ride for nothing, and never in a take's place.
 - The slot table's budget (admission.py) counts a group as its longest chunk: what it costs
   on the H200, where a chunk's cost hardly follows its rows. Counting every row would teach
   the admission a per-row cost that a single chunk then overruns.
@@ -104,6 +107,17 @@ class PrefillGroups:
             if group and group[0] is prefills[0] and len(group) > len(best):
                 best = group
         return best if len(best) >= 2 else []
+
+    def fill(self, group: list[Prefill], others: list[Prefill]) -> list[Prefill]:
+        """Of `others` (in order), those whose next chunks fit the rows `group` (from `pick`)
+        leaves idle in its shape, without making its longest chunk longer: they run for nothing."""
+        chunks = [p.chunks[0] for p in group]
+        longest = max(end - first for first, end in chunks)
+        shape = self.shape(longest)
+        assert shape is not None, "pick chose the group"
+        room = min(shape[0], self.most) - len(group)
+        riders = [p for p in others if p.chunks and (c := p.chunks[0])[1] - c[0] <= longest and self.fits(*c, shape[1])]
+        return riders[:max(0, room)]
 
     def groupable(self, prefill: Prefill) -> bool:
         """The prefill's next chunk can run in a group (it fits a shape, the cache and the buckets)."""

@@ -160,6 +160,8 @@ class Slots:
                 if finished:
                     del self.prefills[take]
                     take.prefilled()
+                    if take.prefill_only:  # a warm that rode along: its snapshots are kept, the slot goes back
+                        self.end(take, "prefilled")
             if decoding and budget <= 0:
                 return allowed - budget
         # Takes first (in start order), then prefill-only takes, which never delay a take: while
@@ -190,16 +192,24 @@ class Slots:
         return allowed - budget if decoding else 0
 
     def group(self, ordered: bool) -> list[tuple[Take, Prefill]]:
-        """The waiting takes (not prefill-only ones) whose next chunks run together next
-        (prefill_groups.py `pick`), with their prefills; [] when fewer than two fit. `ordered`
-        (takes decode, the step's rows are few): the group starts with the first waiting take,
-        so a long chunk is never passed over; otherwise every waiting prompt runs in this
-        step anyway, and the group starts with the first that can join one."""
-        waiting = [(take, prefill) for take, prefill in self.prefills.items() if not take.prefill_only]
+        """The waiting prompts whose next chunks run together next (prefill_groups.py `pick`),
+        with their prefills; [] when fewer than two takes' chunks fit one. `ordered` (takes
+        decode, the step's rows are few): the group starts with the first waiting take, so a
+        long chunk is never passed over; otherwise every waiting prompt runs in this step
+        anyway, and the group starts with the first that can join one. Warms (prefill-only
+        takes) fill the rows the takes leave: a graph computes all of its shape's rows, so
+        they ride along for nothing, and never in a take's place."""
+        groups = self.decoder.groups
+        takes = [(take, prefill) for take, prefill in self.prefills.items() if not take.prefill_only]
         if not ordered:
-            waiting = [(take, prefill) for take, prefill in waiting if self.decoder.groups.groupable(prefill)]
-        picked = {id(prefill) for prefill in self.decoder.groups.pick([prefill for _, prefill in waiting])}
-        return [(take, prefill) for take, prefill in waiting if id(prefill) in picked]
+            takes = [(take, prefill) for take, prefill in takes if groups.groupable(prefill)]
+        picked = groups.pick([prefill for _, prefill in takes])
+        if not picked:
+            return []
+        group = [(take, prefill) for take, prefill in takes if any(prefill is p for p in picked)]
+        warms = [(take, prefill) for take, prefill in self.prefills.items() if take.prefill_only]
+        riders = groups.fill(picked, [prefill for _, prefill in warms])
+        return group + [(take, prefill) for take, prefill in warms if any(prefill is p for p in riders)]
 
     def playback_limit(self) -> float | None:
         """The longest step the takes playing allow (admission.py), None if none is playing."""

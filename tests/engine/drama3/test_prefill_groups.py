@@ -129,6 +129,27 @@ def test_a_step_budget_counts_a_group_as_its_longest_chunk(grouped, monkeypatch)
         table.step()
 
 
+def test_a_warm_rides_in_the_rows_a_group_of_takes_leaves(grouped, monkeypatch):
+    """The server's warm of a next line (a prefill-only take) joins the takes' group where the
+    shape has rows to spare and its chunk is no longer than theirs: it costs the group nothing;
+    it ends "prefilled", and the line after restores what it prefilled."""
+    decoder, table = grouped.decoder, grouped.slot_table
+    decoder.prefix.clear()
+    counted = Counted(decoder)
+    monkeypatch.setattr(decoder, "prefill_group", counted)
+    takes = [table.start(prompt) for prompt in prompts(grouped, 3)[1:]]  # two takes with histories
+    warm = grouped.warm(grouped.prompt("(not written yet)", None, history(3), Sampling(max_new_tokens=1)))
+    assert warm is not None and warm.prefill_only
+    table.step()
+    assert counted.sizes[0] == 3  # the two takes and the warm, in the first group
+    while any(not take.done for take in [*takes, warm]):
+        table.step()
+    assert warm.finish == "prefilled" and table.free_slots == 4
+    line = grouped.prompt("The line after.", None, history(3), Sampling(max_new_tokens=4, seed=3))
+    done = list(grouped.generate(line))[-1]
+    assert isinstance(done, Done) and done.timings["cached_rows"] == max(line.boundaries)
+
+
 def test_a_long_chunk_first_keeps_no_group_from_running_while_nothing_decodes(grouped, monkeypatch):
     decoder, table = grouped.decoder, grouped.slot_table
     monkeypatch.setattr(decoder, "prefix", None)  # no cache: a prompt is one chunk (512 rows at most)
@@ -164,6 +185,10 @@ def test_which_chunks_join_a_group(grouped):
     assert groups.pick([longer, short, short]) == [longer, short, short]
     assert len(groups.pick([longer, waiting(0, large)] * 4)) == GROUP_SHAPES[1][0]
     assert groups.pick([waiting(limit - 10, limit - 1)] * 2) == []  # padded, it would pass the cache's last row
+    # Warms fill the rows a group leaves, with chunks no longer than its longest.
+    pair, rider, too_long = [waiting(0, 30), waiting(0, 40)], waiting(0, 40), waiting(0, 41)
+    assert groups.fill(pair, [too_long, rider, rider]) == [rider, rider]
+    assert len(groups.fill(pair, [rider] * 10)) == takes - 2
     groups.most, most = 1, groups.most
     try:
         assert groups.pick([waiting(0, 10)] * 2) == []  # groups off
