@@ -120,10 +120,7 @@ class Takes(Part):
 
     def take(self, session_id: str, take_id: int) -> StoredTake | None:
         """The take if it belongs to this session (another session's take is as good as unknown)."""
-        with self._transaction() as conn:
-            row = conn.execute(sa.select(*TAKE_COLUMNS).where(takes.c.take_id == take_id,
-                                                              takes.c.session_id == session_id)).first()
-        return None if row is None else _take(row)
+        return self.takes_by_id(session_id, [take_id]).get(take_id)
 
     def takes_by_id(self, session_id: str, take_ids: list[int]) -> dict[int, StoredTake]:
         """Those of the takes that belong to this session, by id, in one query (a take's history)."""
@@ -246,11 +243,7 @@ class Takes(Part):
         return None if row is None else (np.frombuffer(row.pcm, dtype="<i2").astype(np.int16), int(row.sample_rate))
 
     def take_codes(self, take_id: int) -> np.ndarray | None:
-        with self._transaction() as conn:
-            row = conn.execute(sa.select(takes.c.codebooks, takes.c.codes).where(takes.c.take_id == take_id)).first()
-        if row is None or row.codes is None:
-            return None
-        return blob_to_codes(row.codebooks, row.codes)
+        return self.takes_codes([take_id]).get(take_id)
 
     def takes_codes(self, take_ids: list[int]) -> dict[int, np.ndarray]:
         """The codes of those takes that have them, by id, in one query ([codebooks, frames] each)."""

@@ -201,6 +201,16 @@ class Decoder:
                 self.activate(prefill, prefill.hidden)  # (before the next group overwrites that view)
         return done
 
+    @torch.inference_mode()
+    def prefill_together(self, prefills: list[Prefill]) -> None:
+        """Run the prefills to their end, their next chunks in groups where they fit one, else
+        the first waiting one's chunk alone (prompts waiting at once, with nothing decoding)."""
+        while waiting := [prefill for prefill in prefills if prefill.chunks]:
+            if group := self.groups.pick(waiting):
+                self.prefill_group(group)
+            else:
+                self.prefill_more(waiting[0], rows=1)  # (one chunk: at least one runs)
+
     def after_chunk(self, prefill: Prefill) -> Callable[[int, torch.Tensor], None] | None:
         """What runs after each of the prefill's chunks: the prefix cache's snapshots, the finite check."""
         plan = self.plans.get(prefill.slot)

@@ -74,12 +74,7 @@ def bench_prefill_groups(model: Drama3Model, config: Drama3Config, device: torch
             decoder.prefill(prompt, slot)
 
     def grouped(prompts: list[Prompt]) -> None:
-        prefills = [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(prompts)]
-        while waiting := [prefill for prefill in prefills if prefill.chunks]:
-            if group := decoder.groups.pick(waiting):
-                decoder.prefill_group(group)
-            else:
-                decoder.prefill_more(waiting[0], rows=1)
+        decoder.prefill_together([decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(prompts)])
 
     out: list[Row] = []
     for rows in GROUP_PROMPT_ROWS:

@@ -52,20 +52,15 @@ class Counted:
 
 
 @torch.inference_mode()
-def test_a_prompt_prefilled_in_groups_leaves_the_state_it_leaves_alone(grouped, single):
+def test_a_prompt_prefilled_in_groups_leaves_the_state_it_leaves_alone(grouped, single, monkeypatch):
     decoder = grouped.decoder
     decoder.prefix.clear()
     single.decoder.prefix.clear()
+    counted = Counted(decoder)
+    monkeypatch.setattr(decoder, "prefill_group", counted)
     takes = prompts(grouped)
-    prefills = [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(takes)]
-    sizes = []
-    while any(prefill.chunks for prefill in prefills):
-        waiting = [prefill for prefill in prefills if prefill.chunks]
-        if group := decoder.groups.pick(waiting):
-            sizes.append(len(group))
-            decoder.prefill_group(group)
-        else:
-            decoder.prefill_more(waiting[0], rows=1)  # one chunk alone: the group rules said so
+    decoder.prefill_together([decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(takes)])
+    sizes = counted.sizes
     assert max(sizes) == len(takes) and len(sizes) > 1  # all four at once, over several chunks each
     for slot, prompt in enumerate(takes):
         assert bool(decoder.active[slot])
