@@ -5,7 +5,8 @@ Design choices:
   take it queues. The takes of a replica that died are finished by the others as interrupted,
   with the windows their directors heard; a live replica's takes are left alone.
 - Alive means holding a lock that the operating system or the database server lets go the
-  moment the process dies, SIGKILL included, so there is no heartbeat to wait for or to tune:
+  moment the process dies, SIGKILL included (PostgreSQL: when its backend reads the closed
+  socket, a moment later), so there is no heartbeat to wait for or to tune:
   on PostgreSQL a session advisory lock on the replica's own connection (released when that
   connection closes), on SQLite an exclusive flock on a file in a folder beside the database
   (released when the process's descriptors close). Another replica that can take the lock

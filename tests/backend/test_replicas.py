@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,19 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+def gone(store: Store, replica_id: int) -> None:
+    """Waits until the store sees the replica dead. On PostgreSQL its lock goes when the database
+    server's backend reads the closed socket, a moment after the process dies (CI's loaded machine
+    once swept before that moment); on SQLite the flock goes with the process."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with store.engine.begin() as conn:
+            if not store.replica.alive(conn, replica_id):
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"replica {replica_id} still holds its lock 60 s after it was killed")
+
+
 def test_the_takes_of_a_killed_replica_are_finished_as_heard(database: Path | str) -> None:
     survivor = Store(database)
     replica = subprocess.Popen([sys.executable, "-c", REPLICA, str(database)], stdin=subprocess.PIPE,
@@ -59,6 +73,7 @@ def test_the_takes_of_a_killed_replica_are_finished_as_heard(database: Path | st
     finally:
         replica.kill()
         replica.wait()
+    gone(survivor, int(replica_id))
     assert survivor.finish_orphaned_takes(session) == 1
     take = survivor.take(session, int(take_id))
     assert take is not None and (take.state, take.finish_reason, take.error) == ("done", "error", STOPPED_DURING_TAKE)
