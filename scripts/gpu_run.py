@@ -25,17 +25,19 @@ that fails or runs out of time is recorded and the next one runs):
 - retake (only with --stages): `retake bench retake --random-weights --preset full --device
   cuda`: first audio of a retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off
 - personaplex: `retake bench personaplex --size released` at 1, 8, 32, 64, 128 slots (a full
-  context each), then encode / model / decode apart (`--parts`) at 1 and 64 if time is left
+  context each; one conversation's tick profiled part by part), then encode / model / decode
+  apart (`--parts`) at 1 and 64 if time is left
 - converse: `retake serve --converse --random-weights --size released --preset tiny
   --converse-slots 128` (Drama 3 tiny: the GPU's memory is PersonaPlex's) + `retake loadtest
   --converse` at 127 conversations with one joining while they talk (all 128 slots), then 64
   with one joining if time is left
 
-OUT gets at most 6 files: summary.json (everything measured, per stage; rewritten after
+OUT gets at most 7 files: summary.json (everything measured, per stage; rewritten after
 each stage, so a run cut short keeps what it measured), summary.txt (the figures that
 matter, readable; also printed at the end), log.txt (each stage's output, its tail when
 long), server.log (server-2.log, ... for each further --serve-variant) and converse-server.log
-(the served engines' logs), profile.txt (the kernel tables of `bench takes --profile`).
+(the served engines' logs), profile.txt (the kernel tables of `bench takes --profile`) and
+personaplex-profile.txt (`bench personaplex --profile`).
 Work files live in /tmp/retake-gpu.
 
 Design choices:
@@ -539,8 +541,9 @@ def personaplex_stage(run: Run, stage: Stage, log: Path) -> Json:
     stage_end = time.monotonic() + run.limit(stage)
     common = ["--size", "tiny", "--device", "cpu", "--ticks", "3", "--warmup", "1"] if run.smoke \
         else ["--size", "released", "--device", "cuda"]
-    runs = [("sizes", ["--slots", "1", "2"] if run.smoke else
-             ["--slots", "1", "8", "32", "64", "128", "--ticks", "50", "--warmup", "5", "--no-compare"]),
+    profile = ["--profile", str(run.out / "personaplex-profile.txt")]  # one conversation's tick, part by part
+    runs = [("sizes", ["--slots", "1", "2", *profile] if run.smoke else
+             ["--slots", "1", "8", "32", "64", "128", "--ticks", "50", "--warmup", "5", "--no-compare", *profile]),
             # the compiled tick against the eager one, side by side (three engines per size)
             ("parts", ["--slots", "1", "--parts"] if run.smoke else
              ["--slots", "1", "64", "--ticks", "20", "--warmup", "3", "--parts", "--compare"])]

@@ -79,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also time the parts with the compiled and with the eager tick side by side "
                              "(default: on a GPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON line to this file")
+    parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                        help="write the kernels of one tick of the first slot count to FILE, part by part "
+                             "(encode, model, decode; launched without the graph), most time first")
 
 
 def tick_bytes(engine: PersonaPlex, slots: int, history: int) -> int:
@@ -154,6 +157,8 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
             if i >= args.warmup:
                 for name, value in engine.timings.items():
                     rows.setdefault(name, []).append(value)
+        if args.profile is not None and slots == args.slots[0]:
+            args.profile.write_text(profile_tick(engine, slots))
         memory = engine.memory()
         kv_dtype = str(engine.lockstep.temporal.rings()[0].keys.dtype).removeprefix("torch.")
         floor_ms = tick_bytes(engine, slots, history + args.warmup + args.ticks) / bandwidth * 1000 \
@@ -190,6 +195,38 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
         row["moshi_ms"] = MOSHI_MS[slots]
         row["moshi_ratio"] = round(MOSHI_MS[slots] / row["gpu_ms_mean"], 2)  # > 1: faster than moshi
     return row
+
+
+def profile_tick(engine: PersonaPlex, slots: int) -> str:
+    """The kernels of one tick of `slots` conversations, part by part, launched without the graph
+    (the compiled modules launch what the graph would replay): each part's kernel count and time,
+    then its table. At batch 1 a tick is bound by its launches, not its bytes, so the count is
+    what to read first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    ticks = engine.ticks
+    cuda = ticks.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sort = "cuda_time_total" if cuda else "cpu_time_total"
+    out = []
+    with torch.no_grad():
+        for stage in (ticks.encode, ticks.model, ticks.decode):
+            stage(slots)  # its kernels warm (a compile's first call is not what is profiled)
+            if cuda:
+                torch.cuda.synchronize()
+            with profile(activities=activities) as prof:
+                stage(slots)
+                if cuda:
+                    torch.cuda.synchronize()
+            events = prof.key_averages()
+            kernels = [e for e in events if cuda and e.device_type.name == "CUDA"]
+            count = sum(e.count for e in kernels)
+            ms = sum(getattr(e, "self_device_time_total", 0.0) for e in kernels) / 1000
+            head = f"# {stage.__name__}, {slots} conversation{'s' if slots > 1 else ''}: "
+            head += f"{count} kernels, {ms:.2f} ms of kernel time" if cuda else "CPU ops (no GPU here)"
+            out.append(head + "\n" + events.table(sort_by=sort, row_limit=40))
+    return "\n\n".join(out) + "\n"
 
 
 def run(args: argparse.Namespace) -> int:

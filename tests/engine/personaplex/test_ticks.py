@@ -140,9 +140,9 @@ def test_the_bench_times_every_size_in_one_process(capsys: pytest.CaptureFixture
 
     from backend.cli import main
 
-    out = tmp_path / "bench.json"
+    out, profile = tmp_path / "bench.json", tmp_path / "profile.txt"
     assert main(["bench", "personaplex", "--slots", "1", "3", "--ticks", "2", "--warmup", "1", "--greedy",
-                 "--device", "cpu", "--json", str(out)]) == 0
+                 "--device", "cpu", "--json", str(out), "--profile", str(profile)]) == 0
     printed = capsys.readouterr().out
     assert "history full" in printed and "per conversation" in printed
     report = json.loads(out.read_text())
@@ -150,6 +150,10 @@ def test_the_bench_times_every_size_in_one_process(capsys: pytest.CaptureFixture
     for row in report["rows"]:
         assert row["gpu_ms_mean"] > 0 and row["encode_ms_mean"] > 0 and row["model_ms_mean"] > 0
         assert row["kv_gib_per_conversation"] > 0 and row["history"] == "full"
+    # The first size's tick, part by part: Mimi's convolutions in encode, the ring's attention in the model.
+    parts = profile.read_text().split("\n\n# ")
+    assert [part.lstrip("# ").split(",")[0] for part in parts] == ["encode", "model", "decode"]
+    assert "conv1d" in parts[0] and "1 conversation:" in parts[1] and "conv" in parts[2]
 
 
 def test_a_bench_stopped_at_a_later_size_keeps_the_sizes_it_timed(tmp_path: Path):
