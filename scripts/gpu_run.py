@@ -25,7 +25,7 @@ that fails or runs out of time is recorded and the next one runs):
 - retake (only with --stages): `retake bench retake --random-weights --preset full --device
   cuda`: first audio of a retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off
 - personaplex: `retake bench personaplex --size released` at 1, 8, 32, 64, 128 slots (a full
-  context each; one conversation's tick profiled part by part), then encode / model / decode
+  context each; the ticks of 1 and 128 profiled part by part), then encode / model / decode
   apart (`--parts`) at 1 and 64 if time is left
 - converse: `retake serve --converse --random-weights --size released --preset tiny
   --converse-slots 128` (Drama 3 tiny: the GPU's memory is PersonaPlex's) + `retake loadtest
@@ -541,7 +541,7 @@ def personaplex_stage(run: Run, stage: Stage, log: Path) -> Json:
     stage_end = time.monotonic() + run.limit(stage)
     common = ["--size", "tiny", "--device", "cpu", "--ticks", "3", "--warmup", "1"] if run.smoke \
         else ["--size", "released", "--device", "cuda"]
-    profile = ["--profile", str(run.out / "personaplex-profile.txt")]  # one conversation's tick, part by part
+    profile = ["--profile", str(run.out / "personaplex-profile.txt")]  # the ticks of 1 and 128, part by part
     runs = [("sizes", ["--slots", "1", "2", *profile] if run.smoke else
              ["--slots", "1", "8", "32", "64", "128", "--ticks", "50", "--warmup", "5", "--no-compare", *profile]),
             # the compiled tick against the eager one, side by side (three engines per size)

@@ -80,8 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: on a GPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON line to this file")
     parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
-                        help="write the kernels of one tick of the first slot count to FILE, part by part "
-                             "(encode, model, decode; launched without the graph), most time first")
+                        help="write the kernels of one tick of the first and the last slot count to FILE, part "
+                             "by part (encode, model, decode; launched without the graph), most time first")
 
 
 def tick_bytes(engine: PersonaPlex, slots: int, history: int) -> int:
@@ -157,8 +157,9 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
             if i >= args.warmup:
                 for name, value in engine.timings.items():
                     rows.setdefault(name, []).append(value)
-        if args.profile is not None and slots == args.slots[0]:
-            args.profile.write_text(profile_tick(engine, slots))
+        if args.profile is not None and slots in (args.slots[0], args.slots[-1]):  # the two ends
+            with args.profile.open("w" if slots == args.slots[0] else "a") as file:
+                file.write(profile_tick(engine, slots))
         memory = engine.memory()
         kv_dtype = str(engine.lockstep.temporal.rings()[0].keys.dtype).removeprefix("torch.")
         floor_ms = tick_bytes(engine, slots, history + args.warmup + args.ticks) / bandwidth * 1000 \
@@ -225,8 +226,8 @@ def profile_tick(engine: PersonaPlex, slots: int) -> str:
             ms = sum(getattr(e, "self_device_time_total", 0.0) for e in kernels) / 1000
             head = f"# {stage.__name__}, {slots} conversation{'s' if slots > 1 else ''}: "
             head += f"{count} kernels, {ms:.2f} ms of kernel time" if cuda else "CPU ops (no GPU here)"
-            out.append(head + "\n" + events.table(sort_by=sort, row_limit=40))
-    return "\n\n".join(out) + "\n"
+            out.append(head + "\n" + events.table(sort_by=sort, row_limit=30))
+    return "\n\n".join(out) + "\n\n"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -150,10 +150,11 @@ def test_the_bench_times_every_size_in_one_process(capsys: pytest.CaptureFixture
     for row in report["rows"]:
         assert row["gpu_ms_mean"] > 0 and row["encode_ms_mean"] > 0 and row["model_ms_mean"] > 0
         assert row["kv_gib_per_conversation"] > 0 and row["history"] == "full"
-    # The first size's tick, part by part: Mimi's convolutions in encode, the ring's attention in the model.
-    parts = profile.read_text().split("\n\n# ")
-    assert [part.lstrip("# ").split(",")[0] for part in parts] == ["encode", "model", "decode"]
-    assert "conv1d" in parts[0] and "1 conversation:" in parts[1] and "conv" in parts[2]
+    # The first and the last size's tick, part by part: Mimi's convolutions in encode and decode.
+    parts = profile.read_text().strip().split("\n\n# ")
+    assert [part.lstrip("# ").split(":")[0] for part in parts] == [
+        f"{name}, {n}" for n in ("1 conversation", "3 conversations") for name in ("encode", "model", "decode")]
+    assert "conv1d" in parts[0] and "conv" in parts[2] and "conv1d" in parts[3]
 
 
 def test_a_bench_stopped_at_a_later_size_keeps_the_sizes_it_timed(tmp_path: Path):
