@@ -12,7 +12,9 @@ RMSNorm of a 2,048-wide row, one Gated DeltaNet layer's step, one MoE layer's ro
 (softmax, top 8 of 256, renormalised), and one layer's FP8 experts (256 x 2,048 x 512,
 top 8; the default layout, one block per pair without split-K as the kernel ran before,
 and the by-expert layout), and one full-attention layer's one-row attention over 512 and
-4,096 rows of history per take (cache_attention, against the model's gather and SDPA).
+4,096 rows of history per take (cache_attention, against the model's gather and SDPA); and
+PersonaPlex's attention over a full float8 ring of 3,000 positions per conversation (`rows`
+conversations; `per_step` and `step_ms` then count one tick's 32 Helium layers).
 
 Design choices:
 - A call's time is the replay of a CUDA graph of `copies` calls divided by `copies`,
@@ -43,8 +45,8 @@ import torch
 
 from engine.drama3.config import Drama3Config
 
-HELP = ("each decode kernel (sampler, norm, DeltaNet step, MoE routing, FP8 MoE, cache attention) vs its torch "
-        "reference (needs CUDA)")
+HELP = ("each decode kernel (sampler, norm, DeltaNet step, MoE routing, FP8 MoE, cache attention, PersonaPlex's "
+        "ring attention) vs its torch reference (needs CUDA)")
 COLD_BYTES = 128 << 20  # data read cold per timed graph, at least (the L2 cache is 50-60 MiB)
 MAX_COPIES = 64
 REPLAYS = 20
@@ -246,11 +248,42 @@ def attention_case(config: Drama3Config, rows: int, kv: int, device: torch.devic
     return Case(f"cache_attention kv {kv}", rows, len(text.full_attention_layers), moved, copies, call, reference)
 
 
-def cases(config: Drama3Config, rows: int, device: torch.device) -> list[Case]:
-    """Every kernel's case at one batch of `rows` decoding takes."""
+def ring_case(rows: int, device: torch.device, lm: dict[str, int] | None = None) -> Case:
+    """PersonaPlex's one-query attention over a full float8 ring (engine/kernels/ring_attention.py)
+    for `rows` conversations, each a whole context in: one of Helium's layers per tick, released
+    sizes unless `lm` gives others (dim, num_heads, context)."""
+    from engine.kernels import ring_attention
+    from engine.personaplex.config import RELEASED_LM
+    from engine.personaplex.ring import quantize_kv
+
+    sizes = {key: int(RELEASED_LM[key]) for key in ("dim", "num_heads", "context", "num_layers")} | (lm or {})
+    H, C = sizes["num_heads"], sizes["context"]
+    Dh = sizes["dim"] // H
+    moved = rows * H * C * (Dh + 4) * 2  # float8 keys and values with a float32 scale each
+    copies = copies_for(moved)
+    rings = [(*quantize_kv(torch.randn(rows, H, C, Dh, device=device)), *quantize_kv(torch.randn(rows, H, C, Dh,
+                                                                                                   device=device)))
+             for _ in range(copies)]  # (keys, key scales, values, value scales) per copy
+    q = torch.randn(rows, H, Dh, device=device).bfloat16()
+    positions = torch.full((rows,), 10 * C + 7, device=device)  # wrapped many times: every slot visible
+
+    def call(i: int) -> torch.Tensor:
+        keys, key_scales, values, value_scales = rings[i]
+        return ring_attention.ring_attention_kernel(q, keys, values, key_scales, value_scales, positions, C)
+
+    def reference(i: int) -> torch.Tensor:
+        keys, key_scales, values, value_scales = rings[i]
+        return ring_attention.ring_attention_reference(q, keys, values, key_scales, value_scales, positions, C)
+
+    return Case("personaplex ring", rows, sizes["num_layers"], moved, copies, call, reference)
+
+
+def cases(config: Drama3Config, rows: int, device: torch.device, lm: dict[str, int] | None = None) -> list[Case]:
+    """Every kernel's case at one batch of `rows` decoding takes (conversations, for the ring: of
+    PersonaPlex's released sizes, or `lm`'s)."""
     return [*sampler_cases(config, rows, device), *norm_cases(config, rows, device),
             *deltanet_cases(config, rows, device), *routing_cases(config, rows, device),
-            *moe_cases(config, rows, device), *attention_cases(config, rows, device)]
+            *moe_cases(config, rows, device), *attention_cases(config, rows, device), ring_case(rows, device, lm)]
 
 
 # ─── timing ──────────────────────────────────────────────────────────────────
