@@ -106,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--converse-slots", type=int, default=2,
                         help="conversations at once, ticked together in one batch (default 2)")
     parser.add_argument("--converse-compile", choices=("auto", "on", "off"), default="auto",
-                        help="PersonaPlex's tick (Helium layers, depformer steps) with its small ops compiled by "
+                        help="PersonaPlex's tick (Helium, depformer and Mimi layers) with its small ops compiled by "
                              "Inductor into fused kernels, or the eager modules (default auto: compiled on a GPU)")
     parser.add_argument("--drain-seconds", type=float, default=60.0,
                         help="on SIGTERM, how long running takes may go on while the replica drains (no new "

@@ -21,7 +21,8 @@ Design choices:
   the copy bandwidth measured here (engine/bench/timing.py). Released sizes print Kyutai's
   moshi 0.2.13 figures on the same GPU beside ours (CUDA graphs, dep_q 16; docs/perf.md).
 - A tick's Helium layers and depformer steps run their small ops compiled on CUDA
-  (`--compile`, engine/personaplex/compiled_temporal.py and compiled_depformer.py). On a GPU
+  (`--compile`, engine/personaplex/compiled_temporal.py, compiled_depformer.py and
+  compiled_mimi.py: Mimi's transformer layers). On a GPU
   (`--compare`), each slot count is also timed in parts (encode / model / decode, CUDA
   events) with the compiled and with the eager modules,
   one engine each, so one run gives the ratio side by side. Each engine's setup (its
@@ -123,6 +124,7 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
     import torch
 
     from engine.personaplex.compiled_depformer import CompiledDepformer
+    from engine.personaplex.compiled_mimi import CompiledMimiLayer
     from engine.personaplex.compiled_temporal import CompiledTemporal
     from engine.personaplex.engine import DEFAULT_PERSONA
     from engine.personaplex.random_weights import random_engine
@@ -166,8 +168,10 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
             if bandwidth else None
         graphed = engine.ticks.graphed
         steps, helium = engine.lockstep.steps, engine.lockstep.helium
+        mimi_layer = engine.mimi_layer
         tick = "compiled" if isinstance(steps, CompiledDepformer) and isinstance(helium, CompiledTemporal) and \
-            steps.failed is None and helium.failed is None else "eager"
+            isinstance(mimi_layer, CompiledMimiLayer) and steps.failed is None and helium.failed is None and \
+            mimi_layer.failed is None else "eager"
     finally:
         engine.close()
         del engine
@@ -282,11 +286,12 @@ def run(args: argparse.Namespace) -> int:
                       f"{cell(c['model_ms_mean'], 7)} {cell(c['decode_ms_mean'], 7)} {cell(c['gpu_ms_mean'], 7)} "
                       f"{cell(c['setup_s'], 7, 1)}")
             fast, slow = r["compare"]["compiled"], r["compare"]["eager"]
-            if fast["model_ms_mean"] and slow["model_ms_mean"]:
-                r["model_ratio"] = round(slow["model_ms_mean"] / fast["model_ms_mean"], 2)
+            if all(fast[f"{part}_ms_mean"] and slow[f"{part}_ms_mean"] for part in ("encode", "model", "decode")):
+                for part in ("encode", "model", "decode"):  # Mimi's layers in encode and decode, the LM's in model
+                    r[f"{part}_ratio"] = round(slow[f"{part}_ms_mean"] / fast[f"{part}_ms_mean"], 2)
                 r["tick_ratio"] = round(slow["gpu_ms_mean"] / fast["gpu_ms_mean"], 2)
-                print(f"{r['slots']:>5} {'ratio':>9} {'':>7} {cell(r['model_ratio'], 7)} {'':>7} "
-                      f"{cell(r['tick_ratio'], 7)}")
+                print(f"{r['slots']:>5} {'ratio':>9} {cell(r['encode_ratio'], 7)} {cell(r['model_ratio'], 7)} "
+                      f"{cell(r['decode_ratio'], 7)} {cell(r['tick_ratio'], 7)}")
     from engine.personaplex.compiled_depformer import compile_log
 
     compiles = compile_log()

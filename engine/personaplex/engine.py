@@ -30,8 +30,8 @@ Design choices:
   (voices.py), without touching any slot.
 - The key/value ring is float8 on CUDA by default (`kv`, ring.py): half the memory, so
   128 conversations of full context fit on one H200; the fused Triton kernels
-  (ring attention, token draws) run on CUDA unless `fused=False`, and so does the compiled
-  depformer (compiled_depformer.py) unless `compiled=False`. `memory()` says what a
+  (ring attention, token draws) run on CUDA unless `fused=False`, and so do the compiled
+  depformer, Helium layers and Mimi layers (compiled_*.py) unless `compiled=False`. `memory()` says what a
   conversation costs.
 - No checkpoint means the tiny demo (tiny.py), written on first use; the device and the
   model dtype are engine/device.py's, as for Drama 3.
@@ -57,10 +57,11 @@ from engine.checkpoints import resolve_checkpoint
 from engine.device import model_dtype, pick_device
 from engine.errors import RequestError
 from engine.personaplex.checkpoint import HUB_PATTERNS, load_lm, load_mimi, load_tokenizer, read_config, voices_dir
+from engine.personaplex.compiled_mimi import CompiledMimiLayer
 from engine.personaplex.config import EPAD_TOKEN, PAD_TOKEN, PersonaPlexConfig
 from engine.personaplex.depformer import Depformer
 from engine.personaplex.lockstep import Lockstep
-from engine.personaplex.mimi import Mimi
+from engine.personaplex.mimi import LayerFn, Mimi, run_layer
 from engine.personaplex.prompt import (
     SYSTEM_TAG,
     Plan,
@@ -131,7 +132,7 @@ class PersonaPlex:
 
     def __init__(self, root: Path, cfg: PersonaPlexConfig, lockstep: Lockstep, mimi: Mimi, tokenizer: TextTokenizer,
                  device: torch.device, sampling: Sampling, graphs: bool = True, parts: bool = False,
-                 buckets: list[int] | None = None) -> None:
+                 buckets: list[int] | None = None, compiled: bool = False) -> None:
         self.root = root
         self.cfg = cfg
         self.lockstep = lockstep
@@ -151,7 +152,10 @@ class PersonaPlex:
         self.prompts: dict[int, _Prompt] = {}  # slot -> its system prompt being read
         self.live: set[int] = set()  # slots in a conversation past their system prompt
         mimi.setup_streams(self.slots)
-        self.ticks = Ticks(mimi, lockstep, self.silence, device, graphs=graphs, parts=parts, buckets=buckets)
+        # Mimi's transformer layers in a tick: compiled with the rest of the tick, or eager
+        self.mimi_layer: LayerFn = CompiledMimiLayer() if compiled else run_layer
+        self.ticks = Ticks(mimi, lockstep, self.silence, device, graphs=graphs, parts=parts, buckets=buckets,
+                           layer=self.mimi_layer)
         lockstep.sampling.set(slice(None), self.sampling)
 
     @staticmethod
@@ -181,7 +185,7 @@ class PersonaPlex:
         check_memory(cfg, temporal, slots, device)
         compiled = device.type == "cuda" if compiled is None else compiled
         lockstep = Lockstep(cfg.lm, temporal, depformer, slots, device, compiled=compiled)
-        return PersonaPlex(root, cfg, lockstep, mimi, tokenizer, device, sampling, graphs, parts, buckets)
+        return PersonaPlex(root, cfg, lockstep, mimi, tokenizer, device, sampling, graphs, parts, buckets, compiled)
 
     @property
     def limits(self) -> dict[str, int]:

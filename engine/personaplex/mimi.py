@@ -19,6 +19,9 @@ Design choices:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,6 +59,15 @@ class MimiLayer(nn.Module):
         return out
 
 
+LayerFn = Callable[[MimiLayer, torch.Tensor, RingStep], torch.Tensor]  # how a transformer runs one of its layers
+
+
+def run_layer(layer: MimiLayer, h: torch.Tensor, step: RingStep) -> torch.Tensor:
+    """The layer's own forward (compiled_mimi.py gives the compiled one)."""
+    out: torch.Tensor = layer(h, step)
+    return out
+
+
 class MimiTransformer(StreamingModule):
     """Causal transformer over the 25 Hz latents, conv layout [B, C, T] in and out."""
 
@@ -75,14 +87,14 @@ class MimiTransformer(StreamingModule):
     def _reset_stream(self, rows: torch.Tensor) -> None:
         self.offset.masked_fill_(rows, 0)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: LayerFn = run_layer) -> torch.Tensor:
         B, _, T = x.shape
         offset = self.offset[:B]  # a batch bucket runs the first B slots
         positions = offset[:, None] + torch.arange(T, device=x.device)  # [B, T]
         step = ring_step(positions, self.context, self.context, self.head_dim, self.max_period)
         h = x.transpose(1, 2)
-        for layer in self.layers:
-            h = layer(h, step)
+        for module in self.layers:
+            h = layer(cast(MimiLayer, module), h, step)
         offset += T
         return h.transpose(1, 2)
 
@@ -160,16 +172,16 @@ class Mimi(StreamingModule):
         return twin.eval()
 
     @torch.no_grad()
-    def encode(self, pcm: torch.Tensor) -> torch.Tensor:
-        """pcm [B, frame_size] float -> codes [B, codebooks] (long)."""
+    def encode(self, pcm: torch.Tensor, layer: LayerFn = run_layer) -> torch.Tensor:
+        """pcm [B, frame_size] float -> codes [B, codebooks] (long); `layer` runs each transformer layer."""
         x = self.encoder(pcm[:, None, :].float())  # [B, dimension, frame_size / hop]
-        x = self.downsample(self.encoder_transformer(x))  # [B, dimension, 1]
+        x = self.downsample(self.encoder_transformer(x, layer))  # [B, dimension, 1]
         return self.quantizer.encode(x)
 
     @torch.no_grad()
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+    def decode(self, codes: torch.Tensor, layer: LayerFn = run_layer) -> torch.Tensor:
         """codes [B, codebooks] (valid codes only: < bins) -> pcm [B, frame_size] float32."""
         x = self.upsample(self.quantizer.decode(codes))  # [B, dimension, frame_size / hop]
-        out: torch.Tensor = self.decoder(self.decoder_transformer(x))[:, 0]
+        out: torch.Tensor = self.decoder(self.decoder_transformer(x, layer))[:, 0]
         return out
 

@@ -95,6 +95,19 @@ def dequantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> t
     return (x.float() * scale[..., None]).to(dtype)
 
 
+def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Queries [B, H, T, Dh] over a ring's keys and values [B, H, C, Dh] under `ring_mask`'s mask
+    [B, 1, T, C] -> [B, H, T, Dh]: the torch path (compiled_mimi.py compiles it too)."""
+    # A masked slot still enters attention's sums (its score plus -inf, its value times 0), and
+    # NaN stays NaN: what a conversation that went non-finite left in its ring must not reach
+    # the next one in its slot. (Cheaper here than zeroing the rings at each reset, a pass over
+    # every slot's ring, ~50 GB at 64 conversations; the fused kernel reads only the slots this
+    # conversation wrote.)
+    seen = mask.any(dim=2)[..., None]  # [B, 1, C, 1]: slots some query of the call sees
+    keys, values = torch.where(seen, keys, 0), torch.where(seen, values, 0)  # [B, H, C, Dh]
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, T, Dh]
+
+
 @functools.cache
 def _fused_kernel() -> Callable[..., torch.Tensor] | None:
     """The fused decode attention (falling back to its reference if it fails on this GPU), or None
@@ -179,14 +192,7 @@ class RingAttention(StreamingModule):
                                        step.context)[:, :, None]  # [B, H, 1, Dh]
             return out
         keys, values = self._read(step.rows, q.dtype)
-        # A masked slot still enters attention's sums (its score plus -inf, its value times 0), and
-        # NaN stays NaN: what a conversation that went non-finite left in its ring must not reach
-        # the next one in its slot. (Cheaper here than zeroing the rings at each reset, a pass over
-        # every slot's ring, ~50 GB at 64 conversations; the fused kernel reads only the slots this
-        # conversation wrote.)
-        seen = step.mask.any(dim=2)[..., None]  # [B, 1, C, 1]: slots some query of the call sees
-        keys, values = torch.where(seen, keys, 0), torch.where(seen, values, 0)  # [B, H, C, Dh]
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)  # [B, H, T, Dh]
+        return masked_attention(q, keys, values, step.mask)
 
     def _read(self, rows: slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.float8:

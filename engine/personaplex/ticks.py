@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 
 from engine.graphs import StepGraphs, shared_pool
 from engine.personaplex.lockstep import Lockstep
-from engine.personaplex.mimi import Mimi
+from engine.personaplex.mimi import LayerFn, Mimi, run_layer
 from engine.readback import wait_for
 
 log = logging.getLogger("retake.personaplex")
@@ -53,9 +53,11 @@ def buckets_for(slots: int) -> list[int]:
 
 class Ticks:
     def __init__(self, mimi: Mimi, lockstep: Lockstep, silence: torch.Tensor, device: torch.device,
-                 graphs: bool, parts: bool = False, buckets: list[int] | None = None) -> None:
+                 graphs: bool, parts: bool = False, buckets: list[int] | None = None,
+                 layer: LayerFn = run_layer) -> None:
         B, size, cb, K = lockstep.slots, mimi.frame_size, mimi.codebooks, lockstep.cfg.rows
         self.mimi, self.lockstep, self.silence, self.device = mimi, lockstep, silence, device
+        self.layer = layer  # how Mimi's transformers run a layer (compiled_mimi.py, or the module)
         self.buckets = sorted({*(buckets or buckets_for(B)), B})  # the whole batch is always one
         cuda = device.type == "cuda"
         self.pcm_in = torch.zeros(B, size, device=device)
@@ -78,7 +80,7 @@ class Ticks:
     # The stages, on static buffers (the graphs capture these).
 
     def encode(self, n: int) -> None:
-        self.codes[:n] = self.mimi.encode(self.pcm_in[:n])
+        self.codes[:n] = self.mimi.encode(self.pcm_in[:n], self.layer)
 
     def model(self, n: int) -> None:
         self.lockstep.tick(self.codes[:n], n)
@@ -86,7 +88,7 @@ class Ticks:
     def decode(self, n: int) -> None:
         cb = self.mimi.codebooks
         agent = torch.where(self.speaking[:n, None], self.lockstep.tokens[:n, 1:1 + cb], self.silence)  # [n, cb]
-        self.pcm_out[:n] = self.mimi.decode(agent)
+        self.pcm_out[:n] = self.mimi.decode(agent, self.layer)
 
     def whole(self, n: int) -> None:
         self.encode(n)

@@ -1,8 +1,9 @@
 """The compiled tick paths against the eager modules on the CPU, float32: the depformer
 (compiled_depformer.py: the same codes, teacher forcing included, 8 and all 16 steps, logits within
 1e-5), Helium's layers (compiled_temporal.py: hidden states and text logits within 1e-5 over ticks that
-wrap a float8 or a full-precision ring), a whole seeded conversation with the same frames, a compile
-that fails giving way to the eager module, and the bench's side-by-side table.
+wrap a float8 or a full-precision ring), Mimi's transformer layers (compiled_mimi.py: the same codes
+and audio within 1e-5 over ticks that wrap Mimi's rings), a whole seeded conversation with the same
+frames, a compile that fails giving way to the eager module, and the bench's side-by-side table.
 
 Dynamo traces here with the `aot_eager` backend (the graph Inductor would get, functionalised, with its
 key/value writes, run by torch): Inductor's own CPU compile takes a minute on a loaded 2-core machine.
@@ -16,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.personaplex.checkpoint import load_lm, read_config
+from engine.personaplex.checkpoint import load_lm, load_mimi, read_config
 from engine.personaplex.compiled_depformer import CompiledDepformer
+from engine.personaplex.compiled_mimi import CompiledMimiLayer
 from engine.personaplex.compiled_temporal import CompiledTemporal
 from engine.personaplex.depformer import Depformer
 from engine.personaplex.engine import PersonaPlex
@@ -104,6 +106,30 @@ def test_compiled_helium_layers_follow_the_eager_module_as_the_ring_wraps(person
 
 
 @torch.no_grad()
+def test_compiled_mimi_layers_encode_and_decode_as_the_eager_ones_as_the_rings_wrap(personaplex_checkpoint: Path):
+    cfg = read_config(personaplex_checkpoint)
+    assert 2 * 12 > 2 * cfg.mimi.context  # 12 ticks of 2 positions wrap Mimi's rings more than twice
+    runs = []
+    for layer in (None, CompiledMimiLayer(BACKEND)):
+        mimi = load_mimi(personaplex_checkpoint, cfg, torch.device("cpu"))
+        outputs = []
+        for batch in (1, 3):  # batch 1 and a dynamic batch
+            mimi.setup_streams(batch)
+            g = torch.Generator().manual_seed(batch)
+            for _ in range(12):
+                pcm = (torch.rand(batch, mimi.frame_size, generator=g) - 0.5) * 0.6
+                codes = mimi.encode(pcm) if layer is None else mimi.encode(pcm, layer)
+                agent = torch.randint(0, cfg.mimi.bins, (batch, mimi.codebooks), generator=g)
+                outputs.append((codes, mimi.decode(agent) if layer is None else mimi.decode(agent, layer)))
+        if layer is not None:
+            assert layer.failed is None
+        runs.append(outputs)
+    for (codes, pcm), (our_codes, our_pcm) in zip(*runs):
+        assert torch.equal(our_codes, codes)
+        torch.testing.assert_close(our_pcm, pcm, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
 def test_a_failed_compile_gives_way_to_the_eager_modules(depformer: Depformer, personaplex_checkpoint: Path):
     def broken(graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
         raise RuntimeError("no compiler here")
@@ -124,6 +150,14 @@ def test_a_failed_compile_gives_way_to_the_eager_modules(depformer: Depformer, p
     reference_hidden, reference_logits = temporal(x, positions, slice(0, 2))
     assert torch.equal(hidden, reference_hidden) and torch.equal(logits, reference_logits)
 
+    mimi = load_mimi(personaplex_checkpoint, read_config(personaplex_checkpoint), torch.device("cpu"))
+    layer, pcm = CompiledMimiLayer(broken), torch.rand(2, mimi.frame_size) - 0.5
+    mimi.setup_streams(2)
+    codes = mimi.encode(pcm, layer)
+    assert layer.failed is not None and "no compiler here" in layer.failed
+    mimi.setup_streams(2)
+    assert torch.equal(codes, mimi.encode(pcm))
+
 
 @torch.no_grad()
 def test_a_seeded_conversation_with_the_compiled_depformer_equals_the_eager_one(personaplex_checkpoint: Path):
@@ -136,6 +170,8 @@ def test_a_seeded_conversation_with_the_compiled_depformer_equals_the_eager_one(
             engine.lockstep.steps = CompiledDepformer(engine.lockstep.depformer, BACKEND)
             assert isinstance(engine.lockstep.helium, CompiledTemporal)
             engine.lockstep.helium = CompiledTemporal(engine.lockstep.temporal, BACKEND)
+            assert isinstance(engine.mimi_layer, CompiledMimiLayer) and engine.ticks.layer is engine.mimi_layer
+            engine.mimi_layer = engine.ticks.layer = CompiledMimiLayer(BACKEND)
         engine.start(0, persona="Hello", seed=3)
         engine.start(1, persona="Your name is Jane.", seed=4)
         rng = np.random.default_rng(0)
@@ -143,6 +179,7 @@ def test_a_seeded_conversation_with_the_compiled_depformer_equals_the_eager_one(
                        for _ in range(12)])
         if compiled:
             assert engine.lockstep.steps.failed is None and engine.lockstep.helium.failed is None
+            assert isinstance(engine.mimi_layer, CompiledMimiLayer) and engine.mimi_layer.failed is None
     spoken = 0
     for ours, reference in zip(frames[1], frames[0]):
         for a, b in zip(ours, reference):
@@ -173,5 +210,7 @@ def test_the_bench_compares_the_parts_with_either_tick(capsys: pytest.CaptureFix
     assert compare["compiled"]["tick"] == "compiled" and compare["eager"]["tick"] == "eager"
     for part in ("encode", "model", "decode"):
         assert compare["compiled"][f"{part}_ms_mean"] > 0 and compare["eager"][f"{part}_ms_mean"] > 0
-    assert row["model_ratio"] == round(compare["eager"]["model_ms_mean"] / compare["compiled"]["model_ms_mean"], 2)
+    for part in ("encode", "model", "decode"):
+        ratio = compare["eager"][f"{part}_ms_mean"] / compare["compiled"][f"{part}_ms_mean"]
+        assert row[f"{part}_ratio"] == round(ratio, 2)
     assert report["compile_s"] and all(s > 0 for s in report["compile_s"])

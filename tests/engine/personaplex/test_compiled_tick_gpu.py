@@ -1,7 +1,8 @@
-"""On a GPU: the Inductor-compiled tick paths (Helium's layers, the depformer's steps) against the eager
-modules. The tiny checkpoint in float32 gives the eager tick's frames through captured ticks; the
-released depformer and two released-size Helium layers (random bf16 weights, float8 ring, fused ring
-attention) give the eager outputs within bf16 rounding, and replay from a CUDA graph what they computed."""
+"""On a GPU: the Inductor-compiled tick paths (Helium's layers, the depformer's steps, Mimi's transformer
+layers) against the eager modules. The tiny checkpoint in float32 gives the eager tick's frames through
+captured ticks; the released depformer and two released-size Helium layers (random bf16 weights, float8
+ring, fused ring attention) give the eager outputs within bf16 rounding, the released Mimi (float32) its
+eager decode within float32 rounding, and each replays from a CUDA graph what it computed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from engine.personaplex.compiled_depformer import CompiledDepformer, compile_log
+from engine.personaplex.compiled_mimi import CompiledMimiLayer
 from engine.personaplex.compiled_temporal import CompiledTemporal
 from engine.personaplex.engine import PersonaPlex
 from engine.personaplex.sampling import Sampling
@@ -48,8 +50,10 @@ def test_captured_ticks_with_the_compiled_depformer_give_the_eager_frames(person
             if tick == 20:
                 engine.start(3, persona="Hi", seed=5)  # a larger bucket from here on
             frames.append(engine.step(rng.uniform(-0.3, 0.3, (4, engine.frame_size)).astype(np.float32)))
+        assert isinstance(engine.mimi_layer, CompiledMimiLayer) == compiled
         if isinstance(steps, CompiledDepformer) and isinstance(helium, CompiledTemporal):
             assert steps.failed is None and helium.failed is None  # they ran, not the eager fallback
+            assert isinstance(engine.mimi_layer, CompiledMimiLayer) and engine.mimi_layer.failed is None
         runs.append(frames)
         engine.close()
     spoken = 0
@@ -164,3 +168,47 @@ def test_released_size_helium_layers_compiled_match_eager_and_replay_in_a_graph(
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(replayed, expected)  # the same position again: the same ring, the same output
+
+
+@torch.no_grad()
+def test_the_released_mimi_compiled_decodes_as_eager_and_replays_in_a_graph():
+    from engine.personaplex.config import PersonaPlexConfig
+    from engine.personaplex.mimi import LayerFn, Mimi, run_layer
+    from engine.personaplex.random_weights import _randomize
+
+    cfg = PersonaPlexConfig.from_dicts({}, None)
+    with torch.device("meta"):
+        mimi = Mimi(cfg.mimi, cfg.lm.codebooks)
+    mimi.to_empty(device="cuda")
+    _randomize(mimi, torch.Generator("cuda").manual_seed(0))
+    batch = 4
+    g = torch.Generator("cuda").manual_seed(1)
+    codes = torch.randint(0, cfg.mimi.bins, (10, batch, mimi.codebooks), device="cuda", generator=g)
+    pcm = torch.rand(10, batch, mimi.frame_size, device="cuda", generator=g) - 0.5
+
+    def ticks(layer: LayerFn) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        mimi.setup_streams(batch)
+        encoded = [mimi.encode(x, layer) for x in pcm]
+        return encoded, [mimi.decode(c, layer) for c in codes]
+
+    _, reference = ticks(run_layer)  # the eager layers
+    layer = CompiledMimiLayer()
+    encoded, ours = ticks(layer)
+    assert layer.failed is None and all(c.shape == (batch, mimi.codebooks) for c in encoded)
+    for a, b in zip(ours, reference):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # float32, fused vs eager
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    state = [t.clone() for t in mimi.buffers()]
+    with torch.cuda.stream(stream):
+        expected = mimi.decode(codes[0], layer).clone()  # warm-up off the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = mimi.decode(codes[0], layer)
+    for buffer, saved in zip(mimi.buffers(), state):  # the streams as they were before the warm-up
+        buffer.copy_(saved)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, expected)

@@ -61,7 +61,8 @@ def test_a_new_conversation_is_silent_until_its_prompt_is_read_and_no_initial_to
         engine.mimi.decode(torch.full((1, engine.cfg.lm.codebooks), card))
     decoded = []
     decode = engine.mimi.decode
-    monkeypatch.setattr(engine.mimi, "decode", lambda codes: decoded.append(codes.clone()) or decode(codes))
+    monkeypatch.setattr(engine.mimi, "decode",
+                        lambda codes, layer: decoded.append(codes.clone()) or decode(codes, layer))
     rng = np.random.default_rng(0)
     engine.start(1, persona="", voice=None)
     assert engine.prefilling(1) and not engine.lockstep.active[1]
