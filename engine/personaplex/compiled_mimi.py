@@ -5,10 +5,10 @@
 
 Design choices:
 - Mimi's two transformers (8 layers each at the released size, 2 positions a tick, float32)
-  are most of its launches: eagerly a layer is ~45 kernels around its 4 matmuls (LayerNorms,
-  RoPE on queries and keys, the ring write, the mask's `any` and the two `where`s that keep
-  a hidden slot's NaN out, attention, layer scales, GELU, residuals): ~390 a transformer,
-  ~780 a tick, each a few microseconds at one conversation, where the whole tick is ~12 ms.
+  are most of its launches: eagerly a layer is ~45 ops around its 4 matmuls (LayerNorms,
+  RoPE on queries and keys, the ring write, attention, layer scales, GELU, residuals;
+  torch.profiler on the CPU counts ~390 that launch a kernel per transformer, so ~780 a
+  tick), each a few microseconds at one conversation, where the whole tick is ~12 ms.
 - Two compiled functions a layer: `before` (LayerNorm, projection, RoPE) and `after` (the
   attention over the ring, which only reads it, then output projection, layer scale,
   residual, LayerNorm, MLP with GELU, layer scale, residual); Inductor fuses the small ops
@@ -52,10 +52,11 @@ def before(x: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor, 
 
 def after(x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
           w_out: torch.Tensor, scale_1: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor,
-          w_in: torch.Tensor, w_mlp_out: torch.Tensor, scale_2: torch.Tensor, eps: float) -> torch.Tensor:
+          w_in: torch.Tensor, w_mlp_out: torch.Tensor, scale_2: torch.Tensor, eps: float,
+          guard: bool) -> torch.Tensor:
     """The layer's input x [B, T, D], its query [B, H, T, Dh] and its ring (this call's keys stored) -> its output."""
     B, T, D = x.shape
-    out = masked_attention(q, keys, values, mask).transpose(1, 2).reshape(B, T, D)
+    out = masked_attention(q, keys, values, mask, guard).transpose(1, 2).reshape(B, T, D)
     x = x + scale_1 * F.linear(out, w_out)
     h = F.layer_norm(x, (D,), norm_weight, norm_bias, eps)
     return x + scale_2 * F.linear(F.gelu(F.linear(h, w_in)), w_mlp_out)
@@ -92,7 +93,7 @@ class CompiledMimiLayer:
         return second(h, q, keys, values, step.mask, attn.out_proj.weight.detach(),
                       layer.layer_scale_1.scale.detach(), layer.norm2.weight.detach(), layer.norm2.bias.detach(),
                       layer.linear1.weight.detach(), layer.linear2.weight.detach(),
-                      layer.layer_scale_2.scale.detach(), layer.norm2.eps)
+                      layer.layer_scale_2.scale.detach(), layer.norm2.eps, not attn.clear_on_reset)
 
     def __call__(self, layer: MimiLayer, h: torch.Tensor, step: RingStep) -> torch.Tensor:
         if self.failed is None:

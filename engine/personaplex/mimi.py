@@ -46,7 +46,7 @@ class MimiLayer(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.norm1 = nn.LayerNorm(d, eps=1e-5)
-        self.self_attn = RingAttention(d, cfg.num_heads, cfg.context)
+        self.self_attn = RingAttention(d, cfg.num_heads, cfg.context, clear_on_reset=True)
         self.layer_scale_1 = LayerScale(d, cfg.layer_scale)
         self.norm2 = nn.LayerNorm(d, eps=1e-5)
         self.linear1 = nn.Linear(d, cfg.dim_feedforward, bias=False)

@@ -14,7 +14,8 @@ Design choices:
   positions a frame) the first query of a chunk already misses the oldest slot, exactly as
   Moshi does once the ring has wrapped.
 - A row's history is forgotten by giving it negative positions: nothing below 0 is ever
-  visible, so restarting a row's stream needs nothing from the ring. The one exception is
+  visible, so restarting a row's stream needs nothing from the ring (but its NaN: see
+  `clear_on_reset`). The one exception is
   a query's own key, always visible, so a row at position -1 attends to itself.
 - `rows` (a slice of the slots) says which slots a call runs: a prefix for a tick of a
   batch bucket, one slot for its system prompt. A slice keeps every state tensor a view
@@ -95,16 +96,17 @@ def dequantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> t
     return (x.float() * scale[..., None]).to(dtype)
 
 
-def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                     guard: bool = True) -> torch.Tensor:
     """Queries [B, H, T, Dh] over a ring's keys and values [B, H, C, Dh] under `ring_mask`'s mask
     [B, 1, T, C] -> [B, H, T, Dh]: the torch path (compiled_mimi.py compiles it too)."""
     # A masked slot still enters attention's sums (its score plus -inf, its value times 0), and
     # NaN stays NaN: what a conversation that went non-finite left in its ring must not reach
-    # the next one in its slot. (Cheaper here than zeroing the rings at each reset, a pass over
-    # every slot's ring, ~50 GB at 64 conversations; the fused kernel reads only the slots this
-    # conversation wrote.)
-    seen = mask.any(dim=2)[..., None]  # [B, 1, C, 1]: slots some query of the call sees
-    keys, values = torch.where(seen, keys, 0), torch.where(seen, values, 0)  # [B, H, C, Dh]
+    # the next one in its slot. `guard` keeps the hidden slots out; a ring cleared at each reset
+    # (`clear_on_reset`) has nothing of another conversation to keep out.
+    if guard:
+        seen = mask.any(dim=2)[..., None]  # [B, 1, C, 1]: slots some query of the call sees
+        keys, values = torch.where(seen, keys, 0), torch.where(seen, values, 0)  # [B, H, C, Dh]
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, T, Dh]
 
 
@@ -129,10 +131,15 @@ class RingAttention(StreamingModule):
     key_scales: torch.Tensor  # [B, heads, capacity] float32 with a float8 ring, else empty
     value_scales: torch.Tensor
 
-    def __init__(self, dim: int, num_heads: int, capacity: int):
+    def __init__(self, dim: int, num_heads: int, capacity: int, clear_on_reset: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.capacity = capacity
+        # Zero a restarted row's ring (so attention needs no guard against what its previous
+        # conversation left): Mimi's rings (250 positions of 512, ~1 MiB a row a layer). Helium's
+        # (3,000 of 4,096) would be a pass over every slot's ring at each reset, ~50 GB at 64
+        # conversations: they keep the guard (and the fused kernel reads only what a row wrote).
+        self.clear_on_reset = clear_on_reset
         self.kv_dtype: torch.dtype | None = None  # None: the weights' dtype (set before setup_streams)
         self.fused = False  # the fused decode kernel for one query per row on CUDA
         self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
@@ -154,6 +161,12 @@ class RingAttention(StreamingModule):
         scales = shape[:3] if dtype == FP8 else (0,)
         self.key_scales = torch.zeros(scales, dtype=torch.float32, device=w.device)
         self.value_scales = torch.zeros(scales, dtype=torch.float32, device=w.device)
+
+    def _reset_stream(self, rows: torch.Tensor) -> None:
+        if self.clear_on_reset:
+            for state in (self.keys, self.values, self.key_scales, self.value_scales):
+                if state.numel():
+                    state.masked_fill_(rows.view(-1, *([1] * (state.dim() - 1))), 0)
 
     def stream_bytes(self) -> int:
         """Bytes of ring state per slot."""
@@ -192,7 +205,7 @@ class RingAttention(StreamingModule):
                                        step.context)[:, :, None]  # [B, H, 1, Dh]
             return out
         keys, values = self._read(step.rows, q.dtype)
-        return masked_attention(q, keys, values, step.mask)
+        return masked_attention(q, keys, values, step.mask, guard=not self.clear_on_reset)
 
     def _read(self, rows: slice, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.float8:
