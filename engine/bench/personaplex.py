@@ -204,16 +204,16 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
 
 def profile_tick(engine: PersonaPlex, slots: int) -> str:
     """The kernels of one tick of `slots` conversations, part by part, launched without the graph
-    (the compiled modules launch what the graph would replay): each part's kernel count and time,
-    then its table. At batch 1 a tick is bound by its launches, not its bytes, so the count is
-    what to read first."""
+    (the compiled modules launch what the graph would replay). At batch 1 a tick is bound by its
+    launches, not its bytes, so each part's kernel count is what to read first."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+
+    from engine.bench.timing import kernel_table
 
     ticks = engine.ticks
     cuda = ticks.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    sort = "cuda_time_total" if cuda else "cpu_time_total"
     out = []
     with torch.no_grad():
         for stage in (ticks.encode, ticks.model, ticks.decode):
@@ -224,13 +224,8 @@ def profile_tick(engine: PersonaPlex, slots: int) -> str:
                 stage(slots)
                 if cuda:
                     torch.cuda.synchronize()
-            events = prof.key_averages()
-            kernels = [e for e in events if cuda and e.device_type.name == "CUDA"]
-            count = sum(e.count for e in kernels)
-            ms = sum(getattr(e, "self_device_time_total", 0.0) for e in kernels) / 1000
-            head = f"# {stage.__name__}, {slots} conversation{'s' if slots > 1 else ''}: "
-            head += f"{count} kernels, {ms:.2f} ms of kernel time" if cuda else "CPU ops (no GPU here)"
-            out.append(head + "\n" + events.table(sort_by=sort, row_limit=30))
+            title = f"{stage.__name__}, {slots} conversation{'s' if slots > 1 else ''}"
+            out.append(kernel_table(prof, title, ticks.device))
     return "\n\n".join(out) + "\n\n"
 
 

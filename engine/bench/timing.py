@@ -6,6 +6,8 @@ Design choices:
   events are synchronised after each call, so nothing queued is timed twice.
 - The bandwidth is that of one large device-to-device copy (read and write counted), measured
   here rather than taken from a datasheet: what this GPU moves, not what it is rated for.
+- A profile's table (`kernel_table`) opens with how many kernels ran and their time: a step
+  bound by its launches shows it in the count before any row of the table.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -47,3 +50,19 @@ def copy_bandwidth(device: torch.device) -> float:
     src.random_(0, 255)
     ms = statistics.median(timed_ms(lambda: dst.copy_(src), device, 20))
     return 2 * n / (ms / 1000)
+
+
+def kernel_table(profile: Any, title: str, device: torch.device, rows: int = 30) -> str:
+    """A torch.profiler run as `# title: N kernels, X ms of kernel time` (what a step launched
+    and how long its kernels ran; N is what a launch-bound step pays for) and its table, most
+    time first. On a CPU, the ops' table under the title."""
+    events = profile.key_averages()
+    cuda = device.type == "cuda"
+    head = f"# {title}: CPU ops (no GPU here)"
+    if cuda:
+        kernels = [e for e in events if e.device_type.name == "CUDA"]
+        ms = sum(getattr(e, "self_device_time_total", 0.0) for e in kernels) / 1000
+        head = f"# {title}: {sum(e.count for e in kernels)} kernels, {ms:.2f} ms of kernel time"
+    table: str = events.table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=rows)
+    return head + "\n" + table
+

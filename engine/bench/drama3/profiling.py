@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.bench.drama3.model import synthetic_prompt
-from engine.bench.timing import sync
+from engine.bench.timing import kernel_table, sync
 from engine.readback import to_device
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
@@ -105,7 +105,6 @@ def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.devic
     from engine.drama3.decoder import Decoder
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     max_rows = 300 + 64
     prompt = synthetic_prompt(config, 300, 32)
     decoder = Decoder(model, max_rows)  # eager steps: the profiler sees each kernel
@@ -117,18 +116,18 @@ def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.devic
     with profile(activities=activities) as step_profile:
         decoder.advance(bucket)
         sync(device)
-    out.append("# one decode step (the installed fast path, launched without its graph)\n"
-               + step_profile.key_averages().table(sort_by=sort, row_limit=40))
+    out.append(kernel_table(step_profile, "one decode step (the installed fast path, launched without its graph)",
+                            device, 40))
     with profile(activities=activities) as prefill_profile:
         decoder.prefill(prompt)
         sync(device)
-    out.append("# one 300-row prefill\n" + prefill_profile.key_averages().table(sort_by=sort, row_limit=40))
+    out.append(kernel_table(prefill_profile, "one 300-row prefill", device, 40))
     line = to_device(synthetic_prompt(config, 300 + LINE_ROWS, 32).rows, device)  # [340, 11]
     decoder.chunked.run(decoder.chunked.begin(line, 0, start=300))  # warm-up: this chunk size's kernels
     sync(device)
     with profile(activities=activities) as chunk_profile:
         decoder.chunked.run(decoder.chunked.begin(line, 0, start=300))
         sync(device)
-    out.append(f"# one {LINE_ROWS}-row chunk after 300 rows (a line after its restored prefix)\n"
-               + chunk_profile.key_averages().table(sort_by=sort, row_limit=40))
+    out.append(kernel_table(chunk_profile, f"one {LINE_ROWS}-row chunk after 300 rows (a line after its restored "
+                            "prefix)", device, 40))
     return "\n\n".join(out)

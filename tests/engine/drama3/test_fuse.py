@@ -108,3 +108,19 @@ def test_a_fused_step_runs_one_gemm_per_packed_group(plain_and_fused) -> None:
             assert plain_counts[f"{part}_{key}"] - fused_counts[f"{part}_{key}"] == fewer, (part, key)
     assert plain_counts["other_ops"] == fused_counts["other_ops"]
     assert plain_counts["ops"] - fused_counts["ops"] == sum(saved.values())
+
+
+@torch.no_grad()
+def test_the_profile_tables_name_the_step_the_prefill_and_a_line_chunk(tiny_model) -> None:
+    """`retake bench decode|takes --profile`: three tables, each under its title (on a GPU the title
+    says how many kernels ran and their time; here, on the CPU, the ops)."""
+    from engine.bench.drama3.profiling import profile_tables
+
+    model, config, _ = tiny_model
+    text = profile_tables(model, config, torch.device("cpu"))
+    titles = [line for line in text.splitlines() if line.startswith("# ")]
+    tables = text.split("\n\n# ")
+    assert titles == ["# one decode step (the installed fast path, launched without its graph): CPU ops (no GPU here)",
+                      "# one 300-row prefill: CPU ops (no GPU here)",
+                      "# one 40-row chunk after 300 rows (a line after its restored prefix): CPU ops (no GPU here)"]
+    assert all("aten::" in table for table in tables)
