@@ -251,15 +251,22 @@ class ConversationLoop(EngineThread[PersonaPlex]):
 
     def _start(self, engine: PersonaPlex, join: _Join) -> None:
         try:
-            self._start_slot(engine, join)
+            if not join.done.set_running_or_notify_cancel():  # the socket's handler was cancelled meanwhile
+                return
+            error = self._start_slot(engine, join)
         finally:  # after the conversation is in _talks (or refused): its slot is never free in between
             with self._condition:
                 self._starting.discard(join.conversation.slot)
+        # Only now the socket hears how it went: a refused join's slot is already free for the next
+        # one (a client told "no" that connects again at once must not find its own slot taken).
+        if error is not None:
+            join.done.set_exception(error)
+        else:
+            join.done.set_result(None)
 
-    def _start_slot(self, engine: PersonaPlex, join: _Join) -> None:
+    def _start_slot(self, engine: PersonaPlex, join: _Join) -> RequestError | None:
+        """Start the join's conversation in its slot (then it is in _talks); the error that refuses it."""
         talk = join.conversation
-        if not join.done.set_running_or_notify_cancel():  # the socket's handler was cancelled meanwhile
-            return
         try:
             if join.voice is not None and join.voice not in self.voices:  # a name, never a path on the server
                 raise RequestError(f"unknown voice {join.voice!r}; the voices are {', '.join(self.voices) or 'none'}")
@@ -271,16 +278,14 @@ class ConversationLoop(EngineThread[PersonaPlex]):
             engine.start(talk.slot, join.persona, voice, seed=join.seed)
             talk.voice = None if voice is None else voice.name
         except RequestError as error:
-            join.done.set_exception(error)
-            return
+            return error
         except Exception as error:  # a fault of ours: logged; the client gets a line, not internals
             log.exception("a conversation could not start")
-            join.done.set_exception(RequestError(f"the conversation could not start (a server fault: "
-                                                 f"{type(error).__name__}); try again"))
-            return
+            return RequestError(f"the conversation could not start (a server fault: {type(error).__name__}); "
+                                "try again")
         with self._condition:
             if not talk.closed:
                 self._talks[talk.slot] = talk
         if talk.closed:  # the client left while its slot started
             engine.release(talk.slot)
-        join.done.set_result(None)
+        return None
