@@ -214,11 +214,13 @@ def test_a_server_without_conversations_says_so(server: LiveServer) -> None:
 
 
 def wait_until_idle(server: LiveServer) -> None:
-    for _ in range(100):  # the earlier tests' conversations free their slots just after they close
+    deadline = time.monotonic() + 60  # the earlier tests' conversations free their slots just after they close
+    while time.monotonic() < deadline:
         with urllib.request.urlopen(f"{server.http}/metrics", timeout=30) as response:
             if "retake_conversations 0\n" in response.read().decode():
                 return
         time.sleep(0.05)
+    raise AssertionError("the server still holds conversations 60 s after their clients left")
 
 
 def test_loadtest_talks_in_real_time_and_reports(talk_server: LiveServer, capsys: pytest.CaptureFixture[str],
@@ -234,6 +236,7 @@ def test_loadtest_talks_in_real_time_and_reports(talk_server: LiveServer, capsys
     assert f"{SLOTS} conversations x 1 s of talking against {talk_server.converse}: {SLOTS} done" in out
     for row in ("system prompt", "tick latency", "longest gap vs playback"):
         assert row in out
+    wait_until_idle(talk_server)  # the first run's slots are let go after its sockets close
     assert main(["loadtest", "--converse", "--url", url, "--sessions", str(SLOTS + 1), "--seconds", "1",
                  "--stagger-ms", "300"]) == 1
     out = capsys.readouterr().out
