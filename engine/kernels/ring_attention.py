@@ -99,7 +99,9 @@ if triton is not None:
         new_m = tl.maximum(m, tl.max(score, 0))
         alpha = tl.exp(m - new_m)
         p = tl.where(seen, tl.exp(score - new_m), 0.0)
-        weight = p * tl.load(vs_row + slot, mask=inside, other=0.0) if HAS_SCALE else p  # [BLOCK]
+        weight = p  # [BLOCK]
+        if HAS_SCALE:
+            weight = p * tl.load(vs_row + slot, mask=inside, other=0.0)
         return new_m, total * alpha + tl.sum(p, 0), acc * alpha + tl.sum(weight[:, None] * v, 0)
 
     @triton.jit
