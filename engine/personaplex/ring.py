@@ -25,7 +25,8 @@ Design choices:
   so 128 conversations of full context fit on one H200 (docs/perf.md). Written through a
   uint8 view (scatter has no float8 kernel); read back by the fused kernel directly, or
   dequantised for the torch path.
-- On CUDA, one query per row (a tick) goes to the fused decode kernel
+- On CUDA a tick's write (one position per row) is one launch (engine/kernels/ring_store.py)
+  instead of four scatters, and one query per row goes to the fused decode kernel
   (engine/kernels/ring_attention.py: reads float8 or bfloat16, computes the visibility
   from the position, skips the ring slots a young conversation has not written) when
   `fused` is set; everything else, and every CPU call, is the torch path below, which is
@@ -123,6 +124,18 @@ def _fused_kernel() -> Callable[..., torch.Tensor] | None:
     return functools.partial(guarded, "ring attention", ring_attention_kernel, ring_attention_reference)
 
 
+@functools.cache
+def _fused_store() -> Callable[..., None] | None:
+    """A tick's ring write in one launch (falling back to the scatters if it fails on this GPU), or
+    None (no Triton)."""
+    try:
+        from engine.kernels.fallback import guarded
+        from engine.kernels.ring_store import ring_store_kernel, ring_store_reference
+    except ImportError:  # said once by _fused_kernel
+        return None
+    return functools.partial(guarded, "ring store", ring_store_kernel, ring_store_reference)
+
+
 class RingAttention(StreamingModule):
     """Causal self-attention over a per-slot ring of `capacity` past positions, with RoPE."""
 
@@ -183,6 +196,14 @@ class RingAttention(StreamingModule):
               step: RingStep) -> None:
         """Put this call's stored keys and values [B, H, T, Dh] (and scales) in their ring slots."""
         rows = step.rows
+        store = _fused_store() if self.fused and k.shape[2] == 1 and k.is_cuda else None
+        if store is not None:  # a tick: one launch for keys, values and scales
+            float8 = self.float8
+            store(self.keys[rows], self.values[rows], self.key_scales[rows] if float8 else None,
+                  self.value_scales[rows] if float8 else None, k[:, :, 0], v[:, :, 0],
+                  key_scale[:, :, 0] if key_scale is not None else None,
+                  value_scale[:, :, 0] if value_scale is not None else None, step.slots[:, 0])
+            return
         index = step.slots[:, None, :, None].expand_as(k)  # [B, H, T, Dh]
         if not self.float8:
             self.keys[rows].scatter_(2, index, k)
