@@ -30,7 +30,7 @@ Design choices:
   (voices.py), without touching any slot.
 - The key/value ring is float8 on CUDA by default (`kv`, ring.py): half the memory, so
   128 conversations of full context fit on one H200; the fused Triton kernels
-  (ring attention, token draws) run on CUDA unless `fused=False`, and so do the compiled
+  (ring write and attention, token draws) run on CUDA unless `fused=False`, and so do the compiled
   depformer, Helium layers and Mimi layers (compiled_*.py) unless `compiled=False`. `memory()` says what a
   conversation costs.
 - No checkpoint means the tiny demo (tiny.py), written on first use; the device and the
