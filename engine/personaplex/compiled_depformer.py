@@ -32,7 +32,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,7 @@ log = logging.getLogger("retake.personaplex")
 Backend = str | Callable[..., Any]  # torch.compile's backend: a name or a compiler function
 LayerWeights = tuple[torch.Tensor, ...]  # alpha1, in_proj, out_proj, alpha2, linear_in, linear_out, keys, values
 _compiles: list[float] = []  # seconds of each first call that compiled (all engines of this process)
+T = TypeVar("T")
 _seen: set[tuple[object, ...]] = set()  # (backend, what, batch 1 or 2+, steps, grad): the calls compiled so far
 
 
@@ -96,6 +97,30 @@ def note_compile(key: tuple[object, ...], started: float, what: str) -> None:
     _seen.add(key)
     _compiles.append(time.perf_counter() - started)
     log.info("compiled %s: batch %s: first call (compile) %.1f s", what, "1" if key[2] == 1 else "2+", _compiles[-1])
+
+
+class Compiled(Protocol):
+    failed: str | None  # why its compile failed (then the eager path runs), or None
+
+
+def compiled_or_eager(owner: Compiled, what: str, key: tuple[object, ...], compiled: Callable[[], T],
+                      eager: Callable[[], T]) -> T:
+    """compiled() (its first call per `key` logged as `what`'s compile), or eager() once a compile
+    of `owner` has failed: that failure is logged once and kept in `owner.failed`. Inside a CUDA
+    graph capture a failure raises (the capture's warm-up call compiled it already)."""
+    if owner.failed is None:
+        started = time.perf_counter()
+        try:
+            out = compiled()
+        except Exception as error:  # a compile that fails: the eager path from now on
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise
+            owner.failed = failure(error)
+            log.warning("the compiled %s failed (%s): the eager ones run from now on", what, owner.failed)
+        else:
+            note_compile(key, started, what)
+            return out
+    return eager()
 
 
 def failure(error: BaseException) -> str:

@@ -24,20 +24,16 @@ Design choices:
 from __future__ import annotations
 
 import functools
-import logging
-import time
 from collections.abc import Callable
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 
-from engine.personaplex.compiled_depformer import Backend, failure, note_compile
+from engine.personaplex.compiled_depformer import Backend, compiled_or_eager
 from engine.personaplex.layers import apply_rope
 from engine.personaplex.mimi import MimiLayer
 from engine.personaplex.ring import RingStep, masked_attention
-
-log = logging.getLogger("retake.personaplex")
 
 
 def before(x: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor, w_qkv: torch.Tensor,
@@ -96,18 +92,6 @@ class CompiledMimiLayer:
                       layer.layer_scale_2.scale.detach(), layer.norm2.eps, not attn.clear_on_reset)
 
     def __call__(self, layer: MimiLayer, h: torch.Tensor, step: RingStep) -> torch.Tensor:
-        if self.failed is None:
-            key = (self.backend, "mimi", min(h.shape[0], 2), h.shape[1], torch.is_grad_enabled())
-            started = time.perf_counter()
-            try:
-                out = self.layer(layer, h, step)
-            except Exception as error:  # a compile that fails: the eager layers from now on
-                if h.is_cuda and torch.cuda.is_current_stream_capturing():
-                    raise
-                self.failed = failure(error)
-                log.warning("the compiled Mimi layers failed (%s): the eager layers run from now on", self.failed)
-            else:
-                note_compile(key, started, "Mimi layers")
-                return out
-        eager: torch.Tensor = layer(h, step)
-        return eager
+        key = (self.backend, "mimi", min(h.shape[0], 2), h.shape[1], torch.is_grad_enabled())
+        return compiled_or_eager(self, "Mimi layers", key, lambda: self.layer(layer, h, step),
+                                 lambda: cast(torch.Tensor, layer(h, step)))

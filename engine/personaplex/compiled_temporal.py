@@ -24,20 +24,16 @@ Design choices:
 from __future__ import annotations
 
 import functools
-import logging
-import time
 from collections.abc import Callable
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 
-from engine.personaplex.compiled_depformer import Backend, failure, note_compile, rms
+from engine.personaplex.compiled_depformer import Backend, compiled_or_eager, rms
 from engine.personaplex.layers import apply_rope
 from engine.personaplex.ring import quantize_kv, ring_step
 from engine.personaplex.temporal import Layer, Temporal
-
-log = logging.getLogger("retake.personaplex")
 
 
 def before(x: torch.Tensor, alpha: torch.Tensor, w_qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -102,20 +98,11 @@ class CompiledTemporal:
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, 1, D] at positions [B, 1] -> (hidden [B, 1, D] after out_norm, text logits [B, 1, text_card])."""
         temporal = self.temporal
-        if self.failed is None:
-            key = (self.backend, "temporal", min(x.shape[0], 2), 1, torch.is_grad_enabled())
-            started = time.perf_counter()
-            try:
-                x = self.layers(x, positions, rows)
-            except Exception as error:  # a compile that fails: the eager module from now on
-                if x.is_cuda and torch.cuda.is_current_stream_capturing():
-                    raise
-                self.failed = failure(error)
-                log.warning("the compiled Helium layers failed (%s): the eager module runs from now on", self.failed)
-                eager: tuple[torch.Tensor, torch.Tensor] = temporal(x, positions, rows)
-                return eager
-            note_compile(key, started, "Helium layers")
-            hidden = temporal.out_norm(x)
+
+        def compiled() -> tuple[torch.Tensor, torch.Tensor]:
+            hidden = temporal.out_norm(self.layers(x, positions, rows))
             return hidden, temporal.text_linear(hidden)
-        fallback: tuple[torch.Tensor, torch.Tensor] = temporal(x, positions, rows)
-        return fallback
+
+        key = (self.backend, "temporal", min(x.shape[0], 2), 1, torch.is_grad_enabled())
+        return compiled_or_eager(self, "Helium layers", key, compiled,
+                                 lambda: cast(tuple[torch.Tensor, torch.Tensor], temporal(x, positions, rows)))
