@@ -73,6 +73,7 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       prefix_cache_gib=settings.prefix_cache_gib,
                                       prefix_cache_host_gib=settings.prefix_cache_host_gib,
                                       prefill_group=settings.prefill_group, kernels=settings.kernels,
+                                      compile_prefill=settings.compile_prefill,
                                       vocoder_batch=VOCODER_BATCH if settings.vocoder_batch is None else
                                       settings.vocoder_batch))
 
@@ -151,6 +152,8 @@ def log_ready(engine_loop: EngineLoop) -> None:
     group = engine.prefill_group
     log.info("prefill groups: %s", f"the next chunks of up to {group} waiting prompts run as one" if group > 1
              else "off; each waiting prompt's chunks run alone (--prefill-group)")
+    if isinstance(fast := warm.get("fast_path"), list) and fast:  # on CUDA: what runs fused or compiled (fast.py)
+        log.info("fast path: %s", ", ".join(fast))
     if engine.demo_weights:
         log.warning("DEMO WEIGHTS (RANDOM): %s; its audio is noise", engine.weights)
 

@@ -94,6 +94,9 @@ class EngineSpec:
     # Waiting prompts whose next prefill chunks run as one (prefill_groups.py); None: 8 on CUDA, 1 (off) on a CPU.
     prefill_group: int | None = None
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
+    # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels
+    # in each chunk's graph. Off until the H200 measures it (the compile lengthens the warm-up).
+    compile_prefill: bool = False
 
 
 # The first window: 1 frame (46 ms of audio), then 2, 4 and the seed's 10, 20, ... (stream.py's
@@ -204,7 +207,8 @@ class Drama3Engine:
                                                  spec.slots)
         # On CUDA: fla prefill, compiled decode layers, and the step replayed from CUDA graphs.
         kernels = DEFAULT_KERNELS if spec.kernels is None else spec.kernels
-        self.fast_path = install_fast_path(model, kernels=kernels) if self.device.type == "cuda" else []
+        self.fast_path = install_fast_path(model, kernels=kernels, compile_prefill=spec.compile_prefill) \
+            if self.device.type == "cuda" else []
         self.decoder = Decoder(model, max_rows, self.slots, graphs=True,
                                group=spec.prefill_group)  # allocates the caches
         self.decoder.prefix = prefix_cache(spec, model, self.device)

@@ -211,9 +211,10 @@ def test_serve_refuses_a_port_in_use_before_loading(tmp_path: Path) -> None:
 def test_directors_starting_together_with_prefill_groups(tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """`retake serve --prefill-group 4` on a CPU (where groups are off by default): the log says
-    so, and three directors starting at once get every take."""
+    so, and three directors starting at once get every take (`--compile-prefill`, a GPU's option,
+    changes nothing here)."""
     log = tmp_path / "server.log"
-    process, port, _ = serve(["--prefill-group", "4", "--slots", "3"], tmp_path, log=log)
+    process, port, _ = serve(["--prefill-group", "4", "--slots", "3", "--compile-prefill"], tmp_path, log=log)
     try:
         parser = argparse.ArgumentParser()
         loadtest.add_arguments(parser)
