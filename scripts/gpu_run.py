@@ -122,6 +122,7 @@ class Run:
         self.loads: tuple[Load, ...] = args.loads or (SMOKE_LOADS if self.smoke else LOADS)
         self.variants: list[str] = args.serve_variant or [""]  # extra `retake serve` arguments, a server each
         self.kernels: list[str] | None = args.bench_kernels.split(",") if args.bench_kernels else None
+        self.compile_prefill: list[str] = ["--compile-prefill"] if args.bench_compile_prefill else []
         self.deadline: float = time.monotonic() + float(args.budget)
         self.started = time.monotonic()
         self.limits = {**(SMOKE_LIMITS_S if self.smoke else LIMITS_S), **dict(args.limit)}
@@ -500,7 +501,7 @@ def takes_stage(run: Run, stage: Stage, log: Path) -> Json:
     report, profile = WORK / "takes.json", run.out / "profile.txt"
     size = ["--preset", "tiny", "--device", "cpu", "--no-compile", "--steps", "3", "--slots", "4",
             "--prompt-rows", "24", "40"] if run.smoke else ["--preset", "full", "--device", "cuda", "--steps", "50"]
-    kernels = [] if run.kernels is None else ["--kernels", *run.kernels]
+    kernels = ([] if run.kernels is None else ["--kernels", *run.kernels]) + run.compile_prefill
     return bench_stage(run, stage, log, [*CLI, "bench", "takes", "--random-weights", *size, *kernels, "--json",
                                          str(report), "--profile", str(profile)], report)  # --steps 50: fewer graphs
 
@@ -509,7 +510,7 @@ def retake_stage(run: Run, stage: Stage, log: Path) -> Json:
     report = WORK / "retake.json"
     size = ["--preset", "tiny", "--device", "cpu", "--history-rows", "0", "200", "--turn-frames", "40",
             "--repeats", "1"] if run.smoke else ["--preset", "full", "--device", "cuda"]
-    kernels = [] if run.kernels is None else ["--kernels", *run.kernels]
+    kernels = ([] if run.kernels is None else ["--kernels", *run.kernels]) + run.compile_prefill
     return bench_stage(run, stage, log, [*CLI, "bench", "retake", "--random-weights", *size, *kernels, "--json",
                                          str(report)], report)
 
@@ -603,6 +604,9 @@ def main() -> int:
     parser.add_argument("--bench-kernels", default=None, metavar="NAMES",
                         help="`--kernels` for the takes and retake stages' benches, comma-separated, e.g. "
                              "deltanet_step,cache_attention (default: the benches')")
+    parser.add_argument("--bench-compile-prefill", action="store_true",
+                        help="`--compile-prefill` for the takes and retake stages' benches (prefill chunks through "
+                             "the compiled layers)")
     parser.add_argument("--limit", type=stage_limit, action="append", default=[], metavar="STAGE=SECONDS",
                         help="a stage's own time limit instead of LIMITS_S's (repeatable), e.g. --limit serve=250")
     args = parser.parse_args()

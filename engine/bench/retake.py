@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernels", nargs="*", choices=KERNELS, metavar="NAME", default=None,
                         help=f"the decode step's Triton kernels on CUDA, of {', '.join(KERNELS)} (default: "
                              f"{' '.join(DEFAULT_KERNELS)})")
+    parser.add_argument("--compile-prefill", action="store_true",
+                        help="prefill chunks through the compiled layers on CUDA (as `retake serve --compile-prefill`)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
 
 
@@ -150,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
     spec = EngineSpec(checkpoint=args.checkpoint, device=args.device,
                       random_weights=args.preset if args.random_weights else None,
                       prefix_cache_gib=args.prefix_cache_gib, slots=1,
-                      kernels=None if args.kernels is None else tuple(args.kernels))
+                      kernels=None if args.kernels is None else tuple(args.kernels),
+                      compile_prefill=args.compile_prefill)
     engine = load_engine(spec)
     warm = engine.warm_up()
     prefix = engine.decoder.prefix
