@@ -12,7 +12,7 @@ Stages, in this order (each within its own time limit and what is left of --budg
 that fails or runs out of time is recorded and the next one runs):
 
 - env: torch, CUDA, the GPU, package versions
-- pytest: `pytest -m gpu` over every test file with GPU tests (verbose; junit once it ends),
+- pytest: `pytest -m "gpu or kernel"` over every test file with GPU or kernel tests (verbose; junit once it ends),
   the kernels, the decoder's and the fast path's files first (FIRST_TESTS); `--tests A,B`
   runs those files instead
 - takes: `retake bench takes --random-weights --preset full --device cuda --profile FILE`:
@@ -280,7 +280,7 @@ FIRST_TESTS = ("tests/engine/test_graphs_gpu.py", "tests/engine/drama3/test_deco
 
 def gpu_test_files() -> list[str]:
     files = sorted(str(p) for p in Path("tests").rglob("test_*.py")
-                   if re.search(r"pytest\.mark\.gpu|pytestmark = pytest\.mark\.gpu", p.read_text(errors="replace")))
+                   if re.search(r"pytest\.mark\.(gpu|kernel)", p.read_text(errors="replace")))
 
     def rank(path: str) -> int:
         return next((i for i, first in enumerate(FIRST_TESTS) if path.startswith(first)), len(FIRST_TESTS))
@@ -292,7 +292,8 @@ def pytest_stage(run: Run, stage: Stage, log: Path) -> Json:
     junit = WORK / "pytest.xml"
     junit.unlink(missing_ok=True)
     files = run.tests or gpu_test_files()
-    rc = run.command([PY, "-m", "pytest", "-m", "gpu", "-vv", "-p", "no:cacheprovider", "-o", "timeout=240",
+    # `kernel` tests run their Triton kernels on the GPU in-process (and in Triton's interpreter elsewhere)
+    rc = run.command([PY, "-m", "pytest", "-m", "gpu or kernel", "-vv", "-p", "no:cacheprovider", "-o", "timeout=240",
                       f"--junitxml={junit}", *files], run.limit(stage), log)
     if rc is None:
         stage.status = "timeout"

@@ -37,7 +37,7 @@ def rows_of(data: Json | None, bench: str) -> list[Json]:
 
 def pytest_lines(data: Json) -> list[str]:
     counts = data.get("counts", {})
-    lines = [f"pytest -m gpu: {counts.get('PASSED', 0)} passed, {counts.get('FAILED', 0)} failed, "
+    lines = [f"pytest -m 'gpu or kernel': {counts.get('PASSED', 0)} passed, {counts.get('FAILED', 0)} failed, "
              f"{counts.get('SKIPPED', 0)} skipped, {counts.get('ERROR', 0)} errors (exit {data.get('exit_code')})"]
     for failure in data.get("failures", [])[:20]:
         lines.append(f"  FAILED {failure.get('test')}: {str(failure.get('message', ''))[:240]}")
