@@ -248,7 +248,17 @@ def attention_case(config: Drama3Config, rows: int, kv: int, device: torch.devic
     return Case(f"cache_attention kv {kv}", rows, len(text.full_attention_layers), moved, copies, call, reference)
 
 
-def ring_case(rows: int, device: torch.device, lm: dict[str, int] | None = None) -> Case:
+RING_SHAPES = ((64, 4), (32, 4), (128, 8))  # (ring slots per step, warps): the kernel's own, then two to compare
+
+
+def ring_cases(rows: int, device: torch.device, lm: dict[str, int] | None = None) -> list[Case]:
+    """The ring kernel as it runs (`personaplex ring`) and with other block shapes
+    (`personaplex ring block B warps W`), on the same rings."""
+    return [ring_case(rows, device, lm, block, warps) for block, warps in RING_SHAPES]
+
+
+def ring_case(rows: int, device: torch.device, lm: dict[str, int] | None = None, block: int = 64,
+              warps: int = 4) -> Case:
     """PersonaPlex's one-query attention over a full float8 ring (engine/kernels/ring_attention.py)
     for `rows` conversations, each a whole context in: one of Helium's layers per tick, released
     sizes unless `lm` gives others (dim, num_heads, context)."""
@@ -269,13 +279,15 @@ def ring_case(rows: int, device: torch.device, lm: dict[str, int] | None = None)
 
     def call(i: int) -> torch.Tensor:
         keys, key_scales, values, value_scales = rings[i]
-        return ring_attention.ring_attention_kernel(q, keys, values, key_scales, value_scales, positions, C)
+        return ring_attention.ring_attention_kernel(q, keys, values, key_scales, value_scales, positions, C, block,
+                                                    warps)
 
     def reference(i: int) -> torch.Tensor:
         keys, key_scales, values, value_scales = rings[i]
         return ring_attention.ring_attention_reference(q, keys, values, key_scales, value_scales, positions, C)
 
-    return Case("personaplex ring", rows, sizes["num_layers"], moved, copies, call, reference)
+    name = "personaplex ring" + ("" if (block, warps) == RING_SHAPES[0] else f" block {block} warps {warps}")
+    return Case(name, rows, sizes["num_layers"], moved, copies, call, reference)
 
 
 def cases(config: Drama3Config, rows: int, device: torch.device, lm: dict[str, int] | None = None) -> list[Case]:
@@ -283,7 +295,7 @@ def cases(config: Drama3Config, rows: int, device: torch.device, lm: dict[str, i
     PersonaPlex's released sizes, or `lm`'s)."""
     return [*sampler_cases(config, rows, device), *norm_cases(config, rows, device),
             *deltanet_cases(config, rows, device), *routing_cases(config, rows, device),
-            *moe_cases(config, rows, device), *attention_cases(config, rows, device), ring_case(rows, device, lm)]
+            *moe_cases(config, rows, device), *attention_cases(config, rows, device), *ring_cases(rows, device, lm)]
 
 
 # ─── timing ──────────────────────────────────────────────────────────────────

@@ -172,8 +172,10 @@ def splits_for(batch: int, heads: int) -> int:
 
 def ring_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                           key_scales: torch.Tensor | None, value_scales: torch.Tensor | None,
-                          positions: torch.Tensor, context: int) -> torch.Tensor:
-    """`ring_attention_reference` as two Triton launches (no host sync: capturable)."""
+                          positions: torch.Tensor, context: int, block: int = BLOCK_N,
+                          warps: int = 4) -> torch.Tensor:
+    """`ring_attention_reference` as two Triton launches (no host sync: capturable); `block` ring
+    slots per step and `warps` per program (`retake bench kernels` times other choices)."""
     B, H, C, DH = keys.shape
     assert q.shape == (B, H, DH) and values.shape == keys.shape and positions.shape == (B,)
     assert keys.stride(-1) == 1 and values.stride(-1) == 1 and q.stride(-1) == 1 and DH == triton.next_power_of_2(DH)
@@ -189,8 +191,8 @@ def ring_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Ten
         values.stride(0), values.stride(1), values.stride(2),
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
         C, context, 1.0 / math.sqrt(DH),
-        H=H, DH=DH, SPLITS=splits, BLOCK=BLOCK_N, HAS_SCALE=has_scale, DYNAMIC=not INTERPRETED,
-        STATIC_BLOCKS=triton.cdiv(triton.cdiv(C, splits), BLOCK_N) if INTERPRETED else 0, num_warps=4,
+        H=H, DH=DH, SPLITS=splits, BLOCK=block, HAS_SCALE=has_scale, DYNAMIC=not INTERPRETED,
+        STATIC_BLOCKS=triton.cdiv(triton.cdiv(C, splits), block) if INTERPRETED else 0, num_warps=warps,
     )
     combine_splits(part, out)
     return out
