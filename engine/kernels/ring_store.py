@@ -1,6 +1,6 @@
 """A tick's write into the key/value ring: one launch for the new keys, values and their scales.
 
-    ring_store(keys, values, key_scales, value_scales, k, v, key_scale, value_scale, slots)
+    ring_store_kernel(keys, values, key_scales, value_scales, k, v, key_scale, value_scale, slots)
     # ring [B, H, C, Dh] (float8_e4m3fn, scales [B, H, C] float32, or any float dtype with
     # scales None); this tick's k, v [B, H, Dh] in the ring's dtype (and scales [B, H]); slots [B]
     # (int64): the ring slot of each row's new position. In place.
@@ -74,6 +74,7 @@ def ring_store_kernel(keys: torch.Tensor, values: torch.Tensor, key_scales: torc
     """`ring_store_reference` in one launch (no host sync: capturable)."""
     B, H, _, DH = keys.shape
     ring_k, ring_v, new_k, new_v = (_bytes(t) for t in (keys, values, k.contiguous(), v.contiguous()))
+    slots = slots.contiguous()  # the kernel reads slots[row] at row
     assert new_k.shape == (B, H, DH) and ring_v.stride() == ring_k.stride() and new_v.stride() == new_k.stride()
     assert ring_k.stride(-1) == 1 and DH == triton.next_power_of_2(DH)
     has_scale = key_scales is not None
