@@ -31,11 +31,12 @@ Design choices:
   (engine/drama3/pace.py: steps, prefill beside them, prompts held for playback, windows'
   time to audio), so a slow load says why in the server's log.
 - Warms (`warm(key, build)`): a session asks for the prompt of the line its director most
-  likely takes next (after a keep, a voice or cast change, an open: directing/warming.py) to
-  be prefilled into the prefix cache (Drama3Engine.warm), so that take's first audio pays
-  for its line's rows only. A warm is the lowest priority there is: one per
-  session (a newer one replaces it), started only in a free slot with no take waiting,
-  cancelled when a take waits for its slot, and never counted in the queue.
+  likely takes next (after a keep, a voice or cast change, the line written, an open:
+  directing/warming.py) to be prefilled into the prefix cache (Drama3Engine.warm), so that
+  take's first audio pays for its line's rows only, or for none when the script held the
+  line's text. A warm is the lowest priority there is: one per session (a newer one
+  replaces it), started only in a free slot with no take waiting, cancelled when a take
+  waits for its slot, and never counted in the queue.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from backend.directing.jobs import CallJob, Job, TakeJob
 from backend.directing.queue_wait import SOON_S, QueueWait, queue_wait
@@ -54,7 +55,16 @@ from backend.engine_thread import EngineThread
 from engine import Done, Drama3Engine, Prompt, Take
 from engine.drama3.pace import REPORT_S
 
-WarmBuilder = Callable[[Drama3Engine], Prompt]  # the prompt a warm prefills (built on the engine thread)
+
+class Warm(NamedTuple):
+    """What a warm prefills: `prompt`, with its line's rows when `line` (the script holds the
+    line's text, so the take will say it), else up to the end of its history."""
+
+    prompt: Prompt
+    line: bool
+
+
+WarmBuilder = Callable[[Drama3Engine], Warm]  # a warm, built on the engine thread
 
 log = logging.getLogger("retake.loop")
 
@@ -89,7 +99,8 @@ class EngineLoop(EngineThread[Drama3Engine]):
         self.wait = QueueWait()  # the rates of the busy retry hint, measured as takes end
         self.frame_samples = 2048  # the engine's, once loaded
         self._warms: dict[str, WarmBuilder] = {}  # per session, the warm asked for and not started
-        self._warming: dict[Take, tuple[str, threading.Event]] = {}  # warms in slots: session, cancel flag
+        # Warms in slots: session, cancel flag, the row they stop at.
+        self._warming: dict[Take, tuple[str, threading.Event, int]] = {}
         # Warms ended, by finish reason (metrics; its keys made here: another thread copies it).
         self.warms: collections.Counter[str] = collections.Counter(
             dict.fromkeys(("prefilled", "cached", "cancelled", "error"), 0))
@@ -100,7 +111,7 @@ class EngineLoop(EngineThread[Drama3Engine]):
         for job in (*self._queue, *self._retries, *self._running.values()):
             job.cancel()
         self._warms.clear()
-        for _, cancel in self._warming.values():
+        for _, cancel, _ in self._warming.values():
             cancel.set()
 
     @property
@@ -233,7 +244,7 @@ class EngineLoop(EngineThread[Drama3Engine]):
         with self._condition:
             waiting = any(isinstance(job, TakeJob) for job in (*self._retries, *self._queue))
             if waiting and engine.free_slots == 0:
-                for _, cancel in self._warming.values():
+                for _, cancel, _ in self._warming.values():
                     cancel.set()
             if waiting or self._stopping:
                 return
@@ -242,8 +253,11 @@ class EngineLoop(EngineThread[Drama3Engine]):
         for key, build in starting:
             cancel = threading.Event()
             take: Take | None = None
+            stop = 0
             try:
-                take = engine.warm(build(engine), cancelled=cancel.is_set)
+                warm = build(engine)
+                stop = len(warm.prompt.rows) if warm.line else max(warm.prompt.boundaries, default=0)
+                take = engine.warm(warm.prompt, cancelled=cancel.is_set, line=warm.line)
             except Exception:  # noqa: BLE001 - a warm is an optimisation: its failure is logged, never felt
                 log.warning("warming the prefix cache for a session failed:\n%s", traceback.format_exc())
                 self.warms["error"] += 1
@@ -254,13 +268,13 @@ class EngineLoop(EngineThread[Drama3Engine]):
                 if self._warms.get(key) is build:  # (not replaced by a newer warm of the session meanwhile)
                     del self._warms[key]
                 if take is not None:
-                    self._warming[take] = (key, cancel)
+                    self._warming[take] = (key, cancel, stop)
 
     def _warmed(self, take: Take, done: Done) -> None:
         with self._condition:
-            key, _ = self._warming.pop(take)
+            key, _, stop = self._warming.pop(take)
         self.warms[done.finish_reason] += 1
-        start, stop = int(done.timings.get("cached_rows") or 0), max(take.prompt.boundaries, default=0)
+        start = int(done.timings.get("cached_rows") or 0)
         log.info("prefix cache warmed for session %s: %s, rows %s to %s (%s ms)%s", key[:8], done.finish_reason,
                  f"{start:,}", f"{stop:,}", done.timings.get("prefill_ms"), f": {done.error}" if done.error else "")
 

@@ -244,6 +244,7 @@ class Session:
         store.set_line(session_id, message.line_id, message.text, after=message.after, place=message.place)
         if message.cast:
             store.set_line_character(session_id, message.line_id, message.character_id)
+        self.warm(session_id, written=message.line_id)
         return self.script(session_id, message.ref)
 
     def delete_line(self, message: p.LineDelete) -> p.Script:
@@ -366,15 +367,18 @@ class Session:
         self.warm(session_id, take.line_id)
         return p.History(kept.history, [], None, kept.hears, unkept)
 
-    def warm(self, session_id: str, after: str | None = None) -> None:
+    def warm(self, session_id: str, after: str | None = None, written: str | None = None) -> None:
         """(On the store thread.) Ask the engine to prefill the prompt of the line the director most
         likely takes next (the one after `after`; else the first with no kept take) into the prefix
-        cache while they read (directing/warming.py); nothing when the cache is off."""
+        cache while they read (directing/warming.py); nothing when the cache is off. `written`: a
+        line just written or edited, warmed only if it is that line."""
         loop, store = self.state.engine_loop, self.state.store
         if (engine := loop.engine) is None or engine.prefix_cache_stats() is None:
             return
         try:
             line_id = next_line(store, session_id, after)
+            if written is not None and line_id != written:
+                return
             loop.warm(session_id, line_warm(store, session_id, line_id, self.limits.max_prompt_rows))
         except Exception:  # noqa: BLE001 - a warm is an optimisation: never a reason to refuse what asked for it
             log.warning("could not warm the prefix cache for session %s:\n%s", session_id[:8], traceback.format_exc())

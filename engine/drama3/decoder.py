@@ -151,8 +151,9 @@ class Decoder:
     @torch.inference_mode()
     def begin_prefill(self, prompt: Prompt, slot: int, stop: int | None = None) -> Prefill:
         """A prefill of `prompt` into `slot` (inactive until its last chunk has run); with `stop`
-        (one of the prompt's boundaries), only the chunks up to that row: a prefill for the prefix
-        cache's snapshots alone (`Slots.start`'s prefill-only takes), whose slot is released after."""
+        (one of the prompt's boundaries, or its end), only the chunks up to that row: a prefill
+        for the prefix cache's snapshots alone (`Slots.start`'s prefill-only takes), whose slot
+        is released after."""
         rows = to_device(prompt.rows, self.device)  # [R, 11]
         count = len(rows)
         if count < 2 or count + prompt.sampling.max_new_tokens > self.max_rows:
@@ -167,9 +168,9 @@ class Decoder:
             prefill = self.chunked.begin(rows, slot, start, prompt.boundaries)
             prefill.hidden, prefill.cached = hidden, start
         if stop is not None:
-            if self.prefix is None or stop not in prompt.boundaries:
-                raise ValueError(f"a prefill stops at one of the prompt's boundaries {prompt.boundaries}, with a "
-                                 f"prefix cache; got {stop}")
+            if self.prefix is None or stop not in (*prompt.boundaries, count):
+                raise ValueError(f"a prefill stops at one of the prompt's boundaries {prompt.boundaries} or at its "
+                                 f"end ({count}), with a prefix cache; got {stop}")
             prefill.chunks = collections.deque(chunk for chunk in prefill.chunks if chunk[1] <= stop)
         self.clear_rows(slot, prefill.cached)
         self.prompts[slot] = prompt

@@ -283,15 +283,18 @@ class Drama3Engine:
                 raise RuntimeError("the decode graphs must be captured (warm_up) before takes run together")
             self.capture()  # normally done by warm_up; safe here, with no take in flight
 
-    def warm(self, prompt: Prompt, cancelled: Callable[[], bool] | None = None) -> Take | None:
-        """Prefill `prompt`'s rows up to its last boundary (the end of its history, or of its
-        system message) into a free slot for the prefix cache alone, so a take of a prompt that
-        shares them prefills only what follows: the server warms the next line's prompt when a
-        take is kept, while the director reads. Returns the prefill-only take (its events come
-        from `step`; it ends "prefilled", with no frames), or None when there is nothing to do:
-        no prefix cache, or the cache holds that prefix already."""
+    def warm(self, prompt: Prompt, cancelled: Callable[[], bool] | None = None, *, line: bool = True) -> Take | None:
+        """Prefill `prompt` into a free slot for the prefix cache alone, so a take of a prompt that
+        shares its rows prefills only what follows: the server warms the next line's prompt
+        while the director reads. `line`: the prompt's text is the line the take will say (the
+        script holds it), so its rows are prefilled too and a take of this very prompt restores
+        all of it; False: only up to the prompt's last boundary (the end of its history, or of
+        its system message), for a line not written yet. Returns the prefill-only take (its
+        events come from `step`; it ends "prefilled", with no frames), or None when there is
+        nothing to do: no prefix cache, or the cache holds those rows already."""
         prefix = self.decoder.prefix
-        stop = max(prompt.boundaries, default=0)  # (boundaries are rows before the prompt's end)
+        # (boundaries are rows before the prompt's end; the end itself is the whole prompt's snapshot)
+        stop = len(prompt.rows) if line else max(prompt.boundaries, default=0)
         if prefix is None or stop == 0 or prefix.plan(prompt).start >= stop:
             return None
         self.ensure_captured()

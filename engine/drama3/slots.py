@@ -26,7 +26,7 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
 - One take's failure (prefill, non-finite logits, its vocoder) ends that take only. A
   failure of the shared step itself ends the takes in it, and the others go on.
 - A prefill-only take (`start(..., stop=row)`, Drama3Engine.warm) prefills a prompt up to
-  one of its boundaries for the prefix cache's snapshots, then ends "prefilled" with no
+  one of its boundaries (or its end) for the prefix cache's snapshots, then ends "prefilled" with no
   frames and frees its slot. It never delays a take: the takes' prompts are prefilled
   first, and its own chunks are budgeted even with nothing decoding, so a take started
   next waits one step's chunks at most.
@@ -101,8 +101,8 @@ class Slots:
               cancelled: Callable[[], bool] | None = None, stop: int | None = None) -> Take:
         """Start `prompt` in the lowest free slot (the next steps prefill it). A take already
         cancelled or past its deadline ends without a slot; a prompt that cannot be prefilled
-        ends the take as an error. With `stop` (a boundary of the prompt): a prefill-only take
-        of the rows before it."""
+        ends the take as an error. With `stop` (a boundary of the prompt, or its end): a
+        prefill-only take of the rows before it."""
         if self.free_slots == 0:
             raise RuntimeError(f"all {len(self.takes)} slots are decoding; start a take when one is free")
         slot = self.takes.index(None)

@@ -187,9 +187,10 @@ def test_the_length_guard_stops_a_take_that_outruns_its_line(server: LiveServer)
 
 def test_a_cast_set_warms_the_line_to_take_next(server: LiveServer, engine_loop: EngineLoop) -> None:
     """A described character's system message lists the cast, which no take has prefilled yet: the
-    server warms it when the cast is set, so the first take restores it and prefills its line."""
+    server warms the line to take next with it when the cast is set, so the first take of the line
+    as written restores its whole prompt; with other words, the cast's system message alone."""
 
-    async def main() -> dict[str, Any]:
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
         director = await Director.connect(server.ws)
         await director.open()
         await director.request({"type": "line.set", "line_id": "c1", "text": "The lamp is lit."}, "script")
@@ -200,8 +201,10 @@ def test_a_cast_set_warms_the_line_to_take_next(server: LiveServer, engine_loop:
                 break
             await asyncio.sleep(0.1)
         take = await director.take("c1", "The lamp is lit.", **SHORT)
+        other = await director.take("c1", "The lamp is out.", **SHORT)
         await director.close()
-        return take.done["timings"]  # type: ignore[return-value]
+        return take.done["timings"], other.done["timings"]  # type: ignore[return-value]
 
-    timings = run(main())
-    assert 0 < timings["cached_rows"] < timings["prompt_rows"]
+    timings, other = run(main())
+    assert 0 < timings["cached_rows"] == timings["prompt_rows"]
+    assert 0 < other["cached_rows"] < other["prompt_rows"]

@@ -288,50 +288,61 @@ async def warms_ended(engine_loop: EngineLoop) -> None:
 def test_a_scene_prefills_each_kept_take_once_as_it_moves_line_by_line(make_server: Any,
                                                                        engine_loop: EngineLoop) -> None:
     """Line by line, each keep then the next line (history "kept"): the keep warms the next
-    line's prompt into the prefix cache (system message and kept takes), so the next line
-    prefills only its own rows; a retake of the line restores all of it; the restored takes
-    sound as prefilled from row 0."""
+    line's prompt into the prefix cache (system message, kept takes and the script's text of
+    the line), so a take of the line as written prefills nothing; a line edited is warmed
+    again; a take with words the script does not hold prefills only its line; the restored
+    takes sound as prefilled from row 0."""
     server = make_server(silence=SilenceGuard(retries=0))
     sampling = {"sampling": {"max_new_tokens": 6, "seed": 5}}
-    # p2 and p3 say the same words: each prefills the same rows, its line, whatever it hears.
     script = [("p1", "The curtain is up, and the whole company waits in the wings, prefix."),
-              ("p2", "Nobody moves, prefix."), ("p3", "Nobody moves, prefix.")]
+              ("p2", "Nobody moves, prefix."), ("p3", "Nobody moves at all, prefix.")]
+    edited, spoken = "Nobody moves, not one of them, prefix.", "Somebody coughs, prefix."
 
     async def main() -> tuple[list[TakeResult], dict[str, int], dict[str, int]]:
         await warms_ended(engine_loop)  # (the engine loop is shared: another test's warm ends first)
         before = await warms(server)
         director = await Director.connect(server.ws)
         await director.open()
-        for line_id, text in script:
+        for line_id, text in script:  # p1, the line to take next, is warmed as it is written
             await director.request({"type": "line.set", "line_id": line_id, "text": text}, "script")
         takes = []
-        for line_id, text in script:
+        for line_id, text in script[:2]:
+            await warms_ended(engine_loop)
             take = await director.take(line_id, text, **sampling)
             takes.append(take)
-            await director.request({"type": "take.keep", "take_id": take.take_id}, "history")
-            await warms_ended(engine_loop)
-        takes.append(await director.take(*script[-1], **sampling))  # the last line retaken
+            await director.request({"type": "take.keep", "take_id": take.take_id}, "history")  # warms the next
+        await warms_ended(engine_loop)
+        await director.request({"type": "line.set", "line_id": "p3", "text": edited}, "script")  # warmed again
+        await warms_ended(engine_loop)
+        takes.append(await director.take("p3", edited, **sampling))
+        takes.append(await director.take("p3", spoken, **sampling))  # words the script does not hold
+        takes.append(await director.take("p3", spoken, **sampling))  # ... retaken
         await director.close()
         return takes, before, await warms(server)
 
     takes, before, after = run(main())
-    assert [len(t.of_type("history")[0]["take_ids"]) for t in takes] == [0, 1, 2, 2]  # type: ignore[arg-type]
-    second, third, retake = [take.done["timings"] for take in takes[1:]]
-    assert isinstance(second, dict) and isinstance(third, dict) and isinstance(retake, dict)
-    # p2 restores the system message and p1's kept take (its text and codes, a row a frame), which
-    # the warm after p1's keep prefilled; p3 restores those and p2's kept take: each prefills its line.
-    assert 0 < second["cached_rows"] < third["cached_rows"] < third["prompt_rows"]
-    assert third["cached_rows"] - second["cached_rows"] > int(takes[0].done["frames"])  # type: ignore[call-overload]
-    assert second["prompt_rows"] - second["cached_rows"] == third["prompt_rows"] - third["cached_rows"]
-    assert retake["cached_rows"] == retake["prompt_rows"] == third["prompt_rows"]
-    np.testing.assert_array_equal(takes[3].pcm, takes[2].pcm)  # same seed, same rows: the same take
-    assert after["prefilled"] - before["prefilled"] == 3  # the third: a new line after p3
+    assert [len(t.of_type("history")[0]["take_ids"]) for t in takes] == [0, 1, 2, 2, 2]  # type: ignore[arg-type]
+    first, second, third, other, retake = [take.done["timings"] for take in takes]
+    assert all(isinstance(t, dict) for t in (first, second, third, other, retake))
+    # Each line as the script held it when warmed: its whole prompt restored.
+    for whole in (first, second, third):
+        assert whole["cached_rows"] == whole["prompt_rows"] > 0  # type: ignore[index]
+    assert first["prompt_rows"] < second["prompt_rows"] < third["prompt_rows"]  # type: ignore[index]
+    # Other words for p3: the system message and the kept takes restored, its line prefilled.
+    assert 0 < other["cached_rows"] < other["prompt_rows"]  # type: ignore[index]
+    assert third["prompt_rows"] - other["cached_rows"] < third["prompt_rows"] - second["prompt_rows"]  # type: ignore[index]
+    assert retake["cached_rows"] == retake["prompt_rows"] == other["prompt_rows"]  # type: ignore[index]
+    np.testing.assert_array_equal(takes[4].pcm, takes[3].pcm)  # same seed, same rows: the same take
+    # p1 (written), p2 and p3 (kept before them), p3 edited; opening the session asks for p1 too
+    # (no line yet: up to its system message, which p1's warm then holds or is held already).
+    assert after["prefilled"] - before["prefilled"] >= 4
 
 
 def test_a_voice_set_warms_the_system_message_of_the_line_to_take_next(make_server: Any,
                                                                        engine_loop: EngineLoop) -> None:
     """A voice's reference codes fill the system message, which no take has prefilled yet: the
-    server warms it when the voice is set, so the first take restores it and prefills its line."""
+    server warms the line to take next with it when the voice is set, so the first take of the
+    line as written restores its whole prompt (the line's warm before the voice does not serve it)."""
     server = make_server(silence=SilenceGuard(retries=0))
     t = np.arange(int(44100 * 0.5)) / 44100
     wav = io.BytesIO()
@@ -353,5 +364,5 @@ def test_a_voice_set_warms_the_system_message_of_the_line_to_take_next(make_serv
     first, again = run(main())
     timings, whole = first.done["timings"], again.done["timings"]
     assert isinstance(timings, dict) and isinstance(whole, dict)
-    assert 0 < timings["cached_rows"] < timings["prompt_rows"] == whole["cached_rows"]
+    assert 0 < timings["cached_rows"] == timings["prompt_rows"] == whole["cached_rows"]
     np.testing.assert_array_equal(first.pcm, again.pcm)

@@ -146,7 +146,8 @@ def test_a_slot_left_non_finite_serves_the_next_take_as_a_clean_one(gpu):
 
 def test_a_warmed_prefix_serves_the_next_line_on_the_gpu(gpu):
     """The server's warm (padded prefill graphs cut at the history's end): the next line then
-    restores everything but its own rows and is the take a cold cache gives."""
+    restores everything but its own rows (all of them when the warm had its text) and is the
+    take a cold cache gives."""
     gpu.warm_up()  # sizes the prefix cache from the free memory
     rng = np.random.default_rng(5)
     history = [HistoryTurn(f"Kept {i}.", rng.integers(0, 1024, (10, 40 + 30 * i))) for i in range(3)]
@@ -156,7 +157,7 @@ def test_a_warmed_prefix_serves_the_next_line_on_the_gpu(gpu):
     prefix.clear()
     cold = list(gpu.generate(prompt))[-1]
     prefix.clear()
-    warm = gpu.warm(gpu.prompt("(not written yet)", None, history, Sampling(max_new_tokens=1)))
+    warm = gpu.warm(gpu.prompt("(not written yet)", None, history, Sampling(max_new_tokens=1)), line=False)
     assert warm is not None
     while not warm.done:
         gpu.step()
@@ -165,6 +166,15 @@ def test_a_warmed_prefix_serves_the_next_line_on_the_gpu(gpu):
     assert isinstance(cold, Done) and isinstance(again, Done) and again.error is None
     assert again.timings["cached_rows"] == max(prompt.boundaries)
     assert np.array_equal(again.codes, cold.codes)
+    # The script held the line: its whole prompt warmed, the take restores all of it.
+    prefix.clear()
+    warm = gpu.warm(prompt)
+    assert warm is not None
+    while not warm.done:
+        gpu.step()
+    whole = list(gpu.generate(prompt))[-1]
+    assert isinstance(whole, Done) and whole.timings["cached_rows"] == len(prompt.rows)
+    assert np.array_equal(whole.codes, cold.codes)
 
 
 def test_takes_vocoded_together_stream_what_they_export(tiny_checkpoint):

@@ -133,7 +133,8 @@ def test_a_warm_rides_in_the_rows_a_group_of_takes_leaves(grouped, monkeypatch):
     counted = Counted(decoder)
     monkeypatch.setattr(decoder, "prefill_group", counted)
     takes = [table.start(prompt) for prompt in prompts(grouped, 3)[1:]]  # two takes with histories
-    warm = grouped.warm(grouped.prompt("(not written yet)", None, history(3), Sampling(max_new_tokens=1)))
+    warm = grouped.warm(grouped.prompt("(not written yet)", None, history(3), Sampling(max_new_tokens=1)),
+                        line=False)
     assert warm is not None and warm.prefill_only
     table.step()
     assert counted.sizes[0] == 3  # the two takes and the warm, in the first group

@@ -1,7 +1,7 @@
 """Warming the prefix cache ahead of a take (Drama3Engine.warm), float32 on the CPU: the
-next line after a keep prefills only its own rows, and is bit for bit the take prefilled
-from row 0; a warm never delays a take, ends "prefilled" with no frames, frees its slot,
-and can be cancelled."""
+next line after a keep prefills only its own rows (or none, when the script held its text),
+and is bit for bit the take prefilled from row 0; a warm never delays a take, ends
+"prefilled" with no frames, frees its slot, and can be cancelled."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_the_next_line_after_a_warm_prefills_only_its_own_rows(engine, cold):
     cache = engine.decoder.prefix
     cache.clear()
     # What the server warms when a take is kept: the next line's prompt (its text not known yet).
-    warm = engine.warm(engine.prompt("(the next line)", None, HISTORY, SAMPLING))
+    warm = engine.warm(engine.prompt("(the next line)", None, HISTORY, SAMPLING), line=False)
     assert warm is not None and warm.prefill_only
     events = run(engine, warm)
     done = events[-1]
@@ -59,8 +59,30 @@ def test_the_next_line_after_a_warm_prefills_only_its_own_rows(engine, cold):
     assert isinstance(fresh, Done) and fresh.timings["cached_rows"] == 0
     assert np.array_equal(take.codes, fresh.codes)
     # Warming what the cache holds already, or without a cache, does nothing.
-    assert engine.warm(engine.prompt("(another)", None, HISTORY, SAMPLING)) is None
+    assert engine.warm(engine.prompt("(another)", None, HISTORY, SAMPLING), line=False) is None
     assert cold.warm(prompt) is None
+
+
+def test_a_line_warmed_with_its_text_restores_its_whole_prompt(engine, cold):
+    cache = engine.decoder.prefix
+    cache.clear()
+    # The script holds the next line's text: the warm prefills the line's rows too.
+    prompt = engine.prompt("Then the lamp went out.", None, HISTORY, SAMPLING)
+    warm = engine.warm(prompt)
+    assert warm is not None
+    done = run(engine, warm)[-1]
+    assert isinstance(done, Done) and done.finish_reason == "prefilled" and engine.free_slots == 2
+    take = list(engine.generate(prompt))[-1]
+    assert isinstance(take, Done) and take.timings["cached_rows"] == len(prompt.rows)
+    fresh = list(cold.generate(prompt))[-1]
+    assert isinstance(fresh, Done) and np.array_equal(take.codes, fresh.codes)
+    # Another text for the line: the warm's history still serves it; its line is prefilled.
+    edited = engine.prompt("Then the lamp went out, slowly.", None, HISTORY, SAMPLING)
+    again = list(engine.generate(edited))[-1]
+    assert isinstance(again, Done) and again.timings["cached_rows"] == max(edited.boundaries)
+    assert np.array_equal(again.codes, list(cold.generate(edited))[-1].codes)  # type: ignore[union-attr]
+    # The whole prompt is held now: warming it again does nothing, up to its history neither.
+    assert engine.warm(prompt) is None and engine.warm(prompt, line=False) is None
 
 
 def test_a_take_started_beside_a_warm_is_prefilled_first_and_is_the_same_take(engine, cold):
@@ -68,7 +90,7 @@ def test_a_take_started_beside_a_warm_is_prefilled_first_and_is_the_same_take(en
     slots = engine.slot_table
     rows, slots.prefill_rows = slots.prefill_rows, 8  # many chunks each
     try:
-        warm = engine.warm(engine.prompt("(the next line)", None, HISTORY, SAMPLING))
+        warm = engine.warm(engine.prompt("(the next line)", None, HISTORY, SAMPLING), line=False)
         assert warm is not None
         slots.step()  # one budgeted chunk of the warm, nothing decoding
         assert warm in slots.prefills and sum(b - a for a, b in slots.prefills[warm].chunks) > 8
@@ -92,7 +114,8 @@ def test_a_cancelled_warm_frees_its_slot(engine):
     rows, slots.prefill_rows = slots.prefill_rows, 8
     stop = False
     try:
-        warm = engine.warm(engine.prompt("(the next line)", None, HISTORY, SAMPLING), cancelled=lambda: stop)
+        warm = engine.warm(engine.prompt("(the next line)", None, HISTORY, SAMPLING), cancelled=lambda: stop,
+                           line=False)
         assert warm is not None
         slots.step()
         stop = True
