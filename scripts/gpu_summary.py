@@ -116,6 +116,7 @@ def serve_lines(data: Json) -> list[str]:
                      f"{pct(load.get('first_audio_client_ms')):>30}  {pct(load.get('first_audio_server_ms')):>17}  "
                      f"{pct(load.get('longest_gap_ms')):>23}  {load.get('real_time')}"
                      + (f"  pause {load['think_ms']} ms" if load.get("think_ms") else "")
+                     + ("  script written" if load.get("script") else "")
                      + (f"  cached rows p50 {load['cached_rows_p50']}" if load.get("cached_rows_p50") else "")
                      + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
                      + (f"  exit {load['exit_code']}" if load.get("exit_code", 0) != 0 else ""))

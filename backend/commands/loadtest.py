@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--think-ms", type=float, default=0.0,
                         help="a director's pause before each take, reading the next line (default 0); the server "
                              "warms the line's prompt meanwhile")
+    parser.add_argument("--script", action="store_true",
+                        help="write each session's lines into its script before taking them, as the studio does "
+                             "(the server then warms each line with its text)")
     parser.add_argument("--token", help="bearer token, if the server wants one")
     parser.add_argument("--json", type=Path, help="also write every take's numbers to this file")
     parser.add_argument("--converse", action="store_true",
@@ -75,4 +78,4 @@ def run(args: argparse.Namespace) -> int:
     return loadtest.run(loadtest.LoadTest(url=args.url, sessions=args.sessions, takes=args.takes,
                                           max_new_tokens=args.max_new_tokens, stagger_ms=args.stagger_ms,
                                           keep=not args.no_keep, token=args.token, json=args.json,
-                                          think_ms=args.think_ms))
+                                          think_ms=args.think_ms, script=args.script))

@@ -13,8 +13,11 @@ directing history grows as in a real scene). Every take is measured on the clien
 
 `think_ms` is a director's pause before each take (reading the next line): in it the server
 warms the line's prompt into its prefix cache (backend/directing/warming.py), which the
-default of 0 (a take asked for at once) leaves no time for. Each take's `cached_rows` (the
-prompt rows the prefix cache restored) is reported beside its prompt rows.
+default of 0 (a take asked for at once) leaves no time for. With `script`, each session
+first writes its lines into the scene's script (line.set), as a director does in the
+studio: the warm then holds the line's text too, and a take of it prefills nothing. Each
+take's `cached_rows` (the prompt rows the prefix cache restored) is reported beside its
+prompt rows.
 
 It prints p50 / p95 / p99 of these over all takes, the finish reasons, and how many takes had a
 gap above 100 ms (sglang-omni's continuity criterion); with a JSON path it writes the raw
@@ -56,11 +59,13 @@ class LoadTest:
     token: str | None
     json: Path | None  # also write every take's numbers here
     think_ms: float = 0.0  # a director's pause before each take
+    script: bool = False  # write every line into the session's script first, as the studio does
 
 
 @dataclass(frozen=True)
 class TakeStats:
     session: int
+    session_id: str
     take_id: int
     finish_reason: str
     queued_s: float  # client-side, from take.start to take.queued
@@ -91,8 +96,10 @@ async def run_session(index: int, plan: LoadTest, results: list[TakeStats], fail
         director = await Director.connect(plan.url, token=plan.token)
         ready = await director.open()
         rate = int(str(ready["sample_rate"]))
-        for number in range(plan.takes):
-            text = LINES[(index + number) % len(LINES)]
+        texts = [LINES[(index + number) % len(LINES)] for number in range(plan.takes)]
+        for number, text in enumerate(texts if plan.script else []):
+            await director.request({"type": "line.set", "line_id": f"line-{number}", "text": text}, "script")
+        for number, text in enumerate(texts):
             await asyncio.sleep(plan.think_ms / 1000)
             take = await director.take(f"line-{number}", text, sampling={"max_new_tokens": plan.max_new_tokens})
             done = take.done
@@ -101,7 +108,8 @@ async def run_session(index: int, plan: LoadTest, results: list[TakeStats], fail
             timings = done["timings"] if isinstance(done["timings"], dict) else {}
             server_first = timings.get("first_audio_ms")
             results.append(TakeStats(
-                session=index, take_id=take.take_id, finish_reason=str(done["finish_reason"]),
+                session=index, session_id=str(ready["session_id"]), take_id=take.take_id,
+                finish_reason=str(done["finish_reason"]),
                 queued_s=take.queued_at - take.sent,
                 first_audio_s=arrivals[0] - take.sent if arrivals else None,
                 server_first_audio_ms=None if server_first is None else server_first + (timings.get("queue_ms") or 0),
@@ -152,7 +160,8 @@ def run(plan: LoadTest) -> int:
     print(f"takes with a gap above 100 ms: {sum(g > 0.1 for g in gaps)} of {len(gaps)}")
     rows, cached = sum(r.prompt_rows for r in results), sum(r.cached_rows for r in results)
     print(f"prompt rows restored from the prefix cache: {cached:,} of {rows:,}"
-          + (f" (a {plan.think_ms:g} ms pause before each take)" if plan.think_ms else ""))
+          + (f" (a {plan.think_ms:g} ms pause before each take)" if plan.think_ms else "")
+          + (" (the lines written into the script first)" if plan.script else ""))
     for failure in failures:
         print(f"FAILED {failure}")
     if plan.json:

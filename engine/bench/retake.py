@@ -13,7 +13,9 @@ engine as served (`engine.generate`, warm-up first):
   kept take and the new line are prefilled;
 - next line, warmed: as the server does after a keep, the next line's prompt is first
   prefilled into the cache up to the end of its history (`Drama3Engine.warm`, while the
-  director would read): the new line alone is prefilled.
+  director would read): the new line alone is prefilled (a line not in the script yet);
+- next line, written: the same with the line's text in the script, which the server warms
+  too: the take restores its whole prompt.
 Printed: first audio (prefill start to the first PCM window; median of `--repeats`), the
 prefill, the rows restored; the ratio of the 4,000-row retake to the retake with no
 history (the target on the H200: within 1.2x), with the cache on and off; bytes per row
@@ -125,17 +127,25 @@ def scene(engine: Drama3Engine, rows: int, args: argparse.Namespace) -> tuple[li
     warmed = []
     for seed, take in enumerate(following):
         kept = [*turns, HistoryTurn("And the next line.", take["codes"])]
-        warm_prefix(engine, "And the line after.", kept)
+        warm_prefix(engine, "And the line after.", kept, line=False)
         warmed.append(measure(engine, "And the line after.", kept, 300 + seed, args.frames))
     out.append(median_row(warmed, history_rows=rows, cache="on", take="next line, warmed"))
+    # The same with the line written in the script: its text warmed too, as the server does.
+    written = []
+    for seed, take in enumerate(warmed):
+        kept = [*turns, HistoryTurn("And the line after.", take["codes"])]
+        warm_prefix(engine, "And the last line.", kept, line=True)
+        written.append(measure(engine, "And the last line.", kept, 400 + seed, args.frames))
+    out.append(median_row(written, history_rows=rows, cache="on", take="next line, written"))
     return out, prefix.stats()["device_bytes"] + prefix.stats()["host_bytes"]
 
 
-def warm_prefix(engine: Drama3Engine, text: str, turns: list[HistoryTurn]) -> None:
-    """Prefill the prompt's history into the prefix cache, as the server does after a keep."""
+def warm_prefix(engine: Drama3Engine, text: str, turns: list[HistoryTurn], line: bool) -> None:
+    """Prefill the prompt into the prefix cache, as the server does after a keep: up to the end
+    of its history, or (`line`: the script holds its text) all of it."""
     from engine import Sampling
 
-    take = engine.warm(engine.prompt(text, None, turns, Sampling(max_new_tokens=1)))
+    take = engine.warm(engine.prompt(text, None, turns, Sampling(max_new_tokens=1)), line=line)
     while take is not None and not take.done:
         engine.step()
 

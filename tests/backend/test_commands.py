@@ -19,7 +19,7 @@ from live_server import RETAKE, LiveServer
 from backend.cli import UsageError
 from backend.commands import loadtest
 from backend.tools.client import Director
-from backend.tools.loadtest import longest_stall
+from backend.tools.loadtest import LINES, longest_stall
 
 
 def test_longest_stall_follows_playback_time() -> None:
@@ -54,6 +54,31 @@ def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys:
     bad = parser.parse_args(["--url", server.ws, "--think-ms", "-1"])
     with pytest.raises(UsageError, match="--think-ms"):
         loadtest.run(bad)
+
+
+def test_loadtest_writes_the_script_first_when_asked(server: LiveServer, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`--script`: each session's lines are in its script, in order, before its takes (as the
+    studio has them), so the server can warm each line with its text."""
+    parser = argparse.ArgumentParser()
+    loadtest.add_arguments(parser)
+    out = tmp_path / "load.json"
+    args = parser.parse_args(["--url", server.ws, "--sessions", "1", "--takes", "3", "--max-new-tokens", "6",
+                              "--script", "--json", str(out)])
+    assert loadtest.run(args) == 0
+    assert "(the lines written into the script first)" in capsys.readouterr().out
+    takes = json.loads(out.read_text())["takes"]
+    assert len(takes) == 3 and len({take["session_id"] for take in takes}) == 1
+
+    async def script() -> list[object]:
+        director = await Director.connect(server.ws)
+        ready = await director.open(takes[0]["session_id"])  # (this process holds the session's key)
+        await director.close()
+        return ready["lines"]  # type: ignore[return-value]
+
+    lines = asyncio.run(script())
+    expected = [(f"line-{number}", LINES[number]) for number in range(3)]
+    assert [(line["line_id"], line["text"]) for line in lines] == expected  # type: ignore[index]
 
 
 def test_loadtest_resume_reports_resumes_per_second(server: LiveServer, capsys: pytest.CaptureFixture[str]) -> None:
