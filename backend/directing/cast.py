@@ -165,13 +165,14 @@ def take_voice(store: Store, session_id: str,
 def history_turns(store: Store, session_id: str, history: list[StoredTake], voice: EngineVoice) -> list[HistoryTurn]:
     """The kept takes a take hears, as turns: in a described character's prompt each is said by the
     character it was a take of (a take from before the cast, by the take's own character)."""
-    names = {m.character_id: m.name for m in store.cast(session_id)}
+    described = isinstance(voice, Character)
+    names = {m.character_id: m.name for m in store.cast(session_id)} if described else {}
     found = store.takes_codes([take.take_id for take in history])  # one query for the scene, not one a take
     turns = []
     for take in history:
         codes = found.get(take.take_id)
         if codes is None:
             continue
-        speaker = names.get(take.character_id or "") if isinstance(voice, Character) else None
+        speaker = names.get(take.character_id or "") if described else None
         turns.append(HistoryTurn(text=take.text, codes=codes, speaker=speaker))
     return turns

@@ -88,6 +88,8 @@ class Cast(Part):
         """The member who says the line: its own, else the scene's first; None without a cast."""
         with self._transaction() as conn:
             cast = self._cast(conn, session_id)
+            if not cast:  # (most scenes: one statement before every take, not two)
+                return None
             chosen = conn.execute(sa.select(lines.c.character_id).where(
                 lines.c.session_id == session_id, lines.c.line_id == line_id)).scalar_one_or_none()
         return next((m for m in cast if m.character_id == chosen), cast[0] if cast else None)

@@ -111,11 +111,10 @@ class Takes(Part):
                 set_={"text": insert.excluded.text, "deleted_ms": None,
                       "position": sa.case((lines.c.deleted_ms.is_(None), lines.c.position),
                                           else_=insert.excluded.position)}))
-            take_id = conn.execute(takes.insert().values(
+            row = conn.execute(takes.insert().values(
                 session_id=session_id, line_id=line_id, text=text, voice_id=voice_id, sampling=json.dumps(sampling),
                 created_ms=now_ms(), replica=self.replica.id, character_id=character_id,
-                guard_frames=guard_frames)).inserted_primary_key[0]
-            row = conn.execute(sa.select(*TAKE_COLUMNS).where(takes.c.take_id == take_id)).one()
+                guard_frames=guard_frames).returning(*TAKE_COLUMNS)).one()  # (no read back after it)
         return _take(row)
 
     def take(self, session_id: str, take_id: int) -> StoredTake | None:
@@ -278,14 +277,16 @@ class Takes(Part):
         """The kept takes of the script in script order (by line, then take id): all of them, or,
         given a line of the script, those of the lines above it (what a take of that line hears).
         Takes of deleted lines are never in it."""
+        end: int | sa.ColumnElement[Any] = 2**31 - 1  # past every line: a line not in the script (new, or deleted) hears them all
+        if line_id is not None:  # (a subquery: one statement before every take, not two)
+            position = sa.select(lines.c.position).where(live(session_id), lines.c.line_id == line_id)
+            end = sa.func.coalesce(position.scalar_subquery(), end)
         with self._transaction() as conn:
-            above = None if line_id is None else conn.execute(
-                sa.select(lines.c.position).where(live(session_id), lines.c.line_id == line_id)).scalar_one_or_none()
             rows = conn.execute(
                 sa.select(takes.c.take_id)
                 .join(lines, sa.and_(lines.c.session_id == takes.c.session_id, lines.c.line_id == takes.c.line_id))
                 .where(takes.c.session_id == session_id, takes.c.kept, lines.c.deleted_ms.is_(None),
-                       lines.c.position < (2**31 - 1 if above is None else above))
+                       lines.c.position < end)
                 .order_by(lines.c.position, takes.c.take_id))
             return [int(take_id) for take_id in rows.scalars()]
 
