@@ -52,7 +52,7 @@ from typing import Any, NamedTuple
 from backend.directing.jobs import CallJob, Job, TakeJob
 from backend.directing.queue_wait import SOON_S, QueueWait, queue_wait
 from backend.engine_thread import EngineThread
-from engine import Done, Drama3Engine, Prompt, Take
+from engine import Done, Drama3Engine, Prompt, RequestError, Take
 from engine.drama3.pace import REPORT_S
 
 
@@ -258,6 +258,9 @@ class EngineLoop(EngineThread[Drama3Engine]):
                 warm = build(engine)
                 stop = len(warm.prompt.rows) if warm.line else max(warm.prompt.boundaries, default=0)
                 take = engine.warm(warm.prompt, cancelled=cancel.is_set, line=warm.line)
+            except RequestError as error:  # the line cannot be taken as written (too long): its take says why
+                log.info("did not warm the prefix cache for session %s: %s", key[:8], error)
+                self.warms["error"] += 1
             except Exception:  # noqa: BLE001 - a warm is an optimisation: its failure is logged, never felt
                 log.warning("warming the prefix cache for a session failed:\n%s", traceback.format_exc())
                 self.warms["error"] += 1

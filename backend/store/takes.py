@@ -277,7 +277,8 @@ class Takes(Part):
         """The kept takes of the script in script order (by line, then take id): all of them, or,
         given a line of the script, those of the lines above it (what a take of that line hears).
         Takes of deleted lines are never in it."""
-        end: int | sa.ColumnElement[Any] = 2**31 - 1  # past every line: a line not in the script (new, or deleted) hears them all
+        # Past every line: a line not in the script (new, or deleted) hears them all.
+        end: int | sa.ColumnElement[Any] = 2**31 - 1
         if line_id is not None:  # (a subquery: one statement before every take, not two)
             position = sa.select(lines.c.position).where(live(session_id), lines.c.line_id == line_id)
             end = sa.func.coalesce(position.scalar_subquery(), end)

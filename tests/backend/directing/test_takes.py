@@ -338,6 +338,31 @@ def test_a_scene_prefills_each_kept_take_once_as_it_moves_line_by_line(make_serv
     assert after["prefilled"] - before["prefilled"] >= 4
 
 
+def test_a_line_too_long_to_take_is_not_warmed_and_its_take_says_why(make_server: Any, engine_loop: EngineLoop,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The line to take next, written past the server's prompt rows: its warm is refused in one log
+    line (no traceback: it is the director's text, not a fault), and its take says what to change."""
+    server = make_server(limits={"max_prompt_rows": 60}, silence=SilenceGuard(retries=0))
+    text = "A line far too long for a prompt of sixty rows, " * 4
+
+    async def main() -> dict[str, Any]:
+        await warms_ended(engine_loop)
+        director = await Director.connect(server.ws)
+        await director.open()
+        await director.request({"type": "line.set", "line_id": "long", "text": text}, "script")
+        await warms_ended(engine_loop)
+        take = await director.take("long", text, sampling=SHORT)
+        await director.close()
+        return take.done
+
+    with caplog.at_level("INFO", logger="retake.loop"):
+        done = run(main())
+    assert done["finish_reason"] == "error" and "exceeds the maximum allowed length of 60 rows" in str(done["error"])
+    refused = [r for r in caplog.records if "did not warm the prefix cache" in r.getMessage()]
+    assert refused and "60 rows" in refused[-1].getMessage() and refused[-1].exc_info is None
+    assert not [r for r in caplog.records if "Traceback" in r.getMessage()]
+
+
 def test_a_voice_set_warms_the_system_message_of_the_line_to_take_next(make_server: Any,
                                                                        engine_loop: EngineLoop) -> None:
     """A voice's reference codes fill the system message, which no take has prefilled yet: the
