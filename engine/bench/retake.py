@@ -123,21 +123,26 @@ def scene(engine: Drama3Engine, rows: int, args: argparse.Namespace) -> tuple[li
     following = [measure(engine, "And the next line.", [*turns, HistoryTurn(LINE, take["codes"])], 200 + seed,
                          args.frames) for seed, take in enumerate(again)]
     out.append(median_row(following, history_rows=rows, cache="on", take="next line"))
-    # Each of those kept in turn, the line after it warmed first (as after a keep in the studio).
-    warmed = []
-    for seed, take in enumerate(following):
-        kept = [*turns, HistoryTurn("And the next line.", take["codes"])]
-        warm_prefix(engine, "And the line after.", kept, line=False)
-        warmed.append(measure(engine, "And the line after.", kept, 300 + seed, args.frames))
+    # Each of those kept in turn, the line after it warmed first (as after a keep in the studio):
+    # up to its history (a line not in the script yet), then, the same again, with its text.
+    warmed = warmed_lines(engine, turns, "And the next line.", following, "And the line after.", 300, False, args)
     out.append(median_row(warmed, history_rows=rows, cache="on", take="next line, warmed"))
-    # The same with the line written in the script: its text warmed too, as the server does.
-    written = []
-    for seed, take in enumerate(warmed):
-        kept = [*turns, HistoryTurn("And the line after.", take["codes"])]
-        warm_prefix(engine, "And the last line.", kept, line=True)
-        written.append(measure(engine, "And the last line.", kept, 400 + seed, args.frames))
+    written = warmed_lines(engine, turns, "And the line after.", warmed, "And the last line.", 400, True, args)
     out.append(median_row(written, history_rows=rows, cache="on", take="next line, written"))
     return out, prefix.stats()["device_bytes"] + prefix.stats()["host_bytes"]
+
+
+def warmed_lines(engine: Drama3Engine, turns: list[HistoryTurn], kept_text: str, kept: list[Row], text: str,
+                 seed: int, line: bool, args: argparse.Namespace) -> list[Row]:
+    """For each take of `kept` (said `kept_text`) kept after `turns`: the line `text` warmed, then taken."""
+    from engine import HistoryTurn
+
+    rows = []
+    for number, take in enumerate(kept):
+        history = [*turns, HistoryTurn(kept_text, take["codes"])]
+        warm_prefix(engine, text, history, line)
+        rows.append(measure(engine, text, history, seed + number, args.frames))
+    return rows
 
 
 def warm_prefix(engine: Drama3Engine, text: str, turns: list[HistoryTurn], line: bool) -> None:
