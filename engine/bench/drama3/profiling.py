@@ -6,12 +6,16 @@ Design choices:
   launches work and none of the ops it calls does (NO_KERNEL lists the views and wrappers
   that launch nothing), so a composite is counted once, as what it calls.
 - Parts of the step are profiler ranges opened and closed by forward hooks on the layers,
-  so the model's code carries nothing for the bench.
+  so the model's code carries nothing for the bench. The step's profile opens with its time
+  by part: the tower samples a frame's codes before the backbone reads the frame, so the
+  backbone's share is what a first window could gain if its codes were vocoded mid-step.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,6 +42,7 @@ GEMMS = frozenset(f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", 
 
 
 PARTS = ("deltanet", "attention", "tower")  # profiler ranges around layer calls
+STEP = "decode step"  # the profiler range around a profiled step
 LINE_ROWS = 40  # a line's own rows: what a take prefills after a restored prefix
 
 
@@ -50,26 +55,11 @@ def step_op_counts(decoder: Decoder, kv_len: int) -> dict[str, int]:
     calls), and each per part as `{part}_{key}`: `deltanet` and `attention` (the backbone
     layers with that mixer), `tower` (its 13 layers) and `other` (candidate head,
     sampling, embedding, codebook sums, final norm)."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile
 
-    from engine.drama3.backbone import DecoderLayer
-    from engine.drama3.tower import TowerLayer
-
-    ranges: list[record_function] = []
-    hooks = []
-    for module in decoder.model.modules():
-        if isinstance(module, (DecoderLayer, TowerLayer)):
-            part = "tower" if isinstance(module, TowerLayer) else "attention" if module.full_attention else "deltanet"
-            hooks.append(module.register_forward_pre_hook(
-                lambda m, args, part=part: ranges.append(record_function(part).__enter__())))
-            hooks.append(module.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None)))
-    try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            decoder.advance(kv_len)
-            sync(decoder.device)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with parts(decoder.model), profile(activities=[ProfilerActivity.CPU]) as prof:
+        decoder.advance(kv_len)
+        sync(decoder.device)
     counts: dict[str, int] = {}
 
     def add(key: str, event: FunctionEvent | None) -> None:
@@ -96,11 +86,55 @@ def step_op_counts(decoder: Decoder, kv_len: int) -> dict[str, int]:
     return counts
 
 
+@contextlib.contextmanager
+def parts(model: Drama3Model) -> Iterator[None]:
+    """Inside: a profiler range named after its part (PARTS) around every backbone and tower
+    layer call, opened and closed by forward hooks (the model's code carries nothing)."""
+    from torch.profiler import record_function
+
+    from engine.drama3.backbone import DecoderLayer
+    from engine.drama3.tower import TowerLayer
+
+    ranges: list[record_function] = []
+    hooks = []
+    for module in model.modules():
+        if isinstance(module, (DecoderLayer, TowerLayer)):
+            part = "tower" if isinstance(module, TowerLayer) else "attention" if module.full_attention else "deltanet"
+            hooks.append(module.register_forward_pre_hook(
+                lambda m, args, part=part: ranges.append(record_function(part).__enter__())))
+            hooks.append(module.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None)))
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def part_line(profile: Any, device: torch.device) -> str:
+    """`parts (ms of kernel time): deltanet X, attention Y, tower Z, other W`: the step's time by
+    part (on a CPU, ms of CPU time), so what the backbone costs beside the tower (which samples
+    the frame's codes before the backbone reads them) is one line."""
+    cuda = device.type == "cuda"
+
+    def ms(event: Any) -> float:
+        return float(getattr(event, "device_time_total" if cuda else "cpu_time_total", 0.0)) / 1000
+
+    events = profile.key_averages()
+    found = {event.key: ms(event) for event in events if event.key in (*PARTS, STEP)}
+    total = found.pop(STEP, 0.0)  # the range around the whole step
+    if cuda:
+        total = sum(float(getattr(e, "self_device_time_total", 0.0)) for e in events
+                    if e.device_type.name == "CUDA") / 1000
+    named = ", ".join(f"{part} {found.get(part, 0.0):.2f}" for part in PARTS)
+    return (f"# parts (ms of {'kernel' if cuda else 'CPU'} time): {named}, "
+            f"other {max(total - sum(found.values()), 0.0):.2f}")
+
+
 def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.device) -> str:
     """The kernels of one graphed decode step, one 300-row prefill and one 40-row chunk after 300
     rows (a line's own rows after a restored prefix: what one director's take prefills), most
     time first."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     from engine.drama3.decoder import Decoder
 
@@ -113,11 +147,11 @@ def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.devic
     decoder.advance(bucket)
     sync(device)
     out = []
-    with profile(activities=activities) as step_profile:
+    with parts(model), profile(activities=activities) as step_profile, record_function(STEP):
         decoder.advance(bucket)
         sync(device)
-    out.append(kernel_table(step_profile, "one decode step (the installed fast path, launched without its graph)",
-                            device, 40))
+    out.append(part_line(step_profile, device) + "\n" + kernel_table(
+        step_profile, "one decode step (the installed fast path, launched without its graph)", device, 40))
     with profile(activities=activities) as prefill_profile:
         decoder.prefill(prompt)
         sync(device)

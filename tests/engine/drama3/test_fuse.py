@@ -5,6 +5,8 @@ comparisons run on the CPU and, marked gpu, on CUDA (float32 both)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -120,6 +122,10 @@ def test_the_profile_tables_name_the_step_the_prefill_and_a_line_chunk(tiny_mode
     text = profile_tables(model, config, torch.device("cpu"))
     titles = [line for line in text.splitlines() if line.startswith("# ")]
     tables = text.split("\n\n# ")
+    # The step's time by part first: the backbone's two mixers, the tower, the rest.
+    parts = re.fullmatch(r"# parts \(ms of CPU time\): deltanet ([\d.]+), attention ([\d.]+), tower ([\d.]+), "
+                         r"other ([\d.]+)", titles.pop(0))
+    assert parts is not None and all(float(ms) > 0 for ms in parts.groups()), text[:200]
     assert titles == ["# one decode step (the installed fast path, launched without its graph): CPU ops (no GPU here)",
                       "# one 300-row prefill: CPU ops (no GPU here)",
                       "# one 40-row chunk after 300 rows (a line after its restored prefix): CPU ops (no GPU here)"]
