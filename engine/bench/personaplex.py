@@ -207,25 +207,35 @@ def profile_tick(engine: PersonaPlex, slots: int) -> str:
     (the compiled modules launch what the graph would replay). At batch 1 a tick is bound by its
     launches, not its bytes, so each part's kernel count is what to read first."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
-    from engine.bench.timing import kernel_table
+    from engine.bench.timing import kernel_table, parts_line, ranged
 
     ticks = engine.ticks
     cuda = ticks.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     out = []
-    with torch.no_grad():
-        for stage in (ticks.encode, ticks.model, ticks.decode):
-            stage(slots)  # its kernels warm (a compile's first call is not what is profiled)
-            if cuda:
-                torch.cuda.synchronize()
-            with profile(activities=activities) as prof:
-                stage(slots)
+    lockstep = ticks.lockstep
+    helium, steps = lockstep.helium, lockstep.steps
+    # The model part's own parts: Helium (its 32 layers and the text head) and the depformer.
+    lockstep.helium, lockstep.steps = ranged("helium", helium), ranged("depformer", steps)  # type: ignore[assignment]
+    try:
+        with torch.no_grad():
+            for stage in (ticks.encode, ticks.model, ticks.decode):
+                stage(slots)  # its kernels warm (a compile's first call is not what is profiled)
                 if cuda:
                     torch.cuda.synchronize()
-            title = f"{stage.__name__}, {slots} conversation{'s' if slots > 1 else ''}"
-            out.append(kernel_table(prof, title, ticks.device))
+                with profile(activities=activities) as prof, record_function(stage.__name__):
+                    stage(slots)
+                    if cuda:
+                        torch.cuda.synchronize()
+                title = f"{stage.__name__}, {slots} conversation{'s' if slots > 1 else ''}"
+                table = kernel_table(prof, title, ticks.device)
+                if stage == ticks.model:
+                    table = parts_line(prof, ticks.device, ("helium", "depformer"), "model") + "\n" + table
+                out.append(table)
+    finally:
+        lockstep.helium, lockstep.steps = helium, steps
     return "\n\n".join(out) + "\n\n"
 
 

@@ -66,3 +66,34 @@ def kernel_table(profile: Any, title: str, device: torch.device, rows: int = 30)
     table: str = events.table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=rows)
     return head + "\n" + table
 
+
+
+def parts_line(profile: Any, device: torch.device, parts: tuple[str, ...], whole: str) -> str:
+    """`# parts (ms of kernel time): a X, b Y, other Z`: a profile's time by the profiler ranges
+    named `parts`, and the rest of the range `whole` around all of it (on a GPU the kernels'
+    time, on a CPU the host's), so which part of a step to work on is one line."""
+    cuda = device.type == "cuda"
+
+    def ms(event: Any) -> float:
+        return float(getattr(event, "device_time_total" if cuda else "cpu_time_total", 0.0)) / 1000
+
+    events = profile.key_averages()
+    found = {event.key: ms(event) for event in events if event.key in (*parts, whole)}
+    total = found.pop(whole, 0.0)
+    if cuda:
+        total = sum(float(getattr(e, "self_device_time_total", 0.0)) for e in events
+                    if e.device_type.name == "CUDA") / 1000
+    named = ", ".join(f"{part} {found.get(part, 0.0):.2f}" for part in parts)
+    return (f"# parts (ms of {'kernel' if cuda else 'CPU'} time): {named}, "
+            f"other {max(total - sum(found.values()), 0.0):.2f}")
+
+
+def ranged(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` inside a profiler range `name` (a bench wraps a part of a step with it while it profiles)."""
+    from torch.profiler import record_function
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with record_function(name):
+            return fn(*args, **kwargs)
+
+    return call

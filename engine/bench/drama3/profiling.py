@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.bench.drama3.model import synthetic_prompt
-from engine.bench.timing import kernel_table, sync
+from engine.bench.timing import kernel_table, parts_line, sync
 from engine.readback import to_device
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
@@ -110,26 +110,6 @@ def parts(model: Drama3Model) -> Iterator[None]:
             hook.remove()
 
 
-def part_line(profile: Any, device: torch.device) -> str:
-    """`parts (ms of kernel time): deltanet X, attention Y, tower Z, other W`: the step's time by
-    part (on a CPU, ms of CPU time), so what the backbone costs beside the tower (which samples
-    the frame's codes before the backbone reads them) is one line."""
-    cuda = device.type == "cuda"
-
-    def ms(event: Any) -> float:
-        return float(getattr(event, "device_time_total" if cuda else "cpu_time_total", 0.0)) / 1000
-
-    events = profile.key_averages()
-    found = {event.key: ms(event) for event in events if event.key in (*PARTS, STEP)}
-    total = found.pop(STEP, 0.0)  # the range around the whole step
-    if cuda:
-        total = sum(float(getattr(e, "self_device_time_total", 0.0)) for e in events
-                    if e.device_type.name == "CUDA") / 1000
-    named = ", ".join(f"{part} {found.get(part, 0.0):.2f}" for part in PARTS)
-    return (f"# parts (ms of {'kernel' if cuda else 'CPU'} time): {named}, "
-            f"other {max(total - sum(found.values()), 0.0):.2f}")
-
-
 def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.device) -> str:
     """The kernels of one graphed decode step, one 300-row prefill and one 40-row chunk after 300
     rows (a line's own rows after a restored prefix: what one director's take prefills), most
@@ -150,7 +130,7 @@ def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.devic
     with parts(model), profile(activities=activities) as step_profile, record_function(STEP):
         decoder.advance(bucket)
         sync(device)
-    out.append(part_line(step_profile, device) + "\n" + kernel_table(
+    out.append(parts_line(step_profile, device, PARTS, STEP) + "\n" + kernel_table(
         step_profile, "one decode step (the installed fast path, launched without its graph)", device, 40))
     with profile(activities=activities) as prefill_profile:
         decoder.prefill(prompt)

@@ -4,6 +4,7 @@ read in chunks between ticks, the float8 ring, and an engine that frees what it 
 from __future__ import annotations
 
 import gc
+import re
 import weakref
 from pathlib import Path
 
@@ -151,9 +152,14 @@ def test_the_bench_times_every_size_in_one_process(capsys: pytest.CaptureFixture
         assert row["gpu_ms_mean"] > 0 and row["encode_ms_mean"] > 0 and row["model_ms_mean"] > 0
         assert row["kv_gib_per_conversation"] > 0 and row["history"] == "full"
     # The first and the last size's tick, part by part: Mimi's convolutions in encode and decode.
-    parts = profile.read_text().strip().split("\n\n# ")
-    assert [part.lstrip("# ").split(":")[0] for part in parts] == [
-        f"{name}, {n}" for n in ("1 conversation", "3 conversations") for name in ("encode", "model", "decode")]
+    text = profile.read_text()
+    assert re.findall(r"^# (\w+), (\d+ conversations?):", text, re.M) == [
+        (name, n) for n in ("1 conversation", "3 conversations") for name in ("encode", "model", "decode")]
+    # The model's table opens with its own parts' time: Helium and the depformer.
+    split = re.findall(r"^# parts \(ms of CPU time\): helium ([\d.]+), depformer ([\d.]+), other [\d.]+\n# model, ",
+                       text, re.M)
+    assert len(split) == 2 and all(float(helium) > 0 and float(depformer) > 0 for helium, depformer in split)
+    parts = text.strip().split("\n\n# ")
     assert "conv1d" in parts[0] and "conv" in parts[2] and "conv1d" in parts[3]
 
 
