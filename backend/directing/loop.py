@@ -99,8 +99,7 @@ class EngineLoop(EngineThread[Drama3Engine]):
         self.wait = QueueWait()  # the rates of the busy retry hint, measured as takes end
         self.frame_samples = 2048  # the engine's, once loaded
         self._warms: dict[str, WarmBuilder] = {}  # per session, the warm asked for and not started
-        # Warms in slots: session, cancel flag, the row they stop at.
-        self._warming: dict[Take, tuple[str, threading.Event, int]] = {}
+        self._warming: dict[Take, tuple[str, threading.Event]] = {}  # warms in slots: session, cancel flag
         # Warms ended, by finish reason (metrics; its keys made here: another thread copies it).
         self.warms: collections.Counter[str] = collections.Counter(
             dict.fromkeys(("prefilled", "cached", "cancelled", "error"), 0))
@@ -111,7 +110,7 @@ class EngineLoop(EngineThread[Drama3Engine]):
         for job in (*self._queue, *self._retries, *self._running.values()):
             job.cancel()
         self._warms.clear()
-        for _, cancel, _ in self._warming.values():
+        for _, cancel in self._warming.values():
             cancel.set()
 
     @property
@@ -244,7 +243,7 @@ class EngineLoop(EngineThread[Drama3Engine]):
         with self._condition:
             waiting = any(isinstance(job, TakeJob) for job in (*self._retries, *self._queue))
             if waiting and engine.free_slots == 0:
-                for _, cancel, _ in self._warming.values():
+                for _, cancel in self._warming.values():
                     cancel.set()
             if waiting or self._stopping:
                 return
@@ -253,10 +252,8 @@ class EngineLoop(EngineThread[Drama3Engine]):
         for key, build in starting:
             cancel = threading.Event()
             take: Take | None = None
-            stop = 0
             try:
                 warm = build(engine)
-                stop = len(warm.prompt.rows) if warm.line else max(warm.prompt.boundaries, default=0)
                 take = engine.warm(warm.prompt, cancelled=cancel.is_set, line=warm.line)
             except RequestError as error:  # the line cannot be taken as written (too long): its take says why
                 log.info("did not warm the prefix cache for session %s: %s", key[:8], error)
@@ -271,13 +268,13 @@ class EngineLoop(EngineThread[Drama3Engine]):
                 if self._warms.get(key) is build:  # (not replaced by a newer warm of the session meanwhile)
                     del self._warms[key]
                 if take is not None:
-                    self._warming[take] = (key, cancel, stop)
+                    self._warming[take] = (key, cancel)
 
     def _warmed(self, take: Take, done: Done) -> None:
         with self._condition:
-            key, _, stop = self._warming.pop(take)
+            key, _ = self._warming.pop(take)
         self.warms[done.finish_reason] += 1
-        start = int(done.timings.get("cached_rows") or 0)
+        start, stop = int(done.timings.get("cached_rows") or 0), take.stop or 0
         log.info("prefix cache warmed for session %s: %s, rows %s to %s (%s ms)%s", key[:8], done.finish_reason,
                  f"{start:,}", f"{stop:,}", done.timings.get("prefill_ms"), f": {done.error}" if done.error else "")
 

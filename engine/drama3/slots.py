@@ -109,7 +109,7 @@ class Slots:
         decoder = self.decoder
         take = Take(prompt, slot, self.vocoder, StreamSchedule(self.overlap, self.first_window),
                     deadline, cancelled, eos=decoder.eos, semantic_start=decoder.semantic_start,
-                    prefill_only=stop is not None)
+                    stop=stop)
         if (reason := take.stopped()) is not None:
             take.close(reason)
             self.closing.append(take)

@@ -96,9 +96,11 @@ class Take:
 
     def __init__(self, prompt: Prompt, slot: int, vocoder: Vocoder, schedule: StreamSchedule,
                  deadline: float | None, cancelled: Callable[[], bool] | None,
-                 eos: int, semantic_start: int, prefill_only: bool = False) -> None:
+                 eos: int, semantic_start: int, stop: int | None = None) -> None:
         self.started = time.perf_counter()
-        self.prefill_only = prefill_only  # a prefill for the prefix cache alone: ends "prefilled", no frames
+        # A prefill for the prefix cache alone, of the rows before `stop`: ends "prefilled", no frames.
+        self.stop = stop
+        self.prefill_only = stop is not None
         self.prompt, self.slot = prompt, slot
         self.deadline, self.cancelled = deadline, cancelled
         self.eos, self.semantic_start = eos, semantic_start
