@@ -86,3 +86,12 @@ def serve(checkpoint: Path, data_dir: Path, port: int, *options: str) -> subproc
         except OSError:
             assert process.poll() is None and time.monotonic() < deadline, "retake serve did not come up"
             time.sleep(0.25)
+
+
+async def warms_ended(engine_loop: EngineLoop) -> None:
+    """Wait until no prefix warm is asked for or running (a keep asks for one before its reply)."""
+    for _ in range(600):
+        if not engine_loop.warms_pending:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("a prefix warm did not end within a minute")

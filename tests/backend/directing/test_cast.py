@@ -4,12 +4,11 @@ history (checked against the engine's own prompt builder), stored and back after
 
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import Any
 
 import numpy as np
-from live_server import LiveServer, run
+from live_server import LiveServer, run, warms_ended
 from test_sessions import clip
 
 from backend.directing.length_guard import GUARD_BASE_S, GUARD_S_PER_CHAR, guard_frames, spoken_characters
@@ -196,10 +195,7 @@ def test_a_cast_set_warms_the_line_to_take_next(server: LiveServer, engine_loop:
         await director.request({"type": "line.set", "line_id": "c1", "text": "The lamp is lit."}, "script")
         await cast(director, {"type": "cast.set", "character_id": "ida", "name": "Ida",
                               "voice": {"description": "a harbour pilot no other test has, hoarse and calm"}})
-        for _ in range(600):  # the warm the cast.set asked for (before its reply)
-            if not engine_loop.warms_pending:
-                break
-            await asyncio.sleep(0.1)
+        await warms_ended(engine_loop)  # the warm the cast.set asked for (before its reply)
         take = await director.take("c1", "The lamp is lit.", **SHORT)
         other = await director.take("c1", "The lamp is out.", **SHORT)
         await director.close()

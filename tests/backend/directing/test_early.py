@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 import numpy as np
-from live_server import LiveServer, fetch, run
+from live_server import LiveServer, fetch, run, warms_ended
 
 from backend.directing.jobs import SilenceGuard
 from backend.directing.loop import EngineLoop
@@ -23,14 +23,6 @@ async def early_starts(server: LiveServer) -> dict[str, int]:
     metrics = (await fetch(f"{server.http}/metrics")).decode()
     return {result: int(n) for result, n in
             re.findall(r'^retake_take_early_starts_total\{result="(\w+)"\} (\d+)$', metrics, re.M)}
-
-
-async def warms_ended(engine_loop: EngineLoop) -> None:
-    for _ in range(600):
-        if not engine_loop.warms_pending:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("a prefix warm did not end within a minute")
 
 
 async def scene(server: LiveServer, engine_loop: EngineLoop) -> Director:

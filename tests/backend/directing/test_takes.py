@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import re
@@ -12,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
-from live_server import LiveServer, fetch, run
+from live_server import LiveServer, fetch, run, warms_ended
 
 from backend.directing.jobs import SilenceGuard
 from backend.directing.loop import EngineLoop
@@ -274,15 +273,6 @@ async def warms(server: LiveServer) -> dict[str, int]:
     metrics = (await fetch(f"{server.http}/metrics")).decode()
     return {reason: int(n) for reason, n in re.findall(r'^retake_prefix_warms_total\{finish_reason="(\w+)"\} (\d+)$',
                                                        metrics, re.M)}
-
-
-async def warms_ended(engine_loop: EngineLoop) -> None:
-    """Wait until no prefix warm is asked for or running (a keep asks for one before its reply)."""
-    for _ in range(600):
-        if not engine_loop.warms_pending:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("a prefix warm did not end within a minute")
 
 
 def test_a_scene_prefills_each_kept_take_once_as_it_moves_line_by_line(make_server: Any,
