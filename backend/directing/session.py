@@ -310,7 +310,7 @@ class Session:
         live = LiveTake(state, self, take, history_ids)
         if early is None:
             state.metrics.early_starts["none"] += 1
-        elif early.take_prompt.digest() != inputs.digest():  # the scene changed since the warm read it
+        elif early.take_prompt.digest != inputs.digest:  # the scene changed since the warm read it
             self.discard(early, "dropped")
             early = None
         else:
@@ -398,6 +398,7 @@ class Session:
         heard = [found[take_id] for take_id in history_ids if take_id in found]
         turns = history_turns(store, session_id, heard, engine_voice_value)
         inputs = TakePrompt(message.text, engine_voice_value, turns, limits.max_prompt_rows)
+        inputs.digest  # noqa: B018 - made here, on the store thread (an early start compares it on the event loop)
         take = store.add_take(session_id, message.line_id, message.text, None if voice is None else voice.voice_id,
                               sampling_info(sampling), character_id=None if member is None else member.character_id,
                               guard_frames=capped)
@@ -426,6 +427,8 @@ class Session:
             if written is not None and line_id != written:
                 return
             warm = line_warm(store, session_id, line_id, self.limits.max_prompt_rows)
+            if warm.line:
+                warm.take.digest  # noqa: B018 - made here, on the store thread (see checked_take)
             self.warmed = warm if warm.line else None
             loop.warm(session_id, warm.build)
         except Exception:  # noqa: BLE001 - a warm is an optimisation: never a reason to refuse what asked for it
