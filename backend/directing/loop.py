@@ -135,8 +135,9 @@ class EngineLoop(EngineThread[Drama3Engine]):
 
     @property
     def in_flight(self) -> int:
-        """Takes in the engine's slots (or finishing their last windows)."""
-        return len(self._running)
+        """Takes in the engine's slots (or finishing their last windows), and the one being started."""
+        with self._condition:
+            return len(self._running) + (self._starting is not None)
 
     def check_room(self, max_queue: int | None = None) -> None:
         """Raise QueueFull if a job submitted now would be refused (or find `max_queue` jobs waiting: a
