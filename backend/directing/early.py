@@ -25,16 +25,24 @@ Design choices:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from backend.directing import protocol as p
 from backend.directing.cast import EngineVoice
-from backend.directing.jobs import TakeJob, TakeOutcome, TakeSink
+from backend.directing.jobs import SilenceGuard, TakeJob, TakeOutcome, TakeSink
+from backend.directing.loop import QueueFull
+from backend.state import ServerState
 from engine import AudioWindow, Character, Drama3Engine, HistoryTurn, Prompt, Sampling
+
+if TYPE_CHECKING:  # warming.py builds on TakePrompt
+    from backend.directing.warming import LineWarm
 
 
 @dataclass(frozen=True)
@@ -124,3 +132,30 @@ class Early:
     held: Held
     take_prompt: TakePrompt
     position: int
+
+
+def start_early(state: ServerState, warmed: LineWarm | None, message: p.TakeStart, sampling: Sampling,
+                deadline: float, guard: SilenceGuard | None) -> Early | None:
+    """The take in the engine now, on the prompt the line's warm read (`warmed`: the session's
+    last warm of a line the script holds), if it is that line as the script held it; None
+    otherwise, or when the engine's queue is full (the take then waits for the store's checks)."""
+    if (warmed is None or not state.settings.early_start or message.history != "kept"
+            or warmed.line_id != message.line_id or warmed.take.text != message.text):
+        return None
+    held = Held()
+    job = TakeJob(warmed.take.prompt, sampling, held, asyncio.get_running_loop(), deadline, guard,
+                  chars=len(message.text))
+    try:
+        position = state.engine_loop.submit(job)
+    except QueueFull:
+        return None
+    return Early(job, held, warmed.take, position)
+
+
+def discard(state: ServerState, early: Early, result: str) -> None:
+    """An early start the store refused, or whose prompt was not the take's: it never happened
+    (`result`: what /metrics counts it as)."""
+    early.held.drop()
+    early.job.cancel()
+    state.engine_loop.withdraw(early.job)
+    state.metrics.early_starts[result] += 1

@@ -44,8 +44,8 @@ from backend.directing.cast import (
     set_member,
     take_voice,
 )
-from backend.directing.early import Early, Held, TakePrompt
-from backend.directing.jobs import SilenceGuard, TakeJob, TakeOutcome
+from backend.directing.early import TakePrompt, discard, start_early
+from backend.directing.jobs import TakeJob, TakeOutcome
 from backend.directing.length_guard import guard_frames
 from backend.directing.live_take import LiveTake, sampling_info
 from backend.directing.loop import QueueFull
@@ -300,18 +300,18 @@ class Session:
         deadline_ms = message.deadline_ms or limits.default_deadline_ms
         loop = asyncio.get_running_loop()
         guard = state.settings.silence if state.settings.silence.retries > 0 else None
-        early = self.early_start(message, sampling, received + deadline_ms / 1000, guard)
+        early = start_early(state, self.warmed, message, sampling, received + deadline_ms / 1000, guard)
         try:
             take, history_ids, inputs = await state.db.run(self.stored_take, message, sampling, capped)
         except BaseException:
             if early is not None:
-                self.discard(early, "refused")
+                discard(state, early, "refused")
             raise
         live = LiveTake(state, self, take, history_ids)
         if early is None:
             state.metrics.early_starts["none"] += 1
         elif early.take_prompt.digest != inputs.digest:  # the scene changed since the warm read it
-            self.discard(early, "dropped")
+            discard(state, early, "dropped")
             early = None
         else:
             state.metrics.early_starts["kept"] += 1
@@ -345,30 +345,6 @@ class Session:
             if cap < sampling.max_new_tokens:
                 return dataclasses.replace(sampling, max_new_tokens=cap), cap
         return sampling, None
-
-    def early_start(self, message: p.TakeStart, sampling: Sampling, deadline: float,
-                    guard: SilenceGuard | None) -> Early | None:
-        """The take in the engine now, on the prompt the line's warm read, if it is that line as
-        the script held it (directing/early.py); None otherwise."""
-        warmed, state = self.warmed, self.state
-        if (warmed is None or not state.settings.early_start or message.history != "kept"
-                or warmed.line_id != message.line_id or warmed.take.text != message.text):
-            return None
-        held = Held()
-        job = TakeJob(warmed.take.prompt, sampling, held, asyncio.get_running_loop(), deadline, guard,
-                      chars=len(message.text))
-        try:
-            position = state.engine_loop.submit(job)
-        except QueueFull:
-            return None
-        return Early(job, held, warmed.take, position)
-
-    def discard(self, early: Early, result: str) -> None:
-        """An early start the store refused, or whose prompt was not the take's: it never happened."""
-        early.held.drop()
-        early.job.cancel()
-        self.state.engine_loop.withdraw(early.job)
-        self.state.metrics.early_starts[result] += 1
 
     def stored_take(self, message: p.TakeStart, sampling: Sampling,
                     capped: int | None) -> tuple[StoredTake, list[int], TakePrompt]:
