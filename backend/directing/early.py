@@ -1,9 +1,9 @@
 """A take started before the store has checked it (an early start), on the prompt its warm read.
 
-    prompt = TakePrompt(text, voice, turns, max_rows)      # what a take's prompt is made of
-    held = Held()                                           # the early job's sink until the take is stored
-    ...                                                     # the store checks and stores the take
-    held.attach(live) if prompt.digest == real.digest else held.drop()
+    early = start_early(state, warmed, message, sampling, deadline, guard)  # on the warm's TakePrompt
+    ...                                                     # meanwhile the store checks and stores the take
+    early.held.attach(live)                                 # its digest is the store's: after take.queued
+    discard(state, early, "dropped")                        # or not (or "refused"): it never happened
 
 Design choices:
 - A take's prompt is made of its text, its voice and the kept takes it hears, all read from
