@@ -1,6 +1,6 @@
 """A take started before the store has checked it (an early start), on the prompt its warm read.
 
-    early = start_early(state, warmed, message, sampling, deadline, guard)  # on the warm's TakePrompt
+    early = start_early(state, warmed.take, sampling, deadline, guard)  # a take of the line as warmed
     ...                                                     # meanwhile the store checks and stores the take
     early.held.attach(live)                                 # its digest is the store's: after take.queued
     discard(state, early, "dropped")                        # or not (or "refused"): it never happened
@@ -30,19 +30,14 @@ import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backend.directing import protocol as p
 from backend.directing.cast import EngineVoice
 from backend.directing.jobs import SilenceGuard, TakeJob, TakeOutcome, TakeSink
 from backend.directing.loop import QueueFull
 from backend.state import ServerState
 from engine import AudioWindow, Character, Drama3Engine, HistoryTurn, Prompt, Sampling
-
-if TYPE_CHECKING:  # warming.py builds on TakePrompt
-    from backend.directing.warming import LineWarm
 
 
 @dataclass(frozen=True)
@@ -134,22 +129,20 @@ class Early:
     position: int
 
 
-def start_early(state: ServerState, warmed: LineWarm | None, message: p.TakeStart, sampling: Sampling,
-                deadline: float, guard: SilenceGuard | None) -> Early | None:
-    """The take in the engine now, on the prompt the line's warm read (`warmed`: the session's
-    last warm of a line the script holds), if it is that line as the script held it; None
-    otherwise, or when the engine's queue is full (the take then waits for the store's checks)."""
-    if (warmed is None or not state.settings.early_start or message.history != "kept"
-            or warmed.line_id != message.line_id or warmed.take.text != message.text):
+def start_early(state: ServerState, take_prompt: TakePrompt, sampling: Sampling, deadline: float,
+                guard: SilenceGuard | None) -> Early | None:
+    """The take in the engine now, on `take_prompt` (what the line's warm read); None when early
+    starts are off, or the engine's queue is full (the take then waits for the store's checks)."""
+    if not state.settings.early_start:
         return None
     held = Held()
-    job = TakeJob(warmed.take.prompt, sampling, held, asyncio.get_running_loop(), deadline, guard,
-                  chars=len(message.text))
+    job = TakeJob(take_prompt.prompt, sampling, held, asyncio.get_running_loop(), deadline, guard,
+                  chars=len(take_prompt.text))
     try:
         position = state.engine_loop.submit(job)
     except QueueFull:
         return None
-    return Early(job, held, warmed.take, position)
+    return Early(job, held, take_prompt, position)
 
 
 def discard(state: ServerState, early: Early, result: str) -> None:

@@ -300,7 +300,9 @@ class Session:
         deadline_ms = message.deadline_ms or limits.default_deadline_ms
         loop = asyncio.get_running_loop()
         guard = state.settings.silence if state.settings.silence.retries > 0 else None
-        early = start_early(state, self.warmed, message, sampling, received + deadline_ms / 1000, guard)
+        warmed = self.warmed
+        early = (start_early(state, warmed.take, sampling, received + deadline_ms / 1000, guard)
+                 if warmed is not None and warmed.serves(message) else None)
         try:
             take, history_ids, inputs = await state.db.run(self.stored_take, message, sampling, capped)
         except BaseException:

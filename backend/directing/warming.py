@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backend.directing import protocol as p
 from backend.directing.cast import history_turns, take_voice
 from backend.directing.early import TakePrompt
 from backend.directing.loop import Warm
@@ -58,6 +59,12 @@ class LineWarm:
 
     def build(self, engine: Drama3Engine) -> Warm:
         return Warm(self.take.prompt(engine, Sampling(max_new_tokens=1)), self.line)
+
+    def serves(self, message: p.TakeStart) -> bool:
+        """A take of this line as the script held it when warmed, hearing the kept takes: it can
+        start on this prompt before the store has checked it (directing/early.py)."""
+        return (self.line and message.history == "kept" and message.line_id == self.line_id
+                and message.text == self.take.text)
 
 
 def line_warm(store: Store, session_id: str, line_id: str | None, max_rows: int | None) -> LineWarm:
