@@ -27,9 +27,7 @@ Design choices:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import secrets
 import time
 import traceback
 
@@ -46,8 +44,7 @@ from backend.directing.cast import (
 )
 from backend.directing.early import TakePrompt, discard, start_early
 from backend.directing.jobs import TakeJob, TakeOutcome
-from backend.directing.length_guard import guard_frames
-from backend.directing.live_take import LiveTake, sampling_info
+from backend.directing.live_take import LiveTake, sampling_info, take_sampling
 from backend.directing.loop import QueueFull
 from backend.directing.scenes import DELETED
 from backend.directing.script import kept_history
@@ -296,7 +293,7 @@ class Session:
         except QueueFull as error:
             raise p.ProtocolError("busy", str(error), retry_after_ms=error.retry_after_ms) from None
         received = time.monotonic()
-        sampling, capped = self.take_settings(message)
+        sampling, capped = take_sampling(message, state.engine)
         deadline_ms = message.deadline_ms or limits.default_deadline_ms
         loop = asyncio.get_running_loop()
         guard = state.settings.silence if state.settings.silence.retries > 0 else None
@@ -334,19 +331,6 @@ class Session:
                                          take.character_id, take.guard_frames, message.ref))
         if early is not None:
             early.held.attach(live)  # what it did while the store checked the take, after take.queued
-
-    def take_settings(self, message: p.TakeStart) -> tuple[Sampling, int | None]:
-        """The take's settings with the seed picked (the server stores it: every take can be
-        reproduced) and the length guard's cap (when it is below the take's max_new_tokens)."""
-        sampling = message.sampling  # checked, with the engine's defaults, by parse
-        if sampling.seed is None:
-            sampling = dataclasses.replace(sampling, seed=secrets.randbelow(2**31))
-        if message.length_guard:
-            engine = self.state.engine
-            cap = guard_frames(message.text, engine.sample_rate / engine.frame_samples, sampling.max_new_tokens)
-            if cap < sampling.max_new_tokens:
-                return dataclasses.replace(sampling, max_new_tokens=cap), cap
-        return sampling, None
 
     def stored_take(self, message: p.TakeStart, sampling: Sampling,
                     capped: int | None) -> tuple[StoredTake, list[int], TakePrompt]:
