@@ -615,7 +615,12 @@ def main() -> int:
                              "the compiled layers)")
     parser.add_argument("--limit", type=stage_limit, action="append", default=[], metavar="STAGE=SECONDS",
                         help="a stage's own time limit instead of LIMITS_S's (repeatable), e.g. --limit serve=250")
-    args = parser.parse_args()
+    # A variant of one option (`--serve-variant '--no-early-start'`) reads to argparse as an option of its own.
+    argv, rest = [], sys.argv[1:]
+    while rest:
+        word = rest.pop(0)
+        argv.append(f"{word}={rest.pop(0)}" if word == "--serve-variant" and rest else word)
+    args = parser.parse_args(argv)
     args.budget = args.budget or (3600.0 if args.smoke else BUDGET_S)
     wanted = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in STAGES]
