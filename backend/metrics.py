@@ -123,6 +123,10 @@ def prefix_cache_lines(stats: dict[str, int] | None) -> list[str]:
             "# TYPE retake_prefix_cache_rows_total counter",
             f'retake_prefix_cache_rows_total{{kind="saved"}} {stats["rows_saved"]}',
             f'retake_prefix_cache_rows_total{{kind="prefilled"}} {stats["rows_prefilled"]}',
+            "# HELP retake_prefix_cache_rows_in_place_total Of the rows restored, those the take's slot held "
+            "already from its last prompt (not copied).",
+            "# TYPE retake_prefix_cache_rows_in_place_total counter",
+            f'retake_prefix_cache_rows_in_place_total {stats["rows_in_place"]}',
             "# HELP retake_prefix_cache_bytes Bytes the prefix cache's snapshots hold, by memory.",
             "# TYPE retake_prefix_cache_bytes gauge",
             f'retake_prefix_cache_bytes{{memory="device"}} {stats["device_bytes"]}',

@@ -141,6 +141,7 @@ class Decoder:
         self.prompts: dict[int, Prompt] = {}  # slots being prefilled, and their prompts
         self.prefix: PrefixCache | None = None  # snapshots of prompt prefixes (prefix.py), when the engine keeps them
         self.plans: dict[int, Plan] = {}  # slots being prefilled with the prefix cache: where it resumed, what to keep
+        self.planned: tuple[Prompt, int, Plan] | None = None  # (prompt, cache clock, plan): pick_slot's last
         self.reported: set[int] = set()  # RETAKE_CHECK_FINITE: slots whose prefill logged a non-finite state
 
     @torch.inference_mode()
@@ -163,7 +164,7 @@ class Decoder:
         if self.prefix is None:
             prefill = self.chunked.begin(rows, slot)
         else:  # resume after the longest prefix in the cache; chunks cut at the prompt's boundaries
-            plan = self.plans[slot] = self.prefix.plan(prompt)
+            plan = self.plans[slot] = self.plan(prompt)
             start, hidden = self.prefix.restore(plan, slot)
             prefill = self.chunked.begin(rows, slot, start, prompt.boundaries)
             prefill.hidden, prefill.cached = hidden, start
@@ -172,6 +173,7 @@ class Decoder:
                 raise ValueError(f"a prefill stops at one of the prompt's boundaries {prompt.boundaries} or at its "
                                  f"end ({count}), with a prefix cache; got {stop}")
             prefill.chunks = collections.deque(chunk for chunk in prefill.chunks if chunk[1] <= stop)
+            prefill.prefill_only = True
         self.clear_rows(slot, prefill.cached)
         self.prompts[slot] = prompt
         self.reported.discard(slot)
@@ -179,6 +181,24 @@ class Decoder:
             log.warning("slot %d: the state restored from the prefix cache (%d rows) is non-finite: %s", slot,
                         prefill.cached, bad)
         return prefill
+
+    def pick_slot(self, prompt: Prompt, free: list[int]) -> int:
+        """Of the `free` slots, the one to prefill `prompt` into: the one holding most of the rows
+        it restores (prefix.py `kept`: those are not copied), else the first."""
+        prefix = self.prefix
+        if prefix is None or len(free) == 1:
+            return free[0]
+        plan = prefix.plan(prompt)
+        self.planned = (prompt, prefix.clock, plan)  # for its begin_prefill, while the cache is as it was
+        return max(free, key=lambda slot: (prefix.kept(plan, slot), -slot))
+
+    def plan(self, prompt: Prompt) -> Plan:
+        """The prefix cache's plan for `prompt` (the one `pick_slot` just made, if any)."""
+        assert self.prefix is not None
+        planned, self.planned = self.planned, None
+        if planned is not None and planned[0] is prompt and planned[1] == self.prefix.clock:
+            return planned[2]
+        return self.prefix.plan(prompt)
 
     @torch.inference_mode()
     def prefill_more(self, prefill: Prefill, rows: int | None = None) -> bool:
@@ -225,6 +245,8 @@ class Decoder:
         """The prefill is done: its slot's state for the first step; the slot decodes from now on."""
         self.plans.pop(prefill.slot, None)
         slot, prompt = prefill.slot, self.prompts.pop(prefill.slot)
+        if self.prefix is not None and not prefill.prefill_only:
+            self.prefix.decoding(slot, len(prefill.rows) - 1)
         self.hidden[slot] = hidden
         self.position[slot] = len(prefill.rows) - 1
         self.frame[slot] = prefill.rows[-1]
@@ -291,6 +313,12 @@ class Decoder:
         self.slots[slot] = self.scratch
         self.prompts.pop(slot, None)
         self.plans.pop(slot, None)
+
+    def forget(self, slot: int) -> None:
+        """The slot's rows are not to be reused in place (its take failed: whatever it left is
+        suspect); the next prompt in it restores every row it resumes from."""
+        if self.prefix is not None:
+            self.prefix.held.pop(slot, None)
 
     @property
     def graphed(self) -> bool:

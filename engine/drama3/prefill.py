@@ -107,6 +107,7 @@ class Prefill:
     chunks: collections.deque[tuple[int, int]]  # [start, end) row ranges still to run, in order
     hidden: torch.Tensor | None = None  # [D]: the last chunk's last row (a prefix-cache hit: the prompt's)
     cached: int = 0  # rows restored from the prefix cache instead of prefilled
+    prefill_only: bool = False  # a prefill for the prefix cache alone (a `stop`): its slot never decodes
 
 
 class ChunkedPrefill:

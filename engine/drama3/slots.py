@@ -7,7 +7,8 @@ batched step at a time.
     for event in slots.generate(take): ...            # one take alone: its events to Done
 
 Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed slots):
-- Fixed slots, one per Decoder row. `start` takes the lowest free slot; which take to
+- Fixed slots, one per Decoder row. `start` takes the free slot that holds most of the
+  prompt's prefix already (prefix.py), else the lowest; which take to
   start, and when, is the caller's choice (the backend loop picks earliest deadline
   first). Its prompt is prefilled by the next steps, a few chunks per step while other
   takes decode: as many rows as keep a step within most of a frame's duration, measured
@@ -99,14 +100,14 @@ class Slots:
     @torch.inference_mode()
     def start(self, prompt: Prompt, deadline: float | None = None,
               cancelled: Callable[[], bool] | None = None, stop: int | None = None) -> Take:
-        """Start `prompt` in the lowest free slot (the next steps prefill it). A take already
-        cancelled or past its deadline ends without a slot; a prompt that cannot be prefilled
-        ends the take as an error. With `stop` (a boundary of the prompt, or its end): a
-        prefill-only take of the rows before it."""
+        """Start `prompt` in a free slot (the next steps prefill it): the one holding most of its
+        prefix (decoder.py `pick_slot`), else the lowest. A take already cancelled or past its
+        deadline ends without a slot; a prompt that cannot be prefilled ends the take as an error.
+        With `stop` (a boundary of the prompt, or its end): a prefill-only take of the rows before it."""
         if self.free_slots == 0:
             raise RuntimeError(f"all {len(self.takes)} slots are decoding; start a take when one is free")
-        slot = self.takes.index(None)
         decoder = self.decoder
+        slot = decoder.pick_slot(prompt, [slot for slot, held in enumerate(self.takes) if held is None])
         take = Take(prompt, slot, self.vocoder, StreamSchedule(self.overlap, self.first_window),
                     deadline, cancelled, eos=decoder.eos, semantic_start=decoder.semantic_start,
                     stop=stop)
@@ -222,6 +223,8 @@ class Slots:
         if self.takes[take.slot] is take:
             self.takes[take.slot] = None
             self.decoder.release(take.slot)
+            if reason == "error":
+                self.decoder.forget(take.slot)
         take.close(reason, error)
         self.closing.append(take)
 

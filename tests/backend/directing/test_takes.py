@@ -264,6 +264,8 @@ def test_a_retake_restores_its_prompt_from_the_prefix_cache(server: LiveServer) 
         metrics = response.read().decode()
     hits = re.search(r'^retake_prefix_cache_lookups_total\{result="hit"\} (\d+)$', metrics, re.M)
     assert hits is not None and int(hits.group(1)) >= 1
+    in_place = re.search(r'^retake_prefix_cache_rows_in_place_total (\d+)$', metrics, re.M)
+    assert in_place is not None and int(in_place.group(1)) > 0  # the retake's history, in its slot still
     held = re.search(r'^retake_prefix_cache_bytes\{memory="device"\} (\d+)$', metrics, re.M)
     assert held is not None and int(held.group(1)) > 0
 

@@ -279,3 +279,41 @@ def test_on_a_gpu_the_budget_follows_the_memory_free_after_warm_up(tiny, caplog)
     assert [r.getMessage() for r in caplog.records] == ["prefix cache: 6.0 GiB asked for, but 4.0 GiB of GPU memory "
                                                         "are free after warm-up; the budget is 3.6 GiB (give a smaller "
                                                         "--prefix-cache-gib to silence this)"]
+
+
+@torch.inference_mode()
+def test_a_take_restores_into_the_slot_holding_its_rows_and_copies_only_the_rest(tiny_checkpoint, cold, caplog):
+    """prefix.py's rows in place: the slot that last prefilled a prompt holds its prefix; a
+    take of it goes to that slot (not the lowest free one), copies only the rows the slot does
+    not hold, and is the take prefilled from row 0, bit for bit."""
+    caplog.set_level(logging.INFO, logger="retake.engine")
+    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=3))
+    cache = engine.decoder.prefix
+    prompt = engine.prompt("In place.", None, HISTORY, SAMPLING)
+    rows, history_end = len(prompt.rows), max(prompt.boundaries)
+    prefilled(engine, prompt, 2)  # slot 2 prefills it and turns active: its rows in place end at the line
+    caplog.clear()
+    first = take(engine, prompt)
+    assert first.timings["cached_rows"] == rows
+    assert f"slot 2 restored the whole prompt ({rows:,} of {rows:,} rows, {history_end:,} in place)" in caplog.text
+    assert cache.stats()["rows_in_place"] == history_end
+    state, fresh = from_scratch(cold, prompt)
+    assert np.array_equal(first.codes, fresh.codes)
+    # A warm of the whole prompt (prefill only, nothing decoded after it) leaves every row in place.
+    cache.clear()
+    warm = engine.warm(prompt, line=True)
+    assert warm is not None
+    while not warm.done:
+        engine.step()
+    caplog.clear()
+    assert_same(prefilled(engine, prompt, warm.slot), state)
+    assert f"({rows:,} of {rows:,} rows, {rows:,} in place)" in caplog.text
+    # Another prompt prefilled into that slot: its rows are that prompt's now, shared up to the
+    # system message only, and the next take of the first copies the rest.
+    other = engine.prompt("In place.", None, HISTORY[::-1], SAMPLING)
+    for slot in range(3):
+        prefilled(engine, other, slot)
+    caplog.clear()
+    again = take(engine, prompt)
+    assert f"{min(prompt.boundaries):,} in place)" in caplog.text
+    assert np.array_equal(again.codes, fresh.codes)

@@ -152,6 +152,8 @@ def test_one_take_failing_leaves_the_others_intact(batched, prompts, solo, monke
         return logits
 
     monkeypatch.setattr(batched.model, "candidate_logits", poisoned)
+    for slot in range(batched.decoder.num_slots):  # no slot holds a's rows (prefix.py): a takes the lowest free one
+        batched.decoder.forget(slot)
     huge = dataclasses.replace(prompts["short"], sampling=dataclasses.replace(prompts["short"].sampling,
                                                                               max_new_tokens=10**6))
     takes, slots = together(batched, {0: [("b", prompts["b"]), ("huge", huge)], 2: [("a", prompts["a"])]})
@@ -162,6 +164,8 @@ def test_one_take_failing_leaves_the_others_intact(batched, prompts, solo, monke
     frames = poisoned_take.codes.shape[1]
     assert 0 < frames < 8 and np.array_equal(poisoned_take.codes, solo["a"][1].codes[:, :frames])
     assert same(takes["b"], solo["b"])
+    prefix = batched.decoder.prefix
+    assert prefix is not None and prefix.kept(prefix.plan(prompts["a"]), 1) == 0  # a failed slot's rows: not reused
 
 
 def test_a_slot_left_non_finite_serves_the_next_take_as_a_fresh_slot(batched, single, prompts, solo):
@@ -182,6 +186,7 @@ def test_a_slot_left_non_finite_serves_the_next_take_as_a_fresh_slot(batched, si
         if counter == "partial_hits":
             assert same(alone(batched, prompts["b"]), solo["b"])  # b's history into the cache
         poison(batched.model, 0)
+        batched.decoder.forget(0)  # as the slot table does when a take ends in error
         before = prefix.counters.as_dict()[counter]
         assert same(alone(batched, prompt), want), what
         assert prefix.counters.as_dict()[counter] == before + 1, what
