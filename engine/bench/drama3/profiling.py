@@ -43,6 +43,8 @@ GEMMS = frozenset(f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", 
 
 PARTS = ("deltanet", "attention", "tower")  # profiler ranges around layer calls
 STEP = "decode step"  # the profiler range around a profiled step
+PREFILL_PARTS = ("deltanet", "attention", "experts", "tower")  # the mixers and the experts apart (eager prefill)
+PREFILL = "prefill"  # the profiler range around a profiled prefill
 LINE_ROWS = 40  # a line's own rows: what a take prefills after a restored prefix
 
 
@@ -87,9 +89,11 @@ def step_op_counts(decoder: Decoder, kv_len: int) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def parts(model: Drama3Model) -> Iterator[None]:
+def parts(model: Drama3Model, experts: bool = False) -> Iterator[None]:
     """Inside: a profiler range named after its part (PARTS) around every backbone and tower
-    layer call, opened and closed by forward hooks (the model's code carries nothing)."""
+    layer call, opened and closed by forward hooks (the model's code carries nothing). With
+    `experts`, around each backbone layer's mixer and its experts apart (PREFILL_PARTS): for
+    eager layers only, as a compiled layer's submodules run inside its compiled code."""
     from torch.profiler import record_function
 
     from engine.drama3.backbone import DecoderLayer
@@ -100,9 +104,14 @@ def parts(model: Drama3Model) -> Iterator[None]:
     for module in model.modules():
         if isinstance(module, (DecoderLayer, TowerLayer)):
             part = "tower" if isinstance(module, TowerLayer) else "attention" if module.full_attention else "deltanet"
-            hooks.append(module.register_forward_pre_hook(
-                lambda m, args, part=part: ranges.append(record_function(part).__enter__())))
-            hooks.append(module.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None)))
+            ranged = [(module, part)]
+            if experts and isinstance(module, DecoderLayer):
+                mixer = module.self_attn if module.full_attention else module.linear_attn
+                ranged = [(mixer, part), (module.mlp, "experts")]
+            for target, name in ranged:
+                hooks.append(target.register_forward_pre_hook(
+                    lambda m, args, name=name: ranges.append(record_function(name).__enter__())))
+                hooks.append(target.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None)))
     try:
         yield
     finally:
@@ -132,10 +141,11 @@ def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.devic
         sync(device)
     out.append(parts_line(step_profile, device, PARTS, STEP) + "\n" + kernel_table(
         step_profile, "one decode step (the installed fast path, launched without its graph)", device, 40))
-    with profile(activities=activities) as prefill_profile:
+    with parts(model, experts=True), profile(activities=activities) as prefill_profile, record_function(PREFILL):
         decoder.prefill(prompt)
         sync(device)
-    out.append(kernel_table(prefill_profile, "one 300-row prefill", device, 40))
+    out.append(parts_line(prefill_profile, device, PREFILL_PARTS, PREFILL) + "\n"
+               + kernel_table(prefill_profile, "one 300-row prefill", device, 40))
     line = to_device(synthetic_prompt(config, 300 + LINE_ROWS, 32).rows, device)  # [340, 11]
     decoder.chunked.run(decoder.chunked.begin(line, 0, start=300))  # warm-up: this chunk size's kernels
     sync(device)

@@ -126,6 +126,10 @@ def test_the_profile_tables_name_the_step_the_prefill_and_a_line_chunk(tiny_mode
     parts = re.fullmatch(r"# parts \(ms of CPU time\): deltanet ([\d.]+), attention ([\d.]+), tower ([\d.]+), "
                          r"other ([\d.]+)", titles.pop(0))
     assert parts is not None and all(float(ms) > 0 for ms in parts.groups()), text[:200]
+    # The prefill's with the experts apart from the mixers they follow.
+    parts = re.fullmatch(r"# parts \(ms of CPU time\): deltanet ([\d.]+), attention ([\d.]+), experts ([\d.]+), "
+                         r"tower ([\d.]+), other ([\d.]+)", titles.pop(1))
+    assert parts is not None and all(float(ms) > 0 for ms in parts.groups()), text[:200]
     assert titles == ["# one decode step (the installed fast path, launched without its graph): CPU ops (no GPU here)",
                       "# one 300-row prefill: CPU ops (no GPU here)",
                       "# one 40-row chunk after 300 rows (a line after its restored prefix): CPU ops (no GPU here)"]
