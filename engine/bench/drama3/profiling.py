@@ -104,7 +104,7 @@ def parts(model: Drama3Model, experts: bool = False) -> Iterator[None]:
     for module in model.modules():
         if isinstance(module, (DecoderLayer, TowerLayer)):
             part = "tower" if isinstance(module, TowerLayer) else "attention" if module.full_attention else "deltanet"
-            ranged = [(module, part)]
+            ranged: list[tuple[torch.nn.Module, str]] = [(module, part)]
             if experts and isinstance(module, DecoderLayer):
                 mixer = module.self_attn if module.full_attention else module.linear_attn
                 ranged = [(mixer, part), (module.mlp, "experts")]
