@@ -477,7 +477,7 @@ def one_server(run: Run, stage: Stage, log: Path, converse: bool = False, extra:
         shown = r"ready on|DEMO|loading|bucket \d+ runs eagerly|kernel failed|PersonaPlex ticks|slots|Traceback|Error" \
             r"|^Thread|^Current thread|^  File"
         data["log"] = [line for line in text.splitlines() if re.search(shown, line)][:60]
-        # Takes whose logits went non-finite, with the state the engine found bad (Decoder.diagnose), and
+        # Takes whose logits went non-finite, with the state the engine found bad (finite.py `diagnose`), and
         # takes that failed otherwise: the first ones say where it starts.
         data["non_finite"] = [line for line in text.splitlines() if "non-finite logits at position" in line][:12]
         data["pace"] = [line.split("pace: ", 1)[1] for line in text.splitlines() if "pace: " in line][-40:]

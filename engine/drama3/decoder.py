@@ -20,6 +20,12 @@ Design choices:
   captured as a CUDA graph; the host reads the status after it, into pinned memory with
   an event polled (`read_status`): a blocking read would hold up the vocoder thread's
   kernel launches (engine/readback.py).
+- The step in two halves, each its own graph: `sample` (the candidate head and the tower:
+  the frame, into the status) and `feed` (the frame through the backbone: the next hidden
+  state). The step copies the status to the host between them and `read_status` waits for
+  that copy only, so the host hands the frames to their windows (the vocoder's side stream)
+  while the backbone, most of the step, still runs: a take's first window is vocoded that
+  much sooner, and the host's work between steps no longer leaves the GPU idle.
 - One entry point, `step`, holds the graph-or-eager choice. On CUDA (graphs on) it
   replays the graph of (the decoding rows' bucket, the KV bucket): graphs per row
   bucket 1, 2, 4, ... 64 (and N) step the rows listed in a static index (the decoding
@@ -68,15 +74,14 @@ import collections
 import functools
 import logging
 import math
-import os
 import secrets
 import time
 from collections.abc import Callable
 
 import torch
 
-from engine.drama3.deltanet import GatedDeltaNet
 from engine.drama3.fast import caches_symbolic
+from engine.drama3.finite import CHECK_FINITE, FiniteChecks
 from engine.drama3.layers import KVCache
 from engine.drama3.model import Drama3Model
 from engine.drama3.prefill import ChunkedPrefill, Prefill
@@ -86,16 +91,27 @@ from engine.drama3.prompt import Prompt
 from engine.drama3.sampler import RAS_WINDOW_FRAMES, SamplingTensors, ras_window_of
 from engine.graphs import StepGraphs, shared_pool
 from engine.kernels.sampler import sample_code, sample_main
-from engine.readback import copy_to, pinned_like, to_device, to_host
+from engine.readback import copy_to, pinned_like, to_device, to_host, wait_for
 
 log = logging.getLogger("retake.engine")
 
 KV_BUCKET_ROWS = 256  # eager steps attend over a whole number of these
 GRAPH_KV_ROWS = 512  # the smallest graphed KV bucket; then 1,024, 2,048, ... and the whole cache
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decoding rows a graph steps (and the slot count itself)
-# Debugging non-finite takes: RETAKE_CHECK_FINITE=1 reads the slot's state after every restore and
-# prefill chunk (a sync each) and logs the first place it is non-finite: which chunk, which layers.
-CHECK_FINITE = os.environ.get("RETAKE_CHECK_FINITE") == "1"
+
+
+def rows_of(index: torch.Tensor | None, tensor: torch.Tensor) -> torch.Tensor:
+    """The stepped rows of a per-slot tensor (None: all of them)."""
+    return tensor if index is None else tensor[index]
+
+
+def write_rows(index: torch.Tensor | None, updates: tuple[tuple[torch.Tensor, torch.Tensor], ...]) -> None:
+    """Each (per-slot target, stepped rows' values) written back into the stepped rows."""
+    for target, value in updates:
+        if index is None:
+            target.copy_(value)
+        else:
+            target.index_copy_(0, index, value)
 
 
 class Decoder:
@@ -116,6 +132,7 @@ class Decoder:
         self.hidden = torch.zeros((N, config.text.hidden_size), dtype=model.candidate_head.dtype, device=device)
         self.position = torch.zeros(N, dtype=torch.long, device=device)  # of the input frame
         self.frame = torch.zeros((N, config.frame_width), dtype=torch.long, device=device)  # the input frame
+        self.sampled = torch.zeros_like(self.frame)  # the frame the step's first half sampled, for its second
         self.ras_window = torch.zeros((N, RAS_WINDOW_FRAMES), dtype=torch.long, device=device)
         self.settings = SamplingTensors(torch.ones(N, device=device), torch.ones(N, dtype=torch.long, device=device),
                                         torch.ones(N, device=device))
@@ -123,6 +140,7 @@ class Decoder:
         # Per slot after a step: all logits finite, then the new frame (main token, codes 0..9).
         self.status = torch.zeros((N, 1 + config.frame_width), dtype=torch.long, device=device)
         self.status_host = pinned_like(self.status)  # the host's copy, reused every step
+        self.status_copied = False  # by a graphed step, between its halves (`status_event` after the copy)
         self.seed = torch.zeros(N, dtype=torch.long, device=device)  # each take's draws: seed and frame counter
         self.counter = torch.zeros(N, dtype=torch.long, device=device)
         self.index = torch.zeros(N, dtype=torch.long, device=device)  # the rows a graph steps (padded)
@@ -130,9 +148,13 @@ class Decoder:
         kv_buckets = [GRAPH_KV_ROWS << i for i in range(16) if GRAPH_KV_ROWS << i < max_rows] + [max_rows]
         enabled = graphs and device.type == "cuda"  # on a CPU `step` runs `advance` eagerly
         pool = shared_pool() if enabled else None
-        self.graphs = {rows: StepGraphs(functools.partial(self.advance_rows, rows), kv_buckets, enabled=enabled,
-                                        pool=pool, name=f"decode step, {rows} rows")
+        self.status_event = torch.cuda.Event() if enabled else None
+        self.graphs = {rows: StepGraphs(functools.partial(self.half_rows, self.sample, rows), kv_buckets,
+                                        enabled=enabled, pool=pool, name=f"decode step, {rows} rows, sample")
                        for rows in self.row_buckets}
+        self.feeds = {rows: StepGraphs(functools.partial(self.half_rows, self.feed, rows), kv_buckets,
+                                       enabled=enabled, pool=pool, name=f"decode step, {rows} rows, feed")
+                      for rows in self.row_buckets}
         self.chunked = ChunkedPrefill(model, max_rows, graphs=graphs and device.type == "cuda")
         # Waiting prompts' chunks batched (prefill_groups.py): up to 8 where chunks are graphs, else off.
         most = group if group is not None else PREFILL_GROUP if self.chunked.graphed else 1
@@ -142,7 +164,7 @@ class Decoder:
         self.prefix: PrefixCache | None = None  # snapshots of prompt prefixes (prefix.py), when the engine keeps them
         self.plans: dict[int, Plan] = {}  # slots being prefilled with the prefix cache: where it resumed, what to keep
         self.planned: tuple[Prompt, int, Plan] | None = None  # (prompt, cache clock, plan): pick_slot's last
-        self.reported: set[int] = set()  # RETAKE_CHECK_FINITE: slots whose prefill logged a non-finite state
+        self.finite = FiniteChecks(model)  # where a take went non-finite (finite.py)
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, slot: int = 0) -> None:
@@ -176,8 +198,8 @@ class Decoder:
             prefill.prefill_only = True
         self.clear_rows(slot, prefill.cached)
         self.prompts[slot] = prompt
-        self.reported.discard(slot)
-        if CHECK_FINITE and prefill.cached and (bad := self.nonfinite(slot, prefill.cached)):
+        self.finite.reported.discard(slot)
+        if CHECK_FINITE and prefill.cached and (bad := self.finite.nonfinite(slot, prefill.cached)):
             log.warning("slot %d: the state restored from the prefix cache (%d rows) is non-finite: %s", slot,
                         prefill.cached, bad)
         return prefill
@@ -238,7 +260,7 @@ class Decoder:
         after = None if plan is None or self.prefix is None else functools.partial(self.prefix.record, plan,
                                                                                    prefill.slot)
         if CHECK_FINITE:
-            after = functools.partial(self.check_chunk, prefill, after)
+            after = functools.partial(self.finite.after_chunk, prefill, after, self.active)
         return after
 
     def activate(self, prefill: Prefill, hidden: torch.Tensor) -> None:
@@ -265,45 +287,13 @@ class Decoder:
     def read_status(self) -> list[list[int]]:
         """The status rows of the last step on the host ([N][finite, main, code0..9]), read
         without blocking other threads' launches."""
-        status: list[list[int]] = to_host(self.status, self.status_host).tolist()
+        if self.status_copied and self.status_event is not None:  # by the graphed step, between its halves
+            wait_for(self.status_event)
+            self.status_copied = False
+        else:
+            to_host(self.status, self.status_host)
+        status: list[list[int]] = self.status_host.tolist()
         return status
-
-    def diagnose(self, slot: int, rows: int) -> str:
-        """Which of the slot's state holds non-finite values (its hidden state, its first `rows`
-        cache rows: those the last step did not write, its DeltaNet states): for the log of a
-        take whose logits went non-finite. Reads the device (a sync): errors only."""
-        hidden = "" if bool(self.hidden[slot].isfinite().all()) else "hidden; "
-        found = hidden + self.nonfinite(slot, rows)
-        return "non-finite: " + (found or "none of hidden, KV rows, DeltaNet states")
-
-    def nonfinite(self, slot: int, rows: int) -> str:
-        """The slot's modules (in model order) whose state or first `rows` cache rows hold
-        non-finite values, the first few; "" when all is finite. Reads the device (a sync)."""
-        bad = []
-        for name, module in self.model.named_modules():
-            cache = getattr(module, "kv_cache", None)
-            tensors = [cache.k[slot, :rows], cache.v[slot, :rows]] if cache is not None else []
-            if isinstance(module, GatedDeltaNet):
-                tensors += [module.recurrent_state[slot], module.conv_state[slot]]
-            if tensors and not all(bool(t.isfinite().all()) for t in tensors):
-                bad.append(name)
-        return "" if not bad else f"{len(bad)} modules, first {bad[:4]}"
-
-    def check_chunk(self, prefill: Prefill, after: Callable[[int, torch.Tensor], None] | None, end: int,
-                    hidden: torch.Tensor) -> None:
-        """RETAKE_CHECK_FINITE: after a prefill chunk ending at row `end`, log where the slot's
-        state first went non-finite (once per prefill), then `after` (the prefix cache's record)."""
-        if prefill.slot not in self.reported:
-            finite = bool(hidden.isfinite().all())
-            bad = self.nonfinite(prefill.slot, end)
-            if bad or not finite:
-                self.reported.add(prefill.slot)
-                log.warning("slot %d: prefill chunk ending at row %d of %d (resumed at %d; %d chunks left; %d takes "
-                            "active) left a non-finite state: hidden %s; %s", prefill.slot, end, len(prefill.rows),
-                            prefill.cached, len(prefill.chunks), int(self.active.sum()),
-                            "finite" if finite else "non-finite", bad or "no layer state")
-        if after is not None:
-            after(end, hidden)
 
     def release(self, slot: int) -> None:
         """The slot's take ended: its row is ignored from now on, held at position 0, its
@@ -328,8 +318,8 @@ class Decoder:
     def captured(self) -> bool:
         """Every bucket of the step and of the prefill chunks has its graph or runs eagerly
         for a logged reason (or graphs are off)."""
-        return all(graphs.captured for graphs in self.graphs.values()) and self.chunked.captured \
-            and self.groups.captured
+        return all(graphs.captured for graphs in (*self.graphs.values(), *self.feeds.values())) \
+            and self.chunked.captured and self.groups.captured
 
     def capture(self, up_to_rows: int | None = None) -> None:
         """Capture the step's graphs (every row bucket, the KV buckets up to `up_to_rows`;
@@ -345,9 +335,10 @@ class Decoder:
             started = time.perf_counter()
             buckets = [b for b in graphs.buckets if b <= graphs.bucket_for(limit)]
             graphs.capture(buckets)
+            self.feeds[rows].capture(buckets)
             if graphs.enabled:
-                log.info("decode graphs, %d rows: %d KV buckets in %.1f s (the first ones compile the layers)",
-                         rows, len(buckets), time.perf_counter() - started)
+                log.info("decode graphs, %d rows: %d KV buckets, each step in two (sample, feed), in %.1f s (the "
+                         "first ones compile the layers)", rows, len(buckets), time.perf_counter() - started)
         started = time.perf_counter()
         self.chunked.capture(self.scratch)
         self.groups.capture()
@@ -365,8 +356,9 @@ class Decoder:
 
     def step(self, position: int, rows: list[int] | None = None) -> None:
         """One frame for the decoding slots `rows` (default all), the furthest at `position`
-        (its input frame's): with graphs, a replay of the graph of their row bucket at
-        position's KV bucket; without, an eager `advance` of `rows` only."""
+        (its input frame's): with graphs, replays of the graphs of their row bucket at
+        position's KV bucket (sample, the status copied out, feed); without, an eager `advance`
+        of `rows` only."""
         rows = list(range(self.num_slots)) if rows is None else rows
         if not self.graphed:
             self.advance(self.kv_len(position), rows)
@@ -374,18 +366,23 @@ class Decoder:
         bucket = self.row_bucket(len(rows))
         graphs = self.graphs[bucket]
         kv_bucket = graphs.bucket_for(position + 2)
-        if kv_bucket not in graphs.graphs and kv_bucket not in graphs.eager:
+        if not all(kv_bucket in g.graphs or kv_bucket in g.eager for g in (graphs, self.feeds[bucket])):
             raise RuntimeError(f"no graph captured for {bucket} rows and {kv_bucket} cache rows; capture it before "
                                f"the take")
         if len(rows) < bucket:  # pad with a row that is not decoding: inactive, it holds its inputs
             pad = next(row for row in range(self.num_slots) if row not in rows)
             rows = rows + [pad] * (bucket - len(rows))
         copy_to(self.index[:bucket], torch.tensor(rows))
-        graphs(position + 2)  # a replay, or the same step eagerly where it could not be captured
+        graphs(position + 2)  # the frames sampled: a replay, or eagerly where it could not be captured
+        self.status_host.copy_(self.status, non_blocking=True)  # read by the host while the backbone runs
+        assert self.status_event is not None
+        self.status_event.record()
+        self.status_copied = True
+        self.feeds[bucket](position + 2)  # the frames through the backbone
 
-    def advance_rows(self, bucket: int, kv_len: int) -> None:
-        """What a graph of `bucket` rows captures: `advance_index` over the static index."""
-        self.advance_index(kv_len, self.index[:bucket])
+    def half_rows(self, half: Callable[[int | None, torch.Tensor | None], None], bucket: int, kv_len: int) -> None:
+        """What a graph of `bucket` rows captures: a half of the step over the static index."""
+        half(kv_len, self.index[:bucket])
 
     def advance(self, kv_len: int | None = None, rows: list[int] | None = None) -> None:
         """One frame for the slots `rows` (None: every slot) from the static state; see
@@ -398,18 +395,21 @@ class Decoder:
         """The step itself: one frame for the rows in `index` (None: all) from the static
         state; writes their status and next inputs in place (inactive rows keep theirs, and
         a row listed twice writes the same values). kv_len bounds the attended cache rows
-        (>= every active position + 2)."""
+        (>= every active position + 2). Two halves, `sample` then `feed`, each its own graph
+        on CUDA, so the host reads the frames while the backbone runs."""
+        self.sample(kv_len, index)
+        self.feed(kv_len, index)
+
+    def sample(self, kv_len: int | None, index: torch.Tensor | None) -> None:
+        """The step's first half: each row's frame (the main token from the candidate head,
+        codes 1..9 from the tower) into `sampled` and the status."""
         model, tower = self.model, self.model.tower
-
-        def of(tensor: torch.Tensor) -> torch.Tensor:  # the stepped rows of a per-slot tensor
-            return tensor if index is None else tensor[index]
-
+        of = functools.partial(rows_of, index)
         hidden_in, position, frame_in = of(self.hidden), of(self.position), of(self.frame)
-        ras_window, seed, counter = of(self.ras_window), of(self.seed), of(self.counter)
-        slots, active = of(self.slots), of(self.active)
+        ras_window, seed, counter, slots = of(self.ras_window), of(self.seed), of(self.counter), of(self.slots)
         settings = SamplingTensors(of(self.settings.temperature), of(self.settings.top_k), of(self.settings.top_p))
         logits = model.candidate_logits(hidden_in)  # [B, 4097] float32
-        finite = torch.ones_like(active)  # [B]: every head's logits finite (the samplers AND it)
+        finite = torch.ones_like(of(self.active))  # [B]: every head's logits finite (the samplers AND it)
         main = sample_main(logits, model.candidate_ids, ras_window, settings, seed, counter, self.semantic_start,
                            self.codebook_size, finite)  # [B]
         code0 = (main - self.semantic_start).clamp(0, self.codebook_size - 1)
@@ -420,22 +420,24 @@ class Decoder:
             hidden = layer(hidden, codes[-1], semantic, position, slots, kv_len)  # [B, D]
             codes.append(sample_code(head(hidden), settings, seed, counter, head_index, finite))  # [B]
         frame = torch.stack((main, *codes), dim=-1)  # [B, 11]
-        next_hidden = model.backbone(model.embed(frame[:, None]), (position + 1)[:, None], slots,
+        write_rows(index, ((self.sampled, frame), (self.status, torch.cat((finite.long()[:, None], frame), dim=-1))))
+
+    def feed(self, kv_len: int | None, index: torch.Tensor | None) -> None:
+        """The step's second half: the sampled frames through the backbone; the next inputs."""
+        model = self.model
+        of = functools.partial(rows_of, index)
+        hidden_in, position, frame_in, frame = of(self.hidden), of(self.position), of(self.frame), of(self.sampled)
+        ras_window, counter, active = of(self.ras_window), of(self.counter), of(self.active)
+        next_hidden = model.backbone(model.embed(frame[:, None]), (position + 1)[:, None], of(self.slots),
                                      kv_len)[:, 0]  # [B, D]
         keep = active[:, None]  # [B, 1]: inactive rows hold their inputs
-        updates = (
-            (self.status, torch.cat((finite.long()[:, None], frame), dim=-1)),
+        write_rows(index, (
             (self.hidden, torch.where(keep, next_hidden, hidden_in)),
             (self.frame, torch.where(keep, frame, frame_in)),
-            (self.ras_window, torch.where(keep, torch.cat((ras_window[:, 1:], main[:, None]), dim=-1), ras_window)),
+            (self.ras_window, torch.where(keep, torch.cat((ras_window[:, 1:], frame[:, :1]), dim=-1), ras_window)),
             (self.position, position + active.long()),
             (self.counter, counter + active.long()),
-        )
-        for target, value in updates:
-            if index is None:
-                target.copy_(value)
-            else:
-                target.index_copy_(0, index, value)
+        ))
 
     def kv_len(self, position: int) -> int:
         """The attended cache rows for a step whose furthest row is at `position`: a bucket covering position + 1."""

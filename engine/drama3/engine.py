@@ -366,7 +366,7 @@ class Drama3Engine:
         rate = done.timings["decode_frames_per_s"]
         return {"warm_up_s": round(time.perf_counter() - started, 2), "fast_path": self.fast_path,
                 "slots": self.slots, "slots_why": self.slots_why,
-                "graphs": sum(len(g.graphs) for g in self.decoder.graphs.values()),
+                "graphs": sum(len(g.graphs) for g in (*self.decoder.graphs.values(), *self.decoder.feeds.values())),
                 "prefill_graphs": sum(len(g.graphs) for g in self.decoder.chunked.graphs.values()),
                 "codec_graphs": len(self.window_graphs.graphs.graphs) if self.window_graphs else 0,
                 "decode_step_ms": round(1000 / rate, 2) if rate else None,
