@@ -55,9 +55,6 @@ class Metrics:
         self.takes: dict[str, int] = dict.fromkeys(FINISH_REASONS, 0)
         self.retries = 0
         self.exports = {"kept": 0, "vocoded": 0}  # take exports served from kept audio, or vocoded on the engine
-        # Take starts by early start (directing/early.py): kept; dropped (the store's prompt
-        # differed); refused (the store refused the take); none (not the line as warmed).
-        self.early_starts = {"kept": 0, "dropped": 0, "refused": 0, "none": 0}
         self.first_audio = Histogram(
             "retake_first_audio_seconds", "Time from take.start to the first audio window on the engine.",
             (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0))
@@ -91,12 +88,6 @@ class Metrics:
                   "came from (kept when the take ended, or vocoded again on the engine).",
                   "# TYPE retake_take_exports_total counter"]
         lines += [f'retake_take_exports_total{{audio="{source}"}} {count}' for source, count in self.exports.items()]
-        lines += ["# HELP retake_take_early_starts_total Take starts by early start: kept (started on the warmed "
-                  "line's prompt while the store checked it), dropped (the stored prompt differed), refused (the "
-                  "store refused the take), none (not the line as warmed).",
-                  "# TYPE retake_take_early_starts_total counter"]
-        lines += [f'retake_take_early_starts_total{{result="{result}"}} {count}'
-                  for result, count in self.early_starts.items()]
         lines += self.first_audio.lines() + self.decode_fps.lines()
         stats = self.prefix_cache()
         lines += prefix_cache_lines(stats)

@@ -33,7 +33,6 @@ class Settings:
     threads: int | None = None  # CPU threads for torch; None: the engine's default (half the cores)
     prefix_cache_gib: float | None = None  # prefix snapshots (engine/drama3/prefix.py); None: the engine's default
     prefix_cache_host_gib: float = 0.0  # host memory for snapshots evicted from the GPU
-    early_start: bool = True  # a take of a warmed line starts while the store checks it (directing/early.py)
     host: str = "127.0.0.1"  # the address given to --host (a name there is one the server answers to)
     allow_hosts: tuple[str, ...] = ()  # more names the server answers to (backend/admission.py)
     allow_origins: tuple[str, ...] = ()  # besides the server's own origins; "*" allows any

@@ -615,7 +615,7 @@ def main() -> int:
                              "the compiled layers)")
     parser.add_argument("--limit", type=stage_limit, action="append", default=[], metavar="STAGE=SECONDS",
                         help="a stage's own time limit instead of LIMITS_S's (repeatable), e.g. --limit serve=250")
-    # A variant of one option (`--serve-variant '--no-early-start'`) reads to argparse as an option of its own.
+    # A variant of one option (`--serve-variant '--compile-prefill'`) reads to argparse as an option of its own.
     argv, rest = [], sys.argv[1:]
     while rest:
         word = rest.pop(0)

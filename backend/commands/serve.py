@@ -87,9 +87,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "half the GPU memory free after warm-up; 1 on a CPU; 0: off)")
     parser.add_argument("--prefix-cache-host-gib", type=float, default=0.0,
                         help="pinned host memory that snapshots evicted from the GPU move to (default 0: dropped)")
-    parser.add_argument("--no-early-start", action="store_true",
-                        help="start a take only once the store has checked it, even a take of the line as its warm "
-                             "read it (by default that one starts at once, on the warm's prompt)")
     parser.add_argument("--max-sessions", type=int, default=64, help="open directing sockets at once (default 64)")
     parser.add_argument("--max-queue", type=int, default=16, help="engine jobs that may wait (default 16)")
     parser.add_argument("--deadline-ms", type=int, default=120_000, help="a take's deadline when the client gives "
@@ -196,7 +193,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     compile_prefill=args.compile_prefill,
                     slots=args.slots, threads=args.threads,
                     prefix_cache_gib=args.prefix_cache_gib, prefix_cache_host_gib=args.prefix_cache_host_gib,
-                    early_start=not args.no_early_start,
                     host=args.host, allow_hosts=tuple(args.allow_host), allow_origins=tuple(args.allow_origin),
                     token=args.token or None, limits=limits,
                     silence=SilenceGuard(args.silence_seconds, args.silence_level, args.silence_retries),

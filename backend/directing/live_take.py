@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import secrets
 import time
 from collections.abc import Callable
 from typing import cast
@@ -33,8 +32,7 @@ import numpy as np
 
 from backend.directing import protocol as p
 from backend.directing.jobs import TakeJob, TakeOutcome
-from backend.directing.length_guard import guard_frames
-from backend.state import EngineInfo, ServerState, SessionSocket
+from backend.state import ServerState, SessionSocket
 from backend.store import StoredTake, audio_url
 from backend.store_thread import problem
 from backend.transport import pack_audio_frame
@@ -48,19 +46,6 @@ def sampling_info(sampling: Sampling) -> p.SamplingInfo:
     """The wire form of a take's settings: the engine's fields as they are (the seed is set)."""
     assert sampling.seed is not None
     return cast(p.SamplingInfo, dataclasses.asdict(sampling))
-
-
-def take_sampling(message: p.TakeStart, engine: EngineInfo) -> tuple[Sampling, int | None]:
-    """A take's settings with the seed picked (the server stores it: every take can be
-    reproduced) and the length guard's cap (when it is below the take's max_new_tokens)."""
-    sampling = message.sampling  # checked, with the engine's defaults, by parse
-    if sampling.seed is None:
-        sampling = dataclasses.replace(sampling, seed=secrets.randbelow(2**31))
-    if message.length_guard:
-        cap = guard_frames(message.text, engine.sample_rate / engine.frame_samples, sampling.max_new_tokens)
-        if cap < sampling.max_new_tokens:
-            return dataclasses.replace(sampling, max_new_tokens=cap), cap
-    return sampling, None
 
 
 class LiveTake:

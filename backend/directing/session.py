@@ -27,7 +27,9 @@ Design choices:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import secrets
 import time
 import traceback
 
@@ -42,17 +44,17 @@ from backend.directing.cast import (
     set_member,
     take_voice,
 )
-from backend.directing.early import TakePrompt, discard, start_early
-from backend.directing.jobs import TakeJob, TakeOutcome
-from backend.directing.live_take import LiveTake, sampling_info, take_sampling
+from backend.directing.jobs import PromptBuilder, TakeJob, TakeOutcome
+from backend.directing.length_guard import guard_frames
+from backend.directing.live_take import LiveTake, sampling_info
 from backend.directing.loop import QueueFull
 from backend.directing.scenes import DELETED
 from backend.directing.script import kept_history
-from backend.directing.warming import LineWarm, line_warm, next_line
+from backend.directing.warming import line_warm, next_line
 from backend.state import ServerState
 from backend.store import StoredTake, audio_url
 from backend.transport import Outbox
-from engine import Sampling
+from engine import Drama3Engine, Prompt, Sampling
 
 log = logging.getLogger("retake.session")
 
@@ -70,7 +72,6 @@ class Session:
         self.active: LiveTake | None = None
         self.protocol_errors = 0
         self.watcher: asyncio.Task[None] | None = None  # takes of this session on another replica
-        self.warmed: LineWarm | None = None  # the last warm of a line the script holds (directing/early.py)
 
     # Handlers that act as soon as a message arrives ------------------------------
 
@@ -293,57 +294,34 @@ class Session:
         except QueueFull as error:
             raise p.ProtocolError("busy", str(error), retry_after_ms=error.retry_after_ms) from None
         received = time.monotonic()
-        sampling, capped = take_sampling(message, state.engine)
+        take, history_ids, build_prompt, sampling = await state.db.run(self.stored_take, message)
         deadline_ms = message.deadline_ms or limits.default_deadline_ms
+        live = LiveTake(state, self, take, history_ids)
         loop = asyncio.get_running_loop()
         guard = state.settings.silence if state.settings.silence.retries > 0 else None
-        warmed = self.warmed
-        early = (start_early(state, warmed.take, sampling, received + deadline_ms / 1000, guard)
-                 if warmed is not None and warmed.serves(message) else None)
+        live.job = TakeJob(build_prompt, sampling, live, loop, received + deadline_ms / 1000, guard,
+                           chars=len(message.text))
         try:
-            take, history_ids, inputs = await state.db.run(self.stored_take, message, sampling, capped)
-        except BaseException:
-            if early is not None:
-                discard(state, early, "refused")
-            raise
-        live = LiveTake(state, self, take, history_ids)
-        if early is None:
-            state.metrics.early_starts["none"] += 1
-        elif early.take_prompt.digest != inputs.digest:  # the scene changed since the warm read it
-            discard(state, early, "dropped")
-            early = None
-        else:
-            state.metrics.early_starts["kept"] += 1
-        if early is not None:
-            live.job, position = early.job, early.position
-        else:
-            live.job = TakeJob(inputs.prompt, sampling, live, loop, received + deadline_ms / 1000, guard,
-                               chars=len(message.text))
-            try:
-                position = state.engine_loop.submit(live.job)
-            except QueueFull as error:  # only while the server stops
-                live.done(TakeOutcome("error", {"queue_ms": 0}, None, 0, 0, str(error)))
-                return
+            position = state.engine_loop.submit(live.job)
+        except QueueFull as error:  # only while the server stops
+            live.done(TakeOutcome("error", {"queue_ms": 0}, None, 0, 0, str(error)))
+            return
         self.active = live
         live.timer = loop.call_at(loop.time() + deadline_ms / 1000, live.expire)
         self.outbox.message(p.TakeQueued(take.take_id, take.line_id, position, deadline_ms,
                                          audio_url(session_id, take.take_id), take.voice_id, take.sampling,
                                          take.character_id, take.guard_frames, message.ref))
-        if early is not None:
-            early.held.attach(live)  # what it did while the store checked the take, after take.queued
 
-    def stored_take(self, message: p.TakeStart, sampling: Sampling,
-                    capped: int | None) -> tuple[StoredTake, list[int], TakePrompt]:
+    def stored_take(self, message: p.TakeStart) -> tuple[StoredTake, list[int], PromptBuilder, Sampling]:
         """`checked_take` (its checks: a dozen reads; its insert) as one store transaction."""
         with self.state.store.together():
-            return self.checked_take(message, sampling, capped)
+            return self.checked_take(message)
 
-    def checked_take(self, message: p.TakeStart, sampling: Sampling,
-                     capped: int | None) -> tuple[StoredTake, list[int], TakePrompt]:
+    def checked_take(self, message: p.TakeStart) -> tuple[StoredTake, list[int], PromptBuilder, Sampling]:
         """The take checked against the session and stored (queued), with what its job needs: the
-        history it asks for and what its prompt is made of."""
+        history it asks for, its prompt builder and its settings (the seed picked)."""
         session_id = self.require_open()
-        store, limits = self.state.store, self.limits
+        state, store, limits = self.state, self.state.store, self.limits
         # The takes it hears in one query, however long the scene (a query each cost a director
         # ~0.3 ms per kept take before take.queued, on 2 CPU cores).
         if message.history == "kept":
@@ -356,15 +334,28 @@ class Session:
             raise p.ProtocolError("too_many_takes", f"this session holds {limits.max_takes_per_session} takes, "
                                                     "the most it may; open a new session")
         self.check_new_line(message.line_id, store.line_ids(session_id))
+        sampling = message.sampling  # checked, with the engine's defaults, by parse
+        if sampling.seed is None:  # the server picks the seed and stores it: every take can be reproduced
+            sampling = dataclasses.replace(sampling, seed=secrets.randbelow(2**31))
+        capped: int | None = None  # the length guard's cap, when it is below the take's max_new_tokens
+        if message.length_guard:
+            engine = state.engine
+            cap = guard_frames(message.text, engine.sample_rate / engine.frame_samples, sampling.max_new_tokens)
+            if cap < sampling.max_new_tokens:
+                capped, sampling = cap, dataclasses.replace(sampling, max_new_tokens=cap)
         member, voice, engine_voice_value = take_voice(store, session_id, message.line_id)
         heard = [found[take_id] for take_id in history_ids if take_id in found]
         turns = history_turns(store, session_id, heard, engine_voice_value)
-        inputs = TakePrompt(message.text, engine_voice_value, turns, limits.max_prompt_rows)
-        inputs.digest  # noqa: B018 - made here, on the store thread (an early start compares it on the event loop)
+        text, max_rows = message.text, limits.max_prompt_rows
+
+        def build_prompt(engine: Drama3Engine, attempt_sampling: Sampling) -> Prompt:
+            return engine.prompt(text, engine_voice_value, turns, attempt_sampling, drop_oldest_history=True,
+                                 max_rows=max_rows)
+
         take = store.add_take(session_id, message.line_id, message.text, None if voice is None else voice.voice_id,
                               sampling_info(sampling), character_id=None if member is None else member.character_id,
                               guard_frames=capped)
-        return take, history_ids, inputs
+        return take, history_ids, build_prompt, sampling
 
     def keep(self, message: p.TakeKeep) -> p.History:
         """Keep the take: it replaces its line's kept take, if any (`unkept`); the next line's
@@ -388,11 +379,7 @@ class Session:
             line_id = next_line(store, session_id, after)
             if written is not None and line_id != written:
                 return
-            warm = line_warm(store, session_id, line_id, self.limits.max_prompt_rows)
-            if warm.line:
-                warm.take.digest  # noqa: B018 - made here, on the store thread (see checked_take)
-            self.warmed = warm if warm.line else None
-            loop.warm(session_id, warm.build)
+            loop.warm(session_id, line_warm(store, session_id, line_id, self.limits.max_prompt_rows))
         except Exception:  # noqa: BLE001 - a warm is an optimisation: never a reason to refuse what asked for it
             log.warning("could not warm the prefix cache for session %s:\n%s", session_id[:8], traceback.format_exc())
 

@@ -1,7 +1,7 @@
 """The prompt of the line a director most likely takes next, to warm the prefix cache with.
 
-    warm = line_warm(store, session_id, next_line(store, session_id, after=kept_line_id), max_rows)
-    engine_loop.warm(session_id, warm.build)     # prefilled when a slot is idle (directing/loop.py)
+    build = line_warm(store, session_id, next_line(store, session_id, after=kept_line_id), max_rows)
+    engine_loop.warm(session_id, build)          # prefilled when a slot is idle (directing/loop.py)
 
 Design choices:
 - A take's prompt is the system message (the line's voice, or its character and the cast),
@@ -17,20 +17,15 @@ Design choices:
   history only, hearing every kept take, in the session's voice; its placeholder text only
   decides, as a text does for the take, which oldest turns a long scene drops. A line
   edited later is warmed again (directing/session.py `set_line`); its history's snapshot
-  still serves a take whose text differs from the script's. A take of the line as warmed
-  starts before the store has checked it (directing/early.py).
+  still serves a take whose text differs from the script's.
 - It is a guess: a director who takes another line loses only GPU time spent while no take
   waited (warms have the lowest priority, and one per session).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from backend.directing import protocol as p
 from backend.directing.cast import history_turns, take_voice
-from backend.directing.early import TakePrompt
-from backend.directing.loop import Warm
+from backend.directing.loop import Warm, WarmBuilder
 from backend.store import Store
 from engine import Drama3Engine, Sampling
 
@@ -48,27 +43,8 @@ def next_line(store: Store, session_id: str, after: str | None = None) -> str | 
     return next((line_id for line_id in ids if line_id not in kept), None)
 
 
-@dataclass(frozen=True)
-class LineWarm:
-    """The warm of a line (`line_id`; None: a new last line): what its take's prompt is made of,
-    and whether the script holds its text (`line`: the warm prefills it too)."""
-
-    line_id: str | None
-    take: TakePrompt
-    line: bool
-
-    def build(self, engine: Drama3Engine) -> Warm:
-        return Warm(self.take.prompt(engine, Sampling(max_new_tokens=1)), self.line)
-
-    def serves(self, message: p.TakeStart) -> bool:
-        """A take of this line as the script held it when warmed, hearing the kept takes: it can
-        start on this prompt before the store has checked it (directing/early.py)."""
-        return (self.line and message.history == "kept" and message.line_id == self.line_id
-                and message.text == self.take.text)
-
-
-def line_warm(store: Store, session_id: str, line_id: str | None, max_rows: int | None) -> LineWarm:
-    """The warm of the prompt a take of `line_id` (None: a new last line) would get."""
+def line_warm(store: Store, session_id: str, line_id: str | None, max_rows: int | None) -> WarmBuilder:
+    """The builder of the prompt a take of `line_id` (None: a new last line) would get."""
     texts = {line["line_id"]: line["text"] for line in store.lines(session_id)}
     written = texts.get(line_id or "")
     history_ids = store.kept_history(session_id, line_id) if line_id in texts else store.kept_history(session_id)
@@ -76,4 +52,10 @@ def line_warm(store: Store, session_id: str, line_id: str | None, max_rows: int 
     found = store.takes_by_id(session_id, history_ids)
     heard = [found[take_id] for take_id in history_ids if take_id in found]
     turns = history_turns(store, session_id, heard, voice)
-    return LineWarm(line_id, TakePrompt(written or PLACEHOLDER, voice, turns, max_rows), bool(written))
+
+    def build(engine: Drama3Engine) -> Warm:
+        prompt = engine.prompt(written or PLACEHOLDER, voice, turns, Sampling(max_new_tokens=1),
+                               drop_oldest_history=True, max_rows=max_rows)
+        return Warm(prompt, line=bool(written))
+
+    return build

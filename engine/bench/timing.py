@@ -78,7 +78,10 @@ def parts_line(profile: Any, device: torch.device, parts: tuple[str, ...], whole
         return float(getattr(event, "device_time_total" if cuda else "cpu_time_total", 0.0)) / 1000
 
     events = profile.key_averages()
-    found = {event.key: ms(event) for event in events if event.key in (*parts, whole)}
+    # A range is listed twice on a GPU: on the host (its device time: the kernels it launched) and
+    # on the GPU's timeline (its span there, idle gaps included: an eager part's launch time).
+    found = {event.key: ms(event) for event in events
+             if event.key in (*parts, whole) and event.device_type.name == "CPU"}
     total = found.pop(whole, 0.0)
     if cuda:
         total = sum(float(getattr(e, "self_device_time_total", 0.0)) for e in events
