@@ -24,8 +24,8 @@ floor, the step by decoding rows), profiling (ops per step, kernel tables), pref
 (first audio, vocode), vocoder (batched windows); engine/bench/timing.py times them all.
 
 Design choices:
-- The parts run in the order of what matters most (decode, first audio and vocode,
-  prefill, the 64-slot step by decoding rows, the profile) and the JSON is rewritten after
+- The parts run in the order of what matters most (decode, the profile, first audio and
+  vocode, prefill, the 64-slot step by decoding rows) and the JSON is rewritten after
   each, so a run stopped by a time limit (scripts/gpu) keeps what it measured.
 - GPU times come from CUDA events around the region after warm-up; CPU runs print the
   same table (the numbers there are only for comparison within one run).
@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
                                           **({} if args.kernels is None else {"kernels": args.kernels}))
         meta["kernels"] = installed
         flush()
+        if args.profile:  # early: a stage's time limit ended three runs on the H200 before it was written
+            args.profile.write_text(profile_tables(model, config, device), encoding="utf-8")
         if args.bench == "takes":
             rows += bench_takes(model, codec, config, device, args.prompt_rows[0])
             flush()
@@ -125,8 +127,6 @@ def run(args: argparse.Namespace) -> int:
             flush()
             rows += bench_kv(model, config, device, args.steps)
             flush()
-        if args.profile:
-            args.profile.write_text(profile_tables(model, config, device), encoding="utf-8")
     flush()
     print(f"# {meta['device']}, torch {meta['torch']}, {source}; kernels: {', '.join(installed) or 'none'}")
     print(f"# {NOTE}")
