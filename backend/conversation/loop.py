@@ -23,6 +23,9 @@ Design choices:
   (engine.release) and a new one recycles it (engine.start), which forgets the slot's
   history. A tick runs only up to the highest slot in use (the engine's batch buckets),
   and a new conversation takes the lowest free slot, so ticks stay as small as they can.
+- Every REPORT_S (10 s) while conversations talk, the ticks' pace goes to the log in a line
+  (pace.py: the step's time, the wait between ticks, conversations per tick, silence fed
+  to the late), as the Drama 3 loop's does.
 - `seed` seeds the conversation's own draws (the engine's are per slot, counter-based), so
   a seeded conversation is reproducible whoever else is talking.
 """
@@ -40,7 +43,9 @@ from typing import Protocol
 
 import numpy as np
 
+from backend.conversation.pace import TickPace
 from backend.engine_thread import EngineThread, post
+from engine.drama3.pace import REPORT_S
 from engine.errors import RequestError
 from engine.personaplex import DEFAULT_PERSONA, PersonaPlex, Voice
 
@@ -105,6 +110,7 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         self._starting: set[int] = set()  # slots of joins the engine thread took and is starting
         self._talks: dict[int, Conversation] = {}  # slot -> conversation
         self._released: list[int] = []  # slots left since the last tick, released by the engine thread
+        self.pace = TickPace()  # the ticks' pace, a log line every REPORT_S while conversations talk (pace.py)
 
     @property
     def sample_rate(self) -> int:
@@ -187,7 +193,7 @@ class ConversationLoop(EngineThread[PersonaPlex]):
 
     def _serve(self, engine: PersonaPlex) -> None:
         silence = np.zeros((engine.slots, engine.frame_size), dtype=np.float32)
-        last_tick = time.monotonic()
+        last_tick = ended = reported = time.monotonic()
         while True:
             with self._condition:
                 while not self._stopping and not self._joins and (wait := self._wait_s(last_tick)) != 0:
@@ -203,9 +209,12 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                     user = None
                 else:
                     user = silence.copy()
+                    late = 0
                     for talk in self._talks.values():
                         if talk.listening and talk.frames:
                             user[talk.slot] = talk.frames.popleft()
+                        else:
+                            late += talk.listening
                         talk.waiting_since = time.monotonic() if talk.frames else None
                     talks = dict(self._talks)
             for slot in released:
@@ -215,6 +224,10 @@ class ConversationLoop(EngineThread[PersonaPlex]):
             if user is None:
                 continue
             last_tick = time.monotonic()
+            if last_tick - reported >= REPORT_S:
+                reported = last_tick
+                if (line := self.pace.report()) is not None:
+                    log.info(line)
             try:
                 frames = engine.step(user)
             except Exception as error:
@@ -223,6 +236,8 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                     talk.post(talk.sink.failed, f"the conversation engine failed: {type(error).__name__}: {error}")
                     self.leave(talk)
                 continue
+            listening = sum(talk.listening for talk in talks.values())
+            self.pace.tick(time.monotonic() - last_tick, last_tick - ended, listening, len(talks) - listening, late)
             for slot, talk in talks.items():
                 if talk.listening:
                     out = frames[slot]
@@ -233,6 +248,7 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                     with self._condition:
                         talk.listening = True
                     talk.post(talk.sink.listening)
+            ended = time.monotonic()  # the frames handed out: from here the loop waits for the next tick's audio
 
     def _wait_s(self, last_tick: float) -> float | None:
         """0 when a tick is due; else how long to wait for one (None: until something arrives)."""
