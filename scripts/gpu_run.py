@@ -78,9 +78,9 @@ PY = sys.executable
 CLI = [PY, "-m", "backend.cli"]
 STAGES = ("env", "pytest", "takes", "serve", "kernels", "numerics", "retake", "personaplex", "converse")
 DEFAULT_STAGES = tuple(s for s in STAGES if s != "retake")  # retake's ~3 minutes do not fit one command
-# Seconds per stage: the default stages add up to the default budget (one 10-minute command
-# with the wheels' install): Drama 3 400 s, PersonaPlex 155 s. A stage that ends early
-# leaves its time to the later ones (each is capped by what is left of --budget).
+# Seconds per stage, each also capped by what is left of --budget (one 10-minute command with
+# the wheels' install): the default stages add up to more than the budget, so name the stages
+# a call needs. A stage that ends early leaves its time to the later ones.
 # The H200 runs of 2026-12-05 ran kernels past 26 s, numerics past 94 s and takes past 160 s (compiles).
 LIMITS_S = {"env": 15, "pytest": 70, "takes": 200, "serve": 130, "kernels": 90, "numerics": 150, "retake": 240,
             "personaplex": 75, "converse": 80}

@@ -164,7 +164,7 @@ class Decoder:
         self.prefix: PrefixCache | None = None  # snapshots of prompt prefixes (prefix.py), when the engine keeps them
         self.plans: dict[int, Plan] = {}  # slots being prefilled with the prefix cache: where it resumed, what to keep
         self.planned: tuple[Prompt, int, Plan] | None = None  # (prompt, cache clock, plan): pick_slot's last
-        self.finite = FiniteChecks(model)  # where a take went non-finite (finite.py)
+        self.finite = FiniteChecks(model, self.hidden, self.active)  # where a take went non-finite (finite.py)
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, slot: int = 0) -> None:
@@ -260,7 +260,7 @@ class Decoder:
         after = None if plan is None or self.prefix is None else functools.partial(self.prefix.record, plan,
                                                                                    prefill.slot)
         if CHECK_FINITE:
-            after = functools.partial(self.finite.after_chunk, prefill, after, self.active)
+            after = functools.partial(self.finite.after_chunk, prefill, after)
         return after
 
     def activate(self, prefill: Prefill, hidden: torch.Tensor) -> None:

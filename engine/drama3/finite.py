@@ -1,10 +1,10 @@
 """Finding where a take went non-finite: the slot state a failed take leaves, and (debugging,
 RETAKE_CHECK_FINITE=1) the slot's state after every restore and prefill chunk.
 
-    checks = FiniteChecks(model)
-    checks.diagnose(hidden, slot, rows)           # "non-finite: hidden; 2 modules, first [...]": a failed take's log
+    checks = FiniteChecks(model, decoder.hidden, decoder.active)   # the decoder's static state
+    checks.diagnose(slot, rows)                   # "non-finite: hidden; 2 modules, first [...]": a failed take's log
     checks.nonfinite(slot, rows)                  # "" when the slot's state is finite
-    checks.after_chunk(prefill, after, active, end, hidden)   # RETAKE_CHECK_FINITE: logged once per prefill
+    checks.after_chunk(prefill, after, end, hidden)   # RETAKE_CHECK_FINITE: logged once per prefill
 
 Design choices:
 - Every check reads the device (a sync), so none runs on a take's path unless asked for:
@@ -34,15 +34,16 @@ CHECK_FINITE = os.environ.get("RETAKE_CHECK_FINITE") == "1"
 class FiniteChecks:
     """The non-finite checks of one model's slots."""
 
-    def __init__(self, model: Drama3Model) -> None:
+    def __init__(self, model: Drama3Model, hidden: torch.Tensor, active: torch.Tensor) -> None:
         self.model = model
+        self.hidden, self.active = hidden, active  # the decoder's per-slot hidden state [N, D] and mask [N]
         self.reported: set[int] = set()  # slots whose prefill logged a non-finite state
 
-    def diagnose(self, hidden: torch.Tensor, slot: int, rows: int) -> str:
-        """Which of the slot's state holds non-finite values (its hidden state [N, D], its first
+    def diagnose(self, slot: int, rows: int) -> str:
+        """Which of the slot's state holds non-finite values (its hidden state, its first
         `rows` cache rows: those the last step did not write, its DeltaNet states): for the log
         of a take whose logits went non-finite."""
-        found = ("" if bool(hidden[slot].isfinite().all()) else "hidden; ") + self.nonfinite(slot, rows)
+        found = ("" if bool(self.hidden[slot].isfinite().all()) else "hidden; ") + self.nonfinite(slot, rows)
         return "non-finite: " + (found or "none of hidden, KV rows, DeltaNet states")
 
     def nonfinite(self, slot: int, rows: int) -> str:
@@ -58,8 +59,8 @@ class FiniteChecks:
                 bad.append(name)
         return "" if not bad else f"{len(bad)} modules, first {bad[:4]}"
 
-    def after_chunk(self, prefill: Prefill, after: Callable[[int, torch.Tensor], None] | None,
-                    active: torch.Tensor, end: int, hidden: torch.Tensor) -> None:
+    def after_chunk(self, prefill: Prefill, after: Callable[[int, torch.Tensor], None] | None, end: int,
+                    hidden: torch.Tensor) -> None:
         """After a prefill chunk ending at row `end`: log where the slot's state first went
         non-finite (once per prefill), then `after` (the prefix cache's record)."""
         if prefill.slot not in self.reported:
@@ -69,7 +70,7 @@ class FiniteChecks:
                 self.reported.add(prefill.slot)
                 log.warning("slot %d: prefill chunk ending at row %d of %d (resumed at %d; %d chunks left; %d takes "
                             "active) left a non-finite state: hidden %s; %s", prefill.slot, end, len(prefill.rows),
-                            prefill.cached, len(prefill.chunks), int(active.sum()),
+                            prefill.cached, len(prefill.chunks), int(self.active.sum()),
                             "finite" if finite else "non-finite", bad or "no layer state")
         if after is not None:
             after(end, hidden)

@@ -67,8 +67,9 @@ Design choices:
   prompt holds its prefix still. `restore` copies only the chain's rows the slot does not
   hold (by the keys of the prompt it last prefilled, up to the rows that prefill reached),
   and the decoder starts a prompt in the free slot holding most of it: a retake copies the
-  DeltaNet states and only its line's rows (2.3 ms of a 4,000-row retake's 26.0 ms on the
-  H200 was that copy). A take's first step rewrites its prompt's last row in the tower's
+  DeltaNet states and only its line's rows (on 2 CPU cores a 4,000-row retake's restore
+  halved; on the H200 the restore's remaining host work hid the saving: docs/perf.md). A
+  take's first step rewrites its prompt's last row in the tower's
   caches, so the rows in place after a take end at its line's boundary, and what a
   restore leaves is what a fresh prefill leaves, bit for bit.
 - Shared across sessions: keys are the exact rows, so two sessions with the same voice

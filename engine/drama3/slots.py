@@ -261,8 +261,7 @@ class Slots:
                                         "slots %s; %s)", take.slot, take.position, take.steps,
                                         len(take.prompt.rows), take.timings.get("cached_rows", 0), len(stepping),
                                         [t.slot for t in stepping][:16],
-                                        self.decoder.finite.diagnose(self.decoder.hidden, take.slot,
-                                                                      take.position - 1))
+                                        self.decoder.finite.diagnose(take.slot, take.position - 1))
                         self.end(take, reason)
         wait = not self.started()  # nothing to step next: wait for the closing takes' windows
         out: list[tuple[Take, Events]] = []

@@ -186,6 +186,9 @@ def test_a_slot_left_non_finite_serves_the_next_take_as_a_fresh_slot(batched, si
         if counter == "partial_hits":
             assert same(alone(batched, prompts["b"]), solo["b"])  # b's history into the cache
         poison(batched.model, 0)
+        checks = batched.decoder.finite  # what a failed take's log line says (finite.py)
+        assert checks.nonfinite(1, 4) == "" and checks.diagnose(0, 4).startswith("non-finite: ")
+        assert "modules, first" in checks.diagnose(0, 4)
         batched.decoder.forget(0)  # as the slot table does when a take ends in error
         before = prefix.counters.as_dict()[counter]
         assert same(alone(batched, prompt), want), what
