@@ -9,10 +9,21 @@
 Design choices:
 - Ticks are paced by the users' audio, not by a clock: a tick runs when every listening
   conversation has a frame queued, or when one has waited TICK_GRACE_S (then the late ones get
-  silence for that tick: a late client must not hold up the others). A conversation still in
-  its system prompt needs no audio: it advances with the others' ticks (at least one per
-  TICK_GRACE_S), or tick after tick when nobody is listening. So one user is answered as fast
-  as their audio arrives, and a recorded file is answered faster than real time.
+  silence for that tick, their frames flagged `heard=False`: a late client must not hold up
+  the others). A conversation still in its system prompt needs no audio: it advances with the
+  others' ticks (at least one per TICK_GRACE_S), or tick after tick when nobody is listening.
+  So one user is answered as fast as their audio arrives, and a recorded file is answered
+  faster than real time.
+- Catching up: ticks that consume one frame each never shrink a queue, so frames that piled
+  up while the loop was slow (system prompts started while others listened, a tick that
+  outgrew the frame) would stay queued, and late, for the rest of the conversation (on the
+  H200, 64 talking conversations heard their answers 153 ms p50 after speaking, for a 43 ms
+  tick). So a tick also runs at once when a listening conversation is behind: two or more
+  frames queued that arrived at least a tick apart (its user talks in real time and the
+  loop fell a whole tick behind them); the others without a frame are fed silence. Frames
+  that arrived together (a file sent at once, a burst after a network stall) do not count:
+  a client that sends faster than real time is paced by the others' ticks, and never makes
+  them hear silence.
 - Everything that touches the engine (starting a slot, ticks) runs on this thread
   (backend/engine_thread.py, as the Drama 3 loop's); the event loop only queues audio and
   requests under the condition's lock, and the thread reaches the event loop through
@@ -36,7 +47,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -50,8 +61,12 @@ from engine.errors import RequestError
 from engine.personaplex import DEFAULT_PERSONA, PersonaPlex, Voice
 
 log = logging.getLogger("retake.conversation")
-TICK_GRACE_S = 0.08  # one tick of audio (80 ms): how long a queued frame waits for the other conversations
+TICK_S = 0.08  # the audio of one tick (PersonaPlex's 12.5 Hz frames)
+TICK_GRACE_S = TICK_S  # how long a queued frame waits for the other conversations
 MAX_QUEUED_SECONDS = 60.0  # user audio waiting to be heard; past it the client sends faster than we tick
+
+
+Call = tuple["Conversation", Callable[..., None], tuple[object, ...]]  # a sink's callback and its arguments
 
 
 class NoFreeSlot(Exception):
@@ -67,7 +82,9 @@ class ConversationSink(Protocol):
 
     def listening(self) -> None: ...
 
-    def frame(self, tick: int, pcm: np.ndarray, text: str | None) -> None: ...
+    def frame(self, tick: int, pcm: np.ndarray, text: str | None, heard: bool) -> None:
+        """The agent's audio of one tick; `heard`: the tick heard a frame of the user's (False:
+        silence stood in, the user's audio came late)."""
 
     def failed(self, message: str) -> None: ...
 
@@ -82,8 +99,9 @@ class Conversation:
     listening: bool = False
     ticks: int = 0  # agent frames sent since listening
     frames: deque[np.ndarray] = field(default_factory=deque)  # float32 [frame_samples] each, the user's
+    arrived: deque[float] = field(default_factory=deque)  # when each queued frame arrived (monotonic)
     partial: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # an unfinished frame's samples
-    waiting_since: float | None = None  # when the oldest queued frame arrived
+    waiting_since: float | None = None  # since when the first queued frame waits (the last tick, for a backlog)
     closed: bool = False
 
     def post(self, fn: Callable[..., None], *args: object) -> None:
@@ -166,14 +184,16 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                 return
             data = np.concatenate([talk.partial, np.asarray(samples, dtype=np.float32)])  # [N]
             whole = len(data) - len(data) % talk.frame_samples
+            now = time.monotonic()
             for start in range(0, whole, talk.frame_samples):
                 talk.frames.append(data[start:start + talk.frame_samples])  # [frame_samples]
+                talk.arrived.append(now)
             talk.partial = data[whole:]
             if len(talk.frames) * talk.frame_samples > MAX_QUEUED_SECONDS * self.sample_rate:
                 raise TooFast(f"more than {MAX_QUEUED_SECONDS:.0f} s of audio is waiting to be heard; "
                               "send it no faster than it plays")
             if whole and talk.waiting_since is None:
-                talk.waiting_since = time.monotonic()
+                talk.waiting_since = now
             self._condition.notify_all()
 
     def leave(self, talk: Conversation) -> None:
@@ -196,7 +216,8 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         last_tick = ended = reported = time.monotonic()
         while True:
             with self._condition:
-                while not self._stopping and not self._joins and (wait := self._wait_s(last_tick)) != 0:
+                while not self._stopping and not self._joins and \
+                        (wait := wait_s(self._talks.values(), last_tick, time.monotonic())) != 0:
                     self._condition.wait(wait)
                 if self._stopping:
                     return
@@ -209,14 +230,17 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                     user = None
                 else:
                     user = silence.copy()
-                    late = 0
+                    heard: set[int] = set()
+                    behind = is_behind(self._talks.values()) and \
+                        not all(t.frames for t in self._talks.values() if t.listening)  # a tick early, to catch up
                     for talk in self._talks.values():
                         if talk.listening and talk.frames:
                             user[talk.slot] = talk.frames.popleft()
-                        else:
-                            late += talk.listening
+                            talk.arrived.popleft()
+                            heard.add(talk.slot)
                         talk.waiting_since = time.monotonic() if talk.frames else None
                     talks = dict(self._talks)
+                    listening = sum(talk.listening for talk in talks.values())
             for slot in released:
                 engine.release(slot)
             for join in joins:
@@ -236,34 +260,24 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                     talk.post(talk.sink.failed, f"the conversation engine failed: {type(error).__name__}: {error}")
                     self.leave(talk)
                 continue
-            listening = sum(talk.listening for talk in talks.values())
-            self.pace.tick(time.monotonic() - last_tick, last_tick - ended, listening, len(talks) - listening, late)
+            self.pace.tick(time.monotonic() - last_tick, last_tick - ended, listening, len(talks) - listening,
+                           listening - len(heard), behind)
+            calls: dict[asyncio.AbstractEventLoop, list[Call]] = {}
             for slot, talk in talks.items():
                 if talk.listening:
                     out = frames[slot]
                     pcm = out.pcm if out is not None else silence[slot]
-                    talk.post(talk.sink.frame, talk.ticks, pcm, None if out is None else out.text)
+                    text = None if out is None else out.text
+                    calls.setdefault(talk.loop, []).append((talk, talk.sink.frame, (talk.ticks, pcm, text,
+                                                                                      slot in heard)))
                     talk.ticks += 1
                 elif not engine.prefilling(slot):
                     with self._condition:
                         talk.listening = True
-                    talk.post(talk.sink.listening)
+                    calls.setdefault(talk.loop, []).append((talk, talk.sink.listening, ()))
+            for loop, batch in calls.items():  # one wake-up of each event loop a tick, not one per conversation
+                post(loop, deliver, batch)
             ended = time.monotonic()  # the frames handed out: from here the loop waits for the next tick's audio
-
-    def _wait_s(self, last_tick: float) -> float | None:
-        """0 when a tick is due; else how long to wait for one (None: until something arrives)."""
-        listening = [t for t in self._talks.values() if t.listening]
-        prompting = len(listening) < len(self._talks)
-        now = time.monotonic()
-        if listening and all(t.frames for t in listening):
-            return 0
-        waiting = [t.waiting_since for t in listening if t.waiting_since is not None]
-        due = [w + TICK_GRACE_S for w in waiting]
-        if prompting:
-            due.append(last_tick + (TICK_GRACE_S if listening else 0))
-        if not due:
-            return None
-        return max(0.0, min(due) - now)
 
     def _start(self, engine: PersonaPlex, join: _Join) -> None:
         try:
@@ -305,3 +319,34 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         if talk.closed:  # the client left while its slot started
             engine.release(talk.slot)
         return None
+
+
+def wait_s(talks: Iterable[Conversation], last_tick: float, now: float) -> float | None:
+    """0 when a tick is due at `now` for these conversations (the last tick ran at `last_tick`);
+    else how long to wait for one (None: until something arrives)."""
+    talks = list(talks)
+    listening = [t for t in talks if t.listening]
+    prompting = len(listening) < len(talks)
+    if listening and (all(t.frames for t in listening) or is_behind(listening)):
+        return 0
+    due = [t.waiting_since + TICK_GRACE_S for t in listening if t.waiting_since is not None]
+    if prompting:
+        due.append(last_tick + (TICK_GRACE_S if listening else 0))
+    if not due:
+        return None
+    return max(0.0, min(due) - now)
+
+
+def is_behind(talks: Iterable[Conversation]) -> bool:
+    """A listening conversation has frames queued that arrived a tick apart or more: catch up."""
+    return any(t.listening and len(t.arrived) > 1 and t.arrived[-1] - t.arrived[0] >= TICK_S for t in talks)
+
+
+def deliver(calls: list[Call]) -> None:
+    """A tick's callbacks to its conversations' sinks, on their event loop (those still open)."""
+    for talk, fn, args in calls:
+        if not talk.closed:
+            try:
+                fn(*args)
+            except Exception:  # one socket's fault stays its own, as when each call was posted alone
+                log.exception("a conversation's frame could not be handed to its socket")

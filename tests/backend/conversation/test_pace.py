@@ -16,18 +16,19 @@ from engine.personaplex.engine import PersonaPlex
 
 LINE = re.compile(r"converse pace: [\d.]+ s: (\d+) ticks \(step p50 ([\d.]+) ms, p95 ([\d.]+) ms; waiting between "
                   r"ticks p50 ([\d.]+) ms, p95 ([\d.]+) ms\), ([\d.]+) talking and ([\d.]+) reading their system "
-                  r"prompt a tick, (\d+) frames of silence fed to listening conversations with none queued")
+                  r"prompt a tick, (\d+) frames of silence fed to listening conversations with none queued, "
+                  r"(\d+) ticks to catch up")
 
 
 def test_the_line_counts_the_ticks_since_the_last_report() -> None:
     pace = TickPace()
     assert pace.report() is None  # no tick: no line
-    pace.tick(0.070, 0.010, talking=2, prompting=1, late=3)
-    pace.tick(0.090, 0.002, talking=4, prompting=1, late=0)
+    pace.tick(0.070, 0.010, talking=2, prompting=1, late=3, behind=True)
+    pace.tick(0.090, 0.002, talking=4, prompting=1, late=0, behind=False)
     found = LINE.fullmatch(pace.report() or "")
     assert found is not None
     assert found.groups()[:1] == ("2",) and float(found[2]) in (70.0, 90.0) and float(found[3]) == 90.0
-    assert (float(found[6]), float(found[7]), int(found[8])) == (3.0, 1.0, 3)
+    assert (float(found[6]), float(found[7]), int(found[8]), int(found[9])) == (3.0, 1.0, 3, 1)
     assert pace.report() is None  # reset
 
 
@@ -40,7 +41,7 @@ class Sink:
     def listening(self) -> None:
         self.heard.set()
 
-    def frame(self, tick: int, pcm: np.ndarray, text: str | None) -> None:
+    def frame(self, tick: int, pcm: np.ndarray, text: str | None, heard: bool) -> None:
         self.frames += 1
         if self.frames >= self.wanted:
             self.done.set()

@@ -7,7 +7,8 @@ const fixtures = import.meta.glob("../../fixtures/protocol/audio_frames.json", {
 interface FrameFixture {
   name: string;
   hex: string;
-  header: { kind: number; flags: number; reserved: number; take_id: number; seq: number; start_sample: number; last: boolean };
+  header: { kind: number; flags: number; reserved: number; take_id: number; seq: number; start_sample: number; last: boolean;
+            unheard: boolean };
   samples: number[];
 }
 
