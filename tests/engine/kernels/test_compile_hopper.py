@@ -93,3 +93,7 @@ def test_token_draw_compiles(vocabulary: int) -> None:
     signature = {"logits_ptr": "*fp32", "kth_ptr": "*fp32", "temperature_ptr": "*fp32", "seed_ptr": "*i64",
                  "counter_ptr": "*i64", "out_ptr": "*i64", "stride": "i32", "stream": "i32"}
     assert ".target sm_90" in compile_for_hopper(td._draw_kernel, signature, {"V": vocabulary, "BLOCK": td.BLOCK})
+    if vocabulary <= td.ROW_BLOCK:  # an audio codebook: drawn from registers, its k-th largest found in the kernel
+        row = {**signature, "top_k_ptr": "*i64"}
+        del row["kth_ptr"]
+        assert ".target sm_90" in compile_for_hopper(td._draw_row_kernel, row, {"V": vocabulary, "BLOCK": 2048})

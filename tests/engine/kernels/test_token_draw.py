@@ -53,6 +53,22 @@ def test_kernel_equals_reference(V: int) -> None:
         assert torch.equal(token_draw.draw_kernel(*args, stream), draw_reference(*args, stream))
 
 
+@pytest.mark.kernel
+def test_kernel_keeps_every_tie_at_the_kth_logit() -> None:
+    """Logits of few distinct values (ties at the k-th, both zeros, negatives only): the row
+    kernel's k-th largest by bisection keeps what the sort's threshold keeps."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randint(-4, 3, (4, 2048), generator=g).float()  # seven values, hundreds of each
+    logits[1] = -logits[1].abs() - 1  # all negative
+    logits[2, ::2] = -0.0  # the two zeros, one key
+    temperature = torch.tensor([0.9, 1.0, 1.5, 0.7])
+    top_k = torch.tensor([3, 700, 1024, 2048])
+    seed, counter = torch.tensor([5, 6, 7, 8]), torch.tensor([1, 2, 3, 4])
+    args = tuple(t.to(DEVICE) for t in (logits, temperature, top_k, seed, counter))
+    for stream in range(6):
+        assert torch.equal(token_draw.draw_kernel(*args, stream), draw_reference(*args, stream))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("V", [2048, 32000])
 def test_kernel_equals_reference_at_the_released_vocabularies(V: int) -> None:
