@@ -248,17 +248,19 @@ def attention_case(config: Drama3Config, rows: int, kv: int, device: torch.devic
     return Case(f"cache_attention kv {kv}", rows, len(text.full_attention_layers), moved, copies, call, reference)
 
 
-RING_SHAPES = ((64, 4), (32, 4), (128, 8))  # (ring slots per step, warps): the kernel's own, then two to compare
+# (ring slots per step, warps, tensor cores): the kernel's own, then others to compare (the
+# CUDA-core form it replaced among them)
+RING_SHAPES = ((64, 4, True), (64, 4, False), (128, 4, True), (32, 4, True), (128, 8, True))
 
 
 def ring_cases(rows: int, device: torch.device, lm: dict[str, int] | None = None) -> list[Case]:
-    """The ring kernel as it runs (`personaplex ring`) and with other block shapes
-    (`personaplex ring block B warps W`), on the same rings."""
-    return [ring_case(rows, device, lm, block, warps) for block, warps in RING_SHAPES]
+    """The ring kernel as it runs (`personaplex ring`) and with other block shapes or on the
+    CUDA cores (`personaplex ring block B warps W[ cuda cores]`), on the same rings."""
+    return [ring_case(rows, device, lm, block, warps, dots) for block, warps, dots in RING_SHAPES]
 
 
 def ring_case(rows: int, device: torch.device, lm: dict[str, int] | None = None, block: int = 64,
-              warps: int = 4) -> Case:
+              warps: int = 4, dots: bool = True) -> Case:
     """PersonaPlex's one-query attention over a full float8 ring (engine/kernels/ring_attention.py)
     for `rows` conversations, each a whole context in: one of Helium's layers per tick, released
     sizes unless `lm` gives others (dim, num_heads, context)."""
@@ -280,13 +282,14 @@ def ring_case(rows: int, device: torch.device, lm: dict[str, int] | None = None,
     def call(i: int) -> torch.Tensor:
         keys, key_scales, values, value_scales = rings[i]
         return ring_attention.ring_attention_kernel(q, keys, values, key_scales, value_scales, positions, C, block,
-                                                    warps)
+                                                    warps, dots)
 
     def reference(i: int) -> torch.Tensor:
         keys, key_scales, values, value_scales = rings[i]
         return ring_attention.ring_attention_reference(q, keys, values, key_scales, value_scales, positions, C)
 
-    name = "personaplex ring" + ("" if (block, warps) == RING_SHAPES[0] else f" block {block} warps {warps}")
+    name = "personaplex ring" + ("" if (block, warps, dots) == RING_SHAPES[0] else
+                                 f" block {block} warps {warps}" + ("" if dots else " cuda cores"))
     return Case(name, rows, sizes["num_layers"], moved, copies, call, reference)
 
 

@@ -34,7 +34,9 @@ def test_every_case_runs_its_kernel_and_reference() -> None:
         assert {case.kernel for case in cases} == {"sample_main", "sample_code", "add_rms_norm", "deltanet_step",
                                                    "moe_routing", "fp8_moe", "fp8_moe pairs split 1", "fp8_moe experts",
                                                    "cache_attention kv 512", "cache_attention kv 4096",
-                                                   "personaplex ring", "personaplex ring block 32 warps 4",
+                                                   "personaplex ring", "personaplex ring block 64 warps 4 cuda cores",
+                                                   "personaplex ring block 128 warps 4",
+                                                   "personaplex ring block 32 warps 4",
                                                    "personaplex ring block 128 warps 8"}
         for case in cases:
             got, expected = case.call(0), case.reference(0)
