@@ -23,7 +23,8 @@ that fails or runs out of time is recorded and the next one runs):
 - kernels: `retake bench kernels` (each decode kernel against its torch reference)
 - numerics: `retake bench numerics`: compiled vs eager in float32, per experts path and TF32
 - retake (only with --stages): `retake bench retake --random-weights --preset full --device
-  cuda`: first audio of a retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off
+  cuda`: first audio of a retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off;
+  one retake per size profiled into retake-profile.txt (its ranges and top ops)
 - personaplex: `retake bench personaplex --size released` at 1, 8, 32, 64, 128 slots (a full
   context each; the ticks of 1 and 128 profiled part by part), then encode / model / decode
   apart (`--parts`) at 1 and 64 if time is left
@@ -517,8 +518,9 @@ def retake_stage(run: Run, stage: Stage, log: Path) -> Json:
     size = ["--preset", "tiny", "--device", "cpu", "--history-rows", "0", "200", "--turn-frames", "40",
             "--repeats", "1"] if run.smoke else ["--preset", "full", "--device", "cuda"]
     kernels = ([] if run.kernels is None else ["--kernels", *run.kernels]) + run.compile_prefill
-    return bench_stage(run, stage, log, [*CLI, "bench", "retake", "--random-weights", *size, *kernels, "--json",
-                                         str(report)], report)
+    profile = ["--profile", str(run.out / "retake-profile.txt")]  # one retake per size, its ranges and top ops
+    return bench_stage(run, stage, log, [*CLI, "bench", "retake", "--random-weights", *size, *kernels, *profile,
+                                         "--json", str(report)], report)
 
 
 def numerics_stage(run: Run, stage: Stage, log: Path) -> Json:

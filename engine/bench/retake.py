@@ -21,6 +21,11 @@ prefill, the rows restored; the ratio of the 4,000-row retake to the retake with
 history (the target on the H200: within 1.2x), with the cache on and off; bytes per row
 and per DeltaNet state, and what the largest scene's snapshots held.
 
+`--profile FILE`: one more retake at each history size under torch.profiler (CPU and CUDA),
+its steps in labelled ranges (`retake: plan`, `restore`, `begin_prefill`, `step`,
+`read_status`: the engine's methods wrapped for the bench alone), written as one table of
+the ranges and the top ops per size, so what grows with the history shows side by side.
+
 Design choices:
 - One engine, the cache switched off by detaching it (`decoder.prefix = None`), so both
   modes share the weights, graphs and warm-up; it is emptied before each scene.
@@ -64,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-prefill", action="store_true",
                         help="prefill chunks through the compiled layers on CUDA (as `retake serve --compile-prefill`)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--profile", type=Path, metavar="FILE",
+                        help="profile one retake at each history size (torch.profiler), its ranges and top ops here")
 
 
 def history(engine: Drama3Engine, rows: int, turn_frames: int) -> list[HistoryTurn]:
@@ -155,6 +162,45 @@ def warm_prefix(engine: Drama3Engine, text: str, turns: list[HistoryTurn], line:
         engine.step()
 
 
+RANGES = (("prefix", "plan"), ("prefix", "restore"), ("decoder", "begin_prefill"), ("decoder", "step"),
+          ("decoder", "read_status"))  # (owner, method): wrapped in profiler ranges by --profile
+
+
+def profile_retakes(engine: Drama3Engine, scenes: dict[int, list[HistoryTurn]], frames: int) -> str:
+    """One retake per history size under torch.profiler: the ranges' CPU and CUDA times and
+    the top ops by CPU time, a section per size."""
+    from contextlib import ExitStack
+    from unittest import mock
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    def ranged(name: str, method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with record_function(f"retake: {name}"):
+                return method(*args, **kwargs)
+        return call
+
+    owners = {"prefix": engine.decoder.prefix, "decoder": engine.decoder}
+    sections = []
+    for size, turns in scenes.items():
+        measure(engine, LINE, turns, 500, frames)  # the slot holds the line's history again, as for a retake
+        with ExitStack() as stack:
+            for owner, name in RANGES:
+                target = owners[owner]
+                stack.enter_context(mock.patch.object(target, name, ranged(name, getattr(target, name))))
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+            with profile(activities=activities) as prof:
+                row = measure(engine, LINE, turns, 501, frames)
+        events = prof.key_averages()
+        ranges = "\n".join(f"  {e.key:<24} calls {e.count:>4}  cpu {e.cpu_time_total / 1000:8.3f} ms  "
+                           f"device {e.device_time_total / 1000:8.3f} ms"
+                           for e in events if e.key.startswith("retake:"))
+        top = events.table(sort_by="self_cpu_time_total", row_limit=20)
+        sections.append(f"# history {size:,} rows: prompt {row['prompt_rows']:,} rows, prefill {row['prefill_ms']} ms, "
+                        f"first audio {row['first_audio_ms']} ms\n{ranges}\n{top}")
+    return "\n\n".join(sections) + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -180,6 +226,9 @@ def run(args: argparse.Namespace) -> int:
         for size in args.history_rows:
             scene_rows, held[size] = scene(engine, size, args)
             rows += scene_rows
+        if args.profile:
+            scenes = {size: history(engine, size, args.turn_frames) for size in args.history_rows}
+            args.profile.write_text(profile_retakes(engine, scenes, args.frames), encoding="utf-8")
     source = engine.weights + (" (demo weights: its audio is noise)" if engine.demo_weights else "")
     device = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu"
     print(f"# {device}, {source}; prefix cache budget {prefix.budget / 2**30:.2f} GiB, "
