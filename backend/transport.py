@@ -181,7 +181,6 @@ async def admit(websocket: WebSocket, settings: Settings) -> bool:
 AUDIO_HEADER = struct.Struct("<BBHIII")  # kind, flags, reserved, take_id, seq, start_sample
 KIND_PCM16 = 1
 FLAG_LAST = 1
-FLAG_UNHEARD = 2  # /converse: the tick heard none of the user's audio (it came late): silence stood in
 
 
 @dataclass(frozen=True)
@@ -196,16 +195,10 @@ class AudioHeader:
     def last(self) -> bool:
         return bool(self.flags & FLAG_LAST)
 
-    @property
-    def unheard(self) -> bool:
-        return bool(self.flags & FLAG_UNHEARD)
 
-
-def pack_audio_frame(take_id: int, seq: int, start_sample: int, pcm: bytes, *, last: bool,
-                     unheard: bool = False) -> bytes:
+def pack_audio_frame(take_id: int, seq: int, start_sample: int, pcm: bytes, *, last: bool) -> bytes:
     """Header + PCM16 little-endian mono samples."""
-    flags = (FLAG_LAST if last else 0) | (FLAG_UNHEARD if unheard else 0)
-    return AUDIO_HEADER.pack(KIND_PCM16, flags, 0, take_id, seq, start_sample) + pcm
+    return AUDIO_HEADER.pack(KIND_PCM16, FLAG_LAST if last else 0, 0, take_id, seq, start_sample) + pcm
 
 
 def unpack_audio_frame(frame: bytes) -> tuple[AudioHeader, bytes]:

@@ -7,36 +7,31 @@
     loop.leave(talk)                               # the slot is free again
 
 Design choices:
-- Ticks are paced by the users' audio, not by a clock: a tick runs when every listening
-  conversation has a frame queued, or when one has waited TICK_GRACE_S (then the late ones get
-  silence for that tick, their frames flagged `heard=False`: a late client must not hold up
-  the others). A conversation still in its system prompt needs no audio: it advances with the
-  others' ticks (at least one per TICK_GRACE_S), or tick after tick when nobody is listening.
+- Ticks as frames arrive (continuous batching): a tick runs as soon as any listening
+  conversation has a frame of its user's queued, and moves on exactly those (the engine's
+  `step(..., hearing)`: the others keep their place, their Mimi streams and their step, as
+  if the tick had not run for them). Nobody waits for anyone else's audio: a frame waits at
+  most for the tick running when it came, then its own (on the H200 the lockstep form,
+  which waited for every conversation's frame, answered 64 talking conversations 153 ms
+  p50 after they spoke, for a 43 ms tick: their frames arrive at any phase of the 80 ms).
+  A backlog (frames that piled up while the loop was slow, a file sent at once) drains at
+  a frame a tick, as fast as the ticks run. A conversation still in its system prompt
+  needs no audio: it reads a chunk of it at each tick, tick after tick until it listens.
   So one user is answered as fast as their audio arrives, and a recorded file is answered
   faster than real time.
-- Catching up: ticks that consume one frame each never shrink a queue, so frames that piled
-  up while the loop was slow (system prompts started while others listened, a tick that
-  outgrew the frame) would stay queued, and late, for the rest of the conversation (on the
-  H200, 64 talking conversations heard their answers 153 ms p50 after speaking, for a 43 ms
-  tick). So a tick also runs at once when a listening conversation is behind: two or more
-  frames queued that arrived at least a tick apart (its user talks in real time and the
-  loop fell a whole tick behind them); the others without a frame are fed silence. Frames
-  that arrived together (a file sent at once, a burst after a network stall) do not count:
-  a client that sends faster than real time is paced by the others' ticks, and never makes
-  them hear silence.
 - Everything that touches the engine (starting a slot, ticks) runs on this thread
   (backend/engine_thread.py, as the Drama 3 loop's); the event loop only queues audio and
   requests under the condition's lock, and the thread reaches the event loop through
   `call_soon_threadsafe` (the sink's callbacks).
 - Audio a user sends before `listening` is dropped: the agent is not listening yet, and
   keeping it would put the user's words late for the whole conversation.
-- Idle slots are fed silence and wait; a conversation that ends releases its slot
+- Idle slots wait (no tick moves them); a conversation that ends releases its slot
   (engine.release) and a new one recycles it (engine.start), which forgets the slot's
   history. A tick runs only up to the highest slot in use (the engine's batch buckets),
   and a new conversation takes the lowest free slot, so ticks stay as small as they can.
 - Every REPORT_S (10 s) while conversations talk, the ticks' pace goes to the log in a line
-  (pace.py: the step's time, the wait between ticks, conversations per tick, silence fed
-  to the late), as the Drama 3 loop's does.
+  (pace.py: the step's time, the wait between ticks, conversations heard per tick), as
+  the Drama 3 loop's does.
 - `seed` seeds the conversation's own draws (the engine's are per slot, counter-based), so
   a seeded conversation is reproducible whoever else is talking.
 """
@@ -61,8 +56,6 @@ from engine.errors import RequestError
 from engine.personaplex import DEFAULT_PERSONA, PersonaPlex, Voice
 
 log = logging.getLogger("retake.conversation")
-TICK_S = 0.08  # the audio of one tick (PersonaPlex's 12.5 Hz frames)
-TICK_GRACE_S = TICK_S  # how long a queued frame waits for the other conversations
 MAX_QUEUED_SECONDS = 60.0  # user audio waiting to be heard; past it the client sends faster than we tick
 
 
@@ -82,9 +75,7 @@ class ConversationSink(Protocol):
 
     def listening(self) -> None: ...
 
-    def frame(self, tick: int, pcm: np.ndarray, text: str | None, heard: bool) -> None:
-        """The agent's audio of one tick; `heard`: the tick heard a frame of the user's (False:
-        silence stood in, the user's audio came late)."""
+    def frame(self, tick: int, pcm: np.ndarray, text: str | None) -> None: ...
 
     def failed(self, message: str) -> None: ...
 
@@ -99,9 +90,7 @@ class Conversation:
     listening: bool = False
     ticks: int = 0  # agent frames sent since listening
     frames: deque[np.ndarray] = field(default_factory=deque)  # float32 [frame_samples] each, the user's
-    arrived: deque[float] = field(default_factory=deque)  # when each queued frame arrived (monotonic)
     partial: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # an unfinished frame's samples
-    waiting_since: float | None = None  # since when the first queued frame waits (the last tick, for a backlog)
     closed: bool = False
 
     def post(self, fn: Callable[..., None], *args: object) -> None:
@@ -184,16 +173,12 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                 return
             data = np.concatenate([talk.partial, np.asarray(samples, dtype=np.float32)])  # [N]
             whole = len(data) - len(data) % talk.frame_samples
-            now = time.monotonic()
             for start in range(0, whole, talk.frame_samples):
                 talk.frames.append(data[start:start + talk.frame_samples])  # [frame_samples]
-                talk.arrived.append(now)
             talk.partial = data[whole:]
             if len(talk.frames) * talk.frame_samples > MAX_QUEUED_SECONDS * self.sample_rate:
                 raise TooFast(f"more than {MAX_QUEUED_SECONDS:.0f} s of audio is waiting to be heard; "
                               "send it no faster than it plays")
-            if whole and talk.waiting_since is None:
-                talk.waiting_since = now
             self._condition.notify_all()
 
     def leave(self, talk: Conversation) -> None:
@@ -213,12 +198,11 @@ class ConversationLoop(EngineThread[PersonaPlex]):
 
     def _serve(self, engine: PersonaPlex) -> None:
         silence = np.zeros((engine.slots, engine.frame_size), dtype=np.float32)
-        last_tick = ended = reported = time.monotonic()
+        ended = reported = time.monotonic()
         while True:
             with self._condition:
-                while not self._stopping and not self._joins and \
-                        (wait := wait_s(self._talks.values(), last_tick, time.monotonic())) != 0:
-                    self._condition.wait(wait)
+                while not self._stopping and not self._joins and not tick_due(self._talks.values()):
+                    self._condition.wait()
                 if self._stopping:
                     return
                 joins = list(self._joins)
@@ -230,54 +214,47 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                     user = None
                 else:
                     user = silence.copy()
-                    heard: set[int] = set()
-                    behind = is_behind(self._talks.values()) and \
-                        not all(t.frames for t in self._talks.values() if t.listening)  # a tick early, to catch up
+                    heard: set[int] = set()  # the listening conversations this tick hears
                     for talk in self._talks.values():
                         if talk.listening and talk.frames:
                             user[talk.slot] = talk.frames.popleft()
-                            talk.arrived.popleft()
                             heard.add(talk.slot)
-                        talk.waiting_since = time.monotonic() if talk.frames else None
                     talks = dict(self._talks)
-                    listening = sum(talk.listening for talk in talks.values())
+                    prompting = {slot for slot, talk in talks.items() if not talk.listening}
             for slot in released:
                 engine.release(slot)
             for join in joins:
                 self._start(engine, join)
             if user is None:
                 continue
-            last_tick = time.monotonic()
-            if last_tick - reported >= REPORT_S:
-                reported = last_tick
+            started = time.monotonic()
+            if started - reported >= REPORT_S:
+                reported = started
                 if (line := self.pace.report()) is not None:
                     log.info(line)
             try:
-                frames = engine.step(user)
+                # A slot reading its prompt moves on too: if it finishes in this tick, the engine's first tick
+                # of it hears silence (its user's audio is heard from `listening` on), as offline.
+                frames = engine.step(user, heard | prompting)
             except Exception as error:
                 log.exception("a conversation tick failed")
                 for talk in talks.values():
                     talk.post(talk.sink.failed, f"the conversation engine failed: {type(error).__name__}: {error}")
                     self.leave(talk)
                 continue
-            self.pace.tick(time.monotonic() - last_tick, last_tick - ended, listening, len(talks) - listening,
-                           listening - len(heard), behind)
+            self.pace.tick(time.monotonic() - started, started - ended, len(heard), len(prompting))
             calls: dict[asyncio.AbstractEventLoop, list[Call]] = {}
             for slot, talk in talks.items():
-                if talk.listening:
-                    out = frames[slot]
-                    pcm = out.pcm if out is not None else silence[slot]
-                    text = None if out is None else out.text
-                    calls.setdefault(talk.loop, []).append((talk, talk.sink.frame, (talk.ticks, pcm, text,
-                                                                                      slot in heard)))
+                if slot in heard and (out := frames[slot]) is not None:
+                    calls.setdefault(talk.loop, []).append((talk, talk.sink.frame, (talk.ticks, out.pcm, out.text)))
                     talk.ticks += 1
-                elif not engine.prefilling(slot):
+                elif slot in prompting and not engine.prefilling(slot):
                     with self._condition:
                         talk.listening = True
                     calls.setdefault(talk.loop, []).append((talk, talk.sink.listening, ()))
             for loop, batch in calls.items():  # one wake-up of each event loop a tick, not one per conversation
                 post(loop, deliver, batch)
-            ended = time.monotonic()  # the frames handed out: from here the loop waits for the next tick's audio
+            ended = time.monotonic()  # the frames handed out: from here the loop waits for audio
 
     def _start(self, engine: PersonaPlex, join: _Join) -> None:
         try:
@@ -321,25 +298,9 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         return None
 
 
-def wait_s(talks: Iterable[Conversation], last_tick: float, now: float) -> float | None:
-    """0 when a tick is due at `now` for these conversations (the last tick ran at `last_tick`);
-    else how long to wait for one (None: until something arrives)."""
-    talks = list(talks)
-    listening = [t for t in talks if t.listening]
-    prompting = len(listening) < len(talks)
-    if listening and (all(t.frames for t in listening) or is_behind(listening)):
-        return 0
-    due = [t.waiting_since + TICK_GRACE_S for t in listening if t.waiting_since is not None]
-    if prompting:
-        due.append(last_tick + (TICK_GRACE_S if listening else 0))
-    if not due:
-        return None
-    return max(0.0, min(due) - now)
-
-
-def is_behind(talks: Iterable[Conversation]) -> bool:
-    """A listening conversation has frames queued that arrived a tick apart or more: catch up."""
-    return any(t.listening and len(t.arrived) > 1 and t.arrived[-1] - t.arrived[0] >= TICK_S for t in talks)
+def tick_due(talks: Iterable[Conversation]) -> bool:
+    """A tick is due: a listening conversation has a frame queued, or one is reading its system prompt."""
+    return any(talk.frames if talk.listening else True for talk in talks)
 
 
 def deliver(calls: list[Call]) -> None:

@@ -93,7 +93,7 @@ class MoshiSink:
     def listening(self) -> None:
         self.outbox.message(message(HANDSHAKE))
 
-    def frame(self, tick: int, pcm: np.ndarray, text: str | None, heard: bool) -> None:
+    def frame(self, tick: int, pcm: np.ndarray, text: str | None) -> None:
         opus = self.writer.append_pcm(np.asarray(pcm, dtype=np.float32))  # [frame_samples] -> Ogg pages
         if opus and not self.outbox.audio(message(AUDIO, opus)):
             self.outbox.close(status.WS_1008_POLICY_VIOLATION, "the client is not reading")

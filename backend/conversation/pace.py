@@ -1,16 +1,15 @@
 """How the conversation loop keeps its tick under load, as one log line every REPORT_S seconds.
 
     pace = TickPace()
-    pace.tick(step_s=0.072, wait_s=0.006, talking=127, prompting=0, late=3, behind=False)  # after each tick
-    line = pace.report()          # "converse pace: 10.0 s: 124 ticks (step p50 72.4 ms, ...)", then reset
+    pace.tick(step_s=0.072, wait_s=0.006, heard=48, prompting=0)   # after each tick (engine thread)
+    line = pace.report()          # "converse pace: 10.0 s: 310 ticks (step p50 30.4 ms, ...)", then reset
 
 The load test (`retake loadtest --converse`) says what a caller felt (tick latency, gaps);
 this says why: whether the tick itself (the engine's step: Mimi in, the model, Mimi out, and
-the host's work around it) outgrew the 80 ms frame, how long the loop waited for audio
-between ticks, how many conversations each tick carried (talking, or still reading their
-system prompt), how many listening conversations had no frame queued and were fed
-silence (a client, or the loop, late), and how many ticks ran early to catch up with
-conversations whose audio had piled up (loop.py).
+the host's work around it) outgrew what the conversations need, how long the loop waited
+for audio between ticks, and how many conversations each tick carried (heard: a frame of
+their user's; or still reading their system prompt). Ticks run as frames arrive (loop.py),
+so with N talking conversations and ticks of S ms a tick hears about N x S / 80 of them.
 
 Design choices:
 - Lists and counters kept by the engine thread alone (no lock): the report is read on the
@@ -32,29 +31,26 @@ class TickPace:
         self.since = time.monotonic()
         self.step_s: list[float] = []  # each tick's engine step, wall time on the engine thread
         self.wait_s: list[float] = []  # from the previous tick's end to this tick's start
-        self.talking = self.prompting = self.late = self.behind = 0  # summed over the ticks
+        self.heard = self.prompting = 0  # summed over the ticks
 
-    def tick(self, step_s: float, wait_s: float, talking: int, prompting: int, late: int, behind: bool) -> None:
+    def tick(self, step_s: float, wait_s: float, heard: int, prompting: int) -> None:
         self.step_s.append(step_s)
         self.wait_s.append(wait_s)
-        self.talking += talking
+        self.heard += heard
         self.prompting += prompting
-        self.late += late
-        self.behind += behind
 
     def report(self) -> str | None:
         """One line of the ticks since the last report (None if none ran), and reset."""
         steps, waits = self.step_s, self.wait_s
         seconds, self.since = time.monotonic() - self.since, time.monotonic()
-        talking, prompting, late, behind = self.talking, self.prompting, self.late, self.behind
+        heard, prompting = self.heard, self.prompting
         self.step_s, self.wait_s = [], []
-        self.talking = self.prompting = self.late = self.behind = 0
+        self.heard = self.prompting = 0
         if not steps:
             return None
         ticks = len(steps)
         return (f"converse pace: {seconds:.1f} s: {ticks:,} ticks (step p50 {percentile(steps, 0.5) * 1000:.1f} ms, "
                 f"p95 {percentile(steps, 0.95) * 1000:.1f} ms; waiting between ticks p50 "
                 f"{percentile(waits, 0.5) * 1000:.1f} ms, p95 {percentile(waits, 0.95) * 1000:.1f} ms), "
-                f"{talking / ticks:.1f} talking and {prompting / ticks:.1f} reading their system prompt a tick, "
-                f"{late:,} frames of silence fed to listening conversations with none queued, {behind:,} ticks "
-                f"to catch up")
+                f"{heard / ticks:.1f} conversations heard and {prompting / ticks:.1f} reading their system prompt "
+                f"a tick, {heard:,} frames heard")

@@ -46,10 +46,9 @@ class SocketSink:
     def listening(self) -> None:
         self.outbox.message(cp.ConversationListening())
 
-    def frame(self, tick: int, pcm: np.ndarray, text: str | None, heard: bool) -> None:
+    def frame(self, tick: int, pcm: np.ndarray, text: str | None) -> None:
         samples = pcm16(pcm).astype("<i2").tobytes()  # [frame_samples]
-        frame = pack_audio_frame(0, tick, tick * self.frame_samples, samples, last=False, unheard=not heard)
-        if not self.outbox.audio(frame):
+        if not self.outbox.audio(pack_audio_frame(0, tick, tick * self.frame_samples, samples, last=False)):
             self.outbox.close(status.WS_1008_POLICY_VIOLATION, "the client is not reading")
         if text is not None:
             self.outbox.message(cp.ConversationText(tick, text))

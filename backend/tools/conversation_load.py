@@ -6,13 +6,11 @@ a quiet room) until every conversation listens, then sends one 80 ms frame of us
 every 80 ms (on an absolute schedule, as a microphone does) for `--seconds`, so all of them
 talk at once, and measures on the client, from the first frame of talk:
 
-- latency: from sending user frame k to receiving the agent frame of the tick that heard it
-  (the server ticks on the user's audio, so this is the tick's round trip: queueing, the
-  batched tick, the network); an agent frame flagged `unheard` (silence stood in for a user
-  frame that came late) answers none;
-- longest gap: a player that starts at the first measured agent frame and plays each for
-  80 ms stalls whenever the next has not arrived (`longest_stall`, as the directing load test
-  measures); 0 means the agent kept real time.
+- latency: from sending user frame k to receiving agent frame k (the server ticks on the
+  user's audio, so this is the tick's round trip: queueing, the batched tick, the network);
+- longest gap: a player that starts at the first agent frame and plays each for 80 ms stalls
+  whenever the next has not arrived (`longest_stall`, as the directing load test measures);
+  0 means the agent kept real time.
 
 It prints the system prompt time and p50 / p95 / p99 / max of both over all conversations,
 and how many conversations kept real time (no stall above 100 ms).
@@ -108,8 +106,7 @@ async def talk(index: int, url: str, seconds: float, stagger_s: float, token: st
         quiet = bytes(2 * frame_samples)
         tick_s = frame_samples / rate
         sent: list[float] = []
-        arrived: list[float] = []  # every agent frame
-        answers: list[float] = []  # the agent frames of ticks that heard a user frame: answers[k] heard sent[k]
+        arrived: list[float] = []
         sending = True
         waiting = asyncio.ensure_future(together()) if together is not None else None
         first = 0  # the first measured frame: silence before it
@@ -133,15 +130,13 @@ async def talk(index: int, url: str, seconds: float, stagger_s: float, token: st
             sending = False
 
         async def receive() -> None:
-            while sending or len(answers) < len(sent):
+            while sending or len(arrived) < len(sent):
                 message = await socket.recv()
                 if isinstance(message, bytes):
                     header, _ = unpack_audio_frame(message)
                     if header.seq != len(arrived):
                         raise RuntimeError(f"agent frame {header.seq} arrived where {len(arrived)} was due")
                     arrived.append(time.monotonic())
-                    if not header.unheard:  # it answers the next user frame (else silence stood in for it)
-                        answers.append(arrived[-1])
                 elif json.loads(message).get("type") == "error":
                     raise RuntimeError(message)
 
@@ -150,11 +145,9 @@ async def talk(index: int, url: str, seconds: float, stagger_s: float, token: st
         finally:
             if waiting is not None:
                 waiting.cancel()
-    playing = arrived[next((k for k, a in enumerate(arrived) if a >= answers[first]), len(arrived)):] \
-        if first < len(answers) else []  # from the answer to the first measured frame on
-    sent, answers = sent[first:], answers[first:]
-    return TalkStats(index, opened, prompt_s, sent, [a - s for s, a in zip(sent, answers)],
-                     longest_stall(playing, [tick_s] * len(playing)), joined)
+    sent, arrived = sent[first:], arrived[first:]
+    return TalkStats(index, opened, prompt_s, sent, [a - s for s, a in zip(sent, arrived)],
+                     longest_stall(arrived, [tick_s] * len(arrived)), joined)
 
 
 def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: str | None,

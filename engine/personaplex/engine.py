@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,9 @@ class PersonaPlex:
         self.sampling = sampling.checked()
         self.prompts: dict[int, _Prompt] = {}  # slot -> its system prompt being read
         self.live: set[int] = set()  # slots in a conversation past their system prompt
+        # the rows a tick moves on (the live ones it hears), copied into the lockstep's `active` before it
+        self.moving_host = torch.zeros(self.slots, dtype=torch.bool, pin_memory=device.type == "cuda")
+        self.moving = self.moving_host.numpy()
         mimi.setup_streams(self.slots)
         # Mimi's transformer layers in a tick: compiled with the rest of the tick, or eager
         self.mimi_layer: LayerFn = CompiledMimiLayer() if compiled else run_layer
@@ -304,8 +308,10 @@ class PersonaPlex:
         used = max([*self.live, *self.prompts], default=0) + 1
         return next(b for b in self.ticks.buckets if b >= used)
 
-    def step(self, pcm: NDArray[np.floating[Any]]) -> list[Frame | None]:
-        """One tick from user audio [B, frame_size] (or [frame_size] with one slot), floats in [-1, 1]."""
+    def step(self, pcm: NDArray[np.floating[Any]], hearing: Collection[int] | None = None) -> list[Frame | None]:
+        """One tick from user audio [B, frame_size] (or [frame_size] with one slot), floats in [-1, 1].
+        With `hearing`, only those of the live slots move on (their frames are returned); the other
+        slots keep their place, streams and step, as if the tick had not run for them."""
         pcm = np.asarray(pcm, dtype=np.float32)
         if pcm.ndim == 1 and self.slots == 1:
             pcm = pcm[None]
@@ -315,7 +321,7 @@ class PersonaPlex:
                                f"got an array of shape {pcm.shape}")
         if not np.isfinite(pcm).all():
             raise RequestError("user audio holds non-finite samples")
-        return self._tick(pcm, None)
+        return self._tick(pcm, None, hearing)
 
     def step_codes(self, codes: NDArray[np.integer[Any]]) -> list[Frame | None]:
         """One tick from precomputed user codes [B, codebooks] (golden replays skip the encoder)."""
@@ -329,7 +335,8 @@ class PersonaPlex:
         return self._tick(None, torch.from_numpy(codes.astype(np.int64)))
 
     @torch.no_grad()
-    def _tick(self, pcm: NDArray[np.float32] | None, codes: torch.Tensor | None) -> list[Frame | None]:
+    def _tick(self, pcm: NDArray[np.float32] | None, codes: torch.Tensor | None,
+              hearing: Collection[int] | None = None) -> list[Frame | None]:
         started = time.perf_counter()
         prompt_ms = 0.0
         if self.prompts:  # one chunk of the oldest waiting system prompt
@@ -339,10 +346,14 @@ class PersonaPlex:
                 del self.prompts[slot]
             prompt_ms = (time.perf_counter() - started) * 1000
         n = self.bucket
+        moving = sorted(self.live if hearing is None else self.live.intersection(hearing))
+        self.moving[:] = False
+        self.moving[moving] = True
+        self.lockstep.active.copy_(self.moving_host, non_blocking=True)  # the rows this tick moves on
         out_pcm, out_tokens, timings = self.ticks.run(None if pcm is None else pcm[:n], n,
                                                       None if codes is None else codes[:n])
         frames: list[Frame | None] = [None] * self.slots
-        for b in sorted(self.live):
+        for b in moving:
             tokens = out_tokens[b].copy()  # [K]
             frames[b] = Frame(pcm=out_pcm[b].copy(), text=self.text_piece(int(tokens[0])), tokens=tokens)
         self.timings = {**timings, "prompt_ms": prompt_ms, "bucket": float(n),

@@ -95,7 +95,7 @@ class MimiTransformer(StreamingModule):
         h = x.transpose(1, 2)
         for module in self.layers:
             h = layer(cast(MimiLayer, module), h, step)
-        offset += T
+        offset.copy_(self.kept(offset + T, offset))
         return h.transpose(1, 2)
 
 

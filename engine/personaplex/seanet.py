@@ -49,12 +49,13 @@ class StreamingConv1d(StreamingModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.context > 0:
             previous = self.previous[:x.shape[0]]  # a batch bucket runs the first B slots
+            context = previous
             if self.replicate:
                 first = self.first[:x.shape[0]]
-                previous.copy_(torch.where(first[:, None, None], x[..., :1], previous))
-                first.zero_()
-            x = torch.cat([previous, x], dim=-1)
-            previous.copy_(x[..., -self.context:])
+                context = torch.where(first[:, None, None], x[..., :1], previous)  # a stream's start: its first sample
+                first.copy_(self.kept(torch.zeros_like(first), first))
+            x = torch.cat([context, x], dim=-1)
+            previous.copy_(self.kept(x[..., -self.context:], previous))
         out: torch.Tensor = self.conv(x)
         return out
 
@@ -85,7 +86,7 @@ class StreamingConvTranspose1d(StreamingModule):
         tail = y[..., -self.tail:]
         if self.convtr.bias is not None:
             tail = tail - self.convtr.bias[:, None]
-        partial.copy_(tail)
+        partial.copy_(self.kept(tail, partial))
         return y[..., :-self.tail]
 
 

@@ -15,9 +15,19 @@ Design choices:
 - A module whose history is hidden by positions its caller owns (the attention rings:
   a position below 0 is never visible, layers.py) needs nothing on reset; its
   `_reset_stream` is the default, which does nothing.
+- Held rows: inside `holding(advancing)` every module of the tree reads one static mask
+  (bool [B], rewritten by the caller between calls, read inside captured graphs), and a
+  call moves on the state of the marked rows only (`kept`); the others compute, their
+  output is thrown away and their streams stay as they were. Outside it every row moves. So a batched tick can carry
+  only the conversations that have a frame (backend/conversation/loop.py). A ring written
+  at a held row's next positions needs nothing: the row's real call writes the same
+  positions before anything reads them.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -25,6 +35,27 @@ from torch import nn
 
 class StreamingModule(nn.Module):
     """A module with per-row state carried across calls (see the module docstring)."""
+
+    advancing: torch.Tensor | None = None  # bool [B]: the rows whose streams a call moves on (None: all)
+
+    @contextlib.contextmanager
+    def holding(self, advancing: torch.Tensor) -> Iterator[None]:
+        """Calls inside move on the streams of the rows marked in `advancing` (bool [B]) only."""
+        modules = [module for module in self.modules() if isinstance(module, StreamingModule)]
+        for module in modules:
+            module.advancing = advancing
+        try:
+            yield
+        finally:
+            for module in modules:
+                module.advancing = None
+
+    def kept(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        """A state update: `new` in the advancing rows, `old` in the held ones (rows first, a bucket's B)."""
+        if self.advancing is None:
+            return new
+        rows = self.advancing[:new.shape[0]].view(-1, *([1] * (new.dim() - 1)))
+        return torch.where(rows, new, old)
 
     def setup_streams(self, batch: int) -> None:
         """Fresh streams for `batch` rows in every streaming module of this tree (allocates)."""

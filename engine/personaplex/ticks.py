@@ -12,6 +12,9 @@ Design choices:
   that holds every slot in use, so a tick costs what its conversations cost. Every module
   slices its state by the batch it is given (streaming.py), so each bucket's graph works
   on fixed views of the same state.
+- The lockstep's `active` rows are the ones a tick moves on: Mimi's streams hold on the
+  same mask in a tick (streaming.py `holding`), so a slot left out of a tick (no frame of its
+  user's yet) keeps its encoder and decoder state as well as its step and ring.
 - Graphs are captured when the ticks are built, before any conversation: capturing runs
   the tick, which would advance every slot, so all streams are reset afterwards. A bucket
   that cannot be captured (or whose tick would read the host: graphs.py checks under
@@ -80,7 +83,8 @@ class Ticks:
     # The stages, on static buffers (the graphs capture these).
 
     def encode(self, n: int) -> None:
-        self.codes[:n] = self.mimi.encode(self.pcm_in[:n], self.layer)
+        with self.mimi.holding(self.lockstep.active):  # the streams of the rows the tick moves on only
+            self.codes[:n] = self.mimi.encode(self.pcm_in[:n], self.layer)
 
     def model(self, n: int) -> None:
         self.lockstep.tick(self.codes[:n], n)
@@ -88,7 +92,8 @@ class Ticks:
     def decode(self, n: int) -> None:
         cb = self.mimi.codebooks
         agent = torch.where(self.speaking[:n, None], self.lockstep.tokens[:n, 1:1 + cb], self.silence)  # [n, cb]
-        self.pcm_out[:n] = self.mimi.decode(agent, self.layer)
+        with self.mimi.holding(self.lockstep.active):
+            self.pcm_out[:n] = self.mimi.decode(agent, self.layer)
 
     def whole(self, n: int) -> None:
         self.encode(n)

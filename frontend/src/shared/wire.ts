@@ -74,7 +74,6 @@ export function decodeTyped<M extends { type: string }>(
 export const AUDIO_HEADER_BYTES = 16;
 export const KIND_PCM16 = 1;
 export const FLAG_LAST = 1;
-export const FLAG_UNHEARD = 2; // /converse: the tick heard none of the user's audio (it came late)
 
 export interface AudioFrame {
   kind: number;
@@ -84,7 +83,6 @@ export interface AudioFrame {
   seq: number; // 0, 1, ... per take attempt
   start_sample: number; // of the window's first sample, from the start of the take attempt
   last: boolean;
-  unheard: boolean; // /converse: silence stood in for the user's audio at this tick
   pcm: Int16Array; // mono samples at the engine's rate
 }
 
@@ -110,8 +108,7 @@ export function decodeAudioFrame(frame: ArrayBuffer): AudioFrame {
   }
   return {
     kind, flags, reserved: view.getUint16(2, true), take_id: view.getUint32(4, true), seq: view.getUint32(8, true),
-    start_sample: view.getUint32(12, true), last: (flags & FLAG_LAST) !== 0,
-    unheard: (flags & FLAG_UNHEARD) !== 0, pcm,
+    start_sample: view.getUint32(12, true), last: (flags & FLAG_LAST) !== 0, pcm,
   };
 }
 

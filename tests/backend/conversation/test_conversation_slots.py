@@ -19,7 +19,7 @@ class Sink:
     def listening(self) -> None:
         pass
 
-    def frame(self, tick: int, pcm: np.ndarray, text: str | None, heard: bool) -> None:
+    def frame(self, tick: int, pcm: np.ndarray, text: str | None) -> None:
         pass
 
     def failed(self, message: str) -> None:

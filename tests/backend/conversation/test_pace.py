@@ -15,20 +15,19 @@ from backend.conversation.pace import TickPace
 from engine.personaplex.engine import PersonaPlex
 
 LINE = re.compile(r"converse pace: [\d.]+ s: (\d+) ticks \(step p50 ([\d.]+) ms, p95 ([\d.]+) ms; waiting between "
-                  r"ticks p50 ([\d.]+) ms, p95 ([\d.]+) ms\), ([\d.]+) talking and ([\d.]+) reading their system "
-                  r"prompt a tick, (\d+) frames of silence fed to listening conversations with none queued, "
-                  r"(\d+) ticks to catch up")
+                  r"ticks p50 ([\d.]+) ms, p95 ([\d.]+) ms\), ([\d.]+) conversations heard and ([\d.]+) reading "
+                  r"their system prompt a tick, (\d+) frames heard")
 
 
 def test_the_line_counts_the_ticks_since_the_last_report() -> None:
     pace = TickPace()
     assert pace.report() is None  # no tick: no line
-    pace.tick(0.070, 0.010, talking=2, prompting=1, late=3, behind=True)
-    pace.tick(0.090, 0.002, talking=4, prompting=1, late=0, behind=False)
+    pace.tick(0.070, 0.010, heard=2, prompting=1)
+    pace.tick(0.090, 0.002, heard=4, prompting=1)
     found = LINE.fullmatch(pace.report() or "")
     assert found is not None
     assert found.groups()[:1] == ("2",) and float(found[2]) in (70.0, 90.0) and float(found[3]) == 90.0
-    assert (float(found[6]), float(found[7]), int(found[8]), int(found[9])) == (3.0, 1.0, 3, 1)
+    assert (float(found[6]), float(found[7]), int(found[8])) == (3.0, 1.0, 6)
     assert pace.report() is None  # reset
 
 
@@ -41,7 +40,7 @@ class Sink:
     def listening(self) -> None:
         self.heard.set()
 
-    def frame(self, tick: int, pcm: np.ndarray, text: str | None, heard: bool) -> None:
+    def frame(self, tick: int, pcm: np.ndarray, text: str | None) -> None:
         self.frames += 1
         if self.frames >= self.wanted:
             self.done.set()
@@ -69,7 +68,7 @@ def test_a_conversation_fills_the_pace_line(personaplex_checkpoint: Path) -> Non
         conversations.stop()  # the engine thread is done: its pace is read from here alone
     found = LINE.fullmatch(conversations.pace.report() or "")
     assert found is not None
-    ticks, talking, prompting = int(found[1]), float(found[6]), float(found[7])
-    assert ticks >= 4  # the system prompt's ticks, then at least the three frames heard
-    assert 0 < talking < 1 and 0 < prompting < 1  # one conversation: reading its prompt, then listening
+    ticks, heard, prompting, frames = int(found[1]), float(found[6]), float(found[7]), int(found[8])
+    assert ticks >= 4 and frames == 3  # the system prompt's ticks, then a tick for each of the three frames
+    assert 0 < heard < 1 and 0 < prompting < 1  # one conversation: reading its prompt, then listening
     assert float(found[2]) > 0

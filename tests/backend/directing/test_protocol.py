@@ -138,13 +138,12 @@ def test_audio_frame_fixtures(sample: dict[str, typing.Any]) -> None:
     header, pcm = unpack_audio_frame(frame)
     expected = sample["header"]
     assert len(frame) == 16 + 2 * len(sample["samples"])
-    assert (header.kind, header.flags, header.take_id, header.seq, header.start_sample, header.last,
-            header.unheard) == (expected["kind"], expected["flags"], expected["take_id"], expected["seq"],
-                                expected["start_sample"], expected["last"], expected["unheard"])
+    assert (header.kind, header.flags, header.take_id, header.seq, header.start_sample, header.last) == (
+        expected["kind"], expected["flags"], expected["take_id"], expected["seq"], expected["start_sample"],
+        expected["last"])
     assert frame[2:4] == b"\x00\x00"  # reserved
     assert list(memoryview(pcm).cast("h")) == sample["samples"]
-    packed = pack_audio_frame(header.take_id, header.seq, header.start_sample, pcm, last=header.last,
-                              unheard=header.unheard)
+    packed = pack_audio_frame(header.take_id, header.seq, header.start_sample, pcm, last=header.last)
     assert packed == frame
 
 

@@ -137,3 +137,37 @@ def test_skipping_the_user_depformer_steps_changes_no_output(personaplex_checkpo
         ours = [f[slot] for f in runs[0] if f[slot] is not None]
         assert len(ours) > 6
         assert_same_frames(ours, [f[slot] for f in runs[1] if f[slot] is not None])
+
+
+@torch.no_grad()
+def test_a_slot_left_out_of_a_tick_keeps_its_place(personaplex_checkpoint: Path):
+    """`step(pcm, hearing)` moves on the slots it hears only: a slot left out of a tick (its user's
+    frame not in yet) goes on afterwards exactly as if that tick had never run for it (its Mimi
+    streams, step, ring and draws), and the slot heard meanwhile is unaffected."""
+    def engine() -> PersonaPlex:
+        loaded = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=2, sampling=Sampling(seed=3))
+        loaded.open(persona="You enjoy having a good conversation.")
+        return loaded
+
+    rng = np.random.default_rng(2)
+    user = rng.uniform(-0.5, 0.5, (6, 2, 1920)).astype(np.float32)  # [tick, slot, samples]
+    together = engine()
+    reference = [together.step(user[k]) for k in range(5)]  # both slots hear every tick
+
+    apart = engine()
+    heard: list[list[Frame]] = [[], []]
+    for k in range(2):
+        for slot, frame in enumerate(apart.step(user[k], {0, 1})):
+            assert frame is not None
+            heard[slot].append(frame)
+    garbage = np.stack([rng.uniform(-1, 1, 1920), user[2, 1]]).astype(np.float32)  # slot 0 has no frame yet
+    out = apart.step(garbage, {1})
+    assert out[0] is None and out[1] is not None
+    heard[1].append(out[1])
+    for k in range(3, 5):  # slot 0 one frame behind slot 1 from here on
+        out = apart.step(np.stack([user[k - 1, 0], user[k, 1]]), {0, 1})
+        heard[0].append(out[0])  # type: ignore[arg-type]
+        heard[1].append(out[1])  # type: ignore[arg-type]
+    heard[0].append(apart.step(np.stack([user[4, 0], user[5, 1]]), {0})[0])  # type: ignore[arg-type]
+    for slot in (0, 1):
+        assert_same_frames(heard[slot], [frames[slot] for frames in reference])  # type: ignore[misc]

@@ -7,8 +7,7 @@ const fixtures = import.meta.glob("../../fixtures/protocol/audio_frames.json", {
 interface FrameFixture {
   name: string;
   hex: string;
-  header: { kind: number; flags: number; reserved: number; take_id: number; seq: number; start_sample: number; last: boolean;
-            unheard: boolean };
+  header: { kind: number; flags: number; reserved: number; take_id: number; seq: number; start_sample: number; last: boolean };
   samples: number[];
 }
 

@@ -19,7 +19,7 @@ const url = (takeId: number): string => `/sessions/s/takes/${takeId}.wav`;
 
 function finished(scene: Scene, takeId: number, pcm: number[]): void {
   scene.takeStarted({ type: "take.started", take_id: takeId, attempt: 1, sampling });
-  scene.audio({ kind: 1, flags: 1, reserved: 0, take_id: takeId, seq: 0, start_sample: 0, last: true, unheard: false, pcm: Int16Array.from(pcm) });
+  scene.audio({ kind: 1, flags: 1, reserved: 0, take_id: takeId, seq: 0, start_sample: 0, last: true, pcm: Int16Array.from(pcm) });
   scene.takeDone({
     type: "take.done", take_id: takeId, finish_reason: "stop", timings: {}, frames: 1, samples: pcm.length,
     attempts: 1, audio_url: url(takeId), error: null,
@@ -75,7 +75,7 @@ describe("Scene", () => {
     const line = scene.addLine("a");
     queued(scene, 5, line.id);
     const frame = (seq: number, start: number, pcm: number[], last = false) =>
-      ({ kind: 1, flags: last ? 1 : 0, reserved: 0, take_id: 5, seq, start_sample: start, last, unheard: false, pcm: Int16Array.from(pcm) });
+      ({ kind: 1, flags: last ? 1 : 0, reserved: 0, take_id: 5, seq, start_sample: start, last, pcm: Int16Array.from(pcm) });
     scene.audio(frame(0, 0, [1, 2, 3]));
     scene.audio(frame(1, 3, [4, 5]));
     expect(scene.takes.get(5)!.streamProblem).toBeNull();
@@ -126,7 +126,7 @@ describe("Scene", () => {
     const scene = new Scene();
     const line = scene.addLine("a");
     queued(scene, 8, line.id);
-    scene.audio({ kind: 1, flags: 0, reserved: 0, take_id: 8, seq: 0, start_sample: 0, last: false, unheard: false, pcm: new Int16Array(100) });
+    scene.audio({ kind: 1, flags: 0, reserved: 0, take_id: 8, seq: 0, start_sample: 0, last: false, pcm: new Int16Array(100) });
     scene.takeRetry({ type: "take.retry", take_id: 8, attempt: 2, reason: "silence", message: "silent" });
     const take = scene.takes.get(8)!;
     expect([take.received, take.windows.length, take.peaks.length, take.attempts]).toEqual([0, 0, 0, 2]);
