@@ -233,9 +233,9 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                 if (line := self.pace.report()) is not None:
                     log.info(line)
             try:
-                # A slot reading its prompt moves on too: if it finishes in this tick, the engine's first tick
-                # of it hears silence (its user's audio is heard from `listening` on), as offline.
-                frames = engine.step(user, heard | prompting)
+                # Only the conversations heard move on: one whose system prompt ends in this tick listens
+                # from the next (its first tick hears its user, as after a prompt read before, read_prompts.py).
+                frames = engine.step(user, heard)
             except Exception as error:
                 log.exception("a conversation tick failed")
                 for talk in talks.values():

@@ -19,7 +19,9 @@ Design choices:
   chunk before each tick, while the slot waits (inactive) and the other slots keep
   their tick: a new conversation listens after a few ticks, not one tick per prompt
   position. When it is read the slot takes the planned staging ring, its Mimi streams
-  restart (as the reference resets Mimi after the prompt) and it is live.
+  restart (as the reference resets Mimi after the prompt) and it is live. A prompt read
+  before (the same persona and voice) is copied in instead (read_prompts.py): the
+  conversation listens at once.
 - `open` reads one system prompt into every slot, OPEN_ROWS slots at a time, with no tick.
 - Sampling settings and seeds are per slot (sampling.py): counter-based draws, so a seeded
   conversation is reproducible whatever shares the batch.
@@ -74,6 +76,7 @@ from engine.personaplex.prompt import (
     plan,
     system_prompt,
 )
+from engine.personaplex.read_prompts import ReadPrompts
 from engine.personaplex.ring import FP8
 from engine.personaplex.sampling import Sampling
 from engine.personaplex.streaming import StreamingModule
@@ -116,6 +119,7 @@ class _Prompt:
 
     plan: Plan
     read: int = 0  # positions read so far
+    key: bytes | None = None  # its key among the read prompts kept (read_prompts.py), once read
 
 
 def configure_rings(temporal: Temporal, kv: str, fused: bool, device: torch.device) -> None:
@@ -151,6 +155,7 @@ class PersonaPlex:
         self.timings: dict[str, float] = {}
         self.sampling = sampling.checked()
         self.prompts: dict[int, _Prompt] = {}  # slot -> its system prompt being read
+        self.read_prompts = ReadPrompts(lockstep.temporal)  # prompts read before: a new conversation copies them
         self.live: set[int] = set()  # slots in a conversation past their system prompt
         # the rows a tick moves on (the live ones it hears), copied into the lockstep's `active` before it
         self.moving_host = torch.zeros(self.slots, dtype=torch.bool, pin_memory=device.type == "cuda")
@@ -257,7 +262,11 @@ class PersonaPlex:
         sampling = self.sampling if seed is None else dataclasses.replace(self.sampling, seed=seed).checked()
         self.release(slot)
         self.lockstep.sampling.set(slot, sampling)
-        self.prompts[slot] = _Prompt(planned)
+        key = self.read_prompts.key(planned)
+        if self.read_prompts.restore(key, planned, slot):  # read before: copied in, it listens at once
+            self._listen(slice(slot, slot + 1), planned)
+        else:
+            self.prompts[slot] = _Prompt(planned, key=key)
 
     def release(self, slot: int) -> None:
         """The conversation in `slot` ends: the slot stops and waits, fresh, for the next one."""
@@ -295,6 +304,13 @@ class PersonaPlex:
         prompt.read = stop
         if stop < planned.positions:
             return
+        if prompt.key is not None:
+            self.read_prompts.keep(prompt.key, planned, span.start)
+        self._listen(span, planned)
+
+    def _listen(self, span: slice, planned: Plan) -> None:
+        """The slots `span` have read `planned`: they take its staging ring, their Mimi streams restart,
+        they are live."""
         self.lockstep.finish(span, planned)
         self.mimi.reset_streams(self.rows(*range(self.slots)[span]))
         self._set_rows(span, True)

@@ -80,7 +80,7 @@ def test_the_agent_answers_as_the_engine_does_offline(talk_server: LiveServer,
     engine.start(0, DEFAULT_PERSONA, engine.voice())
     silence = np.zeros((SLOTS, 1920), dtype=np.float32)
     while engine.prefilling(0):
-        engine.step(silence)
+        engine.step(silence, set())  # the prompt read, a chunk a tick, nobody moved (as the server does)
     expected, pieces = [], []
     for k in range(25):
         batch = silence.copy()

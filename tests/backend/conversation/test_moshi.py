@@ -126,7 +126,7 @@ def offline(checkpoint: Path, heard: np.ndarray, persona: str, voice: str, seed:
     engine.start(0, persona, engine.voice(voice))
     silence = np.zeros((SLOTS, FRAME), dtype=np.float32)
     while engine.prefilling(0):
-        engine.step(silence)
+        engine.step(silence, set())  # the prompt read, nobody moved (as the server does)
     agent, text = [], ""
     for k in range(len(heard) // FRAME):
         batch = silence.copy()

@@ -1,0 +1,84 @@
+"""System prompts read once (engine/personaplex/read_prompts.py): a conversation started with a
+persona and voice read before listens at once, and is, bit for bit, the conversation started
+by reading the prompt; another persona or voice is read; the least recently used is dropped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.personaplex.engine import Frame, PersonaPlex
+from engine.personaplex.sampling import Sampling
+
+PERSONA = "You are a lighthouse keeper who answers in riddles."
+
+
+def engine(checkpoint: Path) -> PersonaPlex:
+    return PersonaPlex.load(checkpoint, device="cpu", slots=2, sampling=Sampling(seed=4))
+
+
+def talk(engine: PersonaPlex, slot: int, user: np.ndarray) -> list[Frame]:
+    """The slot's frames for each of the user's frames (the other slot left out of the ticks)."""
+    while engine.prefilling(slot):  # its prompt read a chunk a tick, nobody moved (as the server does)
+        engine.step(np.zeros((engine.slots, engine.frame_size), np.float32), set())
+    out = []
+    for frame in user:
+        batch = np.zeros((engine.slots, engine.frame_size), np.float32)
+        batch[slot] = frame
+        heard = engine.step(batch, {slot})[slot]
+        assert heard is not None
+        out.append(heard)
+    return out
+
+
+@torch.no_grad()
+def test_a_prompt_read_before_is_copied_in_and_the_conversation_is_the_same(personaplex_checkpoint: Path):
+    user = np.random.default_rng(1).uniform(-0.5, 0.5, (6, 1920)).astype(np.float32)
+    served = engine(personaplex_checkpoint)
+    served.start(1, PERSONA, "NATF2", seed=9)  # read, a chunk a tick, then kept
+    talk(served, 1, user[:2])
+    assert served.read_prompts.misses == 1 and len(served.read_prompts.kept) == 1
+    served.release(1)
+    served.start(0, PERSONA, "NATF2", seed=9)  # the same prompt, another slot: copied in
+    assert served.read_prompts.hits == 1 and not served.prefilling(0)  # it listens at once
+    copied = talk(served, 0, user)
+
+    fresh = engine(personaplex_checkpoint)
+    fresh.start(0, PERSONA, "NATF2", seed=9)
+    assert fresh.prefilling(0)
+    read = talk(fresh, 0, user)
+    for a, b in zip(copied, read, strict=True):
+        assert np.array_equal(a.tokens, b.tokens) and a.text == b.text
+        assert np.array_equal(a.pcm, b.pcm)
+
+
+@torch.no_grad()
+def test_another_persona_or_voice_is_read_and_the_least_recent_dropped(personaplex_checkpoint: Path):
+    served = engine(personaplex_checkpoint)
+    served.read_prompts.most = 2
+    for persona in (PERSONA, PERSONA + " Briefly.", PERSONA):
+        served.start(0, persona, "NATF2")
+        talk(served, 0, np.zeros((1, 1920), np.float32))
+        served.release(0)
+    assert (served.read_prompts.misses, served.read_prompts.hits) == (2, 1)  # the third was the first again
+    clip = served.clip_voice(wav_bytes(np.random.default_rng(2).uniform(-0.3, 0.3, 24000), 24000))
+    served.start(0, PERSONA, clip)  # a clip's voice: another prompt
+    assert served.prefilling(0) and served.read_prompts.misses == 3
+    talk(served, 0, np.zeros((1, 1920), np.float32))
+    assert len(served.read_prompts.kept) == 2  # two at most: the persona used least recently went
+    served.release(0)
+    served.start(0, PERSONA + " Briefly.", "NATF2")
+    assert served.prefilling(0)  # dropped: read again
+    assert served.read_prompts.nbytes > 0
+
+
+def wav_bytes(pcm: np.ndarray, rate: int) -> bytes:
+    import io
+
+    import soundfile
+
+    out = io.BytesIO()
+    soundfile.write(out, pcm.astype(np.float32), rate, format="WAV", subtype="FLOAT")
+    return out.getvalue()
