@@ -216,6 +216,7 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
             state.metrics.warms = lambda: dict(running.warms)
         if (live := talking) is not None:
             state.metrics.conversations = lambda: live.active
+            state.metrics.system_prompts = live.system_prompts
         app.state.retake = state
         if owned:
             log_ready(running)

@@ -48,6 +48,8 @@ class Metrics:
         self.queue_depth = queue_depth
         self.sessions = sessions
         self.conversations: Callable[[], int] = lambda: 0  # live conversations (`retake serve --converse`)
+        # their system prompts by how they started: read (a chunk a tick) or copied (read before)
+        self.system_prompts: Callable[[], dict[str, int]] = dict
         self.draining: Callable[[], bool] = lambda: False  # SIGTERM came: no new takes (backend/draining.py)
         # The engine's prefix cache counters (engine/drama3/prefix.py), None when it is off.
         self.prefix_cache: Callable[[], dict[str, int] | None] = lambda: None
@@ -82,6 +84,11 @@ class Metrics:
                   f"retake_sessions {self.sessions()}",
                   "# HELP retake_conversations Live conversations on /converse.", "# TYPE retake_conversations gauge",
                   f"retake_conversations {self.conversations()}",
+                  "# HELP retake_conversation_prompts_total Conversations started, by how their system prompt was "
+                  "(read: a chunk a tick; copied: the same persona and voice read before).",
+                  "# TYPE retake_conversation_prompts_total counter",
+                  *(f'retake_conversation_prompts_total{{how="{how}"}} {count}'
+                    for how, count in sorted(self.system_prompts().items())),
                   "# HELP retake_draining 1 while the replica drains (SIGTERM): no new takes, sockets move away.",
                   "# TYPE retake_draining gauge", f"retake_draining {int(self.draining())}",
                   "# HELP retake_take_exports_total Take exports (alone or in a scene's export), by where the audio "

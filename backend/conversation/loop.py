@@ -154,6 +154,11 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         with self._condition:
             return len(self._talks)
 
+    def system_prompts(self) -> dict[str, int]:
+        """Conversations started by how their system prompt was: read, or copied (read before)."""
+        prompts = self.engine.read_prompts if self.engine is not None else None
+        return {} if prompts is None else {"read": prompts.misses, "copied": prompts.hits}
+
     @property
     def slots(self) -> int:
         assert self.engine is not None

@@ -9,6 +9,7 @@ import base64
 import contextlib
 import io
 import json
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -316,3 +317,27 @@ def test_a_voice_clip_becomes_the_agents_voice(talk_server: LiveServer) -> None:
             await socket.close()
 
     run(main())
+
+
+def prompts_started(metrics: str) -> dict[str, int]:
+    return {how: int(count) for how, count in
+            re.findall(r'^retake_conversation_prompts_total\{how="(\w+)"\} (\d+)$', metrics, re.M)}
+
+
+def test_a_persona_and_voice_read_before_are_copied_and_counted(talk_server: LiveServer) -> None:
+    persona = "You answer every question with a question."  # not read by any other test
+
+    async def main() -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        before = prompts_started((await fetch(f"{talk_server.http}/metrics")).decode())
+        counts = []
+        for _ in range(2):
+            socket, ready = await open_when_free(talk_server.converse, persona=persona)
+            assert ready["type"] == "converse.ready"
+            assert json.loads(await socket.recv()) == {"type": "converse.listening"}
+            counts.append(prompts_started((await fetch(f"{talk_server.http}/metrics")).decode()))
+            await socket.close()
+        return before, counts[0], counts[1]
+
+    before, first, second = run(main())
+    assert first["read"] == before.get("read", 0) + 1 and first.get("copied", 0) == before.get("copied", 0)
+    assert second["copied"] == first.get("copied", 0) + 1 and second["read"] == first["read"]
