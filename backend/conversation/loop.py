@@ -298,8 +298,13 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         with self._condition:
             if not talk.closed:
                 self._talks[talk.slot] = talk
+                # A prompt read before was copied in (read_prompts.py): it listens now, no tick needed. (The
+                # socket sends converse.ready before anything its sink queues: listening comes after it.)
+                talk.listening = not engine.prefilling(talk.slot)
         if talk.closed:  # the client left while its slot started
             engine.release(talk.slot)
+        elif talk.listening:
+            talk.post(talk.sink.listening)
         return None
 
 
