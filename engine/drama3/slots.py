@@ -17,7 +17,10 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   window (admission.py's playback limit); `prefill_rows` fixes the rows per step instead. With no take decoding, a
   step runs the whole prefill at once. Prompts waiting for their prefill go in start
   order; where groups are on (prefill_groups.py), the next chunks of several waiting
-  prompts run as one batched chunk first, counted in the budget as their longest chunk.
+  prompts run as one batched chunk first, counted in the budget as their longest chunk;
+  so do the warms' (prefill-only takes below) with what the takes leave: at 64 directors on
+  the H200 the next lines' warms were most of the prompt rows prefilled beside decoding
+  (6,900-9,461 per 10 s), each a chunk that read every expert alone.
 - `step` polls every decoding take's stop rules (cancel, deadline), runs one decode
   step for all slots at the KV bucket of the furthest take, reads the status of every
   slot in one host read (pinned, event polled: it never holds up the vocoder thread's
@@ -143,33 +146,23 @@ class Slots:
         # once for all of them), then the rest one by one.
         while group := self.group(ordered=decoding):
             took = True
-            self.pace.group(len(group))
-            chunk_rows = [end - start for start, end in (prefill.chunks[0] for _, prefill in group)]
-            # A group costs about what its longest chunk costs alone (on the H200 a chunk's cost
-            # hardly follows its rows: the weights are read once), so the budget counts that:
-            # counting every row would teach the admission a per-row cost a single chunk then
-            # overruns, stalling a playing take.
-            budget -= max(chunk_rows)
-            self.beside += sum(chunk_rows) if decoding else 0
-            try:
-                ended = self.decoder.prefill_group([prefill for _, prefill in group])
-            except Exception as exc:  # noqa: BLE001 - the group's takes fail, the others go on
-                for take, _ in group:
-                    self.end(take, "error", f"{type(exc).__name__}: {exc}")
-                continue
-            for (take, _), finished in zip(group, ended, strict=True):
-                if finished:
-                    del self.prefills[take]
-                    take.prefilled()
-                    if take.prefill_only:  # a warm that rode along: its snapshots are kept, the slot goes back
-                        self.end(take, "prefilled")
+            budget -= self.run_group(group, decoding)
             if decoding and budget <= 0:
                 return allowed - budget
         # Takes first (in start order), then prefill-only takes, which never delay a take: while
         # takes decode they get what is left of the step's budget; otherwise a step of their own.
+        warms_grouped = False
         for take, prefill in sorted(self.prefills.items(), key=lambda item: item[0].prefill_only):
             if take.prefill_only and took and not decoding:
                 break
+            if take.prefill_only and not warms_grouped:  # warms waiting together: in groups first
+                warms_grouped = True
+                while group := self.warm_group():
+                    budget -= self.run_group(group, decoding)
+                    if budget <= 0 or not decoding:  # (with nothing decoding: one group, a step of its own)
+                        return allowed - budget if decoding else 0
+            if take not in self.prefills:  # its last chunk ran in a group
+                continue
             took |= not take.prefill_only
             left = sum(end - start for start, end in prefill.chunks)
             rows = budget if decoding else step_rows if take.prefill_only else None
@@ -191,6 +184,36 @@ class Slots:
             if decoding and budget <= 0:
                 break
         return allowed - budget if decoding else 0
+
+    def run_group(self, group: list[tuple[Take, Prefill]], decoding: bool) -> int:
+        """The next chunk of each prompt in `group` as one batched chunk; the rows it costs the
+        step's budget. A group costs about what its longest chunk costs alone (on the H200 a
+        chunk's cost hardly follows its rows: the weights are read once), so that is what it
+        counts: counting every row would teach the admission a per-row cost a single chunk then
+        overruns, stalling a playing take."""
+        self.pace.group(len(group))
+        chunk_rows = [end - start for start, end in (prefill.chunks[0] for _, prefill in group)]
+        self.beside += sum(chunk_rows) if decoding else 0
+        try:
+            ended = self.decoder.prefill_group([prefill for _, prefill in group])
+        except Exception as exc:  # noqa: BLE001 - the group's takes fail, the others go on
+            for take, _ in group:
+                self.end(take, "error", f"{type(exc).__name__}: {exc}")
+            return max(chunk_rows)
+        for (take, _), finished in zip(group, ended, strict=True):
+            if finished:
+                del self.prefills[take]
+                take.prefilled()
+                if take.prefill_only:  # a warm: its snapshots are kept, the slot goes back
+                    self.end(take, "prefilled")
+        return max(chunk_rows)
+
+    def warm_group(self) -> list[tuple[Take, Prefill]]:
+        """Warms (prefill-only takes) whose next chunks run together, in start order; [] when
+        fewer than two fit one group (prefill_groups.py `pick`)."""
+        warms = [(take, prefill) for take, prefill in self.prefills.items() if take.prefill_only]
+        picked = self.decoder.groups.pick([prefill for _, prefill in warms])
+        return [(take, prefill) for take, prefill in warms if any(prefill is p for p in picked)]
 
     def group(self, ordered: bool) -> list[tuple[Take, Prefill]]:
         """The waiting prompts whose next chunks run together next (prefill_groups.py `pick`),

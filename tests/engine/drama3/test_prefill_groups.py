@@ -190,3 +190,24 @@ def test_which_chunks_join_a_group(grouped):
         assert groups.pick([waiting(0, 10)] * 2) == []  # groups off
     finally:
         groups.most = most
+
+
+@torch.inference_mode()
+def test_warms_waiting_together_prefill_in_a_group(grouped, monkeypatch):
+    """The next lines' warms (prefill-only takes) waiting at once run their chunks as one group,
+    as takes do, and end "prefilled" with their snapshots kept: each next line restores its prefix."""
+    decoder, table = grouped.decoder, grouped.slot_table
+    decoder.prefix.clear()
+    counted = Counted(decoder)
+    monkeypatch.setattr(decoder, "prefill_group", counted)
+    lines = [grouped.prompt(f"Next line {i}.", None, history(i + 1), Sampling(max_new_tokens=4, seed=i))
+             for i in range(3)]
+    warms = [grouped.warm(line, line=False) for line in lines]
+    assert all(warm is not None and warm.prefill_only for warm in warms)
+    while any(not warm.done for warm in warms):  # type: ignore[union-attr]
+        table.step()
+    assert counted.sizes and counted.sizes[0] == 3  # the three warms' first chunks: one group
+    assert all(warm.finish == "prefilled" for warm in warms) and table.free_slots == 4  # type: ignore[union-attr]
+    for line in lines:
+        done = list(grouped.generate(line))[-1]
+        assert isinstance(done, Done) and done.error is None and done.timings["cached_rows"] == max(line.boundaries)
