@@ -23,6 +23,11 @@ Design choices:
   before (the same persona and voice) is copied in instead (read_prompts.py): the
   conversation listens at once.
 - `open` reads one system prompt into every slot, OPEN_ROWS slots at a time, with no tick.
+- `step(pcm, hearing)` moves on the live slots in `hearing` only (default: all): the others
+  keep their place (the lockstep's `active` rows, and Mimi's streams held on the same mask,
+  ticks.py), so a server can tick as frames arrive and hear whoever has one
+  (backend/conversation/loop.py). A slot whose prompt is read in a tick is live from that
+  tick on; with `hearing` it moves when it is heard.
 - Sampling settings and seeds are per slot (sampling.py): counter-based draws, so a seeded
   conversation is reproducible whatever shares the batch.
 - Text pieces: EPAD (0) and PAD (3) are hidden (PP-server), and so are SentencePiece's
