@@ -54,6 +54,7 @@ Design choices:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -178,17 +179,26 @@ def decode_window(codec: Codec, codes: torch.Tensor, window: Window,
 
 
 def decode_windows(codec: Codec, windows: list[tuple[torch.Tensor, Window]],
-                   graphs: WindowGraphs | None = None) -> list[NDArray[np.int16]]:
+                   graphs: WindowGraphs | None = None,
+                   ready: Callable[[int, NDArray[np.int16]], None] | None = None) -> list[NDArray[np.int16]]:
     """Each window's new samples (numpy int16, on the host), in the order given; each window
     with its take's codes [num_codebooks, >= window.end]. The windows of one graph length
     decode together, `rows` to a call, shortest length first (a take's first windows are
-    short: they do not wait behind long ones); the others eagerly, one by one."""
+    short: they do not wait behind long ones); the others eagerly, one by one. `ready(index,
+    pcm)` is called as each window's samples exist, before the next call runs: a vocoder
+    hands a window out then, not after every window of its drain."""
     out: list[NDArray[np.int16] | None] = [None] * len(windows)
+
+    def put(index: int, pcm: NDArray[np.int16]) -> None:
+        out[index] = pcm
+        if ready is not None:
+            ready(index, pcm)
+
     groups: dict[int, list[int]] = {}  # graph length -> indices of its windows
     for index, (codes, window) in enumerate(windows):
         length = graphs.length_for(window) if graphs is not None else None
         if length is None:
-            out[index] = to_host(window_pcm(codec, codes, window)).numpy()
+            put(index, to_host(window_pcm(codec, codes, window)).numpy())
         else:
             groups.setdefault(length, []).append(index)
     for length, indices in sorted(groups.items()):
@@ -196,7 +206,7 @@ def decode_windows(codec: Codec, windows: list[tuple[torch.Tensor, Window]],
         rows = graphs.rows(length)
         for chunk in (indices[i:i + rows] for i in range(0, len(indices), rows)):
             for index, pcm in zip(chunk, graphs.pcm_batch([windows[i] for i in chunk])):
-                out[index] = pcm
+                put(index, pcm)
     return [pcm for pcm in out if pcm is not None]
 
 

@@ -12,7 +12,9 @@ Design choices:
   take's first window waits at most for the call in progress, never for a batch to fill.
   At 64 takes many long windows come due while a call runs, so the calls fill up by
   themselves.
-- Each window has its own future; a take hands out its windows in its own order
+- Each window has its own future, set as soon as its codec call is done (not after every
+  window of the drain: at 64 takes a drain held tens of windows, and a take's first window,
+  decoded first, waited for all of them); a take hands out its windows in its own order
   (take.py's `Windows`), so order per take holds whatever order a drain decodes in.
 - A drain that fails is retried window by window, so only the takes whose window fails
   get the error (take.py ends them); the others' windows stand.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 
 import numpy as np
@@ -46,18 +49,20 @@ Job = tuple[NDArray[np.int64], Window, "Future[NDArray[np.int16]]", float]
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def vocode(codec: Codec, graphs: WindowGraphs | None,
-           windows: list[tuple[NDArray[np.int64], Window]]) -> list[NDArray[np.int16]]:
-    """Each window's PCM16 from its take's frames [num_codebooks, >= end] on the host, in order."""
+def vocode(codec: Codec, graphs: WindowGraphs | None, windows: list[tuple[NDArray[np.int64], Window]],
+           ready: Callable[[int, NDArray[np.int16]], None] | None = None) -> list[NDArray[np.int16]]:
+    """Each window's PCM16 from its take's frames [num_codebooks, >= end] on the host, in order;
+    `ready(index, pcm)` as each is decoded (codec_graphs.py `decode_windows`)."""
     with torch.inference_mode():  # on the worker thread too: the graphs' buffers may be inference tensors
         if codec.device.type != "cuda":
-            return decode_windows(codec, [(torch.from_numpy(frames), window) for frames, window in windows], graphs)
+            return decode_windows(codec, [(torch.from_numpy(frames), window) for frames, window in windows], graphs,
+                                  ready)
         stream = _side_streams.get(codec.device)
         if stream is None:  # (setdefault would make a stream on every call to keep the first)
             stream = _side_streams[codec.device] = torch.cuda.Stream(device=codec.device)
         with torch.cuda.stream(stream):
             on_device = [(to_device(frames, codec.device), window) for frames, window in windows]
-            return decode_windows(codec, on_device, graphs)
+            return decode_windows(codec, on_device, graphs, ready)
 
 
 class Vocoder:
@@ -110,17 +115,19 @@ class Vocoder:
         self.windows += len(jobs)
         if self.pace is not None:
             self.pace.call()
-        try:
-            pcms = vocode(self.codec, self.graphs, [(frames, window) for frames, window, _, _ in jobs])
-        except Exception as exc:  # noqa: BLE001 - find the windows that fail; the others stand
-            if len(jobs) == 1:
-                jobs[0][2].set_exception(exc)
-                return
-            for job in jobs:
-                self.decode([job])
-            return
-        done = time.perf_counter()
-        for (_, _, future, submitted), pcm in zip(jobs, pcms):
+
+        def ready(index: int, pcm: NDArray[np.int16]) -> None:  # each window handed out as it is decoded
+            _, _, future, submitted = jobs[index]
             future.set_result(pcm)
             if self.pace is not None:
-                self.pace.window(done - submitted)
+                self.pace.window(time.perf_counter() - submitted)
+
+        try:
+            vocode(self.codec, self.graphs, [(frames, window) for frames, window, _, _ in jobs], ready)
+        except Exception as exc:  # noqa: BLE001 - find the windows that fail; the others stand
+            left = [job for job in jobs if not job[2].done()]  # (those decoded before the failure are out)
+            if len(left) == 1:
+                left[0][2].set_exception(exc)
+                return
+            for job in left:
+                self.decode([job])

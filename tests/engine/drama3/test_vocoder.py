@@ -108,6 +108,31 @@ def test_the_queue_drains_every_due_window_in_one_go(codec, graphs) -> None:
     executor.shutdown()
 
 
+def test_a_drain_hands_each_window_out_as_it_is_decoded(codec, graphs, monkeypatch) -> None:
+    """A take's first window (decoded first: the shortest length) is handed out when its call is
+    done, not after every window of the drain: at 64 takes a drain held tens of windows."""
+    calls: list[int] = []
+    batch = graphs.pcm_batch
+    monkeypatch.setattr(graphs, "pcm_batch", lambda windows: calls.append(len(windows)) or batch(windows))
+    executor = ThreadPoolExecutor(max_workers=1)
+    vocoder = Vocoder(codec, graphs, executor)
+    release = threading.Event()
+    executor.submit(release.wait)  # the worker is busy: every window below is in one drain
+    takes = [random_codes(codec, 40, seed=40 + k).numpy() for k in range(3)]
+    jobs = [(codes[:, :window.end].copy(), window)
+            for window in take_windows(40, STREAM_OVERLAP_FRAMES, FIRST_WINDOW) for codes in takes]
+    handed: list[int] = []  # the codec calls done when each window's future was set
+    futures = [vocoder.submit(frames, window) for frames, window in jobs]
+    for future in futures:
+        future.add_done_callback(lambda _: handed.append(len(calls)))
+    release.set()
+    for future in futures:
+        future.result(timeout=600)
+    executor.shutdown()
+    assert vocoder.calls == 1 and len(calls) > 2  # one drain, several codec calls
+    assert min(handed) == 1 < len(calls) == max(handed)  # the first windows out after the first call
+
+
 def test_takes_in_flight_together_get_their_pcm_alone(engine, codec, graphs) -> None:
     """Three takes decoding together, their windows vocoded on one worker thread in batches:
     each take's windows come in order and its PCM equals the take alone, and the export."""
