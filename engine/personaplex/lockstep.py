@@ -90,13 +90,26 @@ class Lockstep:
 
     def tick(self, user: torch.Tensor, n: int) -> None:
         """One tick of the first n slots from the user's codes [n, codebooks] (device only, capturable)."""
+        self.settle(user, self.think(n), n)
+
+    def think(self, n: int) -> torch.Tensor:
+        """A tick's model step, which needs none of this tick's user codes: they go to column L + delay
+        (staging.py), the model reads column L - 1, and the target column's user rows are provided,
+        so no sample of them is kept. So Mimi can encode the user's frame meanwhile (ticks.py). The
+        samples [n, K] (their user rows unused)."""
+        ring, provided, local, active = self.ring[:n], self.provided[:n], self.local[:n], self.active[:n]
+        staging.gate(ring, provided, local, self.delays, self.initial, active)  # (again in settle, after the write)
+        inputs, goal, goal_provided = staging.read(ring, provided, local)
+        return self._model(inputs, goal, goal_provided, local, n)
+
+    def settle(self, user: torch.Tensor, sampled: torch.Tensor, n: int) -> None:
+        """The rest of the tick, in staging.py's order: the user's codes [n, codebooks] written, the
+        warm-up gated, the samples committed, the frame out."""
         cfg = self.cfg
         ring, provided, local, active = self.ring[:n], self.provided[:n], self.local[:n], self.active[:n]
         values = torch.cat([self.initial[None, :1 + cfg.codebooks].expand(n, -1), user], dim=1)  # [n, K]
         staging.write(ring, provided, local, self.delays, values, self.user_rows[None] & active[:, None])
         staging.gate(ring, provided, local, self.delays, self.initial, active)
-        inputs, goal, goal_provided = staging.read(ring, provided, local)
-        sampled = self._model(inputs, goal, goal_provided, local, n)
         staging.commit(ring, provided, local, sampled, active)
         self.tokens[:n] = staging.frame(ring, local, self.delays, cfg.max_delay)
 
