@@ -13,6 +13,10 @@ A tick of slot b at its local step L (staging.py has the token bookkeeping):
 3. the samples go to the ring; the de-delayed frame of the step goes to `tokens`.
 
 Design choices:
+- A tick is `think` (gate, read, the model) then `settle` (the user's codes written, the
+  warm-up gated again, commit, frame): the model reads column L - 1 and no sample of the
+  user rows is kept, so it needs none of this tick's user codes and Mimi can encode them
+  meanwhile (ticks.py); the ring ends as staging.py's order leaves it.
 - A tick is a function of static device buffers only (the ring, the steps, `active`, the
   sampling rows, the user codes): no host value, no branch on a phase, no host sync, so
   the engine captures the whole tick (with Mimi) as one CUDA graph per batch bucket.
