@@ -18,10 +18,10 @@ Design choices:
 - Held rows: inside `holding(advancing)` every module of the tree reads one static mask
   (bool [B], rewritten by the caller between calls, read inside captured graphs), and a
   call moves on the state of the marked rows only (`kept`); the others compute, their
-  output is thrown away and their streams stay as they were. Outside it every row moves. So a batched tick can carry
-  only the conversations that have a frame (backend/conversation/loop.py). A ring written
-  at a held row's next positions needs nothing: the row's real call writes the same
-  positions before anything reads them.
+  output is thrown away and their streams stay as they were. Outside it every row moves.
+  So a batched tick can carry only the conversations that have a frame
+  (backend/conversation/loop.py). A ring written at a held row's next positions needs
+  nothing: the row's real call writes the same positions before anything reads them.
 """
 
 from __future__ import annotations
