@@ -27,7 +27,8 @@ Design choices:
   keep their place (the lockstep's `active` rows, and Mimi's streams held on the same mask,
   ticks.py), so a server can tick as frames arrive and hear whoever has one
   (backend/conversation/loop.py). A slot whose prompt is read in a tick is live from that
-  tick on; with `hearing` it moves when it is heard.
+  tick on; with `hearing` it moves when it is heard. A tick that moves nobody (a system
+  prompt's chunk while nobody has audio) runs no model: it would change no state.
 - Sampling settings and seeds are per slot (sampling.py): counter-based draws, so a seeded
   conversation is reproducible whatever shares the batch.
 - Text pieces: EPAD (0) and PAD (3) are hidden (PP-server), and so are SentencePiece's
@@ -368,6 +369,9 @@ class PersonaPlex:
             prompt_ms = (time.perf_counter() - started) * 1000
         n = self.bucket
         moving = sorted(self.live if hearing is None else self.live.intersection(hearing))
+        if not moving:  # nobody moves on: the tick would change no state, so it does not run (a prompt chunk alone)
+            self.timings = {"prompt_ms": prompt_ms, "bucket": 0.0, "tick_ms": (time.perf_counter() - started) * 1000}
+            return [None] * self.slots
         self.moving[:] = False
         self.moving[moving] = True
         self.lockstep.active.copy_(self.moving_host, non_blocking=True)  # the rows this tick moves on

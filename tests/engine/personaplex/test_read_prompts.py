@@ -82,3 +82,21 @@ def wav_bytes(pcm: np.ndarray, rate: int) -> bytes:
     out = io.BytesIO()
     soundfile.write(out, pcm.astype(np.float32), rate, format="WAV", subtype="FLOAT")
     return out.getvalue()
+
+
+@torch.no_grad()
+def test_a_tick_that_moves_nobody_runs_only_the_prompt_chunk(personaplex_checkpoint: Path, monkeypatch):
+    """While a system prompt is read and nobody is heard, a tick reads its chunk and runs no model
+    (it would change no state): the conversation afterwards is the same (the first test above)."""
+    served = engine(personaplex_checkpoint)
+    ran: list[int] = []
+    run = served.ticks.run
+    monkeypatch.setattr(served.ticks, "run", lambda *args: ran.append(args[1]) or run(*args))
+    served.start(0, PERSONA + " Alone.", "NATF2")
+    chunks = 0
+    while served.prefilling(0):
+        assert served.step(np.zeros((2, 1920), np.float32), set()) == [None, None]
+        chunks += 1
+    assert chunks >= 1 and ran == [] and served.timings["bucket"] == 0
+    out = served.step(np.zeros((2, 1920), np.float32), {0})
+    assert out[0] is not None and ran == [1]  # heard: a tick of the smallest bucket holding slot 0
