@@ -21,7 +21,9 @@ Design choices:
 - On CUDA a drain's copies and codec calls run on a side stream of the vocoder's own, so
   they overlap the decode steps on the default stream (the seed's vocoder stream)
   instead of queueing behind them; both copies are pinned and non-blocking
-  (engine/readback.py).
+  (engine/readback.py). The stream has high priority: when a window's kernels and a step's
+  wait for an SM together, the window's go first (a take's first window is decoded while
+  the step's backbone half runs, decoder.py; a director hears it that much sooner).
 - Without an executor (a bench, a test) `submit` decodes at once, alone: the same graph
   and row count as in a batch (codec_graphs.py), so the same samples.
 """
@@ -59,7 +61,8 @@ def vocode(codec: Codec, graphs: WindowGraphs | None, windows: list[tuple[NDArra
                                   ready)
         stream = _side_streams.get(codec.device)
         if stream is None:  # (setdefault would make a stream on every call to keep the first)
-            stream = _side_streams[codec.device] = torch.cuda.Stream(device=codec.device)
+            # High priority: its kernels go before the decode step's when both wait for an SM.
+            stream = _side_streams[codec.device] = torch.cuda.Stream(device=codec.device, priority=-1)
         with torch.cuda.stream(stream):
             on_device = [(to_device(frames, codec.device), window) for frames, window in windows]
             return decode_windows(codec, on_device, graphs, ready)
