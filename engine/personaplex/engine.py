@@ -70,6 +70,7 @@ from engine.personaplex.compiled_mimi import CompiledMimiLayer
 from engine.personaplex.config import EPAD_TOKEN, PAD_TOKEN, PersonaPlexConfig
 from engine.personaplex.depformer import Depformer
 from engine.personaplex.lockstep import Lockstep
+from engine.personaplex.memory import check_memory, stream_bytes
 from engine.personaplex.mimi import LayerFn, Mimi, run_layer
 from engine.personaplex.prompt import (
     SYSTEM_TAG,
@@ -85,7 +86,6 @@ from engine.personaplex.prompt import (
 from engine.personaplex.read_prompts import ReadPrompts
 from engine.personaplex.ring import FP8
 from engine.personaplex.sampling import Sampling
-from engine.personaplex.streaming import StreamingModule
 from engine.personaplex.temporal import Temporal
 from engine.personaplex.ticks import Ticks
 from engine.personaplex.tiny import demo_checkpoint
@@ -424,43 +424,6 @@ class PersonaPlex:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def stream_bytes(module: torch.nn.Module) -> float:
-    """Bytes of per-slot streaming state in `module`'s tree, per slot."""
-    total, slots = 0, 1
-    for child in module.modules():
-        if isinstance(child, StreamingModule):
-            for name in child._non_persistent_buffers_set:
-                buffer = getattr(child, name)
-                if buffer.dim():
-                    total, slots = total + buffer.nbytes, max(slots, buffer.shape[0])
-    return total / slots
-
-
-def slot_bytes(cfg: PersonaPlexConfig, temporal: Temporal) -> int:
-    """Bytes of state one slot needs: Helium's key/value rings (as configured) and Mimi's streams."""
-    lm, mimi = cfg.lm, cfg.mimi
-    ring = temporal.rings()[0]
-    dtype = ring.kv_dtype or ring.in_proj_weight.dtype
-    kv = lm.num_layers * 2 * lm.context * lm.dim * dtype.itemsize
-    if dtype == FP8:
-        kv += lm.num_layers * 2 * lm.context * lm.num_heads * 4  # float32 scales
-    codec = 2 * mimi.num_layers * 2 * mimi.context * mimi.d_model * 4  # encoder and decoder rings, float32
-    return kv + codec
-
-
-def check_memory(cfg: PersonaPlexConfig, temporal: Temporal, slots: int, device: torch.device) -> None:
-    """On a GPU: the slots' state must fit in free memory (with 10% for activations and graphs), or a
-    RequestError says how many slots fit, rather than an out-of-memory error mid-setup."""
-    if device.type != "cuda":
-        return
-    free, _ = torch.cuda.mem_get_info(device)
-    per_slot = slot_bytes(cfg, temporal)
-    if slots * per_slot * 1.1 > free:
-        raise RequestError(f"{slots} PersonaPlex slots need {slots * per_slot / 2**30:.1f} GiB of state "
-                           f"({per_slot / 2**30:.2f} GiB each), but {free / 2**30:.1f} GiB of the GPU are free: "
-                           f"use at most {int(free / 1.1 // per_slot)} slots")
 
 
 def check_slots(slots: int) -> None:

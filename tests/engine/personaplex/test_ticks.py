@@ -14,6 +14,7 @@ import torch
 
 from engine.personaplex import engine as engine_module
 from engine.personaplex.engine import Frame, PersonaPlex
+from engine.personaplex.memory import slot_bytes
 from engine.personaplex.ring import FP8
 from engine.personaplex.sampling import Sampling
 
@@ -113,7 +114,7 @@ def test_a_float8_ring_takes_a_byte_a_number_and_follows_the_full_precision_one(
         engine_module.configure_rings(temporal, kv, False, engine.device)
         temporal.setup_streams(2)
         runs.append(torch.cat([temporal(x[:, t:t + 1], torch.full((2, 1), t))[0] for t in range(x.shape[1])], 1))
-        memory.append(engine_module.slot_bytes(engine.cfg, temporal))
+        memory.append(slot_bytes(engine.cfg, temporal))
         assert temporal.transformer.layers[0].self_attn.keys.dtype == (FP8 if kv == "float8" else torch.float32)
     vectors = cfg.num_layers * 2 * cfg.context * cfg.num_heads  # key and value vectors per slot
     head = cfg.dim // cfg.num_heads
