@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 from live_server import LiveServer, run
-from test_conversation import open_when_free, user_audio
+from test_conversation import open_when_free, user_audio, wait_until_idle
 
 from backend.conversation.loop import Conversation, tick_due
 from backend.transport import unpack_audio_frame
@@ -102,10 +102,10 @@ def test_two_conversations_heard_apart_answer_as_each_alone(talk_server: LiveSer
             await socket.close()
         return frames
 
-    async def both() -> tuple[list[list[bytes]], list[list[bytes]]]:
-        return await conversation_pair(True), await conversation_pair(False)
-
-    apart, together = run(both())
+    wait_until_idle(talk_server)  # both slots free: each pair takes slots 0 and 1, in order (the same rows)
+    apart = run(conversation_pair(True))
+    wait_until_idle(talk_server)
+    together = run(conversation_pair(False))
     for index in (0, 1):
         np.testing.assert_allclose(np.frombuffer(b"".join(apart[index]), "<i2").astype(np.int32),
                                    np.frombuffer(b"".join(together[index]), "<i2").astype(np.int32), atol=1)
