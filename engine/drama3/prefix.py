@@ -92,6 +92,7 @@ from engine.drama3.deltanet import GatedDeltaNet
 from engine.drama3.layers import KVCache
 from engine.drama3.model import Drama3Model
 from engine.drama3.prompt import Prompt
+from engine.readback import pinned_like
 
 log = logging.getLogger("retake.engine")
 
@@ -219,9 +220,8 @@ class PrefixCache:
     def plan(self, prompt: Prompt) -> Plan:
         """The prompt's snapshot points and keys, and its longest resumable prefix in the
         cache (touched)."""
-        rows = prompt.rows.contiguous()
-        count = len(rows)
-        data = rows.numpy().tobytes()
+        count = len(prompt.rows)
+        data = prompt.rows.contiguous().numpy().tobytes()
         row = len(data) // max(1, count)
         digest = hashlib.sha256()
         points: dict[int, bytes] = {}
@@ -445,7 +445,6 @@ class PrefixCache:
         self.counters.snapshots = self.counters.device_bytes = self.counters.host_bytes = 0
 
 
-def to_pinned(tensor: torch.Tensor) -> torch.Tensor:
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    return host.copy_(tensor, non_blocking=True)
+def to_pinned(tensor: torch.Tensor) -> torch.Tensor:  # (spills run on CUDA only: pinned_like pins there)
+    return pinned_like(tensor).copy_(tensor, non_blocking=True)
 
