@@ -96,11 +96,12 @@ def measure(engine: Drama3Engine, text: str, turns: list[HistoryTurn], seed: int
         raise SystemExit(f"retake bench retake: a take failed: {done.error}")
     timings = done.timings
     return {"prompt_rows": len(prompt.rows), "cached_rows": timings.get("cached_rows", 0),
-            "prefill_ms": timings["prefill_ms"], "first_audio_ms": timings["first_audio_ms"], "codes": done.codes}
+            "prefill_chunks": timings.get("prefill_chunks", 0), "prefill_ms": timings["prefill_ms"],
+            "first_audio_ms": timings["first_audio_ms"], "codes": done.codes}
 
 
 def median_row(samples: list[Row], **fields: Any) -> Row:
-    row = {**fields, "prompt_rows": samples[-1]["prompt_rows"], "cached_rows": samples[-1]["cached_rows"]}
+    row = {**fields, **{key: samples[-1][key] for key in ("prompt_rows", "cached_rows", "prefill_chunks")}}
     for key in ("prefill_ms", "first_audio_ms"):
         values = [s[key] for s in samples if s[key] is not None]
         row[key] = round(statistics.median(values), 1) if values else None

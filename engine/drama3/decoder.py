@@ -59,8 +59,8 @@ Design choices:
   graphs, or with `group`).
 - With a prefix cache (`decoder.prefix`, prefix.py), a prefill first restores the slot's
   state at the longest prefix of the prompt an earlier prefill left a snapshot of, runs
-  only the rows after it, and leaves snapshots at the prompt's boundaries as its chunks
-  pass them; a whole-prompt hit runs no chunk at all.
+  only the rows after it, and leaves snapshots at the prompt's cuts (prefix.py `cuts`) as
+  its chunks pass them; a whole-prompt hit runs no chunk at all.
 - A take starts in a clean slot: its KV rows past the restored prefix are zeroed (a few
   memsets). Attention masks the rows past a query's position, but a masked row still
   enters the weighted sum with weight 0, and 0 * NaN is NaN: without it, one take that
@@ -84,7 +84,7 @@ from engine.drama3.fast import caches_symbolic
 from engine.drama3.finite import CHECK_FINITE, FiniteChecks
 from engine.drama3.layers import KVCache
 from engine.drama3.model import Drama3Model
-from engine.drama3.prefill import ChunkedPrefill, Prefill
+from engine.drama3.prefill import ChunkedPrefill, Prefill, cuts
 from engine.drama3.prefill_groups import PREFILL_GROUP, PrefillGroups
 from engine.drama3.prefix import Plan, PrefixCache
 from engine.drama3.prompt import Prompt
@@ -174,7 +174,7 @@ class Decoder:
     @torch.inference_mode()
     def begin_prefill(self, prompt: Prompt, slot: int, stop: int | None = None) -> Prefill:
         """A prefill of `prompt` into `slot` (inactive until its last chunk has run); with `stop`
-        (one of the prompt's boundaries, or its end), only the chunks up to that row: a prefill
+        (one of the prompt's cuts, such as its last boundary, or its end), only the chunks up to that row: a prefill
         for the prefix cache's snapshots alone (`Slots.start`'s prefill-only takes), whose slot
         is released after."""
         rows = to_device(prompt.rows, self.device)  # [R, 11]
@@ -185,14 +185,14 @@ class Decoder:
         self.release(slot)
         if self.prefix is None:
             prefill = self.chunked.begin(rows, slot)
-        else:  # resume after the longest prefix in the cache; chunks cut at the prompt's boundaries
+        else:  # resume after the longest prefix in the cache; chunks cut where snapshots are kept
             plan = self.plans[slot] = self.plan(prompt)
             start, hidden = self.prefix.restore(plan, slot)
-            prefill = self.chunked.begin(rows, slot, start, prompt.boundaries)
+            prefill = self.chunked.begin(rows, slot, start, cuts(prompt))
             prefill.hidden, prefill.cached = hidden, start
         if stop is not None:
-            if self.prefix is None or stop not in (*prompt.boundaries, count):
-                raise ValueError(f"a prefill stops at one of the prompt's boundaries {prompt.boundaries} or at its "
+            if self.prefix is None or stop not in (*cuts(prompt), count):
+                raise ValueError(f"a prefill stops at one of the prompt's cuts {cuts(prompt)} or at its "
                                  f"end ({count}), with a prefix cache; got {stop}")
             prefill.chunks = collections.deque(chunk for chunk in prefill.chunks if chunk[1] <= stop)
             prefill.prefill_only = True

@@ -38,7 +38,7 @@ Design choices:
 - The slot's DeltaNet state starts from zero when the first chunk starts at position 0,
   and carries on from the slot's state otherwise (`start` > 0: a prefix already in it,
   restored by the prefix cache).
-- Chunks never span a cut (the prompt's boundaries: prefix.py), and the chunks between
+- Chunks never span a cut (`cuts`: where the prefix cache may snapshot), and the chunks between
   two cuts are laid out from the earlier one. The chunked DeltaNet rule and a GEMM's
   blocking depend on where a call starts and how many rows it has, so a float32 state is
   bit for bit reproducible only if the same rows go through the same calls: with
@@ -60,12 +60,30 @@ from dataclasses import dataclass
 import torch
 
 from engine.drama3.model import Drama3Model
+from engine.drama3.prompt import Prompt
 from engine.graphs import StepGraphs, shared_pool
 from engine.readback import to_device
 
 EAGER_CHUNK_ROWS = 512  # without graphs
 GRAPH_CHUNK_ROWS = tuple(512 >> i for i in range(10))  # 512, 256, ..., 1: a graph each
 PREFILL_KV_ROWS = (1024, 4096)  # KV buckets of graphed chunks, then the whole cache
+
+
+GRID = max(GRAPH_CHUNK_ROWS)  # rows between the cuts before the last boundary's cell: one whole chunk
+
+
+def cuts(prompt: Prompt) -> tuple[int, ...]:
+    """Where the prompt's prefill cuts its chunks and the cache may keep a snapshot: every GRID
+    rows up to the GRID-row cell that holds the prompt's last boundary (the end of its
+    history), then each boundary from that cell on. A prompt shorter than GRID rows: each
+    boundary. The cuts up to a row depend only on the boundaries up to it and on which cell
+    the last one is in, so two prompts agree on them up to a shared snapshot point."""
+    count = len(prompt.rows)
+    inner = [b for b in prompt.boundaries if 0 < b < count]
+    if not inner:
+        return ()
+    cell = max(inner) // GRID * GRID
+    return tuple(sorted({*range(GRID, cell + 1, GRID), *(b for b in inner if b >= cell)}))
 
 
 def padded_chunks(start: int, end: int, limit: int,

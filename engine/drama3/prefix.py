@@ -1,67 +1,67 @@
-"""The prefix cache: snapshots of a slot's model state at a prompt's boundaries, so a take
+"""The prefix cache: snapshots of a slot's model state at a prompt's cuts, so a take
 prefills only the rows after the longest prefix an earlier take already computed.
 
     cache = PrefixCache(model, budget_bytes, host_bytes=0)   # the Decoder holds it (decoder.prefix)
-    plan = cache.plan(prompt)                    # the keys of the prompt's boundaries, the longest hit
+    plan = cache.plan(prompt)                    # the keys of the prompt's cuts, the longest hit
     start, hidden = cache.restore(plan, slot)    # the hit's state into the slot: prefill rows [start, R)
-    cache.record(plan, slot, end, hidden)        # after each prefill chunk: a snapshot if it ends a boundary
+    cache.record(plan, slot, end, hidden)        # after each prefill chunk: a snapshot if it ends at a cut
     cache.kept(plan, slot)                       # rows of the plan's prefix the slot holds already
     cache.decoding(slot, row)                    # the slot's take decodes from `row`: its rows in place end there
     cache.stats()                                # hits, misses, rows saved, bytes held
 
-Directing retakes one line over and over, and moves on line by line: every prompt of a
-scene is the system message (with the voice references), the kept takes of the lines above
-(history turns), then the line. A retake of a line shares the whole prompt with the take
-before; the next line after a keep shares everything up to the end of the history that the
-previous line had.
+Directing retakes one line over and over, and moves on line by line: every prompt of a scene
+is the system message (with the voice references), the kept takes of the lines above (history
+turns), then the line. A retake shares the whole prompt with the take before; the next line
+after a keep shares everything up to the end of the previous line's history.
 
 Design choices:
-- Snapshot points are the prompt's boundaries (prompt.py): the end of the system message,
-  the end of each history turn, and the end of the whole prompt. Those are where two
-  prompts of a scene part: a take kept, dropped, reordered or edited changes the turns from
-  its own on, a new voice the system message, a new line only its own rows. Points inside
-  a turn would save a few rows at the price of a DeltaNet state each (62 MiB at the full
-  size) and of more, smaller prefill chunks.
+- Snapshot points are the prompt's cuts (prefill.py `cuts`): its end, and its boundaries
+  (prompt.py: the ends of the system message and of each turn, where prompts of a scene
+  part: a take kept, dropped, reordered or edited changes the turns from its own on, a new
+  voice the system message, a new line its own rows) in the 512-row cell of the last one;
+  before that cell, every 512 rows. No chunk spans a cut, and on the H200 a chunk costs
+  about the same whatever its rows (64 rows ~29 ms, 512 ~47 ms), so a cold 4,260-row prompt
+  cut at its 20 turns took 843.6 ms, in 512-row chunks 425.6 (docs/perf.md). The price: a
+  prompt that parts from an earlier one in an earlier cell (an old turn edited, a next
+  line whose history ends in the next cell) resumes up to 511 rows early.
 - A snapshot holds what a prefill leaves in the slot: every attention cache's rows (the
   backbone's full-attention layers and the 13 tower layers) and every Gated DeltaNet
   layer's recurrent and short-convolution states after its last row; a whole-prompt
   snapshot also the last row's final hidden state, which the first decode step reads.
-- Why it is exact. (1) The key of a snapshot at boundary b hashes rows [0, b] and every
-  boundary up to b, so same key means same inputs. It includes row b, one past the
+- Why it is exact. (1) The key of a snapshot at cut b hashes rows [0, b] and every cut up
+  to b, so same key means same inputs and the same chunks. It includes row b, one past the
   prefix, because the tower's caches are teacher-forced: row b - 1's tower entries are
   computed with row b as their label. (The row after a system message or a turn is the
   `<|im_start|>` of the next turn or line, so prompts of a scene share it.) A whole-prompt
   snapshot hashes rows [0, R) and an end mark: its tower row R - 1 holds the placeholder
   label that the first decode step overwrites in every tower layer before it is read, as
-  after a fresh prefill. (2) Prefill never lets a chunk span a boundary, and lays out the
-  chunks between two boundaries from the earlier one (prefill.py `begin` with `cuts`):
-  the chunked DeltaNet rule and GEMM blocking round differently for different row splits,
-  so a resumed prefill runs exactly the calls a prefill from row 0 runs after that
-  boundary, and the state a snapshot holds is the state that prefill had there. In float32
-  on a CPU the take is the same bit for bit; on the GPU too, as far as its kernels are
-  deterministic (within the fast path's tolerance in any case). (3) The decoder zeroes the
-  slot's rows past the restored prefix (decoder.py: a masked row still enters attention's
-  sum with weight 0, and 0 * NaN is NaN), so what an earlier take left there is never read.
-  Sampling settings and seeds are not part of the prefill: the decoder seeds the take's
-  generator after a hit as after a prefill.
+  after a fresh prefill. (2) No chunk spans a cut, and the chunks between two cuts are laid
+  out from the earlier one (prefill.py `begin`): the chunked DeltaNet rule and GEMM
+  blocking round differently for different row splits, so a resumed prefill runs exactly
+  the calls a prefill from row 0 runs after that cut, and a snapshot holds the state that
+  prefill had there. In float32 on a CPU the take is the same bit for bit; on the GPU too,
+  as far as its kernels are deterministic (within the fast path's tolerance in any case).
+  (3) The decoder zeroes the slot's rows past the restored prefix (decoder.py: a masked
+  row still enters attention's sum with weight 0, and 0 * NaN is NaN), so what an earlier
+  take left there is never read. Sampling settings and seeds are not part of the prefill:
+  the decoder seeds the take's generator after a hit as after a prefill.
 - A tree of snapshots (sglang's Mamba radix cache does the same for its hybrid models):
-  a snapshot keeps only the attention rows of its own segment, from its parent boundary
+  a snapshot keeps only the attention rows of its own segment, from its parent cut
   to its own, and points to its parent; restoring copies the segments of its chain. Its
   DeltaNet states are its own, and are dropped separately: under memory pressure an inner
   snapshot loses its states (it still serves its children's rows) before its rows go, and
   only a snapshot with no children loses its rows.
 - Memory: one budget for the device, least recently used first, where a snapshot's use is
-  its own (recorded, or restored from): the states of a boundary nobody resumes from go
+  its own (recorded, or restored from): the states of a cut nobody resumes from go
   before the retake points of other scenes, and its rows stay while a later snapshot
   needs them. Optionally, snapshots evicted from the device move to host memory (pinned, a
   second budget) instead of being dropped, and are copied back on a hit. A snapshot whose
   chain (rows from 0, its states) could not fit the budgets even alone is not made, nor any
   after it in that prefill: making it would evict the whole tree, the prefix that does fit
   included, and leave nothing. Each eviction logs a line (what went, what is held against
-  the budgets); /metrics counts them. The budget is
-  the engine's (`--prefix-cache-gib`): on a GPU by default half the memory free after
-  warm-up, and never more than 90% of it (a larger one asked for is lowered, with a
-  warning); on a CPU a fixed 1 GiB.
+  the budgets); /metrics counts them. The budget is the engine's (`--prefix-cache-gib`):
+  on a GPU by default half the memory free after warm-up, and never more than 90% of it
+  (a larger one asked for is lowered, with a warning); on a CPU a fixed 1 GiB.
 - Rows in place: a slot keeps its rows after its take (a take's frames go past its prompt,
   and a released slot's writes go to the scratch slot), so the slot that last held a
   prompt holds its prefix still. `restore` copies only the chain's rows the slot does not
@@ -69,13 +69,13 @@ Design choices:
   and the decoder starts a prompt in the free slot holding most of it: a retake copies the
   DeltaNet states and only its line's rows (on 2 CPU cores a 4,000-row retake's restore
   halved; on the H200 the restore's remaining host work hid the saving: docs/perf.md). A
-  take's first step rewrites its prompt's last row in the tower's
-  caches, so the rows in place after a take end at its line's boundary, and what a
-  restore leaves is what a fresh prefill leaves, bit for bit.
-- Shared across sessions: keys are the exact rows, so two sessions with the same voice
-  share the system message's snapshot, and a director who reconnects finds their scene's
-  snapshots, on the same replica. No state is ever used for rows that differ from its own,
-  whoever made it. A restart starts cold.
+  take's first step rewrites its prompt's last row in the tower's caches, so the rows in
+  place after a take end at its line's boundary, and what a restore leaves is what a
+  fresh prefill leaves, bit for bit.
+- Shared across sessions: keys are the exact rows, so two sessions with the same voice share
+  the system message's snapshot (while their histories end in the first cell), and a
+  director who reconnects finds their scene's snapshots, on the same replica. No state is
+  ever used for rows that differ from its own, whoever made it. A restart starts cold.
 - Counters are plain integers kept by the engine thread, so /metrics can read them from
   another thread without a lock.
 """
@@ -91,6 +91,7 @@ import torch
 from engine.drama3.deltanet import GatedDeltaNet
 from engine.drama3.layers import KVCache
 from engine.drama3.model import Drama3Model
+from engine.drama3.prefill import cuts
 from engine.drama3.prompt import Prompt
 from engine.readback import pinned_like
 
@@ -104,7 +105,7 @@ GPU_FREE_MAX = 0.9  # a budget asked for is capped at this share of it (the take
 
 @dataclass(eq=False)
 class Snapshot:
-    """A slot's state at a boundary: the attention rows of its segment [start, end), the
+    """A slot's state at a cut: the attention rows of its segment [start, end), the
     DeltaNet states after row end - 1, and (a whole prompt) that row's hidden state."""
 
     key: bytes
@@ -142,7 +143,7 @@ class Plan:
     """One prefill's use of the cache: its snapshot points and where it resumed."""
 
     rows: int  # R
-    points: dict[int, bytes]  # row count -> key: each boundary, then R (the whole prompt)
+    points: dict[int, bytes]  # row count -> key: each cut, then R (the whole prompt)
     start: int = 0  # rows restored from a snapshot
     node: Snapshot | None = None  # the last snapshot on the prompt's path (restored or recorded)
     hidden: torch.Tensor | None = None  # a whole-prompt hit's last hidden state
@@ -226,12 +227,12 @@ class PrefixCache:
         digest = hashlib.sha256()
         points: dict[int, bytes] = {}
         previous = 0
-        for boundary in sorted(b for b in prompt.boundaries if 0 < b < count):
-            digest.update(data[previous * row:boundary * row] + boundary.to_bytes(8, "little"))
+        for cut in cuts(prompt):
+            digest.update(data[previous * row:cut * row] + cut.to_bytes(8, "little"))
             labelled = digest.copy()
-            labelled.update(data[boundary * row:(boundary + 1) * row])  # the label of the tower's last row
-            points[boundary] = labelled.digest()
-            previous = boundary
+            labelled.update(data[cut * row:(cut + 1) * row])  # the label of the tower's last row
+            points[cut] = labelled.digest()
+            previous = cut
         digest.update(data[previous * row:] + END_MARK)
         points[count] = digest.digest()
         plan = Plan(rows=count, points=points)
@@ -283,10 +284,9 @@ class PrefixCache:
             chain.append(cursor)
             cursor = cursor.parent
         # Per attention cache (keys, values), one `cat` of the chain's segments into the slot's rows
-        # [0, start), which are contiguous; one batched copy of the states. The work on the host is a
-        # list of the chain's tensors per cache, no view of any segment: a 4,000-row scene's chain is
-        # tens of segments, and a view (or a copy_) per segment and cache cost a whole-prompt hit
-        # 23.1 ms (a copy_ each), then 13.8 ms (views into one _foreach_copy_) on the H200.
+        # [0, start), which are contiguous; one batched copy of the states. The host lists the chain's
+        # tensors per cache, no view of a segment: a view (or a copy_) per segment and cache cost a
+        # 4,000-row hit of 21 segments 23.1 ms (a copy_ each), then 13.8 ms (one _foreach_copy_), on the H200.
         chain = [snapshot for snapshot in reversed(chain) if snapshot.end > kept]  # from row `kept`
         device = self.device
         for index, cache in enumerate(self.caches if kept < plan.start else []):

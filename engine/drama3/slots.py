@@ -30,10 +30,10 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
 - One take's failure (prefill, non-finite logits, its vocoder) ends that take only. A
   failure of the shared step itself ends the takes in it, and the others go on.
 - A prefill-only take (`start(..., stop=row)`, Drama3Engine.warm) prefills a prompt up to
-  one of its boundaries (or its end) for the prefix cache's snapshots, then ends "prefilled" with no
-  frames and frees its slot. It never delays a take: the takes' prompts are prefilled
-  first, and its own chunks are budgeted even with nothing decoding, so a take started
-  next waits one step's chunks at most.
+  one of its cuts (its last boundary: prefill.py `cuts`) or its end for the prefix cache's
+  snapshots, then ends "prefilled" with no frames and frees its slot. It never delays a
+  take: the takes' prompts are prefilled first, and its own chunks are budgeted even with
+  nothing decoding, so a take started next waits one step's chunks at most.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class Slots:
         """Start `prompt` in a free slot (the next steps prefill it): the one holding most of its
         prefix (decoder.py `pick_slot`), else the lowest. A take already cancelled or past its
         deadline ends without a slot; a prompt that cannot be prefilled ends the take as an error.
-        With `stop` (a boundary of the prompt, or its end): a prefill-only take of the rows before it."""
+        With `stop` (a cut of the prompt, or its end): a prefill-only take of the rows before it."""
         if self.free_slots == 0:
             raise RuntimeError(f"all {len(self.takes)} slots are decoding; start a take when one is free")
         decoder = self.decoder
@@ -122,6 +122,7 @@ class Slots:
         try:
             prefill = self.prefills[take] = decoder.begin_prefill(prompt, slot, stop)
             take.timings["cached_rows"] = prefill.cached  # prompt rows the prefix cache restored
+            take.timings["prefill_chunks"] = len(prefill.chunks)  # the chunks left to run
         except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the others
             self.end(take, "error", f"{type(exc).__name__}: {exc}")
         return take

@@ -44,7 +44,8 @@ from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule, Window
 from engine.drama3.vocoder import Vocoder
 
-Timings = dict[str, float | None]  # prompt_rows, cached_rows, prompt_ms, prefill_ms, first_audio_ms, frames, ...
+# prompt_rows, cached_rows, prefill_chunks, prompt_ms, prefill_ms, first_audio_ms, frames, ...
+Timings = dict[str, float | None]
 
 
 @dataclass(frozen=True)

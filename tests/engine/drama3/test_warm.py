@@ -126,9 +126,9 @@ def test_a_cancelled_warm_frees_its_slot(engine):
 
 
 @torch.inference_mode()
-def test_a_prefill_stops_only_at_a_boundary_with_a_cache(engine, cold):
+def test_a_prefill_stops_only_at_a_cut_with_a_cache(engine, cold):
     prompt = engine.prompt("A line.", None, HISTORY, SAMPLING)
-    with pytest.raises(ValueError, match="boundaries"):
+    with pytest.raises(ValueError, match="cuts"):
         engine.decoder.begin_prefill(prompt, 0, stop=max(prompt.boundaries) + 1)
     with pytest.raises(ValueError, match="prefix cache"):
         cold.decoder.begin_prefill(prompt, 0, stop=max(prompt.boundaries))
