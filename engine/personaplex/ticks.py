@@ -14,7 +14,9 @@ Design choices:
   on fixed views of the same state.
 - On CUDA the whole tick encodes the user's frame on a side stream while the model steps
   (the lockstep's `think` reads none of this tick's user codes; `settle` writes them), a
-  fork and a join inside the captured graph.
+  fork and a join inside the captured graph. Should a bucket's forked tick fail to
+  capture, the tick goes sequential and is captured again (logged): an eager tick would
+  cost far more than the encode it hides.
 - The lockstep's `active` rows are the ones a tick moves on: Mimi's streams hold on the
   same mask in a tick (streaming.py `holding`), so a slot left out of a tick (no frame of its
   user's yet) keeps its encoder and decoder state as well as its step and ring.
@@ -123,6 +125,13 @@ class Ticks:
         with torch.no_grad():
             for graphs in self.graphs.values():
                 graphs.capture()
+            whole = self.graphs.get("whole")
+            if whole is not None and whole.eager and self.side is not None:  # the fork could not be held in a graph:
+                log.warning("PersonaPlex ticks: the tick with Mimi's encode beside the model could not be captured "
+                            "(%s); capturing it with the encode first", next(iter(whole.eager.values())))
+                self.side = None  # the sequential tick, whose graphs hold nothing but one stream
+                whole.eager.clear()
+                whole.capture()
         self.graphed = any(graphs.graphs for graphs in self.graphs.values())
         every = torch.ones(self.lockstep.slots, dtype=torch.bool, device=self.device)
         self.lockstep.reset(every)

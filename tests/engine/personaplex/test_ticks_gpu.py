@@ -74,6 +74,29 @@ def test_captured_ticks_equal_eager_ticks(personaplex_checkpoint: Path, kv: str)
 
 
 @torch.no_grad()
+def test_a_fork_that_cannot_be_captured_gives_sequential_graphs_not_eager_ticks(personaplex_checkpoint: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                                 caplog: pytest.LogCaptureFixture):
+    from engine.personaplex.ticks import Ticks
+
+    whole = Ticks.whole
+
+    def unforkable(self: Ticks, n: int) -> None:
+        if self.side is not None and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("operation not permitted when stream is capturing")
+        whole(self, n)
+
+    monkeypatch.setattr(Ticks, "whole", unforkable)
+    engine = short_context(personaplex_checkpoint, 4, Sampling(seed=1))
+    assert engine.ticks.side is None and "capturing it with the encode first" in caplog.text
+    assert all(not g.eager and len(g.graphs) == 3 for g in engine.ticks.graphs.values())
+    engine.start(0, persona="Hello", seed=3)
+    frames = [engine.step(pcm)[0] for pcm in audio(8, 4, seed=0)]
+    assert frames[-1] is not None and np.isfinite(frames[-1].pcm).all()
+    engine.close()
+
+
+@torch.no_grad()
 def test_a_seeded_conversation_draws_the_same_alone_and_in_a_batch(personaplex_checkpoint: Path):
     big = short_context(personaplex_checkpoint, 8, Sampling(seed=1))
     alone = short_context(personaplex_checkpoint, 1, Sampling(seed=1))
