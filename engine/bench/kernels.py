@@ -281,8 +281,8 @@ def ring_case(rows: int, device: torch.device, lm: dict[str, int] | None = None,
 
     def call(i: int) -> torch.Tensor:
         keys, key_scales, values, value_scales = rings[i]
-        return ring_attention.ring_attention_kernel(q, keys, values, key_scales, value_scales, positions, C, block,
-                                                    warps, dots)
+        return ring_attention.ring_attention_kernel(q, keys, values, key_scales, value_scales, positions, C,
+                                                    block=block, warps=warps, dots=dots)
 
     def reference(i: int) -> torch.Tensor:
         keys, key_scales, values, value_scales = rings[i]

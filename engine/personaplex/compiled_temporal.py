@@ -74,9 +74,10 @@ class CompiledTemporal:
         self.backend = backend
         self.failed: str | None = None
 
-    def layers(self, x: torch.Tensor, positions: torch.Tensor, rows: slice) -> torch.Tensor:
+    def layers(self, x: torch.Tensor, positions: torch.Tensor, rows: slice,
+               active: torch.Tensor | None) -> torch.Tensor:
         cfg = self.temporal.cfg
-        step = ring_step(positions, cfg.context, cfg.context, cfg.dim // cfg.num_heads, cfg.max_period, rows)
+        step = ring_step(positions, cfg.context, cfg.context, cfg.dim // cfg.num_heads, cfg.max_period, rows, active)
         first, second = _compiled(self.backend)
         if x.shape[0] > 1:  # one compile for every batch of 2 or more
             for tensor in (x, step.cos, step.sin):
@@ -95,14 +96,15 @@ class CompiledTemporal:
                        layer.gating.linear_in.weight.detach(), layer.gating.linear_out.weight.detach(), layer.norm2.eps)
         return x
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, rows: slice,
+                 active: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, 1, D] at positions [B, 1] -> (hidden [B, 1, D] after out_norm, text logits [B, 1, text_card])."""
         temporal = self.temporal
 
         def compiled() -> tuple[torch.Tensor, torch.Tensor]:
-            hidden = temporal.out_norm(self.layers(x, positions, rows))
+            hidden = temporal.out_norm(self.layers(x, positions, rows, active))
             return hidden, temporal.text_linear(hidden)
 
         key = (self.backend, "temporal", min(x.shape[0], 2), 1, torch.is_grad_enabled())
         return compiled_or_eager(self, "Helium layers", key, compiled,
-                                 lambda: cast(tuple[torch.Tensor, torch.Tensor], temporal(x, positions, rows)))
+                                 lambda: cast(tuple[torch.Tensor, torch.Tensor], temporal(x, positions, rows, active)))

@@ -121,7 +121,8 @@ class Lockstep:
                n: int) -> torch.Tensor:
         """Embed, Helium at position step - 1, draw the text, the depformer: the samples [n, K]."""
         steps = self.cfg.depformer_steps if self.all_steps else self.cfg.codebooks
-        hidden, text_logits = self.helium(self.temporal.embed(inputs), (local - 1)[:, None], slice(0, n))
+        hidden, text_logits = self.helium(self.temporal.embed(inputs), (local - 1)[:, None], slice(0, n),
+                                          self.active[:n])  # (the fused ring attention skips the held rows)
         text = self.sampling.text(text_logits[:, 0].float(), local)  # [n]
         text_in = torch.where(provided[:, 0], goal[:, 0], text)
         audio = self.steps(hidden, text_in, goal[:, 1:], provided[:, 1:],

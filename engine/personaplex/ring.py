@@ -30,7 +30,8 @@ Design choices:
   (engine/kernels/ring_attention.py: reads float8 or bfloat16, computes the visibility
   from the position, skips the ring slots a young conversation has not written) when
   `fused` is set; everything else, and every CPU call, is the torch path below, which is
-  the kernel's reference. A kernel that fails to build on the GPU gives way to its
+  the kernel's reference. The kernel skips the rows a tick holds (`active`): their output
+  is never kept, and the torch path computes them all. A kernel that fails to build on the GPU gives way to its
   reference, logged once (engine/kernels/fallback.py).
 """
 
@@ -75,14 +76,15 @@ class RingStep:
     cos: torch.Tensor  # [B, 1, T, head_dim / 2]
     sin: torch.Tensor
     context: int
+    active: torch.Tensor | None = None  # [B] bool: the rows whose output is kept (None: all)
 
 
 def ring_step(positions: torch.Tensor, capacity: int, context: int, head_dim: int, max_period: float,
-              rows: slice | None = None) -> RingStep:
+              rows: slice | None = None, active: torch.Tensor | None = None) -> RingStep:
     cos, sin = rope_tables(positions, head_dim, max_period)
     rows = slice(0, positions.shape[0]) if rows is None else rows
     return RingStep(rows, positions, torch.remainder(positions, capacity), ring_mask(positions, capacity, context),
-                    cos, sin, context)
+                    cos, sin, context, active)
 
 
 def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,7 +225,7 @@ class RingAttention(StreamingModule):
             rows = step.rows
             scales = (self.key_scales[rows], self.value_scales[rows]) if self.float8 else (None, None)
             out: torch.Tensor = kernel(q[:, :, 0], self.keys[rows], self.values[rows], *scales, step.positions[:, 0],
-                                       step.context)[:, :, None]  # [B, H, 1, Dh]
+                                       step.context, step.active)[:, :, None]  # [B, H, 1, Dh]
             return out
         keys, values = self._read(step.rows, q.dtype)
         return masked_attention(q, keys, values, step.mask, guard=not self.clear_on_reset)

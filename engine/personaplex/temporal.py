@@ -81,16 +81,18 @@ class Temporal(StreamingModule):
         """Each layer's attention (its key/value ring)."""
         return [cast(Layer, layer).self_attn for layer in self.transformer.layers]
 
-    def trunk(self, x: torch.Tensor, positions: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
-        """x [B, T, D] at positions [B, T] of the slots `rows` (default the first B) -> the last layer's [B, T, D]."""
+    def trunk(self, x: torch.Tensor, positions: torch.Tensor, rows: slice | None = None,
+              active: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D] at positions [B, T] of the slots `rows` (default the first B) -> the last layer's [B, T, D];
+        `active` [B]: the rows whose output is kept (the fused attention skips the others)."""
         cfg = self.cfg
-        step = ring_step(positions, cfg.context, cfg.context, cfg.dim // cfg.num_heads, cfg.max_period, rows)
+        step = ring_step(positions, cfg.context, cfg.context, cfg.dim // cfg.num_heads, cfg.max_period, rows, active)
         for layer in self.transformer.layers:
             x = layer(x, step)
         return x
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor,
-                rows: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rows: slice | None = None,
+                active: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, D] at positions [B, T] -> (hidden [B, T, D] after out_norm, text logits [B, T, text_card])."""
-        hidden = self.out_norm(self.trunk(x, positions, rows))
+        hidden = self.out_norm(self.trunk(x, positions, rows, active))
         return hidden, self.text_linear(hidden)

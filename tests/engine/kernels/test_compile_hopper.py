@@ -78,10 +78,11 @@ def test_ring_attention_compiles(float8: bool, splits: int) -> None:
 
     ring = "*fp8e4nv" if float8 else "*bf16"
     signature = {"q_ptr": "*bf16", "k_ptr": ring, "v_ptr": ring, "ks_ptr": "*fp32", "vs_ptr": "*fp32",
-                 "pos_ptr": "*i64", "part_ptr": "*fp32", **dict.fromkeys(STRIDES, "i32"), "sm_scale": "fp32"}
+                 "pos_ptr": "*i64", "active_ptr": "*i1", "part_ptr": "*fp32", **dict.fromkeys(STRIDES, "i32"),
+                 "sm_scale": "fp32"}
     ptx = compile_for_hopper(ra._split_kernel, signature, {"H": 32, "DH": 128, "SPLITS": splits, "BLOCK": ra.BLOCK_N,
                                                             "HAS_SCALE": float8, "DYNAMIC": True, "STATIC_BLOCKS": 0,
-                                                            "DOTS": float8})
+                                                            "DOTS": float8, "HAS_ACTIVE": True})
     assert ".target sm_90" in ptx
     if float8:  # the tensor cores' form: its dots are Hopper's (wgmma) or Ampere's (mma) instructions
         assert "wgmma" in ptx or "mma.sync" in ptx

@@ -22,14 +22,16 @@ def ring(B: int, H: int, C: int, D: int, float8: bool, device: str, seed: int) -
 
 
 def check(B: int, H: int, C: int, D: int, positions: list[int], context: int, float8: bool, device: str,
-          dots: bool = True) -> None:
+          dots: bool = True, active: list[bool] | None = None) -> torch.Tensor:
     q, k, v, ks, vs = ring(B, H, C, D, float8, device, seed=B + C)
     pos = torch.tensor(positions, device=device)
-    out = ra.ring_attention_kernel(q, k, v, ks, vs, pos, context, dots=dots)
+    rows = None if active is None else torch.tensor(active, device=device)
+    out = ra.ring_attention_kernel(q, k, v, ks, vs, pos, context, rows, dots=dots)
     # A float8 ring on tensor cores rounds the weights to float16 (ring_attention.py): 2e-3.
     tolerance = 2e-3 if float8 and dots else 1e-5
-    torch.testing.assert_close(out, ra.ring_attention_reference(q, k, v, ks, vs, pos, context), rtol=tolerance,
+    torch.testing.assert_close(out, ra.ring_attention_reference(q, k, v, ks, vs, pos, context, rows), rtol=tolerance,
                                atol=tolerance)
+    return out
 
 
 def test_reference_is_the_layer_for_one_query() -> None:
@@ -69,6 +71,18 @@ def test_kernel_equals_reference(float8: bool) -> None:
     check(5, 2, 70, 16, [-1, 0, 9, 69, 500], 70, float8, DEVICE)
     check(2, 3, 40, 32, [39, 100], 25, float8, DEVICE)  # a context shorter than the ring
     check(1, 4, 200, 16, [150], 200, float8, DEVICE)  # one row: split across programs
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("float8", [False, True])
+def test_rows_not_active_read_nothing_and_give_zeros(float8: bool) -> None:
+    """A tick's held rows (ring_attention.py): zeros; the active rows as without the mask."""
+    active = [True, False, True, False, True]
+    out = check(5, 2, 70, 16, [-1, 0, 9, 69, 500], 70, float8, DEVICE, active=active)
+    whole = check(5, 2, 70, 16, [-1, 0, 9, 69, 500], 70, float8, DEVICE)
+    held = ~torch.tensor(active, device=DEVICE)
+    assert torch.equal(out[held], torch.zeros_like(out[held]))
+    assert torch.equal(out[~held], whole[~held])
 
 
 @pytest.mark.kernel

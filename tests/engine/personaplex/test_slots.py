@@ -3,6 +3,7 @@ golden replay is deterministic, and a stored voice bundle equals stepping its cl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -145,16 +146,22 @@ def test_a_slot_left_out_of_a_tick_keeps_its_place(personaplex_checkpoint: Path)
     frame not in yet) goes on afterwards exactly as if that tick had never run for it (its Mimi
     streams, step, ring and draws), and the slot heard meanwhile is unaffected."""
     def engine() -> PersonaPlex:
-        loaded = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=2, sampling=Sampling(seed=3))
-        loaded.open(persona="You enjoy having a good conversation.")
-        return loaded
+        return PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=2, sampling=Sampling(seed=3))
 
+    check_left_out(engine)
+
+
+def check_left_out(engine: Callable[[], PersonaPlex]) -> None:
+    """Two slots of `engine()` heard in every tick, against slot 0 left out of one tick (also on a GPU:
+    test_ticks_gpu.py, where the ring kernel skips a held row)."""
     rng = np.random.default_rng(2)
     user = rng.uniform(-0.5, 0.5, (6, 2, 1920)).astype(np.float32)  # [tick, slot, samples]
     together = engine()
+    together.open(persona="You enjoy having a good conversation.")
     reference = [together.step(user[k]) for k in range(5)]  # both slots hear every tick
 
     apart = engine()
+    apart.open(persona="You enjoy having a good conversation.")
     heard: list[list[Frame]] = [[], []]
     for k in range(2):
         for slot, frame in enumerate(apart.step(user[k], {0, 1})):

@@ -97,6 +97,15 @@ def test_a_fork_that_cannot_be_captured_gives_sequential_graphs_not_eager_ticks(
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("kv", ["model", "float8"])
+def test_a_slot_left_out_of_a_captured_tick_keeps_its_place(personaplex_checkpoint: Path, kv: str):
+    """test_slots.py's case on CUDA graphs, where the fused ring attention skips the held row."""
+    from .test_slots import check_left_out
+
+    check_left_out(lambda: short_context(personaplex_checkpoint, 2, Sampling(seed=3), kv=kv))
+
+
+@torch.no_grad()
 def test_a_seeded_conversation_draws_the_same_alone_and_in_a_batch(personaplex_checkpoint: Path):
     big = short_context(personaplex_checkpoint, 8, Sampling(seed=1))
     alone = short_context(personaplex_checkpoint, 1, Sampling(seed=1))
