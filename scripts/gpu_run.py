@@ -612,7 +612,7 @@ def main() -> int:
                              "--serve-variant '--prefix-cache-gib 0 RETAKE_CHECK_FINITE=1'")
     parser.add_argument("--bench-kernels", default=None, metavar="NAMES",
                         help="`--kernels` for the takes and retake stages' benches, comma-separated, e.g. "
-                             "deltanet_step,cache_attention (default: the benches')")
+                             "deltanet_step (default: the benches')")
     parser.add_argument("--bench-compile-prefill", action="store_true",
                         help="`--compile-prefill` for the takes and retake stages' benches (prefill chunks through "
                              "the compiled layers)")

@@ -31,11 +31,13 @@ Design choices:
   does; `add_rms_norm` puts the kernel (a graph break, like the DeltaNet step) at the
   layers' `RMSNorm.add` instead. `moe_routing` (off by default until measured) runs each MoE layer's
   router softmax, top-8 and renormalisation as one launch (engine/kernels/moe_routing.py)
-  instead of ~6 (torch.topk alone is a gather and a sort). `cache_attention` (off until
-  measured) runs each full-attention layer's one-row attention as a split-K kernel that
-  reads each row's own rows up to its position straight from the cache
-  (engine/kernels/cache_attention.py) instead of gathering the step's KV bucket and
-  masking it. The block-FP8 W8A8 experts
+  instead of ~6 (torch.topk alone is a gather and a sort). `cache_attention` (on by
+  default) runs the one-row attention of each backbone full-attention layer and each tower
+  layer (10 + 13 a step at the full size) as a split-K kernel that reads each row's own
+  rows up to its position straight from the cache (engine/kernels/cache_attention.py)
+  instead of gathering the step's KV bucket and masking it: on the H200 (stop 31's `bench
+  kernels`) 0.0064 against 0.0313 ms a layer at 512 rows, 0.0193 against 0.0421 at 4,096,
+  so ~0.5 ms of a 5.7 ms step, and a row's cost follows its own history, not the bucket. The block-FP8 W8A8 experts
   always run their kernel on CUDA (moe.py): it is the release's arithmetic, and without
   host syncs.
 - Decode calls (one row per slot) of every backbone and tower layer run torch.compile'd
@@ -47,6 +49,7 @@ Design choices:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -59,7 +62,7 @@ from engine.drama3.deltanet import GatedDeltaNet, recurrent_delta_rule
 from engine.drama3.layers import RMSNorm
 from engine.drama3.model import Drama3Model
 from engine.drama3.moe import SparseMoE
-from engine.drama3.tower import TowerBlock
+from engine.drama3.tower import TowerAttention, TowerBlock
 
 
 class PackedLinear(nn.Module):
@@ -155,21 +158,31 @@ def caches_symbolic(model: Drama3Model) -> None:
                 torch._dynamo.mark_static(tensor, dim)
 
 
-def cache_decode(module: GatedAttention) -> Callable[..., torch.Tensor]:
-    """`module.attend_cache` with one-row calls through engine/kernels/cache_attention.py: each
-    row reads its own slot's rows up to its position, straight from the cache."""
+def cache_decode(module: GatedAttention | TowerAttention) -> Callable[..., torch.Tensor]:
+    """`module.attend_cache` (a backbone full-attention layer's or a tower layer's) with one-row
+    calls through engine/kernels/cache_attention.py: each row reads its own slot's rows up to
+    its position, straight from the cache. Should the kernel fail on this GPU, the layer's own
+    path runs from then on (logged once; fallback.py)."""
     from engine.kernels.cache_attention import cache_attention
+    from engine.kernels.fallback import guarded
 
     plain = module.attend_cache
-    launch = cast(Callable[..., torch.Tensor], torch.compiler.disable(cache_attention))  # a break, as above
+
+    def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
+              kv_len: int | None) -> torch.Tensor:
+        cache = module.kv_cache
+        assert cache is not None
+        cache.write(k, v, input_pos, slots)
+        return cache_attention(q[:, 0], cache.k, cache.v, slots, input_pos[:, 0])[:, None]  # [B, 1, H, Dh]
+
+    launch = cast(Callable[..., torch.Tensor], torch.compiler.disable(  # a break, as above
+        functools.partial(guarded, "cache attention", fused, plain)))
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
             kv_len: int | None) -> torch.Tensor:
-        cache = module.kv_cache
-        if q.shape[1] != 1 or cache is None:
+        if q.shape[1] != 1 or module.kv_cache is None:
             return plain(q, k, v, input_pos, slots, kv_len)
-        cache.write(k, v, input_pos, slots)
-        return launch(q[:, 0], cache.k, cache.v, slots, input_pos[:, 0])[:, None]  # [B, 1, H, Dh]
+        return launch(q, k, v, input_pos, slots, kv_len)
 
     return run
 
@@ -227,13 +240,14 @@ def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tenso
 
 
 KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention")  # the step's Triton kernels
-# cache_attention: off until the H200 shows the step at long KV buckets with it (`retake bench decode
-# --kernels deltanet_step,cache_attention`, the decode_kv rows).
+# cache_attention: on, from the kernel's own figures (above); the step with and without it is still
+# to measure (`retake bench decode --kernels deltanet_step` against the default), with the warm-up's
+# compile time, which a graph break per attention layer may lengthen as moe_routing's did.
 # add_rms_norm: Inductor fuses the compiled layers' norms already. moe_routing: off until the H200
 # shows what it saves: in the first run with it on, the decode graphs' warm-up (compile included)
 # took 3.7x as long (its graph break in every compiled MoE layer is the suspect, not measured
 # apart; docs/perf.md, the third call of 2026-12-03).
-DEFAULT_KERNELS = ("deltanet_step",)
+DEFAULT_KERNELS = ("deltanet_step", "cache_attention")
 
 
 def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compile_prefill: bool = False,
@@ -279,8 +293,8 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
         installed.append("moe_routing_kernel")
     if "cache_attention" in kernels:
         for module in model.modules():
-            if isinstance(module, GatedAttention) and "attend_cache" not in vars(module):
-                vars(module)["attend_cache"] = cache_decode(module)  # shadows GatedAttention.attend_cache
+            if isinstance(module, (GatedAttention, TowerAttention)) and "attend_cache" not in vars(module):
+                vars(module)["attend_cache"] = cache_decode(module)  # shadows the class's attend_cache
         installed.append("cache_attention_kernel")
     if compile_layers:
         import torch._dynamo

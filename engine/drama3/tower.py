@@ -57,12 +57,18 @@ class TowerAttention(nn.Module):
         q, gate, k, v = self.wqkv(x).split((q_width, q_width, kv_width, kv_width), dim=-1)
         q = rope_interleaved(self.q_norm(q.unflatten(-1, (self.heads, self.head_dim))), rope)  # [B, T, H, Dh]
         k = rope_interleaved(self.k_norm(k.unflatten(-1, (self.kv_heads, self.head_dim))), rope)
-        assert self.kv_cache is not None, "setup_caches allocates the cache"
-        keys, values = self.kv_cache.update(k, v.unflatten(-1, (self.kv_heads, self.head_dim)),
-                                            input_pos, slots, kv_len)
-        out = attend(q, keys, values, input_pos).flatten(-2)  # [B, T, H*Dh]
-        y: torch.Tensor = self.wo(out * torch.sigmoid(gate))  # [B, T, D]
+        out = self.attend_cache(q, k, v.unflatten(-1, (self.kv_heads, self.head_dim)), input_pos, slots, kv_len)
+        y: torch.Tensor = self.wo(out.flatten(-2) * torch.sigmoid(gate))  # [B, T, D]
         return y
+
+    def attend_cache(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor,
+                     slots: torch.Tensor, kv_len: int | None) -> torch.Tensor:
+        """k, v [B, T, Hkv, Dh] into the cache at input_pos [B, T], then q [B, T, H, Dh] over the
+        slots' first kv_len rows -> [B, T, H, Dh]: the backbone's (GatedAttention.attend_cache),
+        which the fast path's `cache_attention` kernel replaces for one-row calls (fast.py)."""
+        assert self.kv_cache is not None, "setup_caches allocates the cache"
+        keys, values = self.kv_cache.update(k, v, input_pos, slots, kv_len)
+        return attend(q, keys, values, input_pos)
 
 
 class FeedForward(nn.Module):
