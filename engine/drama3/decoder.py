@@ -38,9 +38,9 @@ Design choices:
   seeded take draws the same frames alone, batched, in any row and any bucket, graphed
   or not. Unseeded takes get a random seed at prefill. The fused sampler kernels run on
   CUDA, their torch references elsewhere (the same tokens).
-- Graphs: one per (row bucket, KV bucket: 512, 1,024, ... up to the cache), captured by
-  `capture` before the first take (capturing runs the step, which would advance a take
-  in flight), sharing one memory pool.
+- Graphs: one per (row bucket, KV bucket: 512, 1,024, ... the cache; only the cache when
+  every attention reads its own rows, fast.py `reads_own_rows`), captured before the first
+  take (capturing runs the step, which would advance a take), sharing one memory pool.
 - The decoder owns the model's caches: N slots plus one scratch slot (`setup_caches(N +
   1)` when it is made; one Decoder per model at a time). Every row computes, active or
   not (fixed shapes); an inactive row's results are ignored and its inputs are held
@@ -80,7 +80,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.drama3.fast import caches_symbolic
+from engine.drama3.fast import caches_symbolic, reads_own_rows
 from engine.drama3.finite import CHECK_FINITE, FiniteChecks
 from engine.drama3.layers import KVCache
 from engine.drama3.model import Drama3Model
@@ -98,6 +98,11 @@ log = logging.getLogger("retake.engine")
 KV_BUCKET_ROWS = 256  # eager steps attend over a whole number of these
 GRAPH_KV_ROWS = 512  # the smallest graphed KV bucket; then 1,024, 2,048, ... and the whole cache
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decoding rows a graph steps (and the slot count itself)
+
+
+def graph_kv_buckets(max_rows: int) -> list[int]:
+    """512, 1,024, 2,048, ... below `max_rows`, then `max_rows`."""
+    return [GRAPH_KV_ROWS << i for i in range(16) if GRAPH_KV_ROWS << i < max_rows] + [max_rows]
 
 
 def rows_of(index: torch.Tensor | None, tensor: torch.Tensor) -> torch.Tensor:
@@ -145,7 +150,8 @@ class Decoder:
         self.counter = torch.zeros(N, dtype=torch.long, device=device)
         self.index = torch.zeros(N, dtype=torch.long, device=device)  # the rows a graph steps (padded)
         self.row_buckets = sorted({b for b in ROW_BUCKETS if b < N} | {N})
-        kv_buckets = [GRAPH_KV_ROWS << i for i in range(16) if GRAPH_KV_ROWS << i < max_rows] + [max_rows]
+        # Every attention reading its own rows from the cache: a step costs the same in any bucket, so one.
+        kv_buckets = [max_rows] if reads_own_rows(model) else graph_kv_buckets(max_rows)
         enabled = graphs and device.type == "cuda"  # on a CPU `step` runs `advance` eagerly
         pool = shared_pool() if enabled else None
         self.status_event = torch.cuda.Event() if enabled else None

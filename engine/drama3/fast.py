@@ -187,6 +187,13 @@ def cache_decode(module: GatedAttention | TowerAttention) -> Callable[..., torch
     return run
 
 
+def reads_own_rows(model: Drama3Model) -> bool:
+    """Every attention layer's one-row calls read each row's own rows (`cache_attention`
+    installed in all of them): a decode step then costs the same at every KV bucket."""
+    layers = [m for m in model.modules() if isinstance(m, (GatedAttention, TowerAttention))]
+    return bool(layers) and all("attend_cache" in vars(m) for m in layers)
+
+
 def deltanet_decode(layer: GatedDeltaNet) -> Callable[..., torch.Tensor]:
     """`layer.forward` with one-row calls ([B, 1, D]) through the decode-step kernel."""
     from engine.kernels.deltanet_step import deltanet_step

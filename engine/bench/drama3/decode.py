@@ -152,15 +152,16 @@ def bench_kv(model: Drama3Model, config: Drama3Config, device: torch.device, ste
              max_rows: int = 8192) -> list[Row]:
     """The graphed step of one take at each KV bucket up to `max_rows`: a retake with 4,000 rows
     of history steps at the bucket past them (its attention reads every row of it, masked past
-    its position), where a take with none steps at 512. Beside each: its floor."""
-    from engine.drama3.decoder import Decoder
+    its position), where a take with none steps at 512; with `cache_attention` (one bucket)
+    the step at that position, reading its own rows. Beside each: its floor."""
+    from engine.drama3.decoder import Decoder, graph_kv_buckets
 
     decoder = Decoder(model, min(max_rows, config.text.max_position_embeddings), graphs=True)
     decoder.capture()
     decoder.prefill(synthetic_prompt(config, 300, steps + 32))
     bandwidth = copy_bandwidth(device)
     out: list[Row] = []
-    for bucket in decoder.graphs[decoder.row_buckets[0]].buckets:
+    for bucket in graph_kv_buckets(decoder.max_rows):  # (with `cache_attention` on, all in the decoder's one)
         position = bucket - 2  # the furthest position whose step attends this bucket
         for _ in range(3):
             decoder.step(position)

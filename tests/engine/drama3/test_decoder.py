@@ -158,3 +158,24 @@ def test_decoding_equals_a_teacher_forced_prefill_of_the_same_frames(tiny):
     assert torch.equal(decoder.frame[0], next_frame)
     decoder.release(0)
 
+
+
+def test_a_decoder_whose_attention_reads_its_own_rows_has_one_kv_bucket(tiny_checkpoint):
+    """With `cache_attention` in every attention layer (the GPU's default) a step costs the same in
+    any KV bucket, so the decoder keeps one (the whole cache) instead of 512, 1,024, ...; with it in
+    only some layers, every bucket."""
+    from engine.drama3.backbone import GatedAttention
+    from engine.drama3.checkpoint import load_model
+    from engine.drama3.decoder import Decoder, graph_kv_buckets
+    from engine.drama3.fast import cache_decode
+    from engine.drama3.tower import TowerAttention
+
+    model, _, _ = load_model(tiny_checkpoint, device="cpu", dtype=torch.float32)
+    assert Decoder(model, 3000).graphs[1].buckets == graph_kv_buckets(3000) == [512, 1024, 2048, 3000]
+    layers = [m for m in model.modules() if isinstance(m, (GatedAttention, TowerAttention))]
+    for layer in layers[:-1]:
+        vars(layer)["attend_cache"] = cache_decode(layer)
+    assert Decoder(model, 3000).graphs[1].buckets == [512, 1024, 2048, 3000]
+    vars(layers[-1])["attend_cache"] = cache_decode(layers[-1])
+    decoder = Decoder(model, 3000)
+    assert decoder.graphs[1].buckets == decoder.feeds[1].buckets == [3000]
