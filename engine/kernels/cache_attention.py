@@ -14,8 +14,10 @@ Design choices:
 - Split-K decoding (flash-decoding), as ring_attention.py: each program owns one (row, key
   head, split), runs an online softmax over its share of the row's rows in blocks of
   BLOCK_N, and writes its max, sum and weighted values; ring_attention's combine kernel
-  merges the splits (the same partial layout). Splits come from the batch, so one take
-  alone still spreads over the GPU's SMs.
+  merges the splits (the same partial layout). Splits are as many as one take alone needs
+  to spread over the GPU's SMs, whatever the batch: a row's shares, so its rounding, are
+  the same alone and among 64 (the decoder's promise: a seeded take draws the same frames
+  in any row bucket), at the price of empty splits, which exit at once, in a big batch.
 - Grouped queries: the H / Hkv query heads of a key head (8 at the full size) are the rows
   of one `tl.dot` against each key block (padded to 16, the least a dot takes), so each key
   and value row is read once per step, not once per query head.
@@ -130,7 +132,7 @@ def cache_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
     assert values.shape == keys.shape and keys.shape[-1] == DH and H % HKV == 0 and slots.shape == positions.shape
     assert keys.stride(-1) == 1 and values.stride(-1) == 1 and q.stride(-1) == 1 and DH == triton.next_power_of_2(DH)
     group = H // HKV
-    splits = splits_for(B, HKV)
+    splits = splits_for(1, HKV)  # as for one row, whatever the batch: a row's sums do not depend on the others
     part = torch.empty(B, H, splits, DH + 2, dtype=torch.float32, device=q.device)
     out = torch.empty(B, H, DH, dtype=q.dtype, device=q.device)
     _split_kernel[(B, HKV, splits)](

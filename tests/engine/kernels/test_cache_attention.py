@@ -32,6 +32,20 @@ def check(heads: int, kv_heads: int, dim: int, rows: int, slots: list[int], posi
 
 
 @pytest.mark.kernel
+def test_a_row_gets_the_same_bits_alone_and_in_a_batch() -> None:
+    """A row's splits (so its float sums) do not depend on the batch: the decoder's seeded takes
+    draw the same frames in any row bucket."""
+    keys, values = cache(6, 1100, 2, 32, seed=3, device=DEVICE)
+    q = torch.randn(24, 16, 32, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    slots = torch.arange(24, device=DEVICE) % 6
+    positions = 1099 - (torch.arange(24, device=DEVICE) * 37) % 300  # long enough for shares to depend on splits
+    batch = ca.cache_attention_kernel(q, keys, values, slots, positions)
+    for row in (0, 5, 23):
+        alone = ca.cache_attention_kernel(q[row:row + 1], keys, values, slots[row:row + 1], positions[row:row + 1])
+        assert torch.equal(alone[0], batch[row])
+
+
+@pytest.mark.kernel
 def test_kernel_equals_reference() -> None:
     # rows at position 0 (its own row only), short, across blocks and splits; slots shared and not in order
     check(4, 2, 16, 200, [3, 0, 1, 3], [0, 5, 130, 199], DEVICE)
