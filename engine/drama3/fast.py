@@ -49,7 +49,6 @@ Design choices:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -161,28 +160,20 @@ def caches_symbolic(model: Drama3Model) -> None:
 def cache_decode(module: GatedAttention | TowerAttention) -> Callable[..., torch.Tensor]:
     """`module.attend_cache` (a backbone full-attention layer's or a tower layer's) with one-row
     calls through engine/kernels/cache_attention.py: each row reads its own slot's rows up to
-    its position, straight from the cache. Should the kernel fail on this GPU, the layer's own
-    path runs from then on (logged once; fallback.py)."""
+    its position, straight from the cache. The kernel is one operator to torch.compile (no
+    graph break); should it fail on this GPU, its reference runs from then on (fallback.py)."""
     from engine.kernels.cache_attention import cache_attention
-    from engine.kernels.fallback import guarded
 
     plain = module.attend_cache
 
-    def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
-              kv_len: int | None) -> torch.Tensor:
-        cache = module.kv_cache
-        assert cache is not None
-        cache.write(k, v, input_pos, slots)
-        return cache_attention(q[:, 0], cache.k, cache.v, slots, input_pos[:, 0])[:, None]  # [B, 1, H, Dh]
-
-    launch = cast(Callable[..., torch.Tensor], torch.compiler.disable(  # a break, as above
-        functools.partial(guarded, "cache attention", fused, plain)))
-
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
             kv_len: int | None) -> torch.Tensor:
-        if q.shape[1] != 1 or module.kv_cache is None:
+        cache = module.kv_cache
+        if q.shape[1] != 1 or cache is None:
             return plain(q, k, v, input_pos, slots, kv_len)
-        return launch(q, k, v, input_pos, slots, kv_len)
+        cache.write(k, v, input_pos, slots)
+        out: torch.Tensor = cache_attention(q[:, 0], cache.k, cache.v, slots, input_pos[:, 0])
+        return out[:, None]  # [B, 1, H, Dh]
 
     return run
 
@@ -248,8 +239,8 @@ def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tenso
 
 KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention")  # the step's Triton kernels
 # cache_attention: on, from the kernel's own figures (above); the step with and without it is still
-# to measure (`retake bench decode --kernels deltanet_step` against the default), with the warm-up's
-# compile time, which a graph break per attention layer may lengthen as moe_routing's did.
+# to measure (`retake bench decode --kernels deltanet_step` against the default). A torch operator,
+# so it adds no graph break to the compiled layers (test_compiles.py).
 # add_rms_norm: Inductor fuses the compiled layers' norms already. moe_routing: off until the H200
 # shows what it saves: in the first run with it on, the decode graphs' warm-up (compile included)
 # took 3.7x as long (its graph break in every compiled MoE layer is the suspect, not measured

@@ -35,6 +35,7 @@ import math
 import torch
 
 from engine.drama3.layers import attend
+from engine.kernels.fallback import guarded
 from engine.kernels.ring_attention import INTERPRETED, combine_splits, splits_for
 
 try:
@@ -149,8 +150,23 @@ def cache_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
     return out
 
 
-def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
-                    positions: torch.Tensor) -> torch.Tensor:
-    """The kernel on CUDA, the reference elsewhere."""
-    run = cache_attention_kernel if q.is_cuda and triton is not None else cache_attention_reference
-    return run(q, keys, values, slots, positions)
+def _cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                     positions: torch.Tensor) -> torch.Tensor:
+    if q.is_cuda and triton is not None:  # the reference from the kernel's first failure on this GPU on
+        return guarded("cache attention", cache_attention_kernel, cache_attention_reference, q, keys, values, slots,
+                       positions)
+    return cache_attention_reference(q, keys, values, slots, positions)
+
+
+# The kernel on CUDA, the reference elsewhere, as one operator: torch.compile keeps it in the
+# compiled layer's graph (an extern call) instead of breaking the graph around a Python call,
+# which split each of the 23 compiled attention layers in two and multiplied the warm-up's compiles.
+cache_attention = torch.library.custom_op(
+    "retake::cache_attention", _cache_attention, mutates_args=(),
+    schema="(Tensor q, Tensor keys, Tensor values, Tensor slots, Tensor positions) -> Tensor")
+
+
+@cache_attention.register_fake
+def _(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+      positions: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(q)

@@ -47,3 +47,52 @@ def test_every_row_and_kv_bucket_shares_the_compiles_of_batch_one_and_of_many(mo
     assert compiled[2, 512] == 2 * kinds  # many rows: one symbolic compile (sizes 0 and 1 are specialised)
     assert compiled[4, max_rows] == 2 * kinds, f"the buckets recompiled the layers: {compiled}"
     assert compiled[0, 0] == 2 * kinds, f"a decoder of other sizes recompiled the layers: {compiled}"
+
+
+def test_the_cache_attention_kernel_adds_no_graph_break(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `cache_attention` (the GPU's default) each attention layer's one-row call runs the
+    kernel as one operator inside the compiled graph: as many graphs as without it (a graph
+    break in each of the 23 attention layers had made 14 of 4 here, and multiplied the warm-up's
+    compiles), the compiles do not grow with the row buckets or the decoder, and the compiled
+    step gives the eager step's state. On a CPU the operator runs the kernel's reference."""
+    from engine.drama3.backbone import GatedAttention
+    from engine.drama3.fast import cache_decode
+    from engine.drama3.tower import TowerAttention
+
+    monkeypatch.setattr(torch._dynamo.config, "force_parameter_static_shapes", False)
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)  # a failed compile fails the test
+    config = Drama3Config.from_dict(tiny_config())
+    states, counts = {}, {}
+    for kernel, compiled in ((True, False), (False, True), (True, True)):
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = random_model(config, "cpu", torch.float32).eval()
+        if kernel:
+            for module in model.modules():
+                if isinstance(module, (GatedAttention, TowerAttention)):
+                    vars(module)["attend_cache"] = cache_decode(module)
+        if compiled:
+            tower = model.tower
+            for layer in (*model.backbone.layers, *tower.shared_layers, *tower.residual_layers):
+                layer.forward = layer_compiled(layer.forward, False, backend="aot_eager")
+        decoder = Decoder(model, 1024, slots=4)
+        graphs = []
+        with torch.inference_mode():
+            decoder.position.copy_(torch.tensor([3, 40, 7, 100]))
+            for rows in (1, 2, 4, 4):
+                decoder.advance_index(1024, decoder.index[:rows])
+                graphs.append(counters["stats"]["unique_graphs"])
+            states[kernel, compiled] = decoder.hidden.clone()
+        if compiled:  # (made outside inference mode, as the first decoder)
+            other = Decoder(model, 600, slots=2)
+            with torch.inference_mode():
+                for rows in (1, 2):
+                    other.advance_index(600, other.index[:rows])
+            graphs.append(counters["stats"]["unique_graphs"])
+        counts[kernel, compiled] = graphs
+    torch._dynamo.reset()
+    plain, fast = counts[False, True], counts[True, True]
+    assert fast == plain, f"the kernel changed the compiled graphs: {fast} against {plain}"
+    assert fast[0] >= 3 and fast[1] == fast[2] == fast[3] == fast[4], f"the buckets or a decoder recompiled: {fast}"
+    torch.testing.assert_close(states[True, True], states[True, False], rtol=1e-5, atol=1e-5)
