@@ -14,10 +14,9 @@ Design choices:
 - Split-K decoding (flash-decoding), as ring_attention.py: each program owns one (row, key
   head, split), runs an online softmax over its share of the row's rows in blocks of
   BLOCK_N, and writes its max, sum and weighted values; ring_attention's combine kernel
-  merges the splits (the same partial layout). Splits are as many as one take alone needs
-  to spread over the GPU's SMs, whatever the batch: a row's shares, so its rounding, are
-  the same alone and among 64 (the decoder's promise: a seeded take draws the same frames
-  in any row bucket), at the price of empty splits, which exit at once, in a big batch.
+  merges the splits (the same partial layout). A row's splits follow its own length (one
+  per SPLIT_ROWS rows, up to 16), never the batch: its sums, so a seeded take's frames, are
+  the same alone and among 64 (the decoder's promise); splits it does not need exit at once.
 - Grouped queries: the H / Hkv query heads of a key head (8 at the full size) are the rows
   of one `tl.dot` against each key block (padded to 16, the least a dot takes), so each key
   and value row is read once per step, not once per query head.
@@ -36,7 +35,7 @@ import torch
 
 from engine.drama3.layers import attend
 from engine.kernels.fallback import guarded
-from engine.kernels.ring_attention import INTERPRETED, combine_splits, splits_for
+from engine.kernels.ring_attention import INTERPRETED, MAX_SPLITS, combine_splits
 
 try:
     import triton
@@ -48,6 +47,7 @@ except ImportError:  # CPU installs have no Triton; only the reference runs ther
 BLOCK_N = 32  # cache rows per block: a key and a value tile of 32 x 256 bfloat16, 16 KiB each
 STAGES = 2  # software pipelining depth: 64 KiB of shared memory for the tiles (an SM has 228)
 LEAST_DOT_ROWS = 16  # tl.dot's smallest M
+SPLIT_ROWS = 128  # cache rows a split reads at least: 4,096 rows in 16 splits (the most), 300 in 3
 
 
 def cache_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
@@ -86,11 +86,12 @@ if triton is not None:
 
     @triton.jit
     def _split_kernel(
-        q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, part_ptr,
+        q_ptr, k_ptr, v_ptr, slot_ptr, pos_ptr, part_ptr, used_ptr,
         stride_qb, stride_qh, stride_ks, stride_kr, stride_kh, stride_vs, stride_vr, stride_vh,
         sm_scale,
         H: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, DH: tl.constexpr, SPLITS: tl.constexpr,
         BLOCK: tl.constexpr, IEEE: tl.constexpr, DYNAMIC: tl.constexpr, STATIC_BLOCKS: tl.constexpr,
+        SPLIT_ROWS: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
         kv_head = tl.program_id(1).to(tl.int64)
@@ -103,7 +104,12 @@ if triton is not None:
                     other=0.0)  # [ROWS, DH]
         slot = tl.load(slot_ptr + row).to(tl.int64)
         length = tl.load(pos_ptr + row) + 1  # rows 0..position
-        share = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK) * BLOCK
+        used = tl.minimum(tl.cdiv(length, SPLIT_ROWS), SPLITS)  # the row's own, whatever the batch
+        if split >= used:
+            return
+        if split == 0 and kv_head == 0:
+            tl.store(used_ptr + row, used)
+        share = tl.cdiv(tl.cdiv(length, used), BLOCK) * BLOCK
         start = split * share
         stop = tl.minimum(start + share, length)
         k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
@@ -133,20 +139,21 @@ def cache_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
     assert values.shape == keys.shape and keys.shape[-1] == DH and H % HKV == 0 and slots.shape == positions.shape
     assert keys.stride(-1) == 1 and values.stride(-1) == 1 and q.stride(-1) == 1 and DH == triton.next_power_of_2(DH)
     group = H // HKV
-    splits = splits_for(1, HKV)  # as for one row, whatever the batch: a row's sums do not depend on the others
+    splits = MAX_SPLITS  # a row uses as many as its length needs (the kernel): the rest exit at once
     part = torch.empty(B, H, splits, DH + 2, dtype=torch.float32, device=q.device)
+    used = torch.empty(B, dtype=torch.int32, device=q.device)
     out = torch.empty(B, H, DH, dtype=q.dtype, device=q.device)
     _split_kernel[(B, HKV, splits)](
-        q, keys, values, slots, positions, part,
+        q, keys, values, slots, positions, part, used,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         1.0 / math.sqrt(DH),
         H=H, GROUP=group, ROWS=max(LEAST_DOT_ROWS, triton.next_power_of_2(group)), DH=DH, SPLITS=splits,
         BLOCK=BLOCK_N, IEEE=q.dtype == torch.float32, DYNAMIC=not INTERPRETED,
-        STATIC_BLOCKS=triton.cdiv(triton.cdiv(R, splits), BLOCK_N) if INTERPRETED else 0, num_warps=4,
+        STATIC_BLOCKS=triton.cdiv(R, BLOCK_N) if INTERPRETED else 0, SPLIT_ROWS=SPLIT_ROWS, num_warps=4,
         num_stages=STAGES,
     )
-    combine_splits(part, out)
+    combine_splits(part, used, out)
     return out
 
 

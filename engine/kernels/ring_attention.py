@@ -13,8 +13,12 @@ when it is the query's own (held == q, which keeps a row at position -1 defined)
 Design choices:
 - Split-K decoding (flash-decoding): each program owns one (row, head, split) and runs an
   online softmax over its share of the ring in blocks of BLOCK_N slots, writing its max,
-  sum and weighted values; a second kernel combines the splits. Splits are chosen from
-  the batch so a lone conversation still spreads over the GPU's SMs.
+  sum and weighted values; a second kernel combines the splits. A row's splits follow its
+  own history, one per SPLIT_SLOTS slots up to MAX_SPLITS (a full ring of 3,000 in 12, so
+  a lone conversation still spreads over the GPU's SMs), never the batch: a row's sums,
+  so its draws, are the same alone and among 128 (sampling.py's promise). The grid holds
+  MAX_SPLITS per (row, head); the splits a row does not need exit at once and write
+  nothing, and the combine reads the ones it used.
 - Only the slots a row has written are read: before the ring wraps a row at position q
   has slots 0..q, so a young conversation costs what its history holds, not the whole
   ring; a row at position -1 (a slot between conversations) reads its own slot only.
@@ -58,8 +62,8 @@ except ImportError:  # CPU installs have no Triton; only the reference runs ther
     tl = None
 
 BLOCK_N = 64  # ring slots per block
-TARGET_PROGRAMS = 512  # about four per SM of an H200 (132 SMs)
 MAX_SPLITS = 16
+SPLIT_SLOTS = 256  # ring slots a split reads at least: a full ring of 3,000 in 12 splits, a young one in 1
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
 
 
@@ -147,13 +151,13 @@ if triton is not None:
 
     @triton.jit
     def _split_kernel(
-        q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, active_ptr, part_ptr,
+        q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, active_ptr, part_ptr, used_ptr,
         stride_qb, stride_qh, stride_kb, stride_kh, stride_kc, stride_vb, stride_vh, stride_vc,
         stride_sb, stride_sh, stride_tb, stride_th,
         capacity, context, sm_scale,
         H: tl.constexpr, DH: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr,
         DYNAMIC: tl.constexpr, STATIC_BLOCKS: tl.constexpr, DOTS: tl.constexpr = False,
-        HAS_ACTIVE: tl.constexpr = False,
+        HAS_ACTIVE: tl.constexpr = False, SPLIT_SLOTS: tl.constexpr = 256,
     ):
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1).to(tl.int64)
@@ -164,9 +168,15 @@ if triton is not None:
         # The written slots: 0..min(q, C - 1) from position 0 on; at -1 only the last (its own).
         lo = tl.where(position >= 0, 0, capacity - 1)
         hi = tl.where(position >= 0, tl.minimum(position + 1, capacity), capacity)
-        if HAS_ACTIVE:  # a held row: an empty range, so every split writes an empty softmax (zeros)
+        if HAS_ACTIVE:  # a held row: an empty range, so its one split writes an empty softmax (zeros)
             hi = tl.where(tl.load(active_ptr + row) != 0, hi, lo)
-        share = tl.cdiv(tl.cdiv(hi - lo, SPLITS), BLOCK) * BLOCK
+        # The row's splits follow its own length, not the batch: its sums are the same in any batch.
+        used = tl.minimum(tl.maximum(tl.cdiv(hi - lo, SPLIT_SLOTS), 1), SPLITS)
+        if split >= used:
+            return
+        if split == 0 and head == 0:
+            tl.store(used_ptr + row, used)
+        share = tl.cdiv(tl.cdiv(hi - lo, used), BLOCK) * BLOCK
         start = lo + split * share
         stop = tl.minimum(start + share, hi)
         k_row = k_ptr + row * stride_kb + head * stride_kh
@@ -213,26 +223,21 @@ if triton is not None:
         tl.store(out + DH + 1, total)
 
     @triton.jit
-    def _combine_kernel(part_ptr, out_ptr, stride_ob, stride_oh,
+    def _combine_kernel(part_ptr, used_ptr, out_ptr, stride_ob, stride_oh,
                         H: tl.constexpr, DH: tl.constexpr, SPLITS: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1).to(tl.int64)
         d = tl.arange(0, DH)
         s = tl.arange(0, SPLITS)
+        live = s < tl.load(used_ptr + row)  # the splits the row used (the others wrote nothing)
         base = part_ptr + (row * H + head) * SPLITS * (DH + 2)
-        m = tl.load(base + s * (DH + 2) + DH)  # [SPLITS]
-        total = tl.load(base + s * (DH + 2) + DH + 1)
-        acc = tl.load(base + s[:, None] * (DH + 2) + d[None, :])  # [SPLITS, DH]
+        m = tl.load(base + s * (DH + 2) + DH, mask=live, other=NEGATIVE)  # [SPLITS]
+        total = tl.load(base + s * (DH + 2) + DH + 1, mask=live, other=0.0)
+        acc = tl.load(base + s[:, None] * (DH + 2) + d[None, :], mask=live[:, None], other=0.0)  # [SPLITS, DH]
         weight = tl.exp(m - tl.max(m, 0))
         denominator = tl.sum(total * weight, 0)
         value = tl.sum(acc * weight[:, None], 0) / tl.where(denominator > 0, denominator, 1.0)
         tl.store(out_ptr + row * stride_ob + head * stride_oh + d, value.to(out_ptr.dtype.element_ty))
-
-
-def splits_for(batch: int, heads: int) -> int:
-    """Programs per (row, head): enough to fill the GPU when the batch is small (a power of two)."""
-    wanted = max(1, min(MAX_SPLITS, TARGET_PROGRAMS // max(1, batch * heads)))
-    return 1 << (wanted.bit_length() - 1)
 
 
 def ring_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -245,31 +250,34 @@ def ring_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     B, H, C, DH = keys.shape
     assert q.shape == (B, H, DH) and values.shape == keys.shape and positions.shape == (B,)
     assert keys.stride(-1) == 1 and values.stride(-1) == 1 and q.stride(-1) == 1 and DH == triton.next_power_of_2(DH)
-    splits = splits_for(B, H)
+    splits = MAX_SPLITS  # a row uses as many as its length needs (the kernel): the rest exit at once
     part = torch.empty(B, H, splits, DH + 2, dtype=torch.float32, device=q.device)
+    used = torch.empty(B, dtype=torch.int32, device=q.device)
     out = torch.empty(B, H, DH, dtype=q.dtype, device=q.device)
     has_scale = key_scales is not None
     ks = key_scales if key_scales is not None else part  # unused when not has_scale
     vs = value_scales if value_scales is not None else part
     _split_kernel[(B, H, splits)](
-        q, keys, values, ks, vs, positions, active if active is not None else positions, part,
+        q, keys, values, ks, vs, positions, active if active is not None else positions, part, used,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
         C, context, 1.0 / math.sqrt(DH),
         H=H, DH=DH, SPLITS=splits, BLOCK=block, HAS_SCALE=has_scale, DYNAMIC=not INTERPRETED,
-        STATIC_BLOCKS=triton.cdiv(triton.cdiv(C, splits), block) if INTERPRETED else 0,
+        STATIC_BLOCKS=triton.cdiv(C, block) if INTERPRETED else 0, SPLIT_SLOTS=SPLIT_SLOTS,
         DOTS=dots and has_scale and DH >= 16, HAS_ACTIVE=active is not None, num_warps=warps,
     )
-    combine_splits(part, out)
+    combine_splits(part, used, out)
     return out
 
 
-def combine_splits(part: torch.Tensor, out: torch.Tensor) -> None:
-    """The splits' partial softmaxes part [B, H, SPLITS, Dh + 2] (weighted values, max, sum)
-    into out [B, H, Dh]: one launch (cache_attention.py uses it too)."""
+def combine_splits(part: torch.Tensor, used: torch.Tensor, out: torch.Tensor) -> None:
+    """The splits' partial softmaxes part [B, H, SPLITS, Dh + 2] (weighted values, max, sum), the
+    first used[b] of them written for row b, into out [B, H, Dh]: one launch (cache_attention.py
+    uses it too). Unused splits add exact zeros, so a row's result does not depend on SPLITS."""
     B, H, splits, width = part.shape
-    _combine_kernel[(B, H)](part, out, out.stride(0), out.stride(1), H=H, DH=width - 2, SPLITS=splits, num_warps=1)
+    _combine_kernel[(B, H)](part, used, out, out.stride(0), out.stride(1), H=H, DH=width - 2, SPLITS=splits,
+                            num_warps=1)
 
 
 def ring_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

@@ -78,16 +78,31 @@ def test_ring_attention_compiles(float8: bool, splits: int) -> None:
 
     ring = "*fp8e4nv" if float8 else "*bf16"
     signature = {"q_ptr": "*bf16", "k_ptr": ring, "v_ptr": ring, "ks_ptr": "*fp32", "vs_ptr": "*fp32",
-                 "pos_ptr": "*i64", "active_ptr": "*i1", "part_ptr": "*fp32", **dict.fromkeys(STRIDES, "i32"),
-                 "sm_scale": "fp32"}
+                 "pos_ptr": "*i64", "active_ptr": "*i1", "part_ptr": "*fp32", "used_ptr": "*i32",
+                 **dict.fromkeys(STRIDES, "i32"), "sm_scale": "fp32"}
     ptx = compile_for_hopper(ra._split_kernel, signature, {"H": 32, "DH": 128, "SPLITS": splits, "BLOCK": ra.BLOCK_N,
                                                             "HAS_SCALE": float8, "DYNAMIC": True, "STATIC_BLOCKS": 0,
-                                                            "DOTS": float8, "HAS_ACTIVE": True})
+                                                            "DOTS": float8, "HAS_ACTIVE": True,
+                                                            "SPLIT_SLOTS": ra.SPLIT_SLOTS})
     assert ".target sm_90" in ptx
     if float8:  # the tensor cores' form: its dots are Hopper's (wgmma) or Ampere's (mma) instructions
         assert "wgmma" in ptx or "mma.sync" in ptx
-    compile_for_hopper(ra._combine_kernel, {"part_ptr": "*fp32", "out_ptr": "*bf16", "stride_ob": "i32",
-                                            "stride_oh": "i32"}, {"H": 32, "DH": 128, "SPLITS": splits})
+    compile_for_hopper(ra._combine_kernel, {"part_ptr": "*fp32", "used_ptr": "*i32", "out_ptr": "*bf16",
+                                            "stride_ob": "i32", "stride_oh": "i32"},
+                       {"H": 32, "DH": 128, "SPLITS": splits})
+
+
+def test_cache_attention_compiles() -> None:
+    from engine.kernels import cache_attention as ca
+
+    signature = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "slot_ptr": "*i64", "pos_ptr": "*i64",
+                 "part_ptr": "*fp32", "used_ptr": "*i32", **dict.fromkeys(
+                     ("stride_qb", "stride_qh", "stride_ks", "stride_kr", "stride_kh", "stride_vs", "stride_vr",
+                      "stride_vh"), "i32"), "sm_scale": "fp32"}
+    ptx = compile_for_hopper(ca._split_kernel, signature, {"H": 16, "GROUP": 8, "ROWS": 16, "DH": 256, "SPLITS": 16,
+                                                            "BLOCK": ca.BLOCK_N, "IEEE": False, "DYNAMIC": True,
+                                                            "STATIC_BLOCKS": 0, "SPLIT_ROWS": ca.SPLIT_ROWS})
+    assert ".target sm_90" in ptx and ("wgmma" in ptx or "mma.sync" in ptx)
 
 
 @pytest.mark.parametrize("vocabulary", [2048, 32000])
