@@ -160,9 +160,11 @@ def cache_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
 def _cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                      positions: torch.Tensor) -> torch.Tensor:
     if q.is_cuda and triton is not None:  # the reference from the kernel's first failure on this GPU on
-        return guarded("cache attention", cache_attention_kernel, cache_attention_reference, q, keys, values, slots,
-                       positions)
-    return cache_attention_reference(q, keys, values, slots, positions)
+        out = guarded("cache attention", cache_attention_kernel, cache_attention_reference, q, keys, values, slots,
+                      positions)
+    else:
+        out = cache_attention_reference(q, keys, values, slots, positions)
+    return out.contiguous()  # the layout the fake promises the compiled caller, whichever path ran
 
 
 # The kernel on CUDA, the reference elsewhere, as one operator: torch.compile keeps it in the
@@ -176,4 +178,4 @@ cache_attention = torch.library.custom_op(
 @cache_attention.register_fake
 def _(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
       positions: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)  # [B, H, Dh], contiguous
