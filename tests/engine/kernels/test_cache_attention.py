@@ -61,59 +61,44 @@ def test_kernel_equals_reference_at_the_full_size(rows: int) -> None:
     check(16, 2, 256, 8193, list(range(rows)), positions, "cuda", torch.bfloat16, tolerance=2e-2)
 
 
-def test_the_layer_with_the_kernels_path_is_the_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """fast.py's `cache_decode` in a full-attention layer (one row per slot: the cache written,
+@pytest.mark.parametrize("kind", ["backbone", "tower"])
+def test_the_layer_with_the_kernels_path_is_the_layer(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """fast.py's `cache_decode` in a backbone full-attention layer and in a tower layer's
+    attention (10 and 13 of them run in each decode step; one row per slot: the cache written,
     then each row over its own rows; on a CPU the reference stands in for the kernel) gives
-    what the layer's own path gives, and leaves the same cache."""
+    what the layer's own path gives, leaves the same cache, and goes through the kernel's entry."""
     from engine.drama3.backbone import GatedAttention
-    from engine.drama3.config import Drama3Config
-    from engine.drama3.fast import cache_decode
-    from engine.drama3.layers import KVCache
-    from engine.drama3.tiny import tiny_config
-
-    text = Drama3Config.from_dict(tiny_config()).text
-    torch.manual_seed(0)
-    plain, fast = GatedAttention(text), GatedAttention(text)
-    fast.load_state_dict(plain.state_dict())
-    for layer in (plain, fast):
-        layer.kv_cache = KVCache(4, 64, text.num_key_value_heads, text.head_dim, "cpu", torch.float32)
-    calls = []
-    monkeypatch.setattr(ca, "cache_attention", lambda *args: calls.append(1) or ca.cache_attention_reference(*args))
-    vars(fast)["attend_cache"] = cache_decode(fast)
-    rope = torch.randn(64, 2, text.rotary_dim // 2)
-    slots = torch.tensor([2, 0, 3])
-    for step in range(12):  # three rows at different positions, one decode call each step
-        positions = torch.tensor([[step], [step + 20], [2 * step]])
-        x = torch.randn(3, 1, text.hidden_size)
-        want, got = plain(x, rope[positions], positions, slots, 48), fast(x, rope[positions], positions, slots, 48)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert plain.kv_cache is not None and fast.kv_cache is not None
-    assert torch.equal(plain.kv_cache.k, fast.kv_cache.k) and torch.equal(plain.kv_cache.v, fast.kv_cache.v)
-    assert len(calls) == 12  # each one-row call went through the kernel's entry point
-
-
-def test_the_tower_layer_with_the_kernels_path_is_the_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same for a tower layer's attention (13 of them run in each decode step)."""
     from engine.drama3.config import Drama3Config
     from engine.drama3.fast import cache_decode
     from engine.drama3.layers import KVCache, rope_table
     from engine.drama3.tiny import tiny_config
     from engine.drama3.tower import TowerAttention
 
-    tower = Drama3Config.from_dict(tiny_config()).tower
-    torch.manual_seed(1)
-    plain, fast = TowerAttention(tower), TowerAttention(tower)
+    config = Drama3Config.from_dict(tiny_config())
+    torch.manual_seed(0)
+    layers: list[GatedAttention | TowerAttention]
+    if kind == "backbone":
+        text = config.text
+        layers = [GatedAttention(text), GatedAttention(text)]
+        kv_heads, head_dim, width, rotary, base = (text.num_key_value_heads, text.head_dim, text.hidden_size,
+                                                   text.rotary_dim, text.rope_theta)
+    else:
+        tower = config.tower
+        layers = [TowerAttention(tower), TowerAttention(tower)]
+        kv_heads, head_dim, width, rotary, base = (tower.n_local_heads, tower.head_dim, tower.dim, tower.rotary_dim,
+                                                   tower.rope_base)
+    plain, fast = layers
     fast.load_state_dict(plain.state_dict())
     for layer in (plain, fast):
-        layer.kv_cache = KVCache(4, 64, tower.n_local_heads, tower.head_dim, "cpu", torch.float32)
+        layer.kv_cache = KVCache(4, 64, kv_heads, head_dim, "cpu", torch.float32)
     calls = []
     monkeypatch.setattr(ca, "cache_attention", lambda *args: calls.append(1) or ca.cache_attention_reference(*args))
     vars(fast)["attend_cache"] = cache_decode(fast)
-    rope = rope_table(64, tower.rotary_dim, tower.rope_base, "cpu")
-    slots = torch.tensor([1, 3, 0])
-    for step in range(12):
-        positions = torch.tensor([[step], [step + 30], [3 * step]])
-        x = torch.randn(3, 1, tower.dim)
+    rope = rope_table(64, rotary, base, "cpu")
+    slots = torch.tensor([2, 0, 3])
+    for step in range(12):  # three rows at different positions, one decode call each step
+        positions = torch.tensor([[step], [step + 20], [2 * step]])
+        x = torch.randn(3, 1, width)
         want, got = plain(x, rope[positions], positions, slots, 48), fast(x, rope[positions], positions, slots, 48)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert plain.kv_cache is not None and fast.kv_cache is not None
