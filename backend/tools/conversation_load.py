@@ -19,9 +19,9 @@ With `joins` (`--join N`), N more conversations open one after another while the
 talk (the first `join_after_s` after they all listen, then one every `join_every_s`): their
 system prompt time (open sent to listening) is a row of its own, and so is the tick latency
 of the talking conversations' frames sent while a join's system prompt was being read or in
-the frame after it listens, which says whether the others keep their tick. Each joiner opens with a persona of its own
-(a friendly teacher's, naming the caller), so its prompt is read rather than copied
-from the server's read prompts: the join measured is the one that costs the others most.
+the frame after it listens, which says whether the others keep their tick. Each joiner opens
+with a persona of its own (a friendly teacher's, naming the caller), so its prompt is read
+rather than copied from the server's read prompts: the join measured is the costliest.
 
 Design choices:
 - The user audio is made here (`user_voice`: a wobbling tone with noise), so the test needs

@@ -59,7 +59,7 @@ Design choices:
   graphs, or with `group`).
 - With a prefix cache (`decoder.prefix`, prefix.py), a prefill first restores the slot's
   state at the longest prefix of the prompt an earlier prefill left a snapshot of, runs
-  only the rows after it, and leaves snapshots at the prompt's cuts (prefix.py `cuts`) as
+  only the rows after it, and leaves snapshots at the prompt's cuts (prefill.py `cuts`) as
   its chunks pass them; a whole-prompt hit runs no chunk at all.
 - A take starts in a clean slot: its KV rows past the restored prefix are zeroed (a few
   memsets). Attention masks the rows past a query's position, but a masked row still

@@ -37,9 +37,9 @@ Design choices:
   rows up to its position straight from the cache (engine/kernels/cache_attention.py)
   instead of gathering the step's KV bucket and masking it: on the H200 (stop 31's `bench
   kernels`) 0.0064 against 0.0313 ms a layer at 512 rows, 0.0193 against 0.0421 at 4,096,
-  so ~0.5 ms of a 5.7 ms step, and a row's cost follows its own history, not the bucket. The block-FP8 W8A8 experts
-  always run their kernel on CUDA (moe.py): it is the release's arithmetic, and without
-  host syncs.
+  so ~0.5 ms of a 5.7 ms step, and a row's cost follows its own history, not the bucket.
+  The block-FP8 W8A8 experts always run their kernel on CUDA (moe.py): it is the release's
+  arithmetic, and without host syncs.
 - Decode calls (one row per slot) of every backbone and tower layer run torch.compile'd
   code (Inductor fuses the norms, rope, gates and the DeltaNet step into a few kernels),
   compiled with symbolic sizes from the start (one compile serves every row and KV bucket);
