@@ -31,8 +31,8 @@ Design choices:
   from the position, skips the ring slots a young conversation has not written) when
   `fused` is set; everything else, and every CPU call, is the torch path below, which is
   the kernel's reference. The kernel skips the rows a tick holds (`active`): their output
-  is never kept, and the torch path computes them all. A kernel that fails to build on the GPU gives way to its
-  reference, logged once (engine/kernels/fallback.py).
+  is never kept, and the torch path computes them all. A kernel that fails to build on the
+  GPU gives way to its reference, logged once (engine/kernels/fallback.py).
 """
 
 from __future__ import annotations
