@@ -75,8 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on a GPU, prefill chunks through the Inductor-compiled layers too (fused kernels in each "
                              "chunk's graph; a longer warm-up; off until measured)")
     parser.add_argument("--kernels", nargs="*", metavar="NAME",
-                        help="the decode step's Triton kernels on a GPU (default: deltanet_step cache_attention; see "
-                             "`retake bench decode --help` for the names); to measure one through the server")
+                        help="the decode step's Triton kernels on a GPU (default: deltanet_step moe_routing "
+                             "cache_attention; see `retake bench decode --help` for the names); to measure one through "
+                             "the server")
     parser.add_argument("--slots", type=int, help="takes that decode together in one batched step (default: as many as "
                                                   "the GPU's free memory holds, at most 64; 2 on a CPU); caps the "
                                                   "number on a GPU")

@@ -17,11 +17,13 @@ PersonaPlex's attention over a full float8 ring of 3,000 positions per conversat
 conversations; `per_step` and `step_ms` then count one tick's 32 Helium layers).
 
 Design choices:
-- A call's time is the replay of a CUDA graph of `copies` calls divided by `copies`,
-  median of 20 replays: graphs remove the launch overhead a decode step no longer pays,
-  and every call reads its own copy of the data a step reads cold from memory (DeltaNet
-  states, the experts chosen by a fresh routing), at least 128 MiB in all, so the L2
-  cache does not flatter them. Activations and logits are one copy: in a step they are
+- A call's time is the replay of a CUDA graph of at least MIN_CALLS calls divided by their
+  number, median of 20 replays: graphs remove the launch overhead a decode step no longer
+  pays, and every call reads its own copy of the data a step reads cold from memory
+  (DeltaNet states, the experts chosen by a fresh routing), at least 128 MiB in all, so the
+  L2 cache does not flatter them (`copies`; calls past them reuse them in turn). A graph of
+  one call timed the replay's own ~15 us: stop 31's small kernels (routing, norm,
+  samplers) all read 13-18 us. Activations and logits are one copy: in a step they are
   fresh from the previous kernel. References with a host sync (the MoE reference) run
   eagerly, timed with CUDA events around the same calls (`reference_mode` says which).
 - The shapes come from the `full` preset's config (engine/drama3/config.py), not from
@@ -49,6 +51,7 @@ HELP = ("each decode kernel (sampler, norm, DeltaNet step, MoE routing, FP8 MoE,
         "ring attention) vs its torch reference (needs CUDA)")
 COLD_BYTES = 128 << 20  # data read cold per timed graph, at least (the L2 cache is 50-60 MiB)
 MAX_COPIES = 64
+MIN_CALLS = 32  # calls per timed graph: the replay's fixed cost spread thin
 REPLAYS = 20
 
 
@@ -152,7 +155,7 @@ def deltanet_cases(config: Drama3Config, rows: int, device: torch.device) -> lis
     def run(target: GatedDeltaNet, pairs: list[tuple[torch.Tensor, torch.Tensor]], i: int,
             step: Callable[..., torch.Tensor]) -> torch.Tensor:
         target.conv_state, target.recurrent_state = pairs[i]  # copy i's states, cold in memory
-        return step(target, mixed, z, b, a, positions, slots)
+        return step(ds.step_layer(target), mixed, z, b, a, positions, slots)
 
     per_row = 2 * (text.linear_num_value_heads * text.linear_key_head_dim * text.linear_value_head_dim * 4
                    + layer.conv_channels * (text.linear_conv_kernel_dim - 1) * 2) \
@@ -320,24 +323,26 @@ def _replay_ms(run: Callable[[], object]) -> float:
 
 
 def call_ms(call: Callable[[int], object], copies: int, graphs: bool) -> float:
-    """Median ms of one call: a CUDA graph of `copies` calls replayed, or the calls eagerly."""
+    """Median ms of one call: a CUDA graph of at least MIN_CALLS calls over the `copies`
+    replayed, or the copies' calls eagerly."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # warm-up (compiles the kernels) off the capture
         for i in range(copies):
             call(i)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    count = copies if not graphs else max(copies, MIN_CALLS)
 
     def calls() -> None:
-        for i in range(copies):
-            call(i)
+        for i in range(count):
+            call(i % copies)
 
     if not graphs:
-        return _replay_ms(calls) / copies
+        return _replay_ms(calls) / count
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         calls()
-    ms = _replay_ms(graph.replay) / copies
+    ms = _replay_ms(graph.replay) / count
     del graph
     return ms
 

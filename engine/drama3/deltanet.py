@@ -107,9 +107,14 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * y * F.silu(z.float())).to(z.dtype)
+        return gated_rms_norm(x, z, self.weight, self.eps)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """GatedRMSNorm's arithmetic: RMSNorm(x) * weight * silu(z), in z's dtype."""
+    y = x.float()
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * y * F.silu(z.float())).to(z.dtype)
 
 
 class GatedDeltaNet(nn.Module):

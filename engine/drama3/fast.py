@@ -22,14 +22,16 @@ Design choices:
 - Gated DeltaNet prefill runs flash-linear-attention's chunked kernel; one-row decode
   calls run the whole step between the projections and `out_proj` (conv state, gated
   delta rule, gated norm) as two Triton launches per layer (engine/kernels/deltanet_step.py,
-  tested against its torch reference and the layer). torch.compile does not trace into
-  it (a graph break): inside the decode step's CUDA graph a break costs nothing.
+  tested against its torch reference and the layer). It is a torch operator, as the
+  routing and attention kernels are: the compiled layers keep each inside their graph (a
+  Python call behind `torch.compiler.disable` broke each layer's graph in two, splitting
+  Inductor's fusions and multiplying the warm-up's compiles; test_compiles.py counts).
 - Each Triton kernel of the step is selectable (`kernels`, `retake bench decode
   --kernels`), so each is measured in the step against the step without it. By default
   the residual add + RMSNorm stays torch code: in the compiled decode layers Inductor
   fuses each norm with the add before it, which is what engine/kernels/norm.py's kernel
   does; `add_rms_norm` puts the kernel (a graph break, like the DeltaNet step) at the
-  layers' `RMSNorm.add` instead. `moe_routing` (off by default until measured) runs each MoE layer's
+  layers' `RMSNorm.add` instead. `moe_routing` (on by default) runs each MoE layer's
   router softmax, top-8 and renormalisation as one launch (engine/kernels/moe_routing.py)
   instead of ~6 (torch.topk alone is a gather and a sort). `cache_attention` (on by
   default) runs the one-row attention of each backbone full-attention layer and each tower
@@ -191,18 +193,12 @@ def deltanet_decode(layer: GatedDeltaNet) -> Callable[..., torch.Tensor]:
 
     forward = layer.forward
 
-    def launch(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, positions: torch.Tensor,
-               slots: torch.Tensor) -> torch.Tensor:
-        return deltanet_step(layer, mixed, z, b, a, positions, slots)
-
-    step = cast(Callable[..., torch.Tensor], torch.compiler.disable(launch))  # compiled callers break around it
-
     def run(x: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
             valid: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[1] != 1 or valid is not None:
             return forward(x, input_pos, slots, valid)
         mixed, z, b, a = layer.project(x)  # [B, 1, C], [B, 1, Hv*Dv], [B, 1, Hv] x 2
-        out = step(mixed[:, 0], z[:, 0], b[:, 0], a[:, 0], input_pos[:, 0], slots)  # [B, Hv*Dv]
+        out = deltanet_step(layer, mixed[:, 0], z[:, 0], b[:, 0], a[:, 0], input_pos[:, 0], slots)  # [B, Hv*Dv]
         y: torch.Tensor = layer.out_proj(out)[:, None]  # [B, 1, D]
         return y
 
@@ -230,22 +226,21 @@ def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tenso
 
     k = moe.top_k
 
-    def launch(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return route(logits, k)
+    def run(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        experts, weights = route(logits, k)
+        return experts, weights
 
-    return cast(Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-                torch.compiler.disable(launch))  # compiled callers break around it
+    return run
 
 
 KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention")  # the step's Triton kernels
-# cache_attention: on, from the kernel's own figures (above); the step with and without it is still
-# to measure (`retake bench decode --kernels deltanet_step` against the default). A torch operator,
-# so it adds no graph break to the compiled layers (test_compiles.py).
-# add_rms_norm: Inductor fuses the compiled layers' norms already. moe_routing: off until the H200
-# shows what it saves: in the first run with it on, the decode graphs' warm-up (compile included)
-# took 3.7x as long (its graph break in every compiled MoE layer is the suspect, not measured
-# apart; docs/perf.md, the third call of 2026-12-03).
-DEFAULT_KERNELS = ("deltanet_step", "cache_attention")
+# cache_attention: on, from the kernel's own H200 figures (above). moe_routing: on; one launch where
+# the reference makes ~6 in each of the 40 MoE layers (~0.75 ms of a step in stop 27's profile). Its
+# first H200 run (a `torch.compiler.disable` break in every MoE layer then) warmed up 3.7x as long; as
+# the three kernels are now torch operators they add no graph break (test_compiles.py). The step with
+# and without each: `retake bench decode --kernels ...` on the H200 (docs/perf.md, to measure).
+# add_rms_norm: Inductor fuses the compiled layers' norms already.
+DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention")
 
 
 def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compile_prefill: bool = False,

@@ -1,6 +1,7 @@
 """One Gated DeltaNet decode step (one row per slot) as two Triton launches per layer.
 
     out = deltanet_step(layer, mixed, z, b, a, positions, slots)   # [B, Hv*Dv]; then layer.out_proj(out)
+    out = deltanet_step_kernel(step_layer(layer), mixed, z, b, a, positions, slots)   # the kernel alone
 
 From the layer's input projections of one row per slot (mixed [B, C] = q | k | v
 channels, z [B, Hv*Dv], b and a [B, Hv]; views into one packed GEMM output are fine),
@@ -32,18 +33,23 @@ Design choices:
 - Within a program, every read of a state comes before a barrier and every write after
   it: threads that hold copies of one element must not see each other's new values.
 - `deltanet_step_reference` is the plain-torch definition, built from the layer's own
-  pieces (deltanet.py's l2_normalize, recurrent_delta_rule, GatedRMSNorm); tests hold
+  pieces (deltanet.py's l2_normalize, recurrent_delta_rule, gated_rms_norm); tests hold
   the kernel to it and it to GatedDeltaNet.forward.
+- `deltanet_step` is a torch operator (`retake::deltanet_step`, mutating the two states it is
+  handed): torch.compile keeps it inside each compiled DeltaNet layer's graph. Behind
+  `torch.compiler.disable` it broke each of the 30 layers' graphs in two. The operator reads
+  tensors and numbers, not the layer (`StepLayer`: its states, weights, head counts), so the
+  30 layers share one compile.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from engine.drama3.deltanet import l2_normalize, recurrent_delta_rule
+from engine.drama3.deltanet import gated_rms_norm, l2_normalize, recurrent_delta_rule
 from engine.kernels.fallback import guarded
 
 if TYPE_CHECKING:
@@ -62,16 +68,53 @@ L2_EPS = 1e-6  # deltanet.l2_normalize's
 STATE_COLUMNS = 32  # value columns of a state per program (Dk x 32 float32: 16 KiB at Dk 128)
 
 
+class StepLayer(NamedTuple):
+    """What a step reads of a GatedDeltaNet layer: its states (updated in place), weights, heads."""
+
+    conv_state: torch.Tensor  # [slots, C, K-1] model dtype
+    recurrent_state: torch.Tensor  # float32 [slots, Hv, Dk, Dv]
+    conv_weight: torch.Tensor  # [C, 1, K]
+    A_log: torch.Tensor  # [Hv]
+    dt_bias: torch.Tensor  # [Hv]
+    norm_weight: torch.Tensor  # [Dv]
+    k_heads: int
+    v_heads: int
+    norm_eps: float
+
+    @property
+    def conv_channels(self) -> int:
+        return self.conv_weight.shape[0]
+
+    @property
+    def kernel(self) -> int:
+        return self.conv_weight.shape[-1]
+
+    @property
+    def v_dim(self) -> int:
+        return self.recurrent_state.shape[-1]
+
+    @property
+    def k_dim(self) -> int:
+        return self.recurrent_state.shape[-2]
+
+
+def step_layer(layer: GatedDeltaNet) -> StepLayer:
+    """The parts of `layer` a step reads (its caches set up)."""
+    assert layer.conv_state is not None and layer.recurrent_state is not None, "call layer.setup_cache first"
+    return StepLayer(layer.conv_state, layer.recurrent_state, layer.conv1d.weight, layer.A_log, layer.dt_bias,
+                     layer.norm.weight, layer.k_heads, layer.v_heads, layer.norm.eps)
+
+
 # ─── torch reference ─────────────────────────────────────────────────────────
 
 
-def deltanet_step_reference(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
+def deltanet_step_reference(layer: StepLayer, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
                             a: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """mixed [B, C], z [B, Hv*Dv], b and a [B, Hv], positions and slots [B] -> out [B, Hv*Dv] (z's dtype)."""
     continuing = (positions > 0)[:, None, None]  # [B, 1, 1]: `where`, as in the layer (a stale state may be NaN)
     window = torch.cat((torch.where(continuing, layer.conv_state[slots], 0), mixed[:, :, None]), dim=-1)  # [B, C, K]
     layer.conv_state[slots] = window[:, :, 1:]
-    mixed = F.silu(F.conv1d(window, layer.conv1d.weight, groups=layer.conv_channels))[:, :, 0]  # [B, C]
+    mixed = F.silu(F.conv1d(window, layer.conv_weight, groups=layer.conv_channels))[:, :, 0]  # [B, C]
     B, key_width = len(mixed), layer.k_heads * layer.k_dim
     q, k, v = mixed[:, :key_width], mixed[:, key_width:2 * key_width], mixed[:, 2 * key_width:]
     repeat = layer.v_heads // layer.k_heads
@@ -84,7 +127,8 @@ def deltanet_step_reference(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.
     state = torch.where(continuing[..., None], layer.recurrent_state[slots], 0)  # [B, Hv, Dk, Dv]
     out, state = recurrent_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], state)
     layer.recurrent_state[slots] = state
-    normed: torch.Tensor = layer.norm(out[:, 0], z.reshape(B, layer.v_heads, layer.v_dim))  # [B, Hv, Dv]
+    normed = gated_rms_norm(out[:, 0], z.reshape(B, layer.v_heads, layer.v_dim), layer.norm_weight,
+                            layer.norm_eps)  # [B, Hv, Dv]
     return normed.flatten(-2)
 
 
@@ -201,14 +245,13 @@ if triton is not None:
                           channel, live, tl.load(positions_ptr + row) > 0, KERNEL, TAPS)
 
 
-def deltanet_step_kernel(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
+def deltanet_step_kernel(layer: StepLayer, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor,
                          a: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """`deltanet_step_reference` as two Triton launches: a program per (row, value head,
     BV state columns) for the delta rule, then one per (row, value head) for the gated norm
     and the conv states."""
     B = mixed.shape[0]
-    conv_state, state, weight = layer.conv_state, layer.recurrent_state, layer.conv1d.weight
-    assert conv_state is not None and state is not None, "call layer.setup_cache first"
+    conv_state, state, weight = layer.conv_state, layer.recurrent_state, layer.conv_weight
     assert conv_state.is_contiguous() and state.is_contiguous() and weight.is_contiguous()
     assert all(t.stride(-1) == 1 for t in (mixed, z, b, a)) and state.dtype == torch.float32
     HV, DV, C = layer.v_heads, layer.v_dim, layer.conv_channels
@@ -224,18 +267,48 @@ def deltanet_step_kernel(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.Ten
     out = torch.empty(B, HV * DV, dtype=z.dtype, device=z.device)
     channels = -(-C // HV)
     _deltanet_out_kernel[(B, HV)](
-        o, z, z.stride(0), mixed, mixed.stride(0), conv_state, layer.norm.weight, positions, slots, out,
-        layer.norm.eps, HV=HV, DV=DV, C=C, CH=channels, CH_SPAN=triton.next_power_of_2(channels),
+        o, z, z.stride(0), mixed, mixed.stride(0), conv_state, layer.norm_weight, positions, slots, out,
+        layer.norm_eps, HV=HV, DV=DV, C=C, CH=channels, CH_SPAN=triton.next_power_of_2(channels),
         KERNEL=layer.kernel, TAPS=taps, num_warps=4,
     )
     return out
 
 
-def deltanet_step(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-                  positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """The kernel on CUDA (its reference from then on if it fails to build there:
-    fallback.py), the reference elsewhere."""
-    if mixed.is_cuda and triton is not None:
+def _deltanet_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, positions: torch.Tensor,
+                   slots: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor,
+                   conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor,
+                   k_heads: int, norm_eps: float) -> torch.Tensor:
+    layer = StepLayer(conv_state, recurrent_state, conv_weight, A_log, dt_bias, norm_weight, k_heads, b.shape[1],
+                      norm_eps)
+    if mixed.is_cuda and triton is not None:  # the reference from the kernel's first failure on this GPU on
         return guarded("DeltaNet step", deltanet_step_kernel, deltanet_step_reference, layer, mixed, z, b, a,
                        positions, slots)
     return deltanet_step_reference(layer, mixed, z, b, a, positions, slots)
+
+
+# The kernel on CUDA, the reference elsewhere, as one operator that updates the two states in place.
+_step_operator = torch.library.custom_op(
+    "retake::deltanet_step", _deltanet_step, mutates_args=("conv_state", "recurrent_state"),
+    schema="(Tensor mixed, Tensor z, Tensor b, Tensor a, Tensor positions, Tensor slots, Tensor(a!) conv_state, "
+           "Tensor(b!) recurrent_state, Tensor conv_weight, Tensor A_log, Tensor dt_bias, Tensor norm_weight, "
+           "int k_heads, float norm_eps) -> Tensor")
+
+
+@_step_operator.register_fake
+def _(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, positions: torch.Tensor,
+      slots: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor, conv_weight: torch.Tensor,
+      A_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor, k_heads: int,
+      norm_eps: float) -> torch.Tensor:
+    return z.new_empty((z.shape[0], z.shape[1]))  # [B, Hv*Dv], contiguous
+
+
+def deltanet_step(layer: GatedDeltaNet, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                  positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """One decode step of `layer` ([B, Hv*Dv]; its states of `slots` advanced): the kernel on
+    CUDA (its reference from then on if it fails to build there: fallback.py), the reference
+    elsewhere; one operator to torch.compile."""
+    parts = step_layer(layer)
+    out: torch.Tensor = _step_operator(mixed, z, b, a, positions, slots, parts.conv_state, parts.recurrent_state,
+                                       parts.conv_weight, parts.A_log, parts.dt_bias, parts.norm_weight,
+                                       parts.k_heads, parts.norm_eps)
+    return out

@@ -49,14 +49,17 @@ def test_every_row_and_kv_bucket_shares_the_compiles_of_batch_one_and_of_many(mo
     assert compiled[0, 0] == 2 * kinds, f"a decoder of other sizes recompiled the layers: {compiled}"
 
 
-def test_the_cache_attention_kernel_adds_no_graph_break(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With `cache_attention` (the GPU's default) each attention layer's one-row call runs the
-    kernel as one operator inside the compiled graph: as many graphs as without it (a graph
-    break in each of the 23 attention layers had made 14 of 4 here, and multiplied the warm-up's
-    compiles), the compiles do not grow with the row buckets or the decoder, and the compiled
-    step gives the eager step's state. On a CPU the operator runs the kernel's reference."""
+def test_the_step_kernels_add_no_graph_break(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the step's kernels (`cache_attention`, `deltanet_step`, `moe_routing`) each runs as
+    one operator inside the compiled layer's graph: as many graphs as without them (a graph
+    break around the attention kernel in each of the 23 attention layers had made 14 of 4 here,
+    and multiplied the warm-up's compiles; the DeltaNet step's and the routing's breaks split the
+    other layers), the compiles do not grow with the row buckets or the decoder, and the compiled
+    step gives the eager step's state. On a CPU the operators run the kernels' references."""
     from engine.drama3.backbone import GatedAttention
-    from engine.drama3.fast import cache_decode
+    from engine.drama3.deltanet import GatedDeltaNet
+    from engine.drama3.fast import cache_decode, deltanet_decode, routing_kernel
+    from engine.drama3.moe import SparseMoE
     from engine.drama3.tower import TowerAttention
 
     monkeypatch.setattr(torch._dynamo.config, "force_parameter_static_shapes", False)
@@ -72,6 +75,10 @@ def test_the_cache_attention_kernel_adds_no_graph_break(monkeypatch: pytest.Monk
             for module in model.modules():
                 if isinstance(module, (GatedAttention, TowerAttention)):
                     vars(module)["attend_cache"] = cache_decode(module)
+                elif isinstance(module, GatedDeltaNet):
+                    vars(module)["forward"] = deltanet_decode(module)
+                elif isinstance(module, SparseMoE):
+                    vars(module)["top_experts"] = routing_kernel(module)
         if compiled:
             tower = model.tower
             for layer in (*model.backbone.layers, *tower.shared_layers, *tower.residual_layers):
@@ -93,6 +100,6 @@ def test_the_cache_attention_kernel_adds_no_graph_break(monkeypatch: pytest.Monk
         counts[kernel, compiled] = graphs
     torch._dynamo.reset()
     plain, fast = counts[False, True], counts[True, True]
-    assert fast == plain, f"the kernel changed the compiled graphs: {fast} against {plain}"
+    assert fast == plain, f"the kernels changed the compiled graphs: {fast} against {plain}"
     assert fast[0] >= 3 and fast[1] == fast[2] == fast[3] == fast[4], f"the buckets or a decoder recompiled: {fast}"
     torch.testing.assert_close(states[True, True], states[True, False], rtol=1e-5, atol=1e-5)

@@ -51,7 +51,7 @@ def test_reference_is_the_layers_forward_for_one_row_per_slot() -> None:
     with torch.no_grad():
         expected = layer(x[:, None], positions[:, None], slots)[:, 0]
         mixed, z, b, a = (t[:, 0] for t in twin.project(x[:, None]))
-        got = twin.out_proj(ds.deltanet_step_reference(twin, mixed, z, b, a, positions, slots))
+        got = twin.out_proj(ds.deltanet_step_reference(ds.step_layer(twin), mixed, z, b, a, positions, slots))
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(twin.conv_state, layer.conv_state, rtol=0, atol=0)
     torch.testing.assert_close(twin.recurrent_state, layer.recurrent_state, rtol=1e-6, atol=1e-6)
@@ -69,8 +69,8 @@ def check(config: TextConfig, rows: int, dtype: torch.dtype, device: str, seed: 
     for _ in range(3):
         mixed, z, b, a = projections(reference, rows, dtype, device, generator)
         with torch.no_grad():
-            expected = ds.deltanet_step_reference(reference, mixed, z, b, a, positions, slots)
-            got = ds.deltanet_step_kernel(kernel, mixed, z, b, a, positions, slots)
+            expected = ds.deltanet_step_reference(ds.step_layer(reference), mixed, z, b, a, positions, slots)
+            got = ds.deltanet_step_kernel(ds.step_layer(kernel), mixed, z, b, a, positions, slots)
         assert got.dtype == dtype and got.shape == expected.shape
         torch.testing.assert_close(got, expected, **out_tolerance)
         torch.testing.assert_close(kernel.conv_state, reference.conv_state, rtol=0, atol=0)
