@@ -64,6 +64,7 @@ from engine.drama3.layers import RMSNorm
 from engine.drama3.model import Drama3Model
 from engine.drama3.moe import SparseMoE
 from engine.drama3.tower import TowerAttention, TowerBlock
+from engine.kernels.fallback import guarded
 
 
 class PackedLinear(nn.Module):
@@ -220,6 +221,34 @@ def norm_kernel(norm: RMSNorm) -> Callable[[torch.Tensor, torch.Tensor], tuple[t
                 torch.compiler.disable(launch))  # compiled callers break around it
 
 
+def many_rows(x: torch.Tensor) -> bool:
+    """A prefill chunk's call ([B, T, ...] with T > 1), not a decode step's ([B, D], [B, 1, ...])."""
+    return x.dim() >= 3 and x.shape[1] > 1
+
+
+def norm_rows(norm: RMSNorm) -> tuple[Callable[[torch.Tensor], torch.Tensor],
+                                      Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:
+    """`norm.forward` and `norm.add` with a prefill chunk's calls as one launch of norm.py's kernel
+    each (eager torch launches ~9 kernels a norm: casts, square, mean, rsqrt, scales); a decode
+    step's calls keep the module's code, which the compiled layers fuse with their neighbours."""
+    from engine.kernels.norm import add_rms_norm_kernel, add_rms_norm_reference, rms_norm_kernel, rms_norm_reference
+
+    forward, add = norm.forward, norm.add
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if not many_rows(x):
+            return forward(x)
+        out: torch.Tensor = guarded("RMSNorm", rms_norm_kernel, rms_norm_reference, x, norm.weight, norm.eps)
+        return out
+
+    def run_add(x: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not many_rows(x) or x.dtype != update.dtype or x.shape != update.shape:
+            return add(x, update)
+        return guarded("RMSNorm", add_rms_norm_kernel, add_rms_norm_reference, x, update, norm.weight, norm.eps)
+
+    return run, run_add
+
+
 def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """`moe.top_experts` (softmax, top k, renormalise) as one launch of the routing kernel."""
     from engine.kernels.moe_routing import route
@@ -233,14 +262,16 @@ def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tenso
     return run
 
 
-KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention")  # the step's Triton kernels
+KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention", "prefill_norms")  # Triton kernels
 # cache_attention: on, from the kernel's own H200 figures (above). moe_routing: on; one launch where
 # the reference makes ~6 in each of the 40 MoE layers (~0.75 ms of a step in stop 27's profile). Its
 # first H200 run (a `torch.compiler.disable` break in every MoE layer then) warmed up 3.7x as long; as
 # the three kernels are now torch operators they add no graph break (test_compiles.py). The step with
 # and without each: `retake bench decode --kernels ...` on the H200 (docs/perf.md, to measure).
-# add_rms_norm: Inductor fuses the compiled layers' norms already.
-DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention")
+# add_rms_norm: Inductor fuses the compiled layers' norms already. prefill_norms: the eager prefill
+# chunk's ~190 norms (full size) one launch each instead of ~9 (not with --compile-prefill, whose
+# compiled layers fuse them).
+DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention", "prefill_norms")
 
 
 def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compile_prefill: bool = False,
@@ -284,6 +315,11 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
             if isinstance(module, SparseMoE) and "top_experts" not in vars(module):
                 vars(module)["top_experts"] = routing_kernel(module)  # shadows SparseMoE.top_experts
         installed.append("moe_routing_kernel")
+    if "prefill_norms" in kernels and not compile_prefill:  # compiled prefill layers fuse their norms
+        for module in model.modules():
+            if isinstance(module, RMSNorm) and "forward" not in vars(module):
+                vars(module)["forward"], vars(module)["add"] = norm_rows(module)  # shadow RMSNorm's
+        installed.append("prefill_norms_kernel")
     if "cache_attention" in kernels:
         for module in model.modules():
             if isinstance(module, (GatedAttention, TowerAttention)) and "attend_cache" not in vars(module):

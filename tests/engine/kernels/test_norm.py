@@ -81,3 +81,48 @@ def test_round_to_bfloat16_is_torchs_rounding() -> None:
     out = torch.empty(128, dtype=torch.bfloat16, device=DEVICE)
     round_kernel[(1,)](x, out, N=128)
     assert torch.equal(out.view(torch.int16), x.bfloat16().view(torch.int16))
+
+
+@pytest.mark.kernel
+def test_prefill_norms_keep_the_chunk_and_leave_decode_steps_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `prefill_norms` (fast.py) a prefill chunk's norms run the kernel, one launch each,
+    and the chunk's last hidden state and caches are the plain model's; a decode step's norms
+    keep the module's code (the compiled layers fuse them)."""
+    from engine.drama3.config import Drama3Config
+    from engine.drama3.decoder import Decoder
+    from engine.drama3.fast import norm_rows
+    from engine.drama3.random_weights import random_model
+    from engine.drama3.tiny import tiny_config
+
+    launches = []
+    for name in ("rms_norm_kernel", "add_rms_norm_kernel"):
+        kernel = getattr(norm, name)
+        monkeypatch.setattr(norm, name, lambda *args, kernel=kernel, name=name: launches.append(name) or kernel(*args))
+    config = Drama3Config.from_dict(tiny_config())
+    results = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = random_model(config, DEVICE, torch.float32).eval()
+        norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+        if fused:
+            for module in norms:
+                vars(module)["forward"], vars(module)["add"] = norm_rows(module)
+        model.setup_caches(1, 256, DEVICE, torch.float32)
+        rows = torch.randint(0, 200, (40, config.frame_width), generator=torch.Generator().manual_seed(1))
+        rows[:, 0] = torch.randint(0, config.text.vocab_size, (40,), generator=torch.Generator().manual_seed(2))
+        with torch.inference_mode():
+            decoder = Decoder(model, 256)
+            prefill = decoder.chunked.begin(rows.to(DEVICE), 0)
+            hidden = decoder.chunked.run(prefill)
+            assert hidden is not None
+            chunk_launches = len(launches)
+            decoder.position.fill_(40)
+            decoder.advance_index(64, decoder.index[:1])  # one decode step
+            cache = model.tower.residual_layers[-1].transformer_layer.attention.kv_cache
+            results.append((hidden.clone(), cache.k.clone()))
+        if fused:
+            assert chunk_launches == len(norms)  # each norm once in the chunk
+            assert len(launches) == chunk_launches, "a decode step's norm went through the kernel"
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
+    # the tower's last cache went through 17 layers of float32 roundings of the mean
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-4)
