@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.drama3.backbone import DecoderLayer, GatedAttention
-from engine.drama3.deltanet import GatedDeltaNet, recurrent_delta_rule
+from engine.drama3.deltanet import GatedDeltaNet, GatedRMSNorm, recurrent_delta_rule
 from engine.drama3.layers import RMSNorm
 from engine.drama3.model import Drama3Model
 from engine.drama3.moe import SparseMoE
@@ -249,6 +249,24 @@ def norm_rows(norm: RMSNorm) -> tuple[Callable[[torch.Tensor], torch.Tensor],
     return run, run_add
 
 
+def gated_norm_rows(norm: GatedRMSNorm) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`norm.forward` (a DeltaNet layer's gated output norm) with a prefill chunk's calls as one
+    launch of norm.py's kernel (eager torch launches ~11)."""
+    from engine.drama3.deltanet import gated_rms_norm
+    from engine.kernels.norm import gated_rms_norm_kernel
+
+    forward = norm.forward
+
+    def run(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if not many_rows(x) or x.shape != z.shape:
+            return forward(x, z)
+        out: torch.Tensor = guarded("gated RMSNorm", gated_rms_norm_kernel, gated_rms_norm, x, z, norm.weight,
+                                    norm.eps)
+        return out
+
+    return run
+
+
 def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """`moe.top_experts` (softmax, top k, renormalise) as one launch of the routing kernel."""
     from engine.kernels.moe_routing import route
@@ -269,8 +287,8 @@ KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention", "p
 # the three kernels are now torch operators they add no graph break (test_compiles.py). The step with
 # and without each: `retake bench decode --kernels ...` on the H200 (docs/perf.md, to measure).
 # add_rms_norm: Inductor fuses the compiled layers' norms already. prefill_norms: the eager prefill
-# chunk's ~190 norms (full size) one launch each instead of ~9 (not with --compile-prefill, whose
-# compiled layers fuse them).
+# chunk's ~220 norms (full size; 30 of them DeltaNet's gated ones) one launch each instead of ~9-11
+# (not with --compile-prefill, whose compiled layers fuse them).
 DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention", "prefill_norms")
 
 
@@ -319,6 +337,8 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
         for module in model.modules():
             if isinstance(module, RMSNorm) and "forward" not in vars(module):
                 vars(module)["forward"], vars(module)["add"] = norm_rows(module)  # shadow RMSNorm's
+            elif isinstance(module, GatedRMSNorm) and "forward" not in vars(module):
+                vars(module)["forward"] = gated_norm_rows(module)
         installed.append("prefill_norms_kernel")
     if "cache_attention" in kernels:
         for module in model.modules():

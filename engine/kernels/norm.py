@@ -2,6 +2,7 @@
 
     normed, summed = add_rms_norm(x, update, weight, eps)   # summed = x + update; normed = norm(summed)
     normed = rms_norm(x, weight, eps)                       # no residual
+    normed = gated_rms_norm_kernel(x, z, weight, eps)       # DeltaNet's: norm(x) * w * silu(z), in z's dtype
 
 Both equal Drama 3's layers (layers.py RMSNorm): the residual add rounds to the model
 dtype as `x + h` does, the norm runs in float32, `x * rsqrt(mean(x^2) + eps) * (1 + w)`
@@ -15,8 +16,10 @@ Design choices:
   cast) and the compiled layers still split the add from the norm across a GEMM.
 - The rounding of the sum to the model dtype happens before the norm reads it, exactly
   as in the unfused layer, so the two agree to float32 rounding of the mean.
-- `rms_norm_reference` / `add_rms_norm_reference` are the plain-torch definitions (the
-  model's own arithmetic); tests hold the kernel to them.
+- The gated form (deltanet.py's GatedRMSNorm: a plain weight and a SiLU gate z, rounded to
+  z's dtype) is the same pass with the gate read beside the row.
+- `rms_norm_reference` / `add_rms_norm_reference` (and deltanet.py's `gated_rms_norm`) are
+  the plain-torch definitions (the model's own arithmetic); tests hold the kernel to them.
 """
 
 from __future__ import annotations
@@ -59,10 +62,11 @@ if triton is not None:
 
     @triton.jit
     def _add_rms_norm_kernel(
-        x_ptr, update_ptr, weight_ptr,  # [N, D] (row stride given), [N, D], [D]
+        x_ptr, update_ptr, weight_ptr,  # [N, D] (row stride given), [N, D] (the update, or the gate z), [D]
         normed_ptr, summed_ptr,  # [N, D] contiguous each
         stride_x, stride_update, eps,
         D: tl.constexpr, BLOCK: tl.constexpr, HAS_UPDATE: tl.constexpr, ZERO_CENTRED: tl.constexpr,
+        GATED: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
         column = tl.arange(0, BLOCK)
@@ -77,7 +81,11 @@ if triton is not None:
         y = y * tl.math.rsqrt(mean_square + eps)
         weight = tl.load(weight_ptr + column, mask=inside, other=0.0).to(tl.float32)
         scale = 1.0 + weight if ZERO_CENTRED else weight
-        tl.store(normed_ptr + row * D + column, round_to(y * scale, normed_ptr.dtype.element_ty), mask=inside)
+        y = y * scale
+        if GATED:  # weight * y * silu(z), z read as float32
+            z = tl.load(update_ptr + row * stride_update + column, mask=inside, other=0.0).to(tl.float32)
+            y = y * (z / (1.0 + tl.exp(-z)))
+        tl.store(normed_ptr + row * D + column, round_to(y, normed_ptr.dtype.element_ty), mask=inside)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -87,17 +95,18 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _launch(x: torch.Tensor, update: torch.Tensor | None, weight: torch.Tensor, eps: float, zero_centred: bool,
-            out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+            out_dtype: torch.dtype | None, gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     D = x.shape[-1]
     rows = _rows(x)
-    updates = _rows(update) if update is not None else rows
+    second = update if update is not None else gate  # the kernel reads either beside the row
+    updates = _rows(second) if second is not None else rows
     N = rows.shape[0]
     normed = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     summed = torch.empty(x.shape, dtype=x.dtype, device=x.device) if update is not None else normed
     block = triton.next_power_of_2(D)
     _add_rms_norm_kernel[(N,)](
         rows, updates, weight, normed, summed, rows.stride(0), updates.stride(0), eps,
-        D=D, BLOCK=block, HAS_UPDATE=update is not None, ZERO_CENTRED=zero_centred,
+        D=D, BLOCK=block, HAS_UPDATE=update is not None, ZERO_CENTRED=zero_centred, GATED=gate is not None,
         num_warps=max(1, min(16, block // 256)),
     )
     return normed, summed
@@ -115,6 +124,12 @@ def add_rms_norm_kernel(x: torch.Tensor, update: torch.Tensor, weight: torch.Ten
     """`add_rms_norm_reference` as one Triton launch (one program per row)."""
     assert x.shape == update.shape and x.dtype == update.dtype
     return _launch(x, update, weight, eps, zero_centred, out_dtype)
+
+
+def gated_rms_norm_kernel(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """deltanet.py's `gated_rms_norm` (x [..., D] any float dtype, z [..., D]) as one Triton launch."""
+    assert x.shape == z.shape
+    return _launch(x, None, weight, eps, False, z.dtype, gate=z)[0]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centred: bool = True,

@@ -30,9 +30,12 @@ def test_reference_is_the_model_layer() -> None:
     assert torch.equal(normed, layer(x + update))
 
 
+TOLERANCE = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2**-7, "atol": 2**-7}}
+
+
 def check(shape: tuple[int, ...], dtype: torch.dtype, device: str, seed: int) -> None:
     x, update, weight = inputs(shape, dtype, device, seed)
-    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 2**-7}
+    tolerance = TOLERANCE[dtype]
     for zero_centred in (True, False):
         normed, summed = norm.add_rms_norm_kernel(x, update, weight, 1e-6, zero_centred=zero_centred)
         ref_normed, ref_summed = norm.add_rms_norm_reference(x, update, weight, 1e-6, zero_centred=zero_centred)
@@ -63,6 +66,11 @@ def test_kernel_reads_strided_rows() -> None:
 def test_kernel_equals_reference_at_model_widths(rows: int) -> None:
     check((rows, 2048), torch.bfloat16, "cuda", rows)  # backbone and tower rows
     check((rows, 16, 256), torch.bfloat16, "cuda", rows)  # per-head q/k norms
+    from engine.drama3.deltanet import gated_rms_norm
+
+    x, z, weight = inputs((rows, 32, 128), torch.bfloat16, "cuda", rows)  # DeltaNet's gated norm per value head
+    got = norm.gated_rms_norm_kernel(x.float(), z, weight, 1e-6)
+    torch.testing.assert_close(got, gated_rms_norm(x.float(), z, weight, 1e-6), **TOLERANCE[torch.bfloat16])
 
 
 @pytest.mark.kernel
@@ -85,17 +93,19 @@ def test_round_to_bfloat16_is_torchs_rounding() -> None:
 
 @pytest.mark.kernel
 def test_prefill_norms_keep_the_chunk_and_leave_decode_steps_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With `prefill_norms` (fast.py) a prefill chunk's norms run the kernel, one launch each,
+    """With `prefill_norms` (fast.py) a prefill chunk's norms (DeltaNet's gated ones too) run the
+    kernel, one launch each,
     and the chunk's last hidden state and caches are the plain model's; a decode step's norms
     keep the module's code (the compiled layers fuse them)."""
     from engine.drama3.config import Drama3Config
     from engine.drama3.decoder import Decoder
-    from engine.drama3.fast import norm_rows
+    from engine.drama3.deltanet import GatedRMSNorm
+    from engine.drama3.fast import gated_norm_rows, norm_rows
     from engine.drama3.random_weights import random_model
     from engine.drama3.tiny import tiny_config
 
     launches = []
-    for name in ("rms_norm_kernel", "add_rms_norm_kernel"):
+    for name in ("rms_norm_kernel", "add_rms_norm_kernel", "gated_rms_norm_kernel"):
         kernel = getattr(norm, name)
         monkeypatch.setattr(norm, name, lambda *args, kernel=kernel, name=name: launches.append(name) or kernel(*args))
     config = Drama3Config.from_dict(tiny_config())
@@ -103,10 +113,13 @@ def test_prefill_norms_keep_the_chunk_and_leave_decode_steps_alone(monkeypatch: 
     for fused in (False, True):
         torch.manual_seed(0)
         model = random_model(config, DEVICE, torch.float32).eval()
-        norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+        norms = [m for m in model.modules() if isinstance(m, (RMSNorm, GatedRMSNorm))]
         if fused:
             for module in norms:
-                vars(module)["forward"], vars(module)["add"] = norm_rows(module)
+                if isinstance(module, RMSNorm):
+                    vars(module)["forward"], vars(module)["add"] = norm_rows(module)
+                else:
+                    vars(module)["forward"] = gated_norm_rows(module)
         model.setup_caches(1, 256, DEVICE, torch.float32)
         rows = torch.randint(0, 200, (40, config.frame_width), generator=torch.Generator().manual_seed(1))
         rows[:, 0] = torch.randint(0, config.text.vocab_size, (40,), generator=torch.Generator().manual_seed(2))
@@ -126,3 +139,19 @@ def test_prefill_norms_keep_the_chunk_and_leave_decode_steps_alone(monkeypatch: 
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
     # the tower's last cache went through 17 layers of float32 roundings of the mean
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_kernel_equals_the_deltanet_norm(dtype: torch.dtype) -> None:
+    from engine.drama3.deltanet import GatedRMSNorm
+
+    x, z, weight = inputs((2, 7, 4, 64), dtype, "cpu", 3)
+    layer = GatedRMSNorm(64, 1e-6)
+    with torch.no_grad():
+        layer.weight.copy_(weight.float() + 1)
+    x = x.float()  # the delta rule's output is float32; the gate is in the model dtype
+    expected = layer(x, z)
+    got = norm.gated_rms_norm_kernel(x.to(DEVICE), z.to(DEVICE), layer.weight.to(DEVICE), 1e-6)
+    assert got.dtype == z.dtype
+    torch.testing.assert_close(got.cpu(), expected, **TOLERANCE[dtype])
