@@ -116,3 +116,16 @@ def test_token_draw_compiles(vocabulary: int) -> None:
         row = {**signature, "top_k_ptr": "*i64"}
         del row["kth_ptr"]
         assert ".target sm_90" in compile_for_hopper(td._draw_row_kernel, row, {"V": vocabulary, "BLOCK": 2048})
+
+
+@pytest.mark.parametrize("form", ["add", "plain", "gated"])
+def test_norm_kernel_compiles(form: str) -> None:
+    from engine.kernels import norm
+
+    x = "*fp32" if form == "gated" else "*bf16"  # the gated norm reads the delta rule's float32 output
+    signature = {"x_ptr": x, "update_ptr": "*bf16", "weight_ptr": "*bf16", "normed_ptr": "*bf16",
+                 "summed_ptr": "*bf16", "stride_x": "i32", "stride_update": "i32", "eps": "fp32"}
+    compile_for_hopper(norm._add_rms_norm_kernel, signature,
+                       {"D": 2048 if form != "gated" else 128, "BLOCK": 2048 if form != "gated" else 128,
+                        "HAS_UPDATE": form == "add", "ZERO_CENTRED": form != "gated", "GATED": form == "gated"},
+                       num_warps=8)
