@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.bench.drama3.model import Row, synthetic_prompt
-from engine.bench.drama3.profiling import step_op_counts
+from engine.bench.drama3.profiling import chunk_op_counts, step_op_counts
 from engine.bench.timing import copy_bandwidth, timed_ms
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.config import Drama3Config
     from engine.drama3.model import Drama3Model
 
+CHUNK_OPS_ROWS = 128  # the prefill chunk whose ops `bench_decode` counts (a short prompt's one chunk)
 
 
 def decode_step_bytes(model: Drama3Model, kv_rows: int) -> int:
@@ -59,7 +60,9 @@ def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device,
                  compile_prefill: bool = False, kernels: Sequence[str] | None = None) -> tuple[list[Row], list[str]]:
     """Eager steps of the plain model and its op counts, the same with projections fused,
     then the fast path installed: compiled steps and graph replays. Rows: the decode row,
-    then one `step_ops` row (ops and GEMMs per part of the step) per model, plain and fused."""
+    then one `step_ops` row (ops and GEMMs per part of the step) per model, plain and fused,
+    and a `chunk_ops` row: the ops of one eager prefill chunk of CHUNK_OPS_ROWS rows by part,
+    its norms' apart, and what `prefill_norms` leaves (each norm one launch)."""
     from engine.drama3.decoder import Decoder
     from engine.drama3.fast import fuse_projections, install_fast_path
 
@@ -85,6 +88,12 @@ def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device,
     op_rows = [{"bench": "step_ops", "fused": fused, **{f"{part}_layers": n for part, n in layers.items() if n},
                 **{f"{part}_{key}": counts.get(f"{part}_{key}", 0) for part in layers for key in ("ops", "gemms")}}
                for fused, counts in ((False, plain_ops), (True, fused_ops))]
+    chunk = chunk_op_counts(eager, CHUNK_OPS_ROWS)
+    op_rows.append({"bench": "chunk_ops", "rows": CHUNK_OPS_ROWS, "ops": chunk["ops"],
+                    **{f"{part}_ops": chunk.get(f"{part}_ops", 0) for part in ("deltanet", "attention", "tower",
+                                                                               "norm", "other")},
+                    "norms": chunk.get("norms", 0),
+                    "ops_with_prefill_norms": chunk["ops"] - chunk.get("norm_ops", 0) + chunk.get("norms", 0)})
     eager.prefill(prompt)  # the steps above used up rows: start the take again
     for _ in range(3):
         eager.advance(bucket)

@@ -14,7 +14,8 @@ Design choices:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
 
     from engine.drama3.config import Drama3Config
     from engine.drama3.decoder import Decoder
+    from engine.drama3.layers import RMSNorm
     from engine.drama3.model import Drama3Model
 
 # Aten ops that launch no kernel: views, allocations, metadata, and wrappers that compute
@@ -57,15 +59,37 @@ def step_op_counts(decoder: Decoder, kv_len: int) -> dict[str, int]:
     calls), and each per part as `{part}_{key}`: `deltanet` and `attention` (the backbone
     layers with that mixer), `tower` (its 13 layers) and `other` (candidate head,
     sampling, embedding, codebook sums, final norm)."""
+    return op_counts(decoder.model, lambda: decoder.advance(kv_len), decoder.device)
+
+
+def chunk_op_counts(decoder: Decoder, rows: int) -> dict[str, int]:
+    """`step_op_counts` of one eager prefill chunk of `rows` rows from position 0, with the
+    ops inside the norms (RMSNorm, DeltaNet's gated one) counted apart as part `norm`
+    (`norm_ops`) and the norm calls as `norms`: what `prefill_norms` makes one launch each."""
+    prompt = synthetic_prompt(decoder.model.config, rows, 8)
+    chunked = decoder.chunked
+    rows_on_device = to_device(prompt.rows, decoder.device)
+
+    def chunk() -> None:
+        chunked.run(chunked.begin(rows_on_device, 0))
+
+    chunk()  # a warm-up: first-call work is not the chunk's
+    return op_counts(decoder.model, chunk, decoder.device, norms=True)
+
+
+def op_counts(model: Drama3Model, run: Callable[[], object], device: torch.device,
+              norms: bool = False) -> dict[str, int]:
+    """The ops `run()` launches, by part (`step_op_counts`); with `norms`, the norms' apart."""
     from torch.profiler import ProfilerActivity, profile
 
-    with parts(decoder.model), profile(activities=[ProfilerActivity.CPU]) as prof:
-        decoder.advance(kv_len)
-        sync(decoder.device)
+    with parts(model, norms=norms), profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+        sync(device)
     counts: dict[str, int] = {}
+    names = (*PARTS, "norm") if norms else PARTS
 
     def add(key: str, event: FunctionEvent | None) -> None:
-        while event is not None and event.name not in PARTS:
+        while event is not None and event.name not in names:
             event = event.cpu_parent
         for name in (key, f"{event.name if event is not None else 'other'}_{key}"):
             counts[name] = counts.get(name, 0) + 1
@@ -85,18 +109,23 @@ def step_op_counts(decoder: Decoder, kv_len: int) -> dict[str, int]:
             launches(event)
         if event.name == "aten::linear":
             add("linears", event)
+        if event.name == "norm" and (event.cpu_parent is None or event.cpu_parent.name != "norm"):
+            counts["norms"] = counts.get("norms", 0) + 1  # an add's norm is inside its range: one call
     return counts
 
 
 @contextlib.contextmanager
-def parts(model: Drama3Model, experts: bool = False) -> Iterator[None]:
+def parts(model: Drama3Model, experts: bool = False, norms: bool = False) -> Iterator[None]:
     """Inside: a profiler range named after its part (PARTS) around every backbone and tower
     layer call, opened and closed by forward hooks (the model's code carries nothing). With
     `experts`, around each backbone layer's mixer and its experts apart (PREFILL_PARTS): for
-    eager layers only, as a compiled layer's submodules run inside its compiled code."""
+    eager layers only, as a compiled layer's submodules run inside its compiled code. With
+    `norms`, a `norm` range around each norm call (RMSNorm and its `add`, GatedRMSNorm)."""
     from torch.profiler import record_function
 
     from engine.drama3.backbone import DecoderLayer
+    from engine.drama3.deltanet import GatedRMSNorm
+    from engine.drama3.layers import RMSNorm
     from engine.drama3.tower import TowerLayer
 
     ranges: list[record_function] = []
@@ -112,11 +141,33 @@ def parts(model: Drama3Model, experts: bool = False) -> Iterator[None]:
                 hooks.append(target.register_forward_pre_hook(
                     lambda m, args, name=name: ranges.append(record_function(name).__enter__())))
                 hooks.append(target.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None)))
+    added = []
+    if norms:  # `add` calls the module, so its range is the add's alone: shadowed by one that opens it
+        for module in model.modules():
+            if isinstance(module, RMSNorm) and "add" not in vars(module):
+                vars(module)["add"] = functools.partial(ranged_add, module)
+                added.append(module)
+            if isinstance(module, (RMSNorm, GatedRMSNorm)):
+                hooks.append(module.register_forward_pre_hook(
+                    lambda m, args: ranges.append(record_function("norm").__enter__())))
+                hooks.append(module.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None)))
     try:
         yield
     finally:
         for hook in hooks:
             hook.remove()
+        for module in added:
+            del vars(module)["add"]
+
+
+def ranged_add(norm: RMSNorm, x: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm.add with its residual add inside a `norm` range too (the fused kernel does both)."""
+    from torch.profiler import record_function
+
+    from engine.drama3.layers import RMSNorm
+
+    with record_function("norm"):
+        return RMSNorm.add(norm, x, update)
 
 
 def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.device) -> str:

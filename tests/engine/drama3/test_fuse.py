@@ -112,6 +112,25 @@ def test_a_fused_step_runs_one_gemm_per_packed_group(plain_and_fused) -> None:
     assert plain_counts["ops"] - fused_counts["ops"] == sum(saved.values())
 
 
+@torch.inference_mode()
+def test_a_chunks_ops_count_its_norms_apart(plain_and_fused) -> None:
+    """`chunk_op_counts` (bench decode's `chunk_ops` row): every norm module of the model is
+    called once in a chunk, each call several ops (what `prefill_norms` makes one launch), and
+    the parts add up to the whole."""
+    from engine.bench.drama3.profiling import chunk_op_counts
+    from engine.drama3.deltanet import GatedRMSNorm
+    from engine.drama3.layers import RMSNorm
+
+    _, fused, _, max_rows = plain_and_fused
+    counts = chunk_op_counts(Decoder(fused, max_rows), 64)
+    norms = sum(isinstance(m, (RMSNorm, GatedRMSNorm)) for m in fused.modules())
+    assert counts["norms"] == norms
+    assert counts["norm_ops"] >= 5 * norms  # casts, square, mean, rsqrt, scales (an add's sum too)
+    assert sum(counts.get(f"{part}_ops", 0) for part in ("deltanet", "attention", "tower", "norm", "other")) \
+        == counts["ops"]
+    assert not any(key.startswith("norm") for key in step_op_counts(Decoder(fused, max_rows), 64))
+
+
 @torch.no_grad()
 def test_the_profile_tables_name_the_step_the_prefill_and_a_line_chunk(tiny_model) -> None:
     """`retake bench decode|takes --profile`: three tables, each under its title (on a GPU the title
