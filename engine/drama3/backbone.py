@@ -30,7 +30,7 @@ from torch import nn
 
 from engine.drama3.config import TextConfig
 from engine.drama3.deltanet import GatedDeltaNet
-from engine.drama3.layers import KVCache, RMSNorm, attend, rope_neox, rope_table
+from engine.drama3.layers import KVCache, RMSNorm, attend, rope_table
 from engine.drama3.moe import SparseMoE
 
 
@@ -61,8 +61,8 @@ class GatedAttention(nn.Module):
         q, gate = q.unflatten(-1, (self.heads, 2 * self.head_dim)).chunk(2, dim=-1)  # [B, T, H, Dh]
         k = k.unflatten(-1, (self.kv_heads, self.head_dim))  # [B, T, Hkv, Dh]
         v = v.unflatten(-1, (self.kv_heads, self.head_dim))
-        q = rope_neox(self.q_norm(q), rope)
-        k = rope_neox(self.k_norm(k), rope)
+        q = self.q_norm.rotated(q, rope, interleaved=False)
+        k = self.k_norm.rotated(k, rope, interleaved=False)
         out = self.attend_cache(q, k, v, input_pos, slots, kv_len)  # [B, T, H, Dh]
         y: torch.Tensor = self.o_proj((out * torch.sigmoid(gate)).flatten(-2))  # [B, T, D]
         return y

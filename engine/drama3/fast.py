@@ -226,27 +226,43 @@ def many_rows(x: torch.Tensor) -> bool:
     return x.dim() >= 3 and x.shape[1] > 1
 
 
-def norm_rows(norm: RMSNorm) -> tuple[Callable[[torch.Tensor], torch.Tensor],
-                                      Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:
-    """`norm.forward` and `norm.add` with a prefill chunk's calls as one launch of norm.py's kernel
-    each (eager torch launches ~9 kernels a norm: casts, square, mean, rsqrt, scales); a decode
-    step's calls keep the module's code, which the compiled layers fuse with their neighbours."""
-    from engine.kernels.norm import add_rms_norm_kernel, add_rms_norm_reference, rms_norm_kernel, rms_norm_reference
+class NormRows:
+    """`norm.forward`, `norm.add` and `norm.rotated` with a prefill chunk's calls as one launch of
+    norm.py's kernel each (eager torch launches ~9-11 a norm: casts, square, mean, rsqrt,
+    scales; ~10 more for a rope); a decode step's calls keep the module's code, which the
+    compiled layers fuse with their neighbours."""
 
-    forward, add = norm.forward, norm.add
+    def __init__(self, norm: RMSNorm) -> None:
+        self.norm, self.plain, self.plain_add, self.plain_rotated = norm, norm.forward, norm.add, norm.rotated
 
-    def run(x: torch.Tensor) -> torch.Tensor:
+    def install(self) -> None:
+        vars(self.norm).update(forward=self.forward, add=self.add, rotated=self.rotated)  # shadow RMSNorm's
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from engine.kernels.norm import rms_norm_kernel, rms_norm_reference
+
         if not many_rows(x):
-            return forward(x)
-        out: torch.Tensor = guarded("RMSNorm", rms_norm_kernel, rms_norm_reference, x, norm.weight, norm.eps)
+            return self.plain(x)
+        out: torch.Tensor = guarded("RMSNorm", rms_norm_kernel, rms_norm_reference, x, self.norm.weight,
+                                    self.norm.eps)
         return out
 
-    def run_add(x: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not many_rows(x) or x.dtype != update.dtype or x.shape != update.shape:
-            return add(x, update)
-        return guarded("RMSNorm", add_rms_norm_kernel, add_rms_norm_reference, x, update, norm.weight, norm.eps)
+    def add(self, x: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from engine.kernels.norm import add_rms_norm_kernel, add_rms_norm_reference
 
-    return run, run_add
+        if not many_rows(x) or x.dtype != update.dtype or x.shape != update.shape:
+            return self.plain_add(x, update)
+        return guarded("RMSNorm", add_rms_norm_kernel, add_rms_norm_reference, x, update, self.norm.weight,
+                       self.norm.eps)
+
+    def rotated(self, x: torch.Tensor, rope: torch.Tensor, interleaved: bool) -> torch.Tensor:
+        from engine.kernels.norm import rotated_rms_norm_kernel, rotated_rms_norm_reference
+
+        if not many_rows(x) or x.dim() != 4:
+            return self.plain_rotated(x, rope, interleaved)
+        out: torch.Tensor = guarded("rotated RMSNorm", rotated_rms_norm_kernel, rotated_rms_norm_reference, x,
+                                    self.norm.weight, self.norm.eps, rope, interleaved)
+        return out
 
 
 def gated_norm_rows(norm: GatedRMSNorm) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -287,8 +303,8 @@ KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention", "p
 # the three kernels are now torch operators they add no graph break (test_compiles.py). The step with
 # and without each: `retake bench decode --kernels ...` on the H200 (docs/perf.md, to measure).
 # add_rms_norm: Inductor fuses the compiled layers' norms already. prefill_norms: the eager prefill
-# chunk's ~220 norms (full size; 30 of them DeltaNet's gated ones) one launch each instead of ~9-11
-# (not with --compile-prefill, whose compiled layers fuse them).
+# chunk's ~220 norms (full size; 30 of them DeltaNet's gated ones, 46 q/k norms with their rope)
+# one launch each instead of ~9-21 (not with --compile-prefill, whose compiled layers fuse them).
 DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention", "prefill_norms")
 
 
@@ -336,7 +352,7 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
     if "prefill_norms" in kernels and not compile_prefill:  # compiled prefill layers fuse their norms
         for module in model.modules():
             if isinstance(module, RMSNorm) and "forward" not in vars(module):
-                vars(module)["forward"], vars(module)["add"] = norm_rows(module)  # shadow RMSNorm's
+                NormRows(module).install()
             elif isinstance(module, GatedRMSNorm) and "forward" not in vars(module):
                 vars(module)["forward"] = gated_norm_rows(module)
         installed.append("prefill_norms_kernel")

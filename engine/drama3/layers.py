@@ -42,6 +42,12 @@ class RMSNorm(nn.Module):
         summed = x + update
         return self(summed), summed
 
+    def rotated(self, x: torch.Tensor, rope: torch.Tensor, interleaved: bool) -> torch.Tensor:
+        """An attention layer's q or k norm and rope: norm(x [B, T, H, Dh]) with its first rotary
+        dims rotated by rope [B, T, 2, rot/2], as (even, odd) pairs or as halves (the GPU fast
+        path runs both as one kernel for prefill chunks, engine/kernels/norm.py)."""
+        return (rope_interleaved if interleaved else rope_neox)(self(x), rope)
+
 
 def rope_table(rows: int, rotary_dim: int, base: float, device: torch.device | str) -> torch.Tensor:
     """cos and sin of every position: float32 [rows, 2, rotary_dim // 2]."""

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.drama3.config import Drama3Config, TowerConfig
-from engine.drama3.layers import KVCache, RMSNorm, attend, rope_interleaved, rope_table
+from engine.drama3.layers import KVCache, RMSNorm, attend, rope_table
 
 
 class TowerAttention(nn.Module):
@@ -55,8 +55,8 @@ class TowerAttention(nn.Module):
                 kv_len: int | None) -> torch.Tensor:
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
         q, gate, k, v = self.wqkv(x).split((q_width, q_width, kv_width, kv_width), dim=-1)
-        q = rope_interleaved(self.q_norm(q.unflatten(-1, (self.heads, self.head_dim))), rope)  # [B, T, H, Dh]
-        k = rope_interleaved(self.k_norm(k.unflatten(-1, (self.kv_heads, self.head_dim))), rope)
+        q = self.q_norm.rotated(q.unflatten(-1, (self.heads, self.head_dim)), rope, interleaved=True)  # [B, T, H, Dh]
+        k = self.k_norm.rotated(k.unflatten(-1, (self.kv_heads, self.head_dim)), rope, interleaved=True)
         out = self.attend_cache(q, k, v.unflatten(-1, (self.kv_heads, self.head_dim)), input_pos, slots, kv_len)
         y: torch.Tensor = self.wo(out.flatten(-2) * torch.sigmoid(gate))  # [B, T, D]
         return y

@@ -3,6 +3,7 @@
     normed, summed = add_rms_norm(x, update, weight, eps)   # summed = x + update; normed = norm(summed)
     normed = rms_norm(x, weight, eps)                       # no residual
     normed = gated_rms_norm_kernel(x, z, weight, eps)       # DeltaNet's: norm(x) * w * silu(z), in z's dtype
+    q = rotated_rms_norm_kernel(q, weight, eps, rope, interleaved)   # an attention layer's q/k norm, then rope
 
 Both equal Drama 3's layers (layers.py RMSNorm): the residual add rounds to the model
 dtype as `x + h` does, the norm runs in float32, `x * rsqrt(mean(x^2) + eps) * (1 + w)`
@@ -18,6 +19,12 @@ Design choices:
   as in the unfused layer, so the two agree to float32 rounding of the mean.
 - The gated form (deltanet.py's GatedRMSNorm: a plain weight and a SiLU gate z, rounded to
   z's dtype) is the same pass with the gate read beside the row.
+- The rotated form (layers.py `RMSNorm.rotated`: a q or k head's norm, then its rope) is a
+  program per (row, head): the head's Dh values normed and rounded as the norm rounds, then
+  each rotary dim combined with its partner (the other half, or the other of its pair), read
+  a second time and normed again (the row's scale is one number), and rounded once more, as
+  the unfused rope rounds. It reads q and k where the projection left them (a head's stride
+  is its own, the gates' columns between q's heads).
 - `rms_norm_reference` / `add_rms_norm_reference` (and deltanet.py's `gated_rms_norm`) are
   the plain-torch definitions (the model's own arithmetic); tests hold the kernel to them.
 """
@@ -88,6 +95,42 @@ if triton is not None:
         tl.store(normed_ptr + row * D + column, round_to(y, normed_ptr.dtype.element_ty), mask=inside)
 
 
+if triton is not None:
+
+    @triton.jit
+    def _rotated_rms_norm_kernel(
+        x_ptr, weight_ptr, rope_ptr, out_ptr,  # x [BT, H, Dh] (strides below), [Dh], float32 [BT, 2, HALF], [BT, H, Dh]
+        stride_row, stride_head, eps,
+        H: tl.constexpr, DH: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        base = x_ptr + row * stride_row + head * stride_head
+        d = tl.arange(0, BLOCK)
+        inside = d < DH
+        x = tl.load(base + d, mask=inside, other=0.0).to(tl.float32)
+        scale = tl.math.rsqrt(tl.sum(x * x, 0) / DH + eps)
+        dtype = out_ptr.dtype.element_ty
+        normed = round_to(x * scale * (1.0 + tl.load(weight_ptr + d, mask=inside, other=0.0).to(tl.float32)),
+                          dtype).to(tl.float32)  # as the norm's `type_as`
+        rotary = d < 2 * HALF
+        if INTERLEAVED:  # pairs (2j, 2j+1): even' = even cos - odd sin, odd' = odd cos + even sin
+            partner = d ^ 1
+            j = d // 2
+            sign = tl.where(d % 2 == 0, -1.0, 1.0)
+        else:  # halves: first' = first cos - second sin, second' = second cos + first sin
+            partner = tl.where(d < HALF, d + HALF, d - HALF)
+            j = d % HALF
+            sign = tl.where(d < HALF, -1.0, 1.0)
+        other = tl.load(base + partner, mask=rotary, other=0.0).to(tl.float32)
+        other = round_to(other * scale * (1.0 + tl.load(weight_ptr + partner, mask=rotary, other=0.0).to(tl.float32)),
+                         dtype).to(tl.float32)
+        cos = tl.load(rope_ptr + row * 2 * HALF + j, mask=rotary, other=1.0)
+        sin = tl.load(rope_ptr + row * 2 * HALF + HALF + j, mask=rotary, other=0.0)
+        out = tl.where(rotary, normed * cos + sign * (other * sin), normed)
+        tl.store(out_ptr + (row * H + head) * DH + d, round_to(out, dtype), mask=inside)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x [..., D] as [N, D] rows without a copy when it can (the last dim must be dense)."""
     rows = x.reshape(-1, x.shape[-1])
@@ -130,6 +173,31 @@ def gated_rms_norm_kernel(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
     """deltanet.py's `gated_rms_norm` (x [..., D] any float dtype, z [..., D]) as one Triton launch."""
     assert x.shape == z.shape
     return _launch(x, None, weight, eps, False, z.dtype, gate=z)[0]
+
+
+def rotated_rms_norm_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, rope: torch.Tensor,
+                            interleaved: bool) -> torch.Tensor:
+    """layers.py's `RMSNorm.rotated` (x [B, T, H, Dh], rope float32 [B, T, 2, rot/2]) as one
+    Triton launch: a program per (row, head)."""
+    B, T, H, DH = x.shape
+    half = rope.shape[-1]
+    if x.stride(-1) != 1 or (B > 1 and x.stride(0) != T * x.stride(1)):  # rows (b, t) one stride apart, heads another
+        x = x.contiguous()
+    rope = rope.float().contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _rotated_rms_norm_kernel[(B * T, H)](
+        x, weight, rope, out, x.stride(1), x.stride(2), eps, H=H, DH=DH, HALF=half,
+        BLOCK=triton.next_power_of_2(DH), INTERLEAVED=interleaved, num_warps=max(1, min(4, DH // 128)),
+    )
+    return out
+
+
+def rotated_rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, rope: torch.Tensor,
+                               interleaved: bool) -> torch.Tensor:
+    """The model's own arithmetic (layers.py's norm, then its rope), for the kernel's fallback and tests."""
+    from engine.drama3.layers import rope_interleaved, rope_neox
+
+    return (rope_interleaved if interleaved else rope_neox)(rms_norm_reference(x, weight, eps), rope)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centred: bool = True,

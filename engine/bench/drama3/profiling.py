@@ -120,7 +120,8 @@ def parts(model: Drama3Model, experts: bool = False, norms: bool = False) -> Ite
     layer call, opened and closed by forward hooks (the model's code carries nothing). With
     `experts`, around each backbone layer's mixer and its experts apart (PREFILL_PARTS): for
     eager layers only, as a compiled layer's submodules run inside its compiled code. With
-    `norms`, a `norm` range around each norm call (RMSNorm and its `add`, GatedRMSNorm)."""
+    `norms`, a `norm` range around each norm call (RMSNorm with its `add` or its rope,
+    GatedRMSNorm)."""
     from torch.profiler import record_function
 
     from engine.drama3.backbone import DecoderLayer
@@ -142,10 +143,11 @@ def parts(model: Drama3Model, experts: bool = False, norms: bool = False) -> Ite
                     lambda m, args, name=name: ranges.append(record_function(name).__enter__())))
                 hooks.append(target.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None)))
     added = []
-    if norms:  # `add` calls the module, so its range is the add's alone: shadowed by one that opens it
+    if norms:  # `add` and `rotated` call the module: shadowed by ones that open the range around all of it
         for module in model.modules():
-            if isinstance(module, RMSNorm) and "add" not in vars(module):
-                vars(module)["add"] = functools.partial(ranged_add, module)
+            if isinstance(module, RMSNorm) and "add" not in vars(module) and "rotated" not in vars(module):
+                vars(module).update(add=functools.partial(ranged_add, module),
+                                    rotated=functools.partial(ranged_rotated, module))
                 added.append(module)
             if isinstance(module, (RMSNorm, GatedRMSNorm)):
                 hooks.append(module.register_forward_pre_hook(
@@ -157,7 +159,7 @@ def parts(model: Drama3Model, experts: bool = False, norms: bool = False) -> Ite
         for hook in hooks:
             hook.remove()
         for module in added:
-            del vars(module)["add"]
+            del vars(module)["add"], vars(module)["rotated"]
 
 
 def ranged_add(norm: RMSNorm, x: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,6 +170,16 @@ def ranged_add(norm: RMSNorm, x: torch.Tensor, update: torch.Tensor) -> tuple[to
 
     with record_function("norm"):
         return RMSNorm.add(norm, x, update)
+
+
+def ranged_rotated(norm: RMSNorm, x: torch.Tensor, rope: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """RMSNorm.rotated with its rope inside a `norm` range too (the fused kernel does both)."""
+    from torch.profiler import record_function
+
+    from engine.drama3.layers import RMSNorm
+
+    with record_function("norm"):
+        return RMSNorm.rotated(norm, x, rope, interleaved)
 
 
 def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.device) -> str:

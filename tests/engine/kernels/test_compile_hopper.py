@@ -129,3 +129,13 @@ def test_norm_kernel_compiles(form: str) -> None:
                        {"D": 2048 if form != "gated" else 128, "BLOCK": 2048 if form != "gated" else 128,
                         "HAS_UPDATE": form == "add", "ZERO_CENTRED": form != "gated", "GATED": form == "gated"},
                        num_warps=8)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rotated_norm_kernel_compiles(interleaved: bool) -> None:
+    from engine.kernels import norm
+
+    signature = {"x_ptr": "*bf16", "weight_ptr": "*bf16", "rope_ptr": "*fp32", "out_ptr": "*bf16",
+                 "stride_row": "i32", "stride_head": "i32", "eps": "fp32"}
+    compile_for_hopper(norm._rotated_rms_norm_kernel, signature,
+                       {"H": 16, "DH": 256, "HALF": 32, "BLOCK": 256, "INTERLEAVED": interleaved}, num_warps=2)

@@ -71,6 +71,13 @@ def test_kernel_equals_reference_at_model_widths(rows: int) -> None:
     x, z, weight = inputs((rows, 32, 128), torch.bfloat16, "cuda", rows)  # DeltaNet's gated norm per value head
     got = norm.gated_rms_norm_kernel(x.float(), z, weight, 1e-6)
     torch.testing.assert_close(got, gated_rms_norm(x.float(), z, weight, 1e-6), **TOLERANCE[torch.bfloat16])
+    from engine.drama3.layers import rope_table
+
+    x, _, weight = inputs((1, rows, 16, 256), torch.bfloat16, "cuda", rows)  # backbone q heads, a quarter rotated
+    rope = rope_table(rows, 64, 1e7, "cuda")[None]  # [1, T, 2, 32]
+    got = norm.rotated_rms_norm_kernel(x, weight, 1e-6, rope, False)
+    torch.testing.assert_close(got, norm.rotated_rms_norm_reference(x, weight, 1e-6, rope, False),
+                               **TOLERANCE[torch.bfloat16])
 
 
 @pytest.mark.kernel
@@ -93,19 +100,19 @@ def test_round_to_bfloat16_is_torchs_rounding() -> None:
 
 @pytest.mark.kernel
 def test_prefill_norms_keep_the_chunk_and_leave_decode_steps_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With `prefill_norms` (fast.py) a prefill chunk's norms (DeltaNet's gated ones too) run the
-    kernel, one launch each,
+    """With `prefill_norms` (fast.py) a prefill chunk's norms (DeltaNet's gated ones, the q/k
+    norms with their rope) run the kernel, one launch each,
     and the chunk's last hidden state and caches are the plain model's; a decode step's norms
     keep the module's code (the compiled layers fuse them)."""
     from engine.drama3.config import Drama3Config
     from engine.drama3.decoder import Decoder
     from engine.drama3.deltanet import GatedRMSNorm
-    from engine.drama3.fast import gated_norm_rows, norm_rows
+    from engine.drama3.fast import NormRows, gated_norm_rows
     from engine.drama3.random_weights import random_model
     from engine.drama3.tiny import tiny_config
 
     launches = []
-    for name in ("rms_norm_kernel", "add_rms_norm_kernel", "gated_rms_norm_kernel"):
+    for name in ("rms_norm_kernel", "add_rms_norm_kernel", "gated_rms_norm_kernel", "rotated_rms_norm_kernel"):
         kernel = getattr(norm, name)
         monkeypatch.setattr(norm, name, lambda *args, kernel=kernel, name=name: launches.append(name) or kernel(*args))
     config = Drama3Config.from_dict(tiny_config())
@@ -117,7 +124,7 @@ def test_prefill_norms_keep_the_chunk_and_leave_decode_steps_alone(monkeypatch: 
         if fused:
             for module in norms:
                 if isinstance(module, RMSNorm):
-                    vars(module)["forward"], vars(module)["add"] = norm_rows(module)
+                    NormRows(module).install()
                 else:
                     vars(module)["forward"] = gated_norm_rows(module)
         model.setup_caches(1, 256, DEVICE, torch.float32)
@@ -154,4 +161,30 @@ def test_gated_kernel_equals_the_deltanet_norm(dtype: torch.dtype) -> None:
     expected = layer(x, z)
     got = norm.gated_rms_norm_kernel(x.to(DEVICE), z.to(DEVICE), layer.weight.to(DEVICE), 1e-6)
     assert got.dtype == z.dtype
+    torch.testing.assert_close(got.cpu(), expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotated_kernel_is_the_norm_then_the_rope(interleaved: bool, dtype: torch.dtype) -> None:
+    """q as the attention layers cut it from their projection (heads strided, gates between
+    them), rotary dims a part of the head (partial rope), two rows of positions."""
+    from engine.drama3.layers import rope_table
+
+    B, T, H, DH, rotary = 2, 5, 3, 64, 32
+    generator = torch.Generator().manual_seed(4)
+    packed = (torch.randn(B, T, H, 2 * DH, generator=generator) * 2).to(dtype)
+    q = packed[..., :DH]  # [B, T, H, Dh], each head's gate beside it
+    weight = (torch.randn(DH, generator=generator) * 0.2).to(dtype)
+    positions = torch.randint(0, 100, (B, T), generator=generator)
+    rope = rope_table(128, rotary, 10_000.0, "cpu")[positions]  # [B, T, 2, rot/2]
+    layer = RMSNorm(DH, 1e-6).to(dtype)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    expected = layer.rotated(q, rope, interleaved)
+    torch.testing.assert_close(norm.rotated_rms_norm_reference(q, weight, 1e-6, rope, interleaved), expected,
+                               rtol=0, atol=0)
+    got = norm.rotated_rms_norm_kernel(q.to(DEVICE), weight.to(DEVICE), 1e-6, rope.to(DEVICE), interleaved)
+    assert got.dtype == dtype and got.shape == q.shape
     torch.testing.assert_close(got.cpu(), expected, **TOLERANCE[dtype])
