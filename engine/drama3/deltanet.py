@@ -158,6 +158,27 @@ class GatedDeltaNet(nn.Module):
         """x [B, T, D] -> qkv [B, T, C], z [B, T, Hv*Dv], b and a [B, T, Hv] (one GEMM once fused)."""
         return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
 
+    def rule_inputs(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                    valid: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """The delta rule's inputs from the conv's output mixed [B, T, C] and the gates' projections
+        b, a [B, T, Hv]: q, k [B, T, Hv, Dk] (normed, q scaled), v [B, T, Hv, Dv], g and beta
+        [B, T, Hv], float32 (the GPU fast path makes them in one launch for prefill chunks,
+        engine/kernels/deltanet_inputs.py)."""
+        key_width = self.k_heads * self.k_dim
+        q, k, v = mixed.split((key_width, key_width, self.v_heads * self.v_dim), dim=-1)
+        repeat = self.v_heads // self.k_heads
+        # Key heads serve consecutive value heads (repeat_interleave), as in Qwen3.5.
+        q = l2_normalize(q.float().unflatten(-1, (self.k_heads, self.k_dim))).repeat_interleave(repeat, dim=2)
+        k = l2_normalize(k.float().unflatten(-1, (self.k_heads, self.k_dim))).repeat_interleave(repeat, dim=2)
+        q = q * self.k_dim ** -0.5  # [B, T, Hv, Dk]
+        v = v.float().unflatten(-1, (self.v_heads, self.v_dim))  # [B, T, Hv, Dv]
+        beta = torch.sigmoid(b.float())  # [B, T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # [B, T, Hv]
+        if valid is not None:  # padded rows: beta = 0 writes nothing, g = 0 decays nothing
+            real = (torch.arange(mixed.shape[1], device=mixed.device) < valid[:, None])[..., None]  # [B, T, 1]
+            beta, g = beta * real, g * real
+        return q, k, v, g, beta
+
     def forward(self, x: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
                 valid: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, D] at input_pos [B, T] of slots [B] -> [B, T, D]. valid [B]: the first
@@ -175,19 +196,7 @@ class GatedDeltaNet(nn.Module):
             ends = valid[:, None, None] + torch.arange(self.kernel - 1, device=x.device)  # [B, 1, K-1]
             self.conv_state[slots] = window.gather(2, ends.expand(-1, window.shape[1], -1))
         mixed = F.silu(F.conv1d(window, self.conv1d.weight, groups=self.conv_channels)).transpose(1, 2)  # [B, T, C]
-        key_width = self.k_heads * self.k_dim
-        q, k, v = mixed.split((key_width, key_width, self.v_heads * self.v_dim), dim=-1)
-        repeat = self.v_heads // self.k_heads
-        # Key heads serve consecutive value heads (repeat_interleave), as in Qwen3.5.
-        q = l2_normalize(q.float().unflatten(-1, (self.k_heads, self.k_dim))).repeat_interleave(repeat, dim=2)
-        k = l2_normalize(k.float().unflatten(-1, (self.k_heads, self.k_dim))).repeat_interleave(repeat, dim=2)
-        q = q * self.k_dim ** -0.5  # [B, T, Hv, Dk]
-        v = v.float().unflatten(-1, (self.v_heads, self.v_dim))  # [B, T, Hv, Dv]
-        beta = torch.sigmoid(b.float())  # [B, T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # [B, T, Hv]
-        if valid is not None:  # padded rows: beta = 0 writes nothing, g = 0 decays nothing
-            real = (torch.arange(x.shape[1], device=x.device) < valid[:, None])[..., None]  # [B, T, 1]
-            beta, g = beta * real, g * real
+        q, k, v, g, beta = self.rule_inputs(mixed, b, a, valid)
         state = torch.where(continuing[..., None], self.recurrent_state[slots], 0)  # [B, Hv, Dk, Dv]
         out, state = self.rule(q, k, v, g, beta, state)  # [B, T, Hv, Dv]
         self.recurrent_state[slots] = state

@@ -283,6 +283,26 @@ def gated_norm_rows(norm: GatedRMSNorm) -> Callable[[torch.Tensor, torch.Tensor]
     return run
 
 
+def deltanet_inputs(layer: GatedDeltaNet) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """`layer.rule_inputs` with a prefill chunk's calls as one launch of
+    engine/kernels/deltanet_inputs.py (q, k, v in bfloat16: only with the bfloat16 chunked rule)."""
+    from engine.kernels.deltanet_inputs import deltanet_inputs_kernel
+
+    plain = layer.rule_inputs
+
+    def kernel(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+               valid: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        return deltanet_inputs_kernel(mixed, b, a, valid, layer.A_log, layer.dt_bias, layer.k_heads, layer.k_dim)
+
+    def run(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+            valid: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        if not many_rows(mixed):
+            return plain(mixed, b, a, valid)
+        return guarded("DeltaNet inputs", kernel, plain, mixed, b, a, valid)
+
+    return run
+
+
 def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """`moe.top_experts` (softmax, top k, renormalise) as one launch of the routing kernel."""
     from engine.kernels.moe_routing import route
@@ -355,6 +375,9 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
                 NormRows(module).install()
             elif isinstance(module, GatedRMSNorm) and "forward" not in vars(module):
                 vars(module)["forward"] = gated_norm_rows(module)
+            elif (isinstance(module, GatedDeltaNet) and module.rule is fla_delta_rule
+                  and "rule_inputs" not in vars(module)):  # bfloat16 q, k, v: what that rule reads
+                vars(module)["rule_inputs"] = deltanet_inputs(module)
         installed.append("prefill_norms_kernel")
     if "cache_attention" in kernels:
         for module in model.modules():

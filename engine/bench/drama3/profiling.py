@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
 
     from engine.drama3.config import Drama3Config
     from engine.drama3.decoder import Decoder
+    from engine.drama3.deltanet import GatedDeltaNet
     from engine.drama3.layers import RMSNorm
     from engine.drama3.model import Drama3Model
 
@@ -121,11 +122,11 @@ def parts(model: Drama3Model, experts: bool = False, norms: bool = False) -> Ite
     `experts`, around each backbone layer's mixer and its experts apart (PREFILL_PARTS): for
     eager layers only, as a compiled layer's submodules run inside its compiled code. With
     `norms`, a `norm` range around each norm call (RMSNorm with its `add` or its rope,
-    GatedRMSNorm)."""
+    GatedRMSNorm, and a DeltaNet layer's `rule_inputs`: its q/k l2 norms with its gates)."""
     from torch.profiler import record_function
 
     from engine.drama3.backbone import DecoderLayer
-    from engine.drama3.deltanet import GatedRMSNorm
+    from engine.drama3.deltanet import GatedDeltaNet, GatedRMSNorm
     from engine.drama3.layers import RMSNorm
     from engine.drama3.tower import TowerLayer
 
@@ -142,12 +143,15 @@ def parts(model: Drama3Model, experts: bool = False, norms: bool = False) -> Ite
                 hooks.append(target.register_forward_pre_hook(
                     lambda m, args, name=name: ranges.append(record_function(name).__enter__())))
                 hooks.append(target.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None)))
-    added = []
+    added: list[torch.nn.Module] = []
     if norms:  # `add` and `rotated` call the module: shadowed by ones that open the range around all of it
         for module in model.modules():
             if isinstance(module, RMSNorm) and "add" not in vars(module) and "rotated" not in vars(module):
                 vars(module).update(add=functools.partial(ranged_add, module),
                                     rotated=functools.partial(ranged_rotated, module))
+                added.append(module)
+            if isinstance(module, GatedDeltaNet) and "rule_inputs" not in vars(module):
+                vars(module)["rule_inputs"] = functools.partial(ranged_inputs, module)
                 added.append(module)
             if isinstance(module, (RMSNorm, GatedRMSNorm)):
                 hooks.append(module.register_forward_pre_hook(
@@ -159,7 +163,8 @@ def parts(model: Drama3Model, experts: bool = False, norms: bool = False) -> Ite
         for hook in hooks:
             hook.remove()
         for module in added:
-            del vars(module)["add"], vars(module)["rotated"]
+            for name in ("add", "rotated", "rule_inputs"):
+                vars(module).pop(name, None)
 
 
 def ranged_add(norm: RMSNorm, x: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,6 +175,17 @@ def ranged_add(norm: RMSNorm, x: torch.Tensor, update: torch.Tensor) -> tuple[to
 
     with record_function("norm"):
         return RMSNorm.add(norm, x, update)
+
+
+def ranged_inputs(layer: GatedDeltaNet, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                  valid: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """GatedDeltaNet.rule_inputs inside a `norm` range (the fused kernel makes them in one launch)."""
+    from torch.profiler import record_function
+
+    from engine.drama3.deltanet import GatedDeltaNet
+
+    with record_function("norm"):
+        return GatedDeltaNet.rule_inputs(layer, mixed, b, a, valid)
 
 
 def ranged_rotated(norm: RMSNorm, x: torch.Tensor, rope: torch.Tensor, interleaved: bool) -> torch.Tensor:

@@ -114,16 +114,16 @@ def test_a_fused_step_runs_one_gemm_per_packed_group(plain_and_fused) -> None:
 
 @torch.inference_mode()
 def test_a_chunks_ops_count_its_norms_apart(plain_and_fused) -> None:
-    """`chunk_op_counts` (bench decode's `chunk_ops` row): every norm module of the model is
-    called once in a chunk, each call several ops (what `prefill_norms` makes one launch), and
-    the parts add up to the whole."""
+    """`chunk_op_counts` (bench decode's `chunk_ops` row): every norm module of the model, and
+    each DeltaNet layer's rule inputs, is called once in a chunk, each call several ops (what
+    `prefill_norms` makes one launch), and the parts add up to the whole."""
     from engine.bench.drama3.profiling import chunk_op_counts
-    from engine.drama3.deltanet import GatedRMSNorm
+    from engine.drama3.deltanet import GatedDeltaNet, GatedRMSNorm
     from engine.drama3.layers import RMSNorm
 
     _, fused, _, max_rows = plain_and_fused
     counts = chunk_op_counts(Decoder(fused, max_rows), 64)
-    norms = sum(isinstance(m, (RMSNorm, GatedRMSNorm)) for m in fused.modules())
+    norms = sum(isinstance(m, (RMSNorm, GatedRMSNorm, GatedDeltaNet)) for m in fused.modules())  # (its inputs)
     assert counts["norms"] == norms
     assert counts["norm_ops"] >= 5 * norms  # casts, square, mean, rsqrt, scales (an add's sum too)
     assert sum(counts.get(f"{part}_ops", 0) for part in ("deltanet", "attention", "tower", "norm", "other")) \

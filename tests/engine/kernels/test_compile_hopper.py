@@ -139,3 +139,16 @@ def test_rotated_norm_kernel_compiles(interleaved: bool) -> None:
                  "stride_row": "i32", "stride_head": "i32", "eps": "fp32"}
     compile_for_hopper(norm._rotated_rms_norm_kernel, signature,
                        {"H": 16, "DH": 256, "HALF": 32, "BLOCK": 256, "INTERLEAVED": interleaved}, num_warps=2)
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_deltanet_inputs_kernel_compiles(padded: bool) -> None:
+    from engine.kernels import deltanet_inputs
+
+    signature = {"mixed_ptr": "*bf16", "b_ptr": "*bf16", "a_ptr": "*bf16", "stride_mixed": "i32", "stride_b": "i32",
+                 "stride_a": "i32", "a_log_ptr": "*fp32", "dt_bias_ptr": "*fp32", "valid_ptr": "*i64",
+                 "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32",
+                 "T": "i32", "scale": "fp32"}
+    compile_for_hopper(deltanet_inputs._deltanet_inputs_kernel, signature,
+                       {"HK": 16, "REPEAT": 2, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 128,
+                        "HAS_VALID": padded}, num_warps=1)
