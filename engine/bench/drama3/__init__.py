@@ -34,8 +34,10 @@ Design choices:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -72,6 +74,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-rows", type=int, nargs="+", default=list(PREFILL_ROWS), metavar="N",
                         help="prompt sizes prefilled (default 300 1000 4000); the first is first audio's prompt")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
+
+
+def bench_part(name: str, part: Callable[[], list[Row]], device: torch.device) -> list[Row]:
+    """One part's rows, or a `skipped` row saying why when the GPU's memory ran out (an 80 GB card
+    holds the full preset and a 64-slot decoder, not also what earlier parts left cached); the
+    parts after it run. The part's graphs and caches are freed after it either way."""
+    try:
+        return part()
+    except torch.OutOfMemoryError:
+        if device.type != "cuda":
+            raise
+        free, total = torch.cuda.mem_get_info(device)
+        print(f"# {name}: skipped, out of GPU memory ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free); "
+              "a smaller --slots, or `retake bench prefill` / `decode` apart, needs less", flush=True)
+        return [{"bench": "skipped", "part": name, "reason": "out of GPU memory"}]
+    finally:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,20 +133,18 @@ def run(args: argparse.Namespace) -> int:
         flush()
         if args.profile:  # early: a stage's time limit ended three runs on the H200 before it was written
             args.profile.write_text(profile_tables(model, config, device), encoding="utf-8")
+        parts: list[tuple[str, Callable[[], list[Row]]]] = []
         if args.bench == "takes":
-            rows += bench_takes(model, codec, config, device, args.prompt_rows[0])
-            flush()
-            rows += bench_vocoder_batch(codec, device)
-            flush()
+            parts += [("first audio", lambda: bench_takes(model, codec, config, device, args.prompt_rows[0])),
+                      ("vocoder batches", lambda: bench_vocoder_batch(codec, device))]
         if args.bench in ("prefill", "takes"):
-            rows += bench_prefill(model, config, device, args.prompt_rows)
-            flush()
-            rows += bench_prefill_groups(model, config, device)
-            flush()
+            parts += [("prefill", lambda: bench_prefill(model, config, device, args.prompt_rows)),
+                      ("prefill groups", lambda: bench_prefill_groups(model, config, device))]
         if args.bench in ("decode", "takes"):
-            rows += bench_rows(model, config, device, args.steps, args.slots)
-            flush()
-            rows += bench_kv(model, config, device, args.steps)
+            parts += [("decode rows", lambda: bench_rows(model, config, device, args.steps, args.slots)),
+                      ("decode by KV bucket", lambda: bench_kv(model, config, device, args.steps))]
+        for name, part in parts:
+            rows += bench_part(name, part, device)
             flush()
     flush()
     print(f"# {meta['device']}, torch {meta['torch']}, {source}; kernels: {', '.join(installed) or 'none'}")

@@ -3,6 +3,7 @@ take stepped at every bucket (eagerly on a CPU, replayed on a GPU), with each bu
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.bench.drama3.decode import bench_kv
@@ -15,3 +16,17 @@ def test_one_take_steps_at_every_kv_bucket_beside_its_floor(tiny_model) -> None:
     assert all(row["bench"] == "decode_kv" and row["graph_ms"] > 0 and not row["graphs"] for row in rows)
     floors = [row["floor_ms"] for row in rows]
     assert 0 < floors[0] < floors[1] < floors[2]  # more rows to read each bucket up
+
+
+@pytest.mark.gpu
+def test_a_part_that_runs_out_of_gpu_memory_is_skipped_and_the_next_runs() -> None:
+    """On an 80 GB card the 64-slot decoder of `bench takes` ran out of memory after the earlier
+    parts (a traceback, and nothing after it measured): the part is now a `skipped` row."""
+    from engine.bench.drama3 import bench_part
+
+    device = torch.device("cuda")
+    too_big = torch.cuda.get_device_properties(device).total_memory * 2
+    rows = bench_part("too big", lambda: [{"bench": "x", "bytes": torch.empty(too_big, dtype=torch.uint8,
+                                                                               device=device).numel()}], device)
+    assert rows == [{"bench": "skipped", "part": "too big", "reason": "out of GPU memory"}]
+    assert bench_part("next", lambda: [{"bench": "next"}], device) == [{"bench": "next"}]
