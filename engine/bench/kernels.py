@@ -47,8 +47,8 @@ import torch
 
 from engine.drama3.config import Drama3Config
 
-HELP = ("each decode kernel (sampler, norm, DeltaNet step, MoE routing, FP8 MoE, cache attention, PersonaPlex's "
-        "ring attention) vs its torch reference (needs CUDA)")
+HELP = ("each decode kernel (sampler, norm, DeltaNet step, MoE routing and layout, FP8 MoE, cache attention, "
+        "PersonaPlex's ring attention) vs its torch reference (needs CUDA)")
 COLD_BYTES = 128 << 20  # data read cold per timed graph, at least (the L2 cache is 50-60 MiB)
 MAX_COPIES = 64
 MIN_CALLS = 32  # calls per timed graph: the replay's fixed cost spread thin
@@ -212,7 +212,23 @@ def routing_cases(config: Drama3Config, rows: int, device: torch.device) -> list
     packed = torch.randn(rows, E + 1, device=device).bfloat16()  # the router + shared-expert gate GEMM's output
     logits = packed[:, :E]  # [B, E], a view as in the step
     return [Case("moe_routing", rows, text.num_hidden_layers, rows * (E * 2 + k * 12), 1,
-                 lambda i: moe_routing.route_kernel(logits, k), lambda i: moe_routing.route_reference(logits, k))]
+                 lambda i: moe_routing.route_kernel(logits, k), lambda i: moe_routing.route_reference(logits, k)),
+            layout_case(config, rows, device)]
+
+
+def layout_case(config: Drama3Config, rows: int, device: torch.device) -> Case:
+    """The FP8 experts' "experts" layout of `rows` tokens' pairs (a many-take step, a prefill
+    chunk): the one-launch kernel against fp8_moe.pairs_by_expert's ~12 torch launches."""
+    from engine.kernels import fp8_moe
+    from engine.kernels.expert_layout import expert_layout
+
+    text = config.text
+    E, k = text.num_experts, text.num_experts_per_tok
+    ids = torch.rand(rows, E, device=device).topk(k).indices
+    block_m = 16 if rows <= 64 else 64
+    slots = fp8_moe.max_blocks(rows * k, E, block_m) * (block_m + 1) * 4
+    return Case("expert_layout", rows, text.num_hidden_layers, rows * k * 8 + slots, 1,
+                lambda i: expert_layout(ids, E, block_m), lambda i: fp8_moe.pairs_by_expert(ids, E, block_m))
 
 
 ATTENTION_KV_ROWS = (512, 4096)  # each take's rows of history: a short scene, a retake's long one

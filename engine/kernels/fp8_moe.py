@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.drama3.fp8 import FP8, FP8_MAX, dequantize_fp8
+from engine.kernels.fallback import guarded
 
 try:
     import triton
@@ -310,7 +311,10 @@ def fp8_moe(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Ten
         block_m, rows, experts = 16, None, topk_ids.reshape(-1).contiguous()
     else:
         block_m = 16 if T <= 64 else 64
-        rows, experts = pairs_by_expert(topk_ids, w13.shape[0], block_m)
+        from engine.kernels.expert_layout import LAYOUT_PAIRS, expert_layout
+
+        layout_of = expert_layout if P <= LAYOUT_PAIRS else pairs_by_expert  # one launch for ~12, where it pays
+        rows, experts = guarded("expert layout", layout_of, pairs_by_expert, topk_ids, w13.shape[0], block_m)
     xq, xs = quantize_groups(x.contiguous())
     h = moe_gemm(xq, xs, w13, s13, rows, experts, P, k, None, block_m, split_k)  # [S, P, 2I]
     aq, a_scale = silu_mul_quantize(h, x.dtype)  # [P, I]
