@@ -30,7 +30,7 @@ Design choices:
   --kernels`), so each is measured in the step against the step without it. By default
   the residual add + RMSNorm stays torch code: in the compiled decode layers Inductor
   fuses each norm with the add before it, which is what engine/kernels/norm.py's kernel
-  does; `add_rms_norm` puts the kernel (a graph break, like the DeltaNet step) at the
+  does; `add_rms_norm` puts the kernel (a graph break: it is not an operator) at the
   layers' `RMSNorm.add` instead. `moe_routing` (on by default) runs each MoE layer's
   router softmax, top-8 and renormalisation as one launch (engine/kernels/moe_routing.py)
   instead of ~6 (torch.topk alone is a gather and a sort). `cache_attention` (on by
@@ -42,6 +42,11 @@ Design choices:
   so ~0.5 ms of a 5.7 ms step, and a row's cost follows its own history, not the bucket.
   The block-FP8 W8A8 experts always run their kernel on CUDA (moe.py): it is the release's
   arithmetic, and without host syncs.
+- Prefill chunks run their layers eagerly inside a CUDA graph, where every small op is a
+  kernel of a few microseconds: `prefill_norms` (on by default, not with compiled prefill
+  layers) makes each norm of a chunk one launch of norm.py's kernel (the residual add, an
+  attention layer's rope, DeltaNet's gate with it), and each DeltaNet layer's rule inputs
+  one launch of engine/kernels/deltanet_inputs.py; decode calls keep the module's code.
 - Decode calls (one row per slot) of every backbone and tower layer run torch.compile'd
   code (Inductor fuses the norms, rope, gates and the DeltaNet step into a few kernels),
   compiled with symbolic sizes from the start (one compile serves every row and KV bucket);
