@@ -128,15 +128,15 @@ def test_prefill_norms_keep_the_chunk_and_leave_decode_steps_alone(monkeypatch: 
                 else:
                     vars(module)["forward"] = gated_norm_rows(module)
         model.setup_caches(1, 256, DEVICE, torch.float32)
-        rows = torch.randint(0, 200, (40, config.frame_width), generator=torch.Generator().manual_seed(1))
-        rows[:, 0] = torch.randint(0, config.text.vocab_size, (40,), generator=torch.Generator().manual_seed(2))
+        rows = torch.randint(0, 200, (16, config.frame_width), generator=torch.Generator().manual_seed(1))
+        rows[:, 0] = torch.randint(0, config.text.vocab_size, (16,), generator=torch.Generator().manual_seed(2))
         with torch.inference_mode():
             decoder = Decoder(model, 256)
             prefill = decoder.chunked.begin(rows.to(DEVICE), 0)
             hidden = decoder.chunked.run(prefill)
             assert hidden is not None
             chunk_launches = len(launches)
-            decoder.position.fill_(40)
+            decoder.position.fill_(16)
             decoder.advance_index(64, decoder.index[:1])  # one decode step
             cache = model.tower.residual_layers[-1].transformer_layer.attention.kv_cache
             results.append((hidden.clone(), cache.k.clone()))
