@@ -220,13 +220,13 @@ def layout_case(config: Drama3Config, rows: int, device: torch.device) -> Case:
     """The FP8 experts' "experts" layout of `rows` tokens' pairs (a many-take step, a prefill
     chunk): the one-launch kernel against fp8_moe.pairs_by_expert's ~12 torch launches."""
     from engine.kernels import fp8_moe
-    from engine.kernels.expert_layout import expert_layout
+    from engine.kernels.expert_layout import expert_layout, max_blocks
 
     text = config.text
     E, k = text.num_experts, text.num_experts_per_tok
     ids = torch.rand(rows, E, device=device).topk(k).indices
     block_m = 16 if rows <= 64 else 64
-    slots = fp8_moe.max_blocks(rows * k, E, block_m) * (block_m + 1) * 4
+    slots = max_blocks(rows * k, E, block_m) * (block_m + 1) * 4
     return Case("expert_layout", rows, text.num_hidden_layers, rows * k * 8 + slots, 1,
                 lambda i: expert_layout(ids, E, block_m), lambda i: fp8_moe.pairs_by_expert(ids, E, block_m))
 

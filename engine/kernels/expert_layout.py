@@ -82,10 +82,13 @@ if triton is not None:
             tl.store(experts_ptr + block, tl.where(owner < E, owner, -1), mask=block < BLOCKS)
 
 
+def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
+    """A static bound on sum_e ceil(count_e / block_m) over the experts that have pairs."""
+    return pairs // block_m + min(num_experts, pairs)
+
+
 def expert_layout(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`fp8_moe.pairs_by_expert` as one Triton launch (the same rows and experts)."""
-    from engine.kernels.fp8_moe import max_blocks
-
     flat = topk_ids.reshape(-1).contiguous()  # [P]
     P = flat.numel()
     blocks_total = max_blocks(P, num_experts, block_m)

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.drama3.fp8 import FP8, FP8_MAX, dequantize_fp8
+from engine.kernels.expert_layout import LAYOUT_PAIRS, expert_layout, max_blocks
 from engine.kernels.fallback import guarded
 
 try:
@@ -109,11 +110,6 @@ def pairs_one_per_block(topk_ids: torch.Tensor, block_m: int) -> tuple[torch.Ten
     rows = torch.full((P, block_m), P, dtype=torch.int32, device=topk_ids.device)
     rows[:, 0] = torch.arange(P, dtype=torch.int32, device=topk_ids.device)
     return rows.view(-1), topk_ids.reshape(-1).to(torch.int32)
-
-
-def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
-    """A static bound on sum_e ceil(count_e / block_m) over the experts that have pairs."""
-    return pairs // block_m + min(num_experts, pairs)
 
 
 def pairs_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,8 +307,6 @@ def fp8_moe(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Ten
         block_m, rows, experts = 16, None, topk_ids.reshape(-1).contiguous()
     else:
         block_m = 16 if T <= 64 else 64
-        from engine.kernels.expert_layout import LAYOUT_PAIRS, expert_layout
-
         layout_of = expert_layout if P <= LAYOUT_PAIRS else pairs_by_expert  # one launch for ~12, where it pays
         rows, experts = guarded("expert layout", layout_of, pairs_by_expert, topk_ids, w13.shape[0], block_m)
     xq, xs = quantize_groups(x.contiguous())

@@ -156,9 +156,9 @@ def test_deltanet_inputs_kernel_compiles(padded: bool) -> None:
 
 @pytest.mark.parametrize("pairs,block_m", [(128, 16), (4096, 64)])
 def test_expert_layout_kernel_compiles(pairs: int, block_m: int) -> None:
-    from engine.kernels import expert_layout, fp8_moe
+    from engine.kernels import expert_layout
 
     signature = {"ids_ptr": "*i64", "rows_ptr": "*i32", "experts_ptr": "*i32"}
     compile_for_hopper(expert_layout._expert_layout_kernel, signature,
-                       {"P": pairs, "BLOCKS": fp8_moe.max_blocks(pairs, 256, block_m), "E": 256, "SPAN": 256,
+                       {"P": pairs, "BLOCKS": expert_layout.max_blocks(pairs, 256, block_m), "E": 256, "SPAN": 256,
                         "BLOCK_M": block_m, "CHUNK_": expert_layout.CHUNK, "FILL": 256}, num_warps=8)

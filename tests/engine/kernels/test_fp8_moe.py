@@ -10,6 +10,7 @@ import torch
 
 from engine.drama3.fp8 import dequantize_fp8, quantize_fp8
 from engine.kernels import fp8_moe as m
+from engine.kernels.expert_layout import max_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU: Triton's interpreter (conftest.py)
 
@@ -40,7 +41,7 @@ def test_pairs_by_expert_covers_every_pair_once_in_its_experts_blocks(T: int, k:
 def test_pairs_by_expert_has_static_shapes_and_marks_unused_blocks() -> None:
     ids = torch.tensor([[3, 1], [3, 0], [3, 2]])  # expert 3 thrice: two blocks of 2
     rows, blocks = m.pairs_by_expert(ids, num_experts=5, block_m=2)
-    assert blocks.numel() == m.max_blocks(6, 5, 2) == 3 + 5
+    assert blocks.numel() == max_blocks(6, 5, 2) == 3 + 5
     assert blocks.tolist() == [0, 1, 2, 3, 3, -1, -1, -1]
     assert rows.view(-1, 2)[:5].tolist() == [[3, 6], [1, 6], [5, 6], [0, 2], [4, 6]]
     assert (rows.view(-1, 2)[5:] == 6).all()
