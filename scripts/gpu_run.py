@@ -23,7 +23,7 @@ that fails or runs out of time is recorded and the next one runs):
 - kernels: `retake bench kernels` (each decode kernel against its torch reference)
 - numerics: `retake bench numerics`: compiled vs eager in float32, per experts path and TF32
 - retake (only with --stages): `retake bench retake --random-weights --preset full --device
-  cuda`: first audio of a retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off;
+  cuda --repeats 5`: first audio of a retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off;
   one retake per size profiled into retake-profile.txt (its ranges and top ops)
 - personaplex: `retake bench personaplex --size released` at 1, 8, 32, 64, 128 slots (a full
   context each; the ticks of 1 and 128 profiled part by part), then encode / model / decode
@@ -516,7 +516,9 @@ def takes_stage(run: Run, stage: Stage, log: Path) -> Json:
 def retake_stage(run: Run, stage: Stage, log: Path) -> Json:
     report = WORK / "retake.json"
     size = ["--preset", "tiny", "--device", "cpu", "--history-rows", "0", "200", "--turn-frames", "40",
-            "--repeats", "1"] if run.smoke else ["--preset", "full", "--device", "cuda"]
+            "--repeats", "1"] if run.smoke else ["--preset", "full", "--device", "cuda", "--repeats", "5"]
+    # 5 repeats: a retake's first audio is ~12-17 ms, and one run's host jitter moved the 4,000 / 0 ratio
+    # between 1.21x and 1.45x on one H100 with 3 (docs/perf.md, stop 34)
     kernels = ([] if run.kernels is None else ["--kernels", *run.kernels]) + run.compile_prefill
     profile = ["--profile", str(run.out / "retake-profile.txt")]  # one retake per size, its ranges and top ops
     return bench_stage(run, stage, log, [*CLI, "bench", "retake", "--random-weights", *size, *kernels, *profile,
