@@ -128,6 +128,7 @@ class Run:
         self.variants: list[str] = args.serve_variant or [""]  # extra `retake serve` arguments, a server each
         self.kernels: list[str] | None = args.bench_kernels.split(",") if args.bench_kernels else None
         self.compile_prefill: list[str] = ["--compile-prefill"] if args.bench_compile_prefill else []
+        self.kernel_cases: list[str] = [name for name in (args.kernel_cases or "").split(",") if name]
         self.deadline: float = time.monotonic() + float(args.budget)
         self.started = time.monotonic()
         self.limits = {**(SMOKE_LIMITS_S if self.smoke else LIMITS_S), **dict(args.limit)}
@@ -543,7 +544,8 @@ def kernels_stage(run: Run, stage: Stage, log: Path) -> Json | None:
         stage.note = "retake bench kernels is not in this checkout"
         return None
     report = WORK / "kernels.json"
-    return bench_stage(run, stage, log, [*CLI, "bench", "kernels", "--json", str(report)], report)
+    only = ["--only", *run.kernel_cases] if run.kernel_cases else []
+    return bench_stage(run, stage, log, [*CLI, "bench", "kernels", *only, "--json", str(report)], report)
 
 
 def personaplex_stage(run: Run, stage: Stage, log: Path) -> Json:
@@ -615,6 +617,9 @@ def main() -> int:
     parser.add_argument("--bench-kernels", default=None, metavar="NAMES",
                         help="`--kernels` for the takes and retake stages' benches, comma-separated, e.g. "
                              "deltanet_step (default: the benches')")
+    parser.add_argument("--kernel-cases", default=None, metavar="PREFIXES",
+                        help="the kernels stage's cases by name prefix, comma-separated (`bench kernels --only`), "
+                             "e.g. 'personaplex ring,dense_rows' (default: every case)")
     parser.add_argument("--bench-compile-prefill", action="store_true",
                         help="`--compile-prefill` for the takes and retake stages' benches (prefill chunks through "
                              "the compiled layers)")

@@ -58,6 +58,8 @@ REPLAYS = 20
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64],
                         help="decoding takes per call (default 1 8 64)")
+    parser.add_argument("--only", nargs="+", metavar="PREFIX",
+                        help="time only the cases whose name starts with one of these (e.g. 'personaplex ring')")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
 
 
@@ -268,18 +270,18 @@ def attention_case(config: Drama3Config, rows: int, kv: int, device: torch.devic
 
 
 # (ring slots per step, warps, tensor cores): the kernel's own, then others to compare (the
-# CUDA-core form it replaced among them)
-RING_SHAPES = ((64, 4, True), (64, 4, False), (128, 4, True), (32, 4, True), (128, 8, True))
+# tensor-core form, slower on the H200 at 1 / 8 / 64 conversations, among them)
+RING_SHAPES = ((64, 4, False), (32, 4, False), (128, 4, False), (64, 8, False), (64, 2, False), (32, 4, True))
 
 
 def ring_cases(rows: int, device: torch.device, lm: dict[str, int] | None = None) -> list[Case]:
     """The ring kernel as it runs (`personaplex ring`) and with other block shapes or on the
-    CUDA cores (`personaplex ring block B warps W[ cuda cores]`), on the same rings."""
+    tensor cores (`personaplex ring block B warps W[ tensor cores]`), on the same rings."""
     return [ring_case(rows, device, lm, block, warps, dots) for block, warps, dots in RING_SHAPES]
 
 
 def ring_case(rows: int, device: torch.device, lm: dict[str, int] | None = None, block: int = 64,
-              warps: int = 4, dots: bool = True) -> Case:
+              warps: int = 4, dots: bool = False) -> Case:
     """PersonaPlex's one-query attention over a full float8 ring (engine/kernels/ring_attention.py)
     for `rows` conversations, each a whole context in: one of Helium's layers per tick, released
     sizes unless `lm` gives others (dim, num_heads, context)."""
@@ -308,14 +310,14 @@ def ring_case(rows: int, device: torch.device, lm: dict[str, int] | None = None,
         return ring_attention.ring_attention_reference(q, keys, values, key_scales, value_scales, positions, C)
 
     name = "personaplex ring" + ("" if (block, warps, dots) == RING_SHAPES[0] else
-                                 f" block {block} warps {warps}" + ("" if dots else " cuda cores"))
+                                 f" block {block} warps {warps}" + (" tensor cores" if dots else ""))
     return Case(name, rows, sizes["num_layers"], moved, copies, call, reference)
 
 
 def cases(config: Drama3Config, rows: int, device: torch.device, lm: dict[str, int] | None = None) -> list[Case]:
     """Every kernel's case at one batch of `rows` decoding takes (conversations, for the ring: of
-    PersonaPlex's released sizes, or `lm`'s). The ones never yet timed on the H200 first (a
-    stage's time limit ends the bench where it is): the ring on tensor cores, cache_attention."""
+    PersonaPlex's released sizes, or `lm`'s). The ring's first (a stage's time limit ends the
+    bench where it is; `--only` picks cases by name)."""
     return [*ring_cases(rows, device, lm), *attention_cases(config, rows, device),
             *sampler_cases(config, rows, device), *norm_cases(config, rows, device),
             *deltanet_cases(config, rows, device), *routing_cases(config, rows, device),
@@ -398,6 +400,8 @@ def run(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         for rows in args.rows:
             for case in cases(config, rows, device):
+                if args.only and not case.kernel.startswith(tuple(args.only)):
+                    continue
                 row = measure(case, bandwidth)
                 results.append(row)
                 print("  ".join(f"{row[name]!s:>14}" if name != "kernel" else f"{row[name]!s:<22}"

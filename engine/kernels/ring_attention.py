@@ -26,17 +26,15 @@ Design choices:
   multiplies its dot product and its softmax weight, not every element: the memory
   traffic, which is what a decode step costs, is half of bfloat16's, and the CUDA cores do
   a convert and a multiply-add per element. Scores, softmax and sums are float32.
-- Float8 rings on tensor cores (`_block_dots`): the query, padded to 16 rows (the least a
-  dot takes), against a block's keys, and the block's weights against its values, as two
-  `tl.dot`s of float16 with float32 sums. The CUDA-core form (`_block`) reduced every
-  block twice across the threads (over Dh for the scores, over the slots for the values)
-  and converted each float8 element to float32: at 128 conversations on the H200 it ran
-  at 43% of the bytes' floor (54.2 ms a tick for 23.5 by arithmetic). Float8 to float16
-  is exact (e4m3 fits float16's range and precision), and so is the bfloat16 query's (its
-  8 significant bits, in range); the weights times the value scales are rounded to
-  float16's 11 significant bits, well under the 4 bits the float8 values carry, so the
-  tests hold this form to the reference at 2e-3. Full-precision rings keep the CUDA-core
-  form (float32 in the CPU tests, bfloat16 outside float16's range).
+- Float8 rings on the CUDA cores by default: a slot's key and value converted to float32 and
+  reduced across the threads. A tensor-core form (`_block_dots`, `dots=True`: the query padded
+  to 16 rows against a block's keys, the weights against its values, two float16 `tl.dot`s)
+  was written to halve the reduction work, and measured slower on the H200 (`retake bench
+  kernels`, 2026-12-05, one layer over full rings): 0.0314 / 0.1618 / 1.2404 ms at 1 / 8 /
+  64 conversations against 0.0231 / 0.1172 (CUDA cores) at 1 / 8, and the 64- and
+  128-conversation ticks rose from 42.7 / 72.9 ms (stop 31, CUDA cores) to 53.3 / 95.4. It
+  stays selectable for the bench and its tests (held to the reference at 2e-3: float8 to
+  float16 is exact, the weights times the value scales are rounded to float16's 11 bits).
 - Rows not `active` (slots a tick holds: nothing of their tick is kept, engine/personaplex/
   lockstep.py) read nothing and give zeros: with ticks as frames arrive a tick hears a
   part of its batch, and at 128 conversations with full rings this kernel was 54.2 ms
@@ -243,10 +241,10 @@ if triton is not None:
 def ring_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                           key_scales: torch.Tensor | None, value_scales: torch.Tensor | None,
                           positions: torch.Tensor, context: int, active: torch.Tensor | None = None,
-                          block: int = BLOCK_N, warps: int = 4, dots: bool = True) -> torch.Tensor:
+                          block: int = BLOCK_N, warps: int = 4, dots: bool = False) -> torch.Tensor:
     """`ring_attention_reference` as two Triton launches (no host sync: capturable); `block` ring
-    slots per step and `warps` per program, a float8 ring on tensor cores unless `dots` is
-    False (`retake bench kernels` times the other choices)."""
+    slots per step and `warps` per program, a float8 ring on tensor cores if `dots` (slower on
+    the H200; `retake bench kernels` times the choices)."""
     B, H, C, DH = keys.shape
     assert q.shape == (B, H, DH) and values.shape == keys.shape and positions.shape == (B,)
     assert keys.stride(-1) == 1 and values.stride(-1) == 1 and q.stride(-1) == 1 and DH == triton.next_power_of_2(DH)

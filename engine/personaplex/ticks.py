@@ -77,11 +77,14 @@ class Ticks:
         self.host_pcm = torch.zeros(B, size, pin_memory=cuda)
         self.host_tokens = torch.zeros(B, K, dtype=torch.long, pin_memory=cuda)
         self.events = [torch.cuda.Event(enable_timing=True) for _ in range(5)] if cuda else []
-        stages = [self.encode, self.model, self.decode] if parts else [self.whole]
+        # The stages by name (a graph's key, a timing's name), bound once.
+        self.stages: dict[str, Callable[[int], None]] = {"encode": self.encode, "model": self.model,
+                                                         "decode": self.decode, "whole": self.whole}
+        captured = ("encode", "model", "decode") if parts else ("whole",)
         self.parts = parts
         pool = shared_pool() if graphs and cuda else None  # the stages never replay at once
-        self.graphs = {stage.__name__: StepGraphs(stage, self.buckets, enabled=graphs and cuda, pool=pool,
-                                                  name=f"personaplex {stage.__name__}") for stage in stages}
+        self.graphs = {name: StepGraphs(self.stages[name], self.buckets, enabled=graphs and cuda, pool=pool,
+                                        name=f"personaplex {name}") for name in captured}
         self.graphed = False
         if graphs and cuda:
             self.capture()
@@ -157,32 +160,32 @@ class Ticks:
         assert n in self.buckets
         if codes is not None:
             self.codes[:n] = codes.to(self.device)
-            stages = [self.model, self.decode]
+            stages = ["model", "decode"]
         else:
             assert pcm is not None
             self.host_in[:n] = torch.from_numpy(pcm)
             self.pcm_in[:n].copy_(self.host_in[:n], non_blocking=True)
-            stages = [self.whole] if not self.parts and self.graphed else [self.encode, self.model, self.decode]
+            stages = ["whole"] if not self.parts and self.graphed else ["encode", "model", "decode"]
         if self.events:
             return self._run_cuda(stages, n)
         marks = [time.perf_counter()]
         for stage in stages:
-            stage(n)
+            self.stages[stage](n)
             marks.append(time.perf_counter())
         self.host_pcm[:n] = self.pcm_out[:n]
         self.host_tokens[:n] = self.lockstep.tokens[:n]
         return self.host_pcm[:n].numpy(), self.host_tokens[:n].numpy(), _timings(marks, stages)
 
-    def _run_cuda(self, stages: Sequence[Callable[[int], None]], n: int,
+    def _run_cuda(self, stages: Sequence[str], n: int,
                   ) -> tuple[NDArray[np.float32], NDArray[np.int64], dict[str, float]]:
         events = self.events
         events[0].record()
         for i, stage in enumerate(stages):
-            graphs = self.graphs.get(stage.__name__)
+            graphs = self.graphs.get(stage)
             if graphs is not None and n in graphs.graphs:
                 graphs.graphs[n].replay()
             else:
-                stage(n)
+                self.stages[stage](n)
             events[i + 1].record()
         self.host_pcm[:n].copy_(self.pcm_out[:n], non_blocking=True)
         self.host_tokens[:n].copy_(self.lockstep.tokens[:n], non_blocking=True)
@@ -193,11 +196,10 @@ class Ticks:
         return self.host_pcm[:n].numpy(), self.host_tokens[:n].numpy(), _timings(marks, stages)
 
 
-def _timings(marks: list[float], stages: Sequence[Callable[[int], None]]) -> dict[str, float]:
+def _timings(marks: list[float], names: Sequence[str]) -> dict[str, float]:
     """Milliseconds of the tick (`gpu_ms`) and, when its parts ran apart, of each part."""
     ms = [(b - a) * 1000 for a, b in itertools.pairwise(marks)]
     out = {"gpu_ms": sum(ms)}
-    names = [stage.__name__ for stage in stages]
-    if names != ["whole"]:
+    if list(names) != ["whole"]:
         out |= {f"{name}_ms": value for name, value in zip(names, ms)}
     return out

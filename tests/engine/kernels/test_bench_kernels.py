@@ -35,10 +35,11 @@ def test_every_case_runs_its_kernel_and_reference() -> None:
                                                    "moe_routing", "expert_layout", "fp8_moe", "fp8_moe pairs split 1",
                                                    "fp8_moe experts",
                                                    "cache_attention kv 512", "cache_attention kv 4096",
-                                                   "personaplex ring", "personaplex ring block 64 warps 4 cuda cores",
+                                                   "personaplex ring", "personaplex ring block 32 warps 4",
                                                    "personaplex ring block 128 warps 4",
-                                                   "personaplex ring block 32 warps 4",
-                                                   "personaplex ring block 128 warps 8"}
+                                                   "personaplex ring block 64 warps 8",
+                                                   "personaplex ring block 64 warps 2",
+                                                   "personaplex ring block 32 warps 4 tensor cores"}
         for case in cases:
             got, expected = case.call(0), case.reference(0)
             assert case.bytes > 0 and case.copies >= 1 and case.per_step >= 1

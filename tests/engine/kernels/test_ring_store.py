@@ -56,3 +56,20 @@ def test_a_bucket_of_the_rings_rows_leaves_the_others_alone() -> None:
     rs.ring_store_reference(*(t[:2] for t in theirs if t is not None), k[:2], v[:2], ks[:2], vs[:2], index)
     for a, b in zip(ours, theirs):
         assert a is not None and b is not None and torch.equal(rs._bytes(a), rs._bytes(b))
+
+
+@pytest.mark.kernel
+def test_a_one_row_tick_with_keys_and_values_from_one_projection() -> None:
+    """A one-row bucket's k and v are views of one projection whose row strides differ (a size-1
+    dim's stride is never read): written as the scatters write them, not refused."""
+    ours, theirs, _ = rings(1, 4, 8, 16, False, seed=2)
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(1, 4, 16, generator=g).bfloat16().to(DEVICE)  # [1, H, Dh], row stride 64
+    v = torch.randn(1, 3, 4, 16, generator=g).bfloat16().to(DEVICE)[:, 2]  # a view: row stride 192
+    assert k.is_contiguous() and v.is_contiguous() and k.stride(0) != v.stride(0)
+    index = torch.tensor([5], device=DEVICE)
+    rs.ring_store_kernel(*ours, k, v, None, None, index)
+    rs.ring_store_reference(*theirs, k, v, None, None, index)
+    for a, b in zip(ours, theirs):
+        if a is not None and b is not None:
+            assert torch.equal(a, b)

@@ -23,11 +23,12 @@ def audio(ticks: int, slots: int, seed: int) -> np.ndarray:
 
 
 def short_context(root: Path, slots: int, sampling: Sampling, **options: object) -> PersonaPlex:
-    """The tiny checkpoint on CUDA with a context of 16 frames: a few dozen ticks wrap the ring."""
+    """The tiny checkpoint on CUDA with a context of 32 frames (the least that holds a system prompt
+    of voice, persona and silences): a few dozen ticks wrap the ring."""
     from engine.personaplex.checkpoint import load_lm, load_mimi, load_tokenizer, read_config
 
     cfg = read_config(root)
-    cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, context=16))
+    cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, context=32))
     dev = torch.device("cuda")
     temporal, depformer = load_lm(root, cfg, dev, torch.float32)  # float32: graph and eager agree to rounding
     return PersonaPlex.build(root, cfg, temporal, depformer, load_mimi(root, cfg, dev), load_tokenizer(root, cfg),
