@@ -12,7 +12,8 @@ RMSNorm of a 2,048-wide row, one Gated DeltaNet layer's step, one MoE layer's ro
 (softmax, top 8 of 256, renormalised), and one layer's FP8 experts (256 x 2,048 x 512,
 top 8; the default layout, one block per pair without split-K as the kernel ran before,
 and the by-expert layout), and one full-attention layer's one-row attention over 512 and
-4,096 rows of history per take (cache_attention, against the model's gather and SDPA); and
+4,096 rows of history per take (cache_attention, against the model's gather and SDPA); each
+dense weight of a step at up to 16 rows (dense_rows against F.linear: dense_cases.py); and
 PersonaPlex's attention over a full float8 ring of 3,000 positions per conversation (`rows`
 conversations; `per_step` and `step_ms` then count one tick's 32 Helium layers).
 
@@ -48,7 +49,7 @@ import torch
 from engine.drama3.config import Drama3Config
 
 HELP = ("each decode kernel (sampler, norm, DeltaNet step, MoE routing and layout, FP8 MoE, cache attention, "
-        "PersonaPlex's ring attention) vs its torch reference (needs CUDA)")
+        "dense rows, PersonaPlex's ring attention) vs its torch reference (needs CUDA)")
 COLD_BYTES = 128 << 20  # data read cold per timed graph, at least (the L2 cache is 50-60 MiB)
 MAX_COPIES = 64
 MIN_CALLS = 32  # calls per timed graph: the replay's fixed cost spread thin
@@ -316,12 +317,14 @@ def ring_case(rows: int, device: torch.device, lm: dict[str, int] | None = None,
 
 def cases(config: Drama3Config, rows: int, device: torch.device, lm: dict[str, int] | None = None) -> list[Case]:
     """Every kernel's case at one batch of `rows` decoding takes (conversations, for the ring: of
-    PersonaPlex's released sizes, or `lm`'s). The ring's first (a stage's time limit ends the
-    bench where it is; `--only` picks cases by name)."""
-    return [*ring_cases(rows, device, lm), *attention_cases(config, rows, device),
-            *sampler_cases(config, rows, device), *norm_cases(config, rows, device),
-            *deltanet_cases(config, rows, device), *routing_cases(config, rows, device),
-            *moe_cases(config, rows, device)]
+    PersonaPlex's released sizes, or `lm`'s). The dense layers' and the ring's first (a stage's
+    time limit ends the bench where it is; `--only` picks cases by name)."""
+    from engine.bench.dense_cases import dense_cases
+
+    return [*dense_cases(config, rows, device), *ring_cases(rows, device, lm),
+            *attention_cases(config, rows, device), *sampler_cases(config, rows, device),
+            *norm_cases(config, rows, device), *deltanet_cases(config, rows, device),
+            *routing_cases(config, rows, device), *moe_cases(config, rows, device)]
 
 
 # ─── timing ──────────────────────────────────────────────────────────────────

@@ -42,6 +42,11 @@ Design choices:
   so ~0.5 ms of a 5.7 ms step, and a row's cost follows its own history, not the bucket.
   The block-FP8 W8A8 experts always run their kernel on CUDA (moe.py): it is the release's
   arithmetic, and without host syncs.
+- `dense_rows` (off by default until timed in the step) runs every bias-free dense layer
+  through engine/kernels/dense_rows.py's operator: a decode step's 1..16 rows stream each
+  weight once through a Triton kernel where cuBLAS's one-row GEMMs ran at ~1.7 TB/s on an
+  H100 (~2.6 ms of a 5.6 ms step, stop 34's profile); more rows stay cuBLAS's. PackedLinear
+  takes its GEMM as `matmul`, each other Linear's forward is shadowed.
 - Prefill chunks run their layers eagerly inside a CUDA graph, where every small op is a
   kernel of a few microseconds: `prefill_norms` (on by default, not with compiled prefill
   layers) makes each norm of a chunk one launch of norm.py's kernel (the residual add, an
@@ -88,12 +93,13 @@ class PackedLinear(nn.Module):
             weight = torch.cat([linear.weight for linear in linears])  # [sum N_i, D], their dtype
         self.register_buffer("weight", weight, persistent=False)  # state_dict keeps the views' names
         self.sizes = [linear.out_features for linear in linears]
+        self.matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear  # x, weight -> x @ weight^T
         for linear, rows in zip(linears, weight.split(self.sizes)):
             linear.weight = nn.Parameter(rows, requires_grad=False)  # a view: the old tensor is freed
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [..., D] -> one [..., N_i] view per packed linear, in their order."""
-        return tuple(F.linear(x, self.weight).split(self.sizes, dim=-1))
+        return tuple(self.matmul(x, self.weight).split(self.sizes, dim=-1))
 
 
 def fuse_projections(model: nn.Module) -> int:
@@ -308,6 +314,21 @@ def deltanet_inputs(layer: GatedDeltaNet) -> Callable[..., tuple[torch.Tensor, .
     return run
 
 
+def install_dense_rows(model: nn.Module) -> None:
+    """Every bias-free dense layer (a PackedLinear's GEMM, each other Linear, the candidate head) through
+    engine/kernels/dense_rows.py's operator: up to 16 rows (a decode step's slots) its
+    weight-streaming kernel, more rows (prefill chunks) cuBLAS as before."""
+    from engine.kernels.dense_rows import dense_rows
+
+    if isinstance(model, Drama3Model) and "candidate_logits" not in vars(model):
+        vars(model)["candidate_logits"] = lambda hidden: dense_rows(hidden, model.candidate_head).float()
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            module.matmul = dense_rows
+        elif isinstance(module, nn.Linear) and module.bias is None and "forward" not in vars(module):
+            vars(module)["forward"] = lambda x, linear=module: dense_rows(x, linear.weight)  # shadows Linear.forward
+
+
 def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """`moe.top_experts` (softmax, top k, renormalise) as one launch of the routing kernel."""
     from engine.kernels.moe_routing import route
@@ -321,7 +342,8 @@ def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tenso
     return run
 
 
-KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention", "prefill_norms")  # Triton kernels
+KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention", "prefill_norms",  # Triton kernels
+           "dense_rows")
 # cache_attention: on, from the kernel's own H200 figures (above). moe_routing: on; one launch where
 # the reference makes ~6 in each of the 40 MoE layers (~0.75 ms of a step in stop 27's profile). Its
 # first H200 run (a `torch.compiler.disable` break in every MoE layer then) warmed up 3.7x as long; as
@@ -330,6 +352,7 @@ KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention", "p
 # add_rms_norm: Inductor fuses the compiled layers' norms already. prefill_norms: the eager prefill
 # chunk's ~220 norms (full size; 30 of them DeltaNet's gated ones, 46 q/k norms with their rope)
 # one launch each instead of ~9-21 (not with --compile-prefill, whose compiled layers fuse them).
+# dense_rows: off until the step with it is timed against cuBLAS's one-row GEMMs on the H200.
 DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention", "prefill_norms")
 
 
@@ -384,6 +407,9 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
                   and "rule_inputs" not in vars(module)):  # bfloat16 q, k, v: what that rule reads
                 vars(module)["rule_inputs"] = deltanet_inputs(module)
         installed.append("prefill_norms_kernel")
+    if "dense_rows" in kernels:
+        install_dense_rows(model)
+        installed.append("dense_rows_kernel")
     if "cache_attention" in kernels:
         for module in model.modules():
             if isinstance(module, (GatedAttention, TowerAttention)) and "attend_cache" not in vars(module):

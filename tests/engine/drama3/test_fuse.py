@@ -153,3 +153,46 @@ def test_the_profile_tables_name_the_step_the_prefill_and_a_line_chunk(tiny_mode
                       "# one 300-row prefill: CPU ops (no GPU here)",
                       "# one 40-row chunk after 300 rows (a line after its restored prefix): CPU ops (no GPU here)"]
     assert all("aten::" in table for table in tables)
+
+
+def within(event: torch.autograd.profiler_util.FunctionEvent) -> bool:
+    """Whether a profiled op ran inside the `retake::dense_rows` operator."""
+    parent = event.cpu_parent
+    while parent is not None and parent.name != "retake::dense_rows":
+        parent = parent.cpu_parent
+    return parent is not None
+
+
+@torch.inference_mode()
+def test_dense_rows_carries_every_dense_layer_and_changes_nothing(tiny_checkpoint) -> None:
+    """fast.py `install_dense_rows` (the `dense_rows` kernel's wiring): every dense GEMM of a decode step
+    goes through the `retake::dense_rows` operator (on the CPU its reference, F.linear), so the
+    fused model decodes the same frames with it as without."""
+    from engine.drama3.fast import install_dense_rows
+
+    frames = []
+    for dense in (False, True):
+        model, config, tokenizer = load_model(tiny_checkpoint, device="cpu", dtype=torch.float32)
+        fuse_projections(model)
+        if dense:
+            install_dense_rows(model)
+            install_dense_rows(model)  # a second install changes nothing
+        prompt = build_prompt("Through the operator.", None, [], Sampling(max_new_tokens=12, seed=5), tokenizer, config)
+        model.setup_caches(1, len(prompt.rows) + 16, "cpu", torch.float32)
+        decoder = Decoder(model, len(prompt.rows) + 16)
+        decoder.prefill(prompt)
+        with torch.profiler.profile() as prof:
+            decoder.advance(decoder.kv_len(len(prompt.rows) - 1))
+        events = prof.events()
+        calls = sum(event.name == "retake::dense_rows" for event in events)
+        outside = [event for event in events if event.name in ("aten::mm", "aten::addmm") and not within(event)]
+        if dense:  # every dense GEMM of the step inside the operator (the experts' are bmm, their own)
+            assert calls > 0 and outside == []
+        else:
+            assert calls == 0 and outside
+        taken = [decoder.frame[0].clone()]
+        for step in range(1, 12):
+            decoder.advance(decoder.kv_len(len(prompt.rows) - 1 + step))
+            taken.append(decoder.frame[0].clone())
+        frames.append(torch.stack(taken))
+    assert torch.equal(frames[1], frames[0])

@@ -25,6 +25,14 @@ def small_config() -> Drama3Config:
     return Drama3Config.from_dict(raw)
 
 
+def test_dense_cases_only_at_rows_the_kernel_takes() -> None:
+    """Past 16 rows dense_rows is F.linear itself: nothing to time."""
+    from engine.bench.dense_cases import dense_cases
+
+    assert len(dense_cases(small_config(), 16, torch.device("cpu"))) == 10
+    assert dense_cases(small_config(), 17, torch.device("cpu")) == []
+
+
 @pytest.mark.kernel
 def test_every_case_runs_its_kernel_and_reference() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -39,7 +47,11 @@ def test_every_case_runs_its_kernel_and_reference() -> None:
                                                    "personaplex ring block 128 warps 4",
                                                    "personaplex ring block 64 warps 8",
                                                    "personaplex ring block 64 warps 2",
-                                                   "personaplex ring block 32 warps 4 tensor cores"}
+                                                   "personaplex ring block 32 warps 4 tensor cores",
+                                                   *(f"dense_rows {role}" for role in (
+                                                       "deltanet_in", "attention_in", "out", "shared_up",
+                                                       "shared_down", "router", "head", "deltanet_in bn64 bk256",
+                                                       "deltanet_in bn16 bk256", "deltanet_in bn32 bk128"))}
         for case in cases:
             got, expected = case.call(0), case.reference(0)
             assert case.bytes > 0 and case.copies >= 1 and case.per_step >= 1
@@ -48,5 +60,5 @@ def test_every_case_runs_its_kernel_and_reference() -> None:
             assert isinstance(got, torch.Tensor) and got.shape == expected.shape, case.kernel
             if case.kernel.startswith("sample") or case.kernel == "expert_layout":
                 assert torch.equal(got, expected), case.kernel
-            if case.kernel.startswith("personaplex ring"):  # the ring's kernel and its reference, as in a tick
+            if case.kernel.startswith(("personaplex ring", "dense_rows")):  # bfloat16 results, to their rounding
                 torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)

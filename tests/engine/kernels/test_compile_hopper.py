@@ -19,14 +19,18 @@ STRIDES = ("stride_qb", "stride_qh", "stride_kb", "stride_kh", "stride_kc", "str
 
 
 def compile_for_hopper(fn, signature: dict[str, str], constants: dict[str, object],  # type: ignore[no-untyped-def]
-                       num_warps: int = 4) -> str:
+                       num_warps: int = 4, num_stages: int = 3, aligned: tuple[str, ...] = ()) -> str:
+    """`aligned`: arguments the launch finds divisible by 16, as Triton's JIT specialises them (a
+    torch tensor's pointer, a stride of 2,048): the vectorised and asynchronous loads need them."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     source = ASTSource(fn=fn, signature={**signature, **{name: "constexpr" for name in constants}},
-                       constexprs=constants)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+                       constexprs=constants,
+                       attrs={(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned})
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": num_warps, "num_stages": num_stages})
     return str(kernel.asm["ptx"])
 
 
@@ -162,3 +166,22 @@ def test_expert_layout_kernel_compiles(pairs: int, block_m: int) -> None:
     compile_for_hopper(expert_layout._expert_layout_kernel, signature,
                        {"P": pairs, "BLOCKS": expert_layout.max_blocks(pairs, 256, block_m), "E": 256, "SPAN": 256,
                         "BLOCK_M": block_m, "CHUNK_": expert_layout.CHUNK, "FILL": 256}, num_warps=8)
+
+
+
+@pytest.mark.parametrize("n,k", [(12352, 2048), (2048, 4096), (4097, 2048)])
+def test_dense_rows_kernel_compiles(n: int, k: int) -> None:
+    """DeltaNet's packed projection, an output projection, the candidate head (a masked column
+    block): the 16 padded rows' dots on the tensor cores (Ampere's mma: Hopper's wgmma wants 64
+    rows), the weight tiles copied asynchronously in 16-byte pieces, `stages` deep."""
+    from engine.kernels import dense_rows as dr
+
+    blocks = dr.config(n, k)
+    signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "stride_x": "i32"}
+    ptx = compile_for_hopper(dr._dense_rows_kernel, signature,
+                             {"N": n, "K": k, "ROWS": dr.MAX_ROWS, "BLOCK_N": blocks.block_n,
+                              "BLOCK_K": blocks.block_k, "FLOAT32": False},
+                             num_warps=blocks.warps, num_stages=blocks.stages,
+                             aligned=("x_ptr", "w_ptr", "out_ptr", "stride_x"))
+    assert ".target sm_90" in ptx and ("wgmma" in ptx or "mma.sync" in ptx)
+    assert "cp.async.cg.shared.global" in ptx and "ld.global.b16" not in ptx  # pipelined, 16-byte copies
