@@ -314,6 +314,17 @@ class PersonaPlex:
             self.read_prompts.keep(prompt.key, planned, span.start)
         self._listen(span, planned)
 
+    def _copy_read_prompts(self) -> None:
+        """Waiting prompts that another slot has read since they were queued (the same persona and
+        voice) are copied in, not read again: conversations opened together with one persona read it
+        once (127 opened at once on the H200 read theirs a chunk a tick, one after the other, and the
+        last listened after ~18 s, every tick meanwhile a chunk longer for those talking)."""
+        for slot, prompt in list(self.prompts.items()):
+            if prompt.read == 0 and prompt.key is not None and self.read_prompts.has(prompt.key):
+                self.read_prompts.restore(prompt.key, prompt.plan, slot)
+                del self.prompts[slot]
+                self._listen(slice(slot, slot + 1), prompt.plan)
+
     def _listen(self, span: slice, planned: Plan) -> None:
         """The slots `span` have read `planned`: they take its staging ring, their Mimi streams restart,
         they are live."""
@@ -361,6 +372,8 @@ class PersonaPlex:
               hearing: Collection[int] | None = None) -> list[Frame | None]:
         started = time.perf_counter()
         prompt_ms = 0.0
+        if self.prompts:
+            self._copy_read_prompts()
         if self.prompts:  # one chunk of the oldest waiting system prompt
             slot, prompt = next(iter(self.prompts.items()))
             self._read_prompt(slot, prompt, PROMPT_CHUNK)

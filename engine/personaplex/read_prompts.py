@@ -75,6 +75,9 @@ class ReadPrompts:
         while len(self.kept) > self.most:
             self.kept.popitem(last=False)
 
+    def has(self, key: bytes) -> bool:
+        return key in self.kept
+
     def restore(self, key: bytes, plan: Plan, slot: int) -> bool:
         """Copy the kept prompt `key` into the slot's rings; False (nothing copied) if it is not kept."""
         rows = self.kept.get(key)

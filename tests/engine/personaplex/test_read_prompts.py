@@ -55,6 +55,34 @@ def test_a_prompt_read_before_is_copied_in_and_the_conversation_is_the_same(pers
 
 
 @torch.no_grad()
+def test_conversations_opened_together_read_their_shared_prompt_once(personaplex_checkpoint: Path):
+    """Three slots started at once with one persona (none read before): the first reads it a chunk a
+    tick, the others wait, then are copied in at the next tick, each the conversation it would be
+    had it read the prompt itself."""
+    user = np.random.default_rng(2).uniform(-0.5, 0.5, (4, 1920)).astype(np.float32)
+    served = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=3, sampling=Sampling(seed=4))
+    for slot in range(3):
+        served.start(slot, PERSONA, "NATF2", seed=9)
+    assert served.read_prompts.misses == 3 and all(served.prefilling(slot) for slot in range(3))
+    ticks = 0
+    while served.prefilling(0):
+        served.step(np.zeros((3, served.frame_size), np.float32), set())
+        ticks += 1
+    assert served.prefilling(1) and served.prefilling(2)  # queued behind slot 0's reading
+    served.step(np.zeros((3, served.frame_size), np.float32), set())
+    assert not served.prefilling(1) and not served.prefilling(2)  # copied in at the next tick
+    assert served.read_prompts.hits == 2 and len(served.read_prompts.kept) == 1
+    copied = talk(served, 2, user)
+
+    fresh = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=3, sampling=Sampling(seed=4))
+    fresh.start(2, PERSONA, "NATF2", seed=9)
+    read = talk(fresh, 2, user)
+    for a, b in zip(copied, read, strict=True):
+        assert np.array_equal(a.tokens, b.tokens) and a.text == b.text
+        assert np.array_equal(a.pcm, b.pcm)
+
+
+@torch.no_grad()
 def test_another_persona_or_voice_is_read_and_the_least_recent_dropped(personaplex_checkpoint: Path):
     served = engine(personaplex_checkpoint)
     served.read_prompts.most = 2
