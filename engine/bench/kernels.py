@@ -272,7 +272,7 @@ def attention_case(config: Drama3Config, rows: int, kv: int, device: torch.devic
 
 # (ring slots per step, warps, tensor cores): the kernel's own, then others to compare (the
 # tensor-core form, slower on the H200 at 1 / 8 / 64 conversations, among them)
-RING_SHAPES = ((64, 4, False), (32, 4, False), (128, 4, False), (64, 8, False), (64, 2, False), (32, 4, True))
+RING_SHAPES = ((64, 2, False), (64, 4, False), (128, 2, False), (128, 4, False), (64, 1, False), (32, 4, True))
 
 
 def ring_cases(rows: int, device: torch.device, lm: dict[str, int] | None = None) -> list[Case]:
@@ -282,7 +282,7 @@ def ring_cases(rows: int, device: torch.device, lm: dict[str, int] | None = None
 
 
 def ring_case(rows: int, device: torch.device, lm: dict[str, int] | None = None, block: int = 64,
-              warps: int = 4, dots: bool = False) -> Case:
+              warps: int = 2, dots: bool = False) -> Case:
     """PersonaPlex's one-query attention over a full float8 ring (engine/kernels/ring_attention.py)
     for `rows` conversations, each a whole context in: one of Helium's layers per tick, released
     sizes unless `lm` gives others (dim, num_heads, context)."""

@@ -42,11 +42,12 @@ Design choices:
   so ~0.5 ms of a 5.7 ms step, and a row's cost follows its own history, not the bucket.
   The block-FP8 W8A8 experts always run their kernel on CUDA (moe.py): it is the release's
   arithmetic, and without host syncs.
-- `dense_rows` (off by default until timed in the step) runs every bias-free dense layer
-  through engine/kernels/dense_rows.py's operator: a decode step's 1..16 rows stream each
-  weight once through a Triton kernel where cuBLAS's one-row GEMMs ran at ~1.7 TB/s on an
-  H100 (~2.6 ms of a 5.6 ms step, stop 34's profile); more rows stay cuBLAS's. PackedLinear
-  takes its GEMM as `matmul`, each other Linear's forward is shadowed.
+- `dense_rows` (on by default) runs every bias-free dense layer through
+  engine/kernels/dense_rows.py's operator: a decode step's 1..16 rows stream each weight
+  once through a Triton kernel (on the H200 ~1.44 ms of dense layers a one-row step against
+  cuBLAS's ~1.78: its one-row GEMMs were ~2.6 ms of a 5.6 ms step in stop 34's H100
+  profile); more rows, and the router's narrow weight, stay cuBLAS's. PackedLinear takes its
+  GEMM as `matmul`, each other Linear's forward and the candidate head are shadowed.
 - Prefill chunks run their layers eagerly inside a CUDA graph, where every small op is a
   kernel of a few microseconds: `prefill_norms` (on by default, not with compiled prefill
   layers) makes each norm of a chunk one launch of norm.py's kernel (the residual add, an
@@ -352,8 +353,9 @@ KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention", "p
 # add_rms_norm: Inductor fuses the compiled layers' norms already. prefill_norms: the eager prefill
 # chunk's ~220 norms (full size; 30 of them DeltaNet's gated ones, 46 q/k norms with their rope)
 # one launch each instead of ~9-21 (not with --compile-prefill, whose compiled layers fuse them).
-# dense_rows: off until the step with it is timed against cuBLAS's one-row GEMMs on the H200.
-DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention", "prefill_norms")
+# dense_rows: on; by its H200 rows in `bench kernels` a step's dense layers take ~1.44 ms at one
+# row against cuBLAS's ~1.78 (engine/kernels/dense_rows.py), and the graphed step with it was 4.966 ms.
+DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention", "prefill_norms", "dense_rows")
 
 
 def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compile_prefill: bool = False,

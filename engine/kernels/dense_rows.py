@@ -25,6 +25,14 @@ Design choices:
   BLOCK_K divides it, so the weight loads stay vectorised; N and K need not be multiples
   of the blocks (4,097 candidates, K = 160 in the tests). x may be a strided view (its
   row stride is an argument; a last dimension of stride other than 1 is copied first).
+- Measured on the H200 (`retake bench kernels`, 2026-12-05, ms a call at 1 / 8 rows, cuBLAS
+  beside): DeltaNet's 12,352 x 2,048 0.0147 / 0.0153 (0.0161 / 0.0162), attention's 9,216 x
+  2,048 0.0131 / 0.0135 (0.0121 / 0.0119), the 2,048 x 4,096 outputs 0.0093 (0.0094), the
+  shared expert's 1,024 x 2,048 0.0057 (0.0129 / 0.0059), its 2,048 x 512 0.0034 (0.0037),
+  the 4,097-candidate head 0.0082 (0.0103 / 0.0256); the router's 257 x 2,048 0.0057 / 0.0060
+  (0.0032 / 0.0082): 17 programs cannot stream a weight, so weights under MIN_COLUMNS
+  columns take cuBLAS in the operator. A step's dense layers at one row: ~1.44 ms against
+  cuBLAS's ~1.78 by those rows (cuBLAS's big ones already run at ~3.1 TB/s there).
 - Past MAX_ROWS rows (a prefill chunk, a wide batch), or for dtypes other than bfloat16,
   float16 and float32, the reference runs: cuBLAS is good at real GEMMs.
 - `dense_rows_reference` is `F.linear`, the definition. Numerics: float32 accumulation like
@@ -52,6 +60,7 @@ except ImportError:  # CPU installs have no Triton; only the reference runs ther
     tl = None
 
 MAX_ROWS = 16  # rows the kernel takes (a dot's least M, padded); more go to cuBLAS
+MIN_COLUMNS = 512  # narrower weights (the router's 257) go to cuBLAS: too few programs to stream at bandwidth
 SMS = 132  # an H100's SMs: the blocks are chosen so every one has programs to run
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Triton's interpreter (the CPU tests) keeps bfloat16 as raw uint16 and its dots of them are
@@ -137,7 +146,8 @@ def dense_rows_kernel(x: torch.Tensor, weight: torch.Tensor, launch: Config | No
 
 
 def _dense_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if x.is_cuda and triton is not None:  # the reference from the kernel's first failure on this GPU on
+    if x.is_cuda and triton is not None and weight.shape[0] >= MIN_COLUMNS:
+        # the reference from the kernel's first failure on this GPU on
         out = guarded("dense rows", dense_rows_kernel, dense_rows_reference, x, weight)
     else:
         out = dense_rows_reference(x, weight)

@@ -35,6 +35,12 @@ Design choices:
   128-conversation ticks rose from 42.7 / 72.9 ms (stop 31, CUDA cores) to 53.3 / 95.4. It
   stays selectable for the bench and its tests (held to the reference at 2e-3: float8 to
   float16 is exact, the weights times the value scales are rounded to float16's 11 bits).
+- Two warps a program over 64-slot blocks (`retake bench kernels`, H200, 2026-12-05, one
+  layer over full float8 rings, ms at 1 / 8 / 64 conversations): 0.0197 / 0.0715 / 0.4874
+  (1.2x the bytes' floor at 64), against four warps' 0.0229 / 0.1162 / 0.8819 and 128-slot
+  blocks with four warps' 0.0174 / 0.0847 / 0.5883. A program's [64, Dh] float32 key and
+  value tiles spread over fewer threads cost registers, not bandwidth: more programs stay
+  resident, more loads are in flight.
 - Rows not `active` (slots a tick holds: nothing of their tick is kept, engine/personaplex/
   lockstep.py) read nothing and give zeros: with ticks as frames arrive a tick hears a
   part of its batch, and at 128 conversations with full rings this kernel was 54.2 ms
@@ -60,6 +66,7 @@ except ImportError:  # CPU installs have no Triton; only the reference runs ther
     tl = None
 
 BLOCK_N = 64  # ring slots per block
+WARPS = 2  # per program (the design choices: measured against 4 and 8)
 MAX_SPLITS = 16
 SPLIT_SLOTS = 256  # ring slots a split reads at least: a full ring of 3,000 in 12 splits, a young one in 1
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
@@ -241,7 +248,7 @@ if triton is not None:
 def ring_attention_kernel(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                           key_scales: torch.Tensor | None, value_scales: torch.Tensor | None,
                           positions: torch.Tensor, context: int, active: torch.Tensor | None = None,
-                          block: int = BLOCK_N, warps: int = 4, dots: bool = False) -> torch.Tensor:
+                          block: int = BLOCK_N, warps: int = WARPS, dots: bool = False) -> torch.Tensor:
     """`ring_attention_reference` as two Triton launches (no host sync: capturable); `block` ring
     slots per step and `warps` per program, a float8 ring on tensor cores if `dots` (slower on
     the H200; `retake bench kernels` times the choices)."""

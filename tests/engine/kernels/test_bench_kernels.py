@@ -43,10 +43,10 @@ def test_every_case_runs_its_kernel_and_reference() -> None:
                                                    "moe_routing", "expert_layout", "fp8_moe", "fp8_moe pairs split 1",
                                                    "fp8_moe experts",
                                                    "cache_attention kv 512", "cache_attention kv 4096",
-                                                   "personaplex ring", "personaplex ring block 32 warps 4",
+                                                   "personaplex ring", "personaplex ring block 64 warps 4",
+                                                   "personaplex ring block 128 warps 2",
                                                    "personaplex ring block 128 warps 4",
-                                                   "personaplex ring block 64 warps 8",
-                                                   "personaplex ring block 64 warps 2",
+                                                   "personaplex ring block 64 warps 1",
                                                    "personaplex ring block 32 warps 4 tensor cores",
                                                    *(f"dense_rows {role}" for role in (
                                                        "deltanet_in", "attention_in", "out", "shared_up",

@@ -79,3 +79,10 @@ def test_kernel_equals_linear_at_full_size(rows: int, n: int, k: int) -> None:
     out = dr.dense_rows(x, weight)
     torch.testing.assert_close(out.float(), F.linear(x, weight).float(), rtol=1e-2, atol=1e-2)
     check(rows, n, k, torch.bfloat16, seed=rows)
+
+
+@pytest.mark.gpu
+def test_a_narrow_weight_takes_cublas_in_the_operator() -> None:
+    """The router's 257 columns (under MIN_COLUMNS): too few programs for the kernel, F.linear itself."""
+    x, weight = inputs(1, 257, 2048, torch.bfloat16, seed=3)
+    assert torch.equal(dr.dense_rows(x, weight), F.linear(x, weight))

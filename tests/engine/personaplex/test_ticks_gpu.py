@@ -23,12 +23,12 @@ def audio(ticks: int, slots: int, seed: int) -> np.ndarray:
 
 
 def short_context(root: Path, slots: int, sampling: Sampling, **options: object) -> PersonaPlex:
-    """The tiny checkpoint on CUDA with a context of 32 frames (the least that holds a system prompt
-    of voice, persona and silences): a few dozen ticks wrap the ring."""
+    """The tiny checkpoint on CUDA with a context of 48 frames (it holds the tests' system prompts:
+    a voice of 5 frames, 12 of silences, personas up to 19 tokens): 70 ticks wrap the ring."""
     from engine.personaplex.checkpoint import load_lm, load_mimi, load_tokenizer, read_config
 
     cfg = read_config(root)
-    cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, context=32))
+    cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, context=48))
     dev = torch.device("cuda")
     temporal, depformer = load_lm(root, cfg, dev, torch.float32)  # float32: graph and eager agree to rounding
     return PersonaPlex.build(root, cfg, temporal, depformer, load_mimi(root, cfg, dev), load_tokenizer(root, cfg),
@@ -115,8 +115,10 @@ def test_a_seeded_conversation_draws_the_same_alone_and_in_a_batch(personaplex_c
     pcm = audio(40, 8, seed=1)
     batched = [big.step(a)[6] for a in pcm]
     alone.start(0, persona="Your name is Jane.", seed=7)
-    alone.step(pcm[0][6])  # its prompt is read at its first tick; slot 6's at big's second
-    for a, b in zip(batched[1:], (alone.step(p[6])[0] for p in pcm[1:])):
+    # slot 6's prompt is read before big's second tick (slot 2's before its first) and it speaks from
+    # that tick; alone reads it before its first tick: both hear pcm[1:] from their first frame on
+    assert batched[0] is None and batched[1] is not None
+    for a, b in zip(batched[1:], (alone.step(p[6])[0] for p in pcm[1:]), strict=True):
         assert a is not None and b is not None
         assert np.array_equal(a.tokens, b.tokens)
         np.testing.assert_allclose(a.pcm, b.pcm, atol=1e-4)
