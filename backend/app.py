@@ -217,6 +217,10 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
         if (live := talking) is not None:
             state.metrics.conversations = lambda: live.active
             state.metrics.system_prompts = live.system_prompts
+            # Drama 3's prefix cache took its budget from the memory free at its warm-up, before
+            # PersonaPlex's rings were made: its snapshots would have run the GPU out of memory.
+            gib = await state.call(lambda drama: drama.fit_prefix_cache())
+            log.info("prefix cache: %.2f GiB now that PersonaPlex holds its memory", gib)
         app.state.retake = state
         if owned:
             log_ready(running)

@@ -339,6 +339,17 @@ class Drama3Engine:
             return render_take(self.codec, frames, self.spec.stream_overlap_frames, self.spec.first_window_frames,
                                self.window_graphs)
 
+    def fit_prefix_cache(self) -> float:
+        """The prefix cache's budget from the GPU memory free now (after warm-up, and again once
+        another engine on the GPU, PersonaPlex's, has taken its memory); its GiB (0: no cache)."""
+        prefix = self.decoder.prefix
+        if prefix is None:
+            return 0.0
+        if self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0] + prefix.counters.device_bytes  # what it holds is its own
+            prefix.fit_free_memory(free, asked=self.spec.prefix_cache_gib is not None)
+        return prefix.budget / 2**30
+
     def warm_up(self) -> dict[str, float | int | str | list[str] | None]:
         """Capture the decode graphs (CUDA) and run a short take, so first requests do not pay
         for compilation or lazy initialisation; time its steps."""
@@ -359,10 +370,8 @@ class Drama3Engine:
             log.info("warm-up take: %.1f s", time.perf_counter() - taken)
         if done.finish_reason == "error":
             raise RuntimeError(f"the warm-up take failed: {done.error}")
+        self.fit_prefix_cache()
         prefix = self.decoder.prefix
-        if prefix is not None and self.device.type == "cuda":
-            free = torch.cuda.mem_get_info(self.device)[0]
-            prefix.fit_free_memory(free, asked=self.spec.prefix_cache_gib is not None)
         rate = done.timings["decode_frames_per_s"]
         return {"warm_up_s": round(time.perf_counter() - started, 2), "fast_path": self.fast_path,
                 "slots": self.slots, "slots_why": self.slots_why,
