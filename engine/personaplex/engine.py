@@ -105,6 +105,7 @@ DEFAULT_PERSONA = ("You are a wise and friendly teacher. Answer questions or pro
                    "engaging way.")  # PP-offline's default --text-prompt
 _DEFAULT = object()
 MAX_CLIP_SECONDS = 30.0  # a voice clip given as audio (the released voices are prompts of a few seconds)
+COPIES_PER_TICK = 16  # read prompts copied into waiting slots before one tick
 PROMPT_CHUNK = 256  # system prompt positions read before one tick (a persona of a few hundred tokens: one tick)
 OPEN_ROWS = 16  # rows `open` reads a prompt into at once: the torch attention of a chunk dequantises the
 # float8 ring of every row it reads (~0.25 GiB a row in float32 at the released size), so 128 at once
@@ -315,15 +316,20 @@ class PersonaPlex:
         self._listen(span, planned)
 
     def _copy_read_prompts(self) -> None:
-        """Waiting prompts that another slot has read since they were queued (the same persona and
-        voice) are copied in, not read again: conversations opened together with one persona read it
-        once (127 opened at once on the H200 read theirs a chunk a tick, one after the other, and the
-        last listened after ~18 s, every tick meanwhile a chunk longer for those talking)."""
+        """Waiting prompts read by another slot since (the same persona and voice) are copied in, at
+        most COPIES_PER_TICK a tick (~130 launches each; the talking wait for the tick)."""
+        copied = 0
         for slot, prompt in list(self.prompts.items()):
-            if prompt.read == 0 and prompt.key is not None and self.read_prompts.has(prompt.key):
-                self.read_prompts.restore(prompt.key, prompt.plan, slot)
+            if copied == COPIES_PER_TICK:
+                break
+            if (key := self._kept(prompt)) is not None:
+                copied += 1
+                self.read_prompts.restore(key, prompt.plan, slot)
                 del self.prompts[slot]
                 self._listen(slice(slot, slot + 1), prompt.plan)
+
+    def _kept(self, prompt: _Prompt) -> bytes | None:  # the key of a waiting prompt another slot has read
+        return prompt.key if prompt.read == 0 and prompt.key and self.read_prompts.has(prompt.key) else None
 
     def _listen(self, span: slice, planned: Plan) -> None:
         """The slots `span` have read `planned`: they take its staging ring, their Mimi streams restart,
@@ -374,8 +380,9 @@ class PersonaPlex:
         prompt_ms = 0.0
         if self.prompts:
             self._copy_read_prompts()
-        if self.prompts:  # one chunk of the oldest waiting system prompt
-            slot, prompt = next(iter(self.prompts.items()))
+        # one chunk of the oldest waiting system prompt that is not kept (those are copied, a few a tick)
+        if waiting := [(slot, prompt) for slot, prompt in self.prompts.items() if self._kept(prompt) is None][:1]:
+            slot, prompt = waiting[0]
             self._read_prompt(slot, prompt, PROMPT_CHUNK)
             if slot in self.live:
                 del self.prompts[slot]

@@ -24,6 +24,8 @@ Design choices:
 - Keyed by what the model reads (the plan's inputs, and each position's voice embedding),
   not by names: a voice clip's prompt is kept as well as a named voice's, and a persona
   edited by one character is another key.
+- Conversations queued with the same prompt before any had read it are copied in too, once
+  one has (engine.py `_copy_read_prompts`, a few a tick): 127 opened at once read it once.
 - At most `most` prompts (least recently used dropped): each is P x 2 x heads x head_dim
   bytes a layer in the ring's dtype (~70 MB at the released size, float8, 250 positions).
 """

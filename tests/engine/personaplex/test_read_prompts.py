@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from engine.personaplex.engine import Frame, PersonaPlex
@@ -80,6 +81,25 @@ def test_conversations_opened_together_read_their_shared_prompt_once(personaplex
     for a, b in zip(copied, read, strict=True):
         assert np.array_equal(a.tokens, b.tokens) and a.text == b.text
         assert np.array_equal(a.pcm, b.pcm)
+
+
+@torch.no_grad()
+def test_waiting_conversations_are_copied_in_a_few_a_tick(personaplex_checkpoint: Path,
+                                                           monkeypatch: pytest.MonkeyPatch):
+    """COPIES_PER_TICK bounds the copies before one tick (the talking conversations wait for it)."""
+    from engine.personaplex import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "COPIES_PER_TICK", 1)
+    served = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=3, sampling=Sampling(seed=4))
+    for slot in range(3):
+        served.start(slot, PERSONA, "NATF2", seed=9)
+    quiet = np.zeros((3, served.frame_size), np.float32)
+    while served.prefilling(0):
+        served.step(quiet, set())
+    served.step(quiet, set())
+    assert [served.prefilling(slot) for slot in range(3)] == [False, False, True]
+    served.step(quiet, set())
+    assert not served.prefilling(2) and served.read_prompts.hits == 2
 
 
 @torch.no_grad()
