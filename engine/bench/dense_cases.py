@@ -11,7 +11,7 @@ candidate head (`head`); then the largest shape with other blocks than `config`'
 Design choices:
 - The kernel is called directly (not the operator): a kernel that cannot build fails the
   bench instead of timing the fallback. Its reference is F.linear (cuBLAS), graphed too.
-- Every call reads its own copy of the weight (kernels.py's `copies_for`): a step reads each
+- Every call reads its own copy of the weight (cases.py's `copies_for`): a step reads each
   weight once, cold. The floor's bytes are the weight, x and the output.
 - Only batches the kernel takes (rows <= MAX_ROWS): past them it is F.linear itself.
 """
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from engine.drama3.config import Drama3Config
 
 if TYPE_CHECKING:
-    from engine.bench.kernels import Case
+    from engine.bench.cases import Case
     from engine.kernels.dense_rows import Config
 
 SWEEP = ((64, 256), (16, 256), (32, 128))  # (block_n, block_k) to compare with `config`'s on the largest weight
@@ -66,7 +66,7 @@ def dense_cases(config: Drama3Config, rows: int, device: torch.device) -> list[C
 
 def dense_case(role: str, N: int, K: int, per_step: int, rows: int, device: torch.device,
                launch: Config | None = None) -> Case:
-    from engine.bench.kernels import Case, copies_for
+    from engine.bench.cases import Case, copies_for
     from engine.kernels import dense_rows as dr
 
     copies = copies_for(N * K * 2)

@@ -37,21 +37,18 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from engine.bench.cases import Case, copies_for
 from engine.drama3.config import Drama3Config
 
 HELP = ("each decode kernel (sampler, norm, DeltaNet step, MoE routing and layout, FP8 MoE, cache attention, "
         "dense rows, PersonaPlex's ring attention) vs its torch reference (needs CUDA)")
-COLD_BYTES = 128 << 20  # data read cold per timed graph, at least (the L2 cache is 50-60 MiB)
-MAX_COPIES = 64
 MIN_CALLS = 32  # calls per timed graph: the replay's fixed cost spread thin
 REPLAYS = 20
 
@@ -62,24 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="+", metavar="PREFIX",
                         help="time only the cases whose name starts with one of these (e.g. 'personaplex ring')")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
-
-
-@dataclass
-class Case:
-    """One kernel at one batch: call(i) and reference(i) run it on copy i of its cold data."""
-
-    kernel: str
-    rows: int
-    per_step: int  # calls in one decode step of the full model
-    bytes: int  # the fewest bytes one call must move
-    copies: int
-    call: Callable[[int], object]
-    reference: Callable[[int], object]
-    reference_graphs: bool = True  # False: the reference syncs with the host, time it eagerly
-
-
-def copies_for(cold_bytes: int) -> int:
-    return max(2, min(MAX_COPIES, math.ceil(COLD_BYTES / max(cold_bytes, 1))))
 
 
 # ─── cases ───────────────────────────────────────────────────────────────────
