@@ -14,7 +14,7 @@ export type FromPlayer = { type: "stats"; frame: number; stats: PlaybackStats };
 
 export type ToTap = { type: "read" } | { type: "reset" };
 /** Everything the tap recorded: `samples[k]` is the context frame `startFrame + k`;
- * `skipped` counts render quanta the tap was not run for (zeros in `samples`). */
+ * `skipped` counts render quanta the tap was not run for (NaN in `samples`). */
 export type FromTap = { type: "tape"; startFrame: number; skipped: number; samples: Float32Array } | { type: "reset" };
 
 export const PLAYER_PROCESSOR = "retake-player";
