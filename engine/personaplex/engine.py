@@ -378,9 +378,7 @@ class PersonaPlex:
               hearing: Collection[int] | None = None) -> list[Frame | None]:
         started = time.perf_counter()
         prompt_ms = 0.0
-        if self.prompts:
-            self._copy_read_prompts()
-        # one chunk of the oldest waiting system prompt that is not kept (those are copied, a few a tick)
+        self._copy_read_prompts()  # then one chunk of the oldest waiting prompt not kept (those are copied)
         if waiting := [(slot, prompt) for slot, prompt in self.prompts.items() if self._kept(prompt) is None][:1]:
             slot, prompt = waiting[0]
             self._read_prompt(slot, prompt, PROMPT_CHUNK)
