@@ -379,8 +379,9 @@ class PersonaPlex:
         started = time.perf_counter()
         prompt_ms = 0.0
         self._copy_read_prompts()  # then one chunk of the oldest waiting prompt not kept (those are copied)
-        if waiting := [(slot, prompt) for slot, prompt in self.prompts.items() if self._kept(prompt) is None][:1]:
-            slot, prompt = waiting[0]
+        waiting = next(((slot, prompt) for slot, prompt in self.prompts.items() if self._kept(prompt) is None), None)
+        if waiting is not None:
+            slot, prompt = waiting
             self._read_prompt(slot, prompt, PROMPT_CHUNK)
             if slot in self.live:
                 del self.prompts[slot]
