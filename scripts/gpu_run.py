@@ -26,12 +26,13 @@ that fails or runs out of time is recorded and the next one runs):
   cuda --repeats 5`: first audio of a retake with 0 / 1,000 / 4,000 rows of history, prefix cache on and off;
   one retake per size profiled into retake-profile.txt (its ranges and top ops)
 - personaplex: `retake bench personaplex --size released` at 1, 8, 32, 64, 128 slots (a full
-  context each; the ticks of 1 and 128 profiled part by part), then encode / model / decode
+  context each, and a join's system prompt read alone; the ticks of 1 and 128 profiled part by
+  part, and a prompt chunk), then encode / model / decode
   apart (`--parts`) at 1 and 64 if time is left
 - converse: `retake serve --converse --random-weights --size released --preset tiny
   --converse-slots 128` (Drama 3 tiny: the GPU's memory is PersonaPlex's) + `retake loadtest
-  --converse` at 127 conversations with one joining while they talk (all 128 slots), then 64
-  with one joining if time is left
+  --converse` at 127 conversations with one joining while they talk (all 128 slots), the
+  same with the microphones in phase (`--aligned`), then 64 with one joining if time is left
 
 OUT gets at most 7 files: summary.json (everything measured, per stage; rewritten after
 each stage, so a run cut short keeps what it measured), summary.txt (the figures that
@@ -428,19 +429,22 @@ def one_server(run: Run, stage: Stage, log: Path, converse: bool = False, extra:
                 raise StageTimeout
             time.sleep(1)
         data["health"], data["ready_s"] = found, round(time.monotonic() - started, 1)
-        if converse:  # (conversations, seconds, joining while they talk)
-            # 127 talking + 1 joining: the 128 slots full, and a system prompt read while 127 others talk
-            loads = [(127, 10.0, 1), (64, 8.0, 1)] if not run.smoke else [(1, 3.0, 1)]
-            for sessions, seconds, joins in loads:
+        if converse:  # (conversations, seconds, joining while they talk, microphones in phase)
+            # 127 talking + 1 joining: the 128 slots full, and a system prompt read while 127 others talk;
+            # then the same with every microphone starting when its conversation listens (--aligned)
+            loads = [(127, 10.0, 1, False), (127, 8.0, 1, True), (64, 8.0, 1, False)] if not run.smoke \
+                else [(1, 3.0, 1, False)]
+            for sessions, seconds, joins, aligned in loads:
                 left = stage_end - time.monotonic()
                 if left < 30:
                     data["loads"].append({"sessions": sessions, "skipped": "out of time"})
                     continue
-                report = WORK / f"converse-{sessions}.json"
+                report = WORK / f"converse-{sessions}{'-aligned' if aligned else ''}.json"
                 report.unlink(missing_ok=True)
                 talked = run.command([*CLI, "loadtest", "--converse", "--url", f"ws://127.0.0.1:{port}/ws",
                                       "--sessions", str(sessions), "--seconds", str(seconds), "--stagger-ms", "20",
-                                      "--join", str(joins), "--json", str(report)], left - 10, log)
+                                      "--join", str(joins), *(["--aligned"] if aligned else []),
+                                      "--json", str(report)], left - 10, log)
                 row = read_json(report) or {"conversations": sessions}
                 row["exit_code"] = talked
                 data["loads"].append(row)

@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(their system prompt time, and the others' tick latency meanwhile)")
     parser.add_argument("--join-after", type=float, default=2.0, metavar="S",
                         help="with --join: seconds after every first conversation listens (default 2)")
+    parser.add_argument("--aligned", action="store_true",
+                        help="with --converse: every user's 80 ms schedule starts when their conversation listens "
+                             "(by default each starts at a phase of its own within the frame, as microphones do)")
     parser.add_argument("--join-every", type=float, default=1.0, metavar="S",
                         help="with --join: seconds between joins (default 1)")
 
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         url = args.url.removesuffix("/ws") + "/converse" if args.url.endswith("/ws") else args.url
         joins = conversation_load.Joins(args.join, args.join_after, args.join_every)
         return conversation_load.run(url, args.sessions, args.seconds, args.stagger_ms, args.token, joins,
-                                     args.json)
+                                     args.json, aligned=args.aligned)
     from backend.tools import loadtest
 
     return loadtest.run(loadtest.LoadTest(url=args.url, sessions=args.sessions, takes=args.takes,

@@ -247,7 +247,8 @@ class ConversationLoop(EngineThread[PersonaPlex]):
                     talk.post(talk.sink.failed, f"the conversation engine failed: {type(error).__name__}: {error}")
                     self.leave(talk)
                 continue
-            self.pace.tick(time.monotonic() - started, started - ended, len(heard), len(prompting))
+            self.pace.tick(time.monotonic() - started, started - ended, len(heard), len(prompting),
+                           chunk=engine.timings.get("prompt_ms", 0.0) > 0)
             calls: dict[asyncio.AbstractEventLoop, list[Call]] = {}
             for slot, talk in talks.items():
                 if slot in heard and (out := frames[slot]) is not None:

@@ -1,14 +1,16 @@
 """How the conversation loop keeps its tick under load, as one log line every REPORT_S seconds.
 
     pace = TickPace()
-    pace.tick(step_s=0.072, wait_s=0.006, heard=48, prompting=0)   # after each tick (engine thread)
+    pace.tick(step_s=0.072, wait_s=0.006, heard=48, prompting=0, chunk=False)   # after each tick (engine thread)
     line = pace.report()          # "converse pace: 10.0 s: 310 ticks (step p50 30.4 ms, ...)", then reset
 
 The load test (`retake loadtest --converse`) says what a caller felt (tick latency, gaps);
 this says why: whether the tick itself (the engine's step: Mimi in, the model, Mimi out, and
 the host's work around it) outgrew what the conversations need, how long the loop waited
 for audio between ticks, and how many conversations each tick carried (heard: a frame of
-their user's; or still reading their system prompt). Ticks run as frames arrive (loop.py),
+their user's; or still reading their system prompt), and what the ticks that also read a
+chunk of a joining conversation's system prompt cost (a join delays the others' tick by
+that much). Ticks run as frames arrive (loop.py),
 so with N talking conversations and ticks of S ms a tick hears about N x S / 80 of them.
 
 Design choices:
@@ -32,8 +34,11 @@ class TickPace:
         self.step_s: list[float] = []  # each tick's engine step, wall time on the engine thread
         self.wait_s: list[float] = []  # from the previous tick's end to this tick's start
         self.heard = self.prompting = 0  # summed over the ticks
+        self.chunk_step_s: list[float] = []  # the steps that also read a chunk of a system prompt
 
-    def tick(self, step_s: float, wait_s: float, heard: int, prompting: int) -> None:
+    def tick(self, step_s: float, wait_s: float, heard: int, prompting: int, chunk: bool = False) -> None:
+        if chunk:
+            self.chunk_step_s.append(step_s)
         self.step_s.append(step_s)
         self.wait_s.append(wait_s)
         self.heard += heard
@@ -41,10 +46,10 @@ class TickPace:
 
     def report(self) -> str | None:
         """One line of the ticks since the last report (None if none ran), and reset."""
-        steps, waits = self.step_s, self.wait_s
+        steps, waits, chunks = self.step_s, self.wait_s, self.chunk_step_s
         seconds, self.since = time.monotonic() - self.since, time.monotonic()
         heard, prompting = self.heard, self.prompting
-        self.step_s, self.wait_s = [], []
+        self.step_s, self.wait_s, self.chunk_step_s = [], [], []
         self.heard = self.prompting = 0
         if not steps:
             return None
@@ -53,4 +58,6 @@ class TickPace:
                 f"p95 {percentile(steps, 0.95) * 1000:.1f} ms; waiting between ticks p50 "
                 f"{percentile(waits, 0.5) * 1000:.1f} ms, p95 {percentile(waits, 0.95) * 1000:.1f} ms), "
                 f"{heard / ticks:.1f} conversations heard and {prompting / ticks:.1f} reading their system prompt "
-                f"a tick, {heard:,} frames heard")
+                f"a tick, {heard:,} frames heard"
+                + (f"; {len(chunks):,} ticks also read a system prompt chunk (step p50 "
+                   f"{percentile(chunks, 0.5) * 1000:.1f} ms, max {max(chunks) * 1000:.1f} ms)" if chunks else ""))

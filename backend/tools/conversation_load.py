@@ -27,7 +27,10 @@ Design choices:
 - The user audio is made here (`user_voice`: a wobbling tone with noise), so the test needs
   no recording; the tests use the same voice.
 - Frames go out on an absolute 80 ms schedule: a late send does not push the later ones
-  back, as with a microphone.
+  back, as with a microphone. Each conversation's schedule starts at a phase of its own
+  within the 80 ms after it listens (`microphone_phase`), as independent microphones do; with
+  `aligned` every schedule starts when its conversation listens, so conversations that
+  listen at one tick (their prompts copied together) send in the same few milliseconds.
 - The first conversations talk together: system prompts are read one before each tick, so
   N opened at once listen over about N ticks, and without waiting the first would be done
   before the last began. Until then each streams silence, as a microphone does, so the
@@ -83,12 +86,19 @@ def user_frames(seconds: float, frame_samples: int, sample_rate: int, seed: int)
     return [pcm[k: k + frame_samples].tobytes() for k in range(0, len(pcm) - frame_samples + 1, frame_samples)]
 
 
+def microphone_phase(index: int) -> float:
+    """Where in its 80 ms conversation `index`'s microphone starts, as a fraction of a frame: the
+    golden-ratio sequence, spread evenly over the frame for any number of conversations."""
+    return (index * 0.6180339887498949) % 1.0
+
+
 async def talk(index: int, url: str, seconds: float, stagger_s: float, token: str | None,
                listening: asyncio.Event | None = None, joined: bool = False,
-               together: Callable[[], Awaitable[object]] | None = None) -> TalkStats:
+               together: Callable[[], Awaitable[object]] | None = None, phase: float = 0.0) -> TalkStats:
     """One conversation; `listening` is set once it listens. With `together`, it streams silence
     from then on (a microphone in a quiet room) until `together()` returns, and only then talks
-    for `seconds`: what is measured are the frames from there."""
+    for `seconds`: what is measured are the frames from there. Its first frame goes out `phase`
+    of a frame after it listens."""
     import websockets
 
     await asyncio.sleep(index * stagger_s)
@@ -118,7 +128,7 @@ async def talk(index: int, url: str, seconds: float, stagger_s: float, token: st
 
         async def send() -> None:
             nonlocal sending, first
-            start = time.monotonic()
+            start = time.monotonic() + phase * tick_s
             k = 0
             while waiting is not None and not waiting.done():  # silence, on the schedule, until all talk
                 await asyncio.sleep(max(0.0, start + k * tick_s - time.monotonic()))
@@ -156,7 +166,7 @@ async def talk(index: int, url: str, seconds: float, stagger_s: float, token: st
 
 
 def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: str | None,
-        joins: Joins = Joins(), report: Path | None = None) -> int:
+        joins: Joins = Joins(), report: Path | None = None, aligned: bool = False) -> int:
     results: list[TalkStats] = []
     failures: list[str] = []
     listening = [asyncio.Event() for _ in range(conversations)]
@@ -169,7 +179,8 @@ def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: 
                 results.append(await talk(index, url, joins.seconds, 0.0, token, joined=True))
             else:  # every first conversation talks at once, from when the last of them listens
                 results.append(await talk(index, url, seconds, stagger_ms / 1000, token, listening[index],
-                                          together=lambda: asyncio.gather(*(e.wait() for e in listening))))
+                                          together=lambda: asyncio.gather(*(e.wait() for e in listening)),
+                                          phase=0.0 if aligned else microphone_phase(index)))
         except Exception as error:  # noqa: BLE001 - reported, and the other conversations go on
             failures.append(f"conversation {index}: {type(error).__name__}: {error}")
             if not joined:
@@ -213,7 +224,7 @@ def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: 
             "prompt_ms": ms([r.prompt_s for r in talkers]), "tick_latency_ms": ms(latencies),
             "longest_gap_ms": ms(gaps), "joining_prompt_ms": ms([r.prompt_s for r in joiners]),
             "tick_latency_during_joins_ms": ms(during), "kept_real_time": sum(g <= 0.1 for g in gaps),
-            "failures": failures}, indent=1) + "\n")
+            "aligned": aligned, "failures": failures}, indent=1) + "\n")
     return 1 if failures else 0
 
 

@@ -10,10 +10,12 @@ Design choices:
   streams and graphs), which is closed and freed before the next (`engine.close()`), so
   one process times every size.
 - Each slot count: `open` (every slot's system prompt: the default voice and persona, timed
-  to the end of its GPU work), then, by default, every
+  to the end of its GPU work; "prompt ms"), then, by default, every
   conversation is moved a whole context ahead (`--history full`: each tick reads a full
   key/value ring, the cost of a call past its first four minutes), warm-up ticks, timed
-  ticks of random user audio.
+  ticks of random user audio; then a conversation joins in the last slot with a persona of
+  its own and its system prompt is read chunk by chunk, nobody else heard ("join ms": what
+  a join adds to the others' ticks, `time_join`).
 - A tick's time is CUDA events around it on the GPU (`gpu_ms`), and the host's wall time
   to the agent audio in pinned memory (`tick_ms`); `--parts` captures encode, model and
   decode as separate graphs and times each with events (host timers do not wait for the
@@ -53,6 +55,7 @@ if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
 HELP = "PersonaPlex tick time (encode + Helium + depformer + decode) per slot count"
 MOSHI_MS = {1: 24.2, 8: 25.6, 32: 35.9, 64: 49.9}  # moshi 0.2.13 + CUDA graphs, released size, H200 (2026-12-03)
 FRAME_MS = 80.0
+JOIN_PERSONA = "You are a friendly teacher talking with a caller about the stars."  # not the default: read
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +162,7 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
             if i >= args.warmup:
                 for name, value in engine.timings.items():
                     rows.setdefault(name, []).append(value)
+        join_ms, join_chunks = time_join(engine, pcm)
         if args.profile is not None and slots in (args.slots[0], args.slots[-1]):  # the two ends
             with args.profile.open("w" if slots == args.slots[0] else "a") as file:
                 file.write(profile_tick(engine, slots))
@@ -187,7 +191,8 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
     row: dict[str, Any] = {
         "slots": slots, "device": dev.type, "graphs": graphed, "tick": tick, "history": args.history,
         "setup_s": round(setup_s, 1),
-        "kv_dtype": kv_dtype, "prefill_ms": round(prefill_ms, 1),
+        "kv_dtype": kv_dtype, "prefill_ms": round(prefill_ms, 1), "join_ms": round(join_ms, 1),
+        "join_chunks": join_chunks,
         "gpu_ms_mean": mean("gpu_ms"), "gpu_ms_p50": round(ticks[len(ticks) // 2], 2),
         "gpu_ms_p95": round(ticks[min(len(ticks) - 1, int(0.95 * len(ticks)))], 2), "tick_ms_mean": mean("tick_ms"),
         **{f"{part}_ms_mean": mean(f"{part}_ms") for part in ("encode", "model", "decode")},
@@ -202,10 +207,32 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
     return row
 
 
+def time_join(engine: PersonaPlex, pcm: Any) -> tuple[float, int]:
+    """A conversation joining in the last slot with a persona of its own (so its prompt is read, not
+    copied): the time to read its system prompt alone (ticks hearing nobody run only its chunks,
+    synchronised), and the chunks read. What a join adds to the others' ticks, chunk by chunk."""
+    import torch
+
+    slot = engine.slots - 1
+    cuda = engine.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    engine.start(slot, persona=JOIN_PERSONA)
+    chunks = 0
+    while engine.prefilling(slot):
+        engine.step(pcm, hearing=())
+        chunks += 1
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - started) * 1000, chunks
+
+
 def profile_tick(engine: PersonaPlex, slots: int) -> str:
     """The kernels of one tick of `slots` conversations, part by part, launched without the graph
     (the compiled modules launch what the graph would replay). At batch 1 a tick is bound by its
     launches, not its bytes, so each part's kernel count is what to read first."""
+    import numpy as np
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -234,6 +261,15 @@ def profile_tick(engine: PersonaPlex, slots: int) -> str:
                 if stage == ticks.model:
                     table = parts_line(prof, ticks.device, ("helium", "depformer"), "model") + "\n" + table
                 out.append(table)
+            # The first chunk of a joining conversation's system prompt (what a join adds to a tick).
+            engine.start(engine.slots - 1, persona=JOIN_PERSONA + " Again.")  # not the one read: read, not copied
+            quiet = np.zeros((engine.slots, engine.frame_size), dtype=np.float32)
+            with profile(activities=activities) as prof, record_function("prompt chunk"):
+                engine.step(quiet, hearing=())
+                if cuda:
+                    torch.cuda.synchronize()
+            out.append(kernel_table(prof, f"one system prompt chunk, {slots} conversation{'s' if slots > 1 else ''}",
+                                    ticks.device))
     finally:
         lockstep.helium, lockstep.steps = helium, steps
     return "\n\n".join(out) + "\n\n"
@@ -271,7 +307,8 @@ def run(args: argparse.Namespace) -> int:
           f"{'CUDA graphs' if rows[0]['graphs'] else 'eager'}, {rows[0]['tick']} tick"
           f"{', demo weights' if parts.cfg.demo_weights else ''}")
     print(f"{'slots':>5} {'tick ms':>8} {'p95':>7} {'host ms':>8} {'encode':>7} {'model':>7} {'decode':>7} "
-          f"{'floor':>6} {'moshi':>6} {'ratio':>6} {'RTF':>6} {'peak GiB':>8} {'prompt ms':>9} {'setup s':>7}")
+          f"{'floor':>6} {'moshi':>6} {'ratio':>6} {'RTF':>6} {'peak GiB':>8} {'prompt ms':>9} {'join ms':>8} "
+          f"{'setup s':>7}")
 
     def cell(value: float | None, width: int, digits: int = 2) -> str:
         return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
@@ -281,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
               f"{cell(r['encode_ms_mean'], 7)} {cell(r['model_ms_mean'], 7)} {cell(r['decode_ms_mean'], 7)} "
               f"{cell(r['floor_ms'], 6)} {cell(r.get('moshi_ms'), 6, 1)} {cell(r.get('moshi_ratio'), 6)} "
               f"{cell(r['realtime_factor'], 6, 3)} {cell(r['peak_gib'], 8)} {cell(r['prefill_ms'], 9, 1)} "
-              f"{cell(r['setup_s'], 7, 1)}")
+              f"{cell(r['join_ms'], 8, 1)} {cell(r['setup_s'], 7, 1)}")
     if compare:
         print("parts (ms; CUDA events on a GPU), compiled vs eager tick; ratio = eager / compiled")
         print(f"{'slots':>5} {'path':>9} {'encode':>7} {'model':>7} {'decode':>7} {'tick':>7} {'setup s':>7}")

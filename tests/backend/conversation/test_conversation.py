@@ -8,6 +8,7 @@ import asyncio
 import base64
 import contextlib
 import io
+import itertools
 import json
 import re
 import time
@@ -255,12 +256,12 @@ def test_loadtest_measures_a_join_while_the_others_talk(talk_server: LiveServer,
     url = talk_server.converse.removesuffix("/converse") + "/ws"
     report = tmp_path / "converse.json"
     assert main(["loadtest", "--converse", "--url", url, "--sessions", "1", "--seconds", "3", "--join", "1",
-                 "--join-after", "0.5", "--json", str(report)]) == 0
+                 "--join-after", "0.5", "--aligned", "--json", str(report)]) == 0
     out = capsys.readouterr().out
     assert "1 of 1 joined while they talked" in out
     assert "system prompt, joining" in out and "tick latency during joins" in out
     data = json.loads(report.read_text())
-    assert data["joins"] == 1 and data["failures"] == [] and data["kept_real_time"] in (0, 1)
+    assert data["joins"] == 1 and data["failures"] == [] and data["kept_real_time"] in (0, 1) and data["aligned"]
     assert data["joining_prompt_ms"]["p50"] > 0 and data["tick_latency_ms"]["p99"] > 0
     assert data["tick_latency_during_joins_ms"] is not None  # the talker sent frames during the join
 
@@ -280,6 +281,18 @@ def test_loadtest_conversations_talk_together_however_far_apart_they_open(talk_s
     data = json.loads(report.read_text())
     assert data["failures"] == [] and data["all_talking_s"] >= 0.5  # apart, they would not overlap at all
     assert len(data["tick_latency_ms"]) == 4
+
+
+def test_loadtest_microphones_start_at_phases_spread_over_the_frame() -> None:
+    """Without --aligned each conversation's 80 ms schedule starts at a phase of its own: for any
+    number of conversations the phases leave no gap wider than twice an even share of the frame."""
+    from backend.tools.conversation_load import microphone_phase
+
+    for n in (2, 3, 8, 64, 127):
+        phases = sorted(microphone_phase(i) for i in range(n))
+        assert all(0 <= p < 1 for p in phases) and len(set(phases)) == n
+        gaps = [b - a for a, b in itertools.pairwise(phases)] + [1 - phases[-1] + phases[0]]
+        assert max(gaps) <= 2 / n  # the golden-ratio sequence: no gap wider than twice an even share
 
 
 def wav_file(pcm: np.ndarray, rate: int) -> str:

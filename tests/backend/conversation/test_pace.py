@@ -16,19 +16,24 @@ from engine.personaplex.engine import PersonaPlex
 
 LINE = re.compile(r"converse pace: [\d.]+ s: (\d+) ticks \(step p50 ([\d.]+) ms, p95 ([\d.]+) ms; waiting between "
                   r"ticks p50 ([\d.]+) ms, p95 ([\d.]+) ms\), ([\d.]+) conversations heard and ([\d.]+) reading "
-                  r"their system prompt a tick, (\d+) frames heard")
+                  r"their system prompt a tick, (\d+) frames heard"
+                  r"(?:; (\d+) ticks also read a system prompt chunk \(step p50 ([\d.]+) ms, max ([\d.]+) ms\))?")
 
 
 def test_the_line_counts_the_ticks_since_the_last_report() -> None:
     pace = TickPace()
     assert pace.report() is None  # no tick: no line
     pace.tick(0.070, 0.010, heard=2, prompting=1)
-    pace.tick(0.090, 0.002, heard=4, prompting=1)
+    pace.tick(0.090, 0.002, heard=4, prompting=1, chunk=True)
     found = LINE.fullmatch(pace.report() or "")
     assert found is not None
     assert found.groups()[:1] == ("2",) and float(found[2]) in (70.0, 90.0) and float(found[3]) == 90.0
     assert (float(found[6]), float(found[7]), int(found[8])) == (3.0, 1.0, 6)
+    assert (int(found[9]), float(found[10]), float(found[11])) == (1, 90.0, 90.0)  # the tick that read a chunk
     assert pace.report() is None  # reset
+    pace.tick(0.050, 0.001, heard=1, prompting=0)
+    found = LINE.fullmatch(pace.report() or "")
+    assert found is not None and found[9] is None  # no chunk read: no chunk part
 
 
 class Sink:
@@ -72,3 +77,4 @@ def test_a_conversation_fills_the_pace_line(personaplex_checkpoint: Path) -> Non
     assert ticks >= 4 and frames == 3  # the system prompt's ticks, then a tick for each of the three frames
     assert 0 < heard < 1 and 0 < prompting < 1  # one conversation: reading its prompt, then listening
     assert float(found[2]) > 0
+    assert int(found[9]) >= 1  # the ticks that read its system prompt
