@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         meta["kernels"] = installed
         flush()
         if args.profile:  # early: a stage's time limit ended three runs on the H200 before it was written
-            args.profile.write_text(profile_tables(model, config, device), encoding="utf-8")
+            args.profile.write_text(profile_tables(model, config, device, codec), encoding="utf-8")
         parts: list[tuple[str, Callable[[], list[Row]]]] = []
         if args.bench == "takes":
             parts += [("first audio", lambda: bench_takes(model, codec, config, device, args.prompt_rows[0])),

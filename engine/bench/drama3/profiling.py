@@ -27,6 +27,7 @@ from engine.readback import to_device
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from torch.autograd.profiler_util import FunctionEvent
 
+    from engine.drama3.codec import Codec
     from engine.drama3.config import Drama3Config
     from engine.drama3.decoder import Decoder
     from engine.drama3.deltanet import GatedDeltaNet
@@ -198,10 +199,40 @@ def ranged_rotated(norm: RMSNorm, x: torch.Tensor, rope: torch.Tensor, interleav
         return RMSNorm.rotated(norm, x, rope, interleaved)
 
 
-def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.device) -> str:
+def profile_window(codec: Codec, device: torch.device, new: int = 10, context: int = 320) -> str:
+    """The kernels of one vocoder window (`new` frames after `context`, launched without its graph)
+    by its parts: the post transformer over every frame, the upsampling and the decoder over the
+    new frames and their convolutions' context (as `Codec.decode_tail` runs them)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.stack([torch.randint(0, n, (context + new,), generator=generator)
+                         for n in codec.codebook_sizes])[None].to(device)  # [1, N, frames]
+    start = max(0, context - codec.conv_context)
+
+    def window() -> None:
+        with torch.inference_mode():
+            with record_function("post transformer"):
+                z = codec.quantizer.transformed(codes)[:, :, start:]  # [1, C, new + conv context]
+            with record_function("upsample"):
+                latent = codec.quantizer.upsample(z)
+            with record_function("decoder"):
+                codec.decoder(latent.to(codec.decoder_dtype))
+            sync(device)
+
+    window()  # warm: cuDNN's and cuBLAS's first calls are not what is profiled
+    with profile(activities=activities) as window_profile, record_function("vocode"):
+        window()
+    return (parts_line(window_profile, device, ("post transformer", "upsample", "decoder"), "vocode") + "\n"
+            + kernel_table(window_profile, f"one vocoder window, {new} frames after {context} (launched without "
+                           "its graph)", device, 30))
+
+
+def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.device, codec: Codec | None = None) -> str:
     """The kernels of one graphed decode step, one 300-row prefill and one 40-row chunk after 300
     rows (a line's own rows after a restored prefix: what one director's take prefills), most
-    time first."""
+    time first; with `codec`, then one vocoder window's (`profile_window`)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from engine.drama3.decoder import Decoder
@@ -233,4 +264,6 @@ def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.devic
         sync(device)
     out.append(kernel_table(chunk_profile, f"one {LINE_ROWS}-row chunk after 300 rows (a line after its restored "
                             "prefix)", device, 40))
+    if codec is not None:
+        out.append(profile_window(codec, device))
     return "\n\n".join(out)
