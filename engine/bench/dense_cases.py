@@ -52,7 +52,8 @@ def dense_shapes(config: Drama3Config) -> list[tuple[str, int, int, int]]:
 
 
 def dense_cases(config: Drama3Config, rows: int, device: torch.device) -> list[Case]:
-    """Each dense weight at `rows` rows, then the largest with the SWEEP's blocks."""
+    """Each dense weight at `rows` rows, then the largest with the SWEEP's blocks, then those whose
+    K is split, unsplit."""
     from engine.kernels import dense_rows as dr
 
     if rows > dr.MAX_ROWS:
@@ -61,7 +62,11 @@ def dense_cases(config: Drama3Config, rows: int, device: torch.device) -> list[C
     role, N, K, per_step = max(shapes, key=lambda shape: shape[1] * shape[2])
     sweep = [dense_case(f"{role} bn{bn} bk{bk}", N, K, per_step, rows, device, dr.Config(bn, bk))
              for bn, bk in SWEEP]
-    return [*(dense_case(*shape, rows, device) for shape in shapes), *sweep]
+    # the weights whose K `config` splits, also unsplit (as before the split): what the split gains
+    unsplit = [dense_case(f"{name} split 1", n, k, calls, rows, device,
+                          dr.config(n, k)._replace(block_k=min(256, k), split=1))
+               for name, n, k, calls in shapes if dr.config(n, k).split > 1 and n >= dr.MIN_COLUMNS]
+    return [*(dense_case(*shape, rows, device) for shape in shapes), *sweep, *unsplit]
 
 
 def dense_case(role: str, N: int, K: int, per_step: int, rows: int, device: torch.device,
