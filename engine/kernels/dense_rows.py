@@ -104,8 +104,12 @@ _counters: dict[torch.device, torch.Tensor] = {}  # per device: a ticket counter
 COUNTERS = 1 << 16
 
 
-def counters(device: torch.device) -> torch.Tensor:
+def counters(device: torch.device) -> torch.Tensor | None:
+    """The device's ticket counters; None while a CUDA graph is being captured and they were never
+    made (made then, they would live in the graph's pool and be freed with it)."""
     if device not in _counters:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
         _counters[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
     return _counters[device]
 
@@ -182,11 +186,13 @@ def dense_rows_kernel(x: torch.Tensor, weight: torch.Tensor, launch: Config | No
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M and N:
         blocks = launch or config(N, K)
+        tickets = counters(x.device) if blocks.split > 1 else out
+        if tickets is None:  # a first call inside a graph capture: unsplit (a warm-up call splits from then on)
+            blocks, tickets = blocks._replace(split=1), out
         columns = triton.cdiv(N, blocks.block_n)
         assert blocks.split == 1 or (K % (blocks.split * blocks.block_k) == 0 and columns <= COUNTERS)
         wide = x.dtype == torch.float32 or (INTERPRETED and x.dtype == torch.bfloat16)
         parts = torch.empty(blocks.split, M, N, dtype=torch.float32, device=x.device) if blocks.split > 1 else out
-        tickets = counters(x.device) if blocks.split > 1 else out
         _dense_rows_kernel[(columns, blocks.split)](
             rows, weight, out, parts, tickets, M, rows.stride(0), N=N, K=K, ROWS=MAX_ROWS, BLOCK_N=blocks.block_n,
             BLOCK_K=blocks.block_k, FLOAT32=wide, SPLIT=blocks.split, num_stages=blocks.stages,
