@@ -4,7 +4,9 @@ decode in one call, replayed from the window graphs of that many rows, and launc
 Python.
 
 Design choices:
-- Each batch size gets window graphs of its own (only the 384-frame length), captured,
+- Each batch size gets window graphs of its own (the 384-frame length, with the 320-frame
+  one below it so that the long windows' convolutions run on their 64 new frames and 10 of
+  context, as in the engine; stop 35's rows ran them on all 384: 51.5 ms a window), captured,
   timed and freed before the next, so one run measures the rows the engine could be
   given (`EngineSpec.vocoder_batch`) without holding every pool at once.
 - The budget is what 64 takes playing in real time leave each window: a take sends a
@@ -52,7 +54,9 @@ def bench_vocoder_batch(codec: Codec, device: torch.device, batches: tuple[int, 
         eager()
         eager_ms = statistics.median(timed_ms(eager, device, repeats))
         row.update(eager_call_ms=round(eager_ms, 2), eager_window_ms=round(eager_ms / batch, 2))
-        graphs = WindowGraphs(codec, [length], batch=batch, batched_from=1)
+        # the context's length too: its graph makes the long one's convolutions run on the new frames
+        # and their context alone (WindowGraphs.kept), as the engine's graphs do; alone, a length runs all
+        graphs = WindowGraphs(codec, [context, length], batch=batch, batched_from=length)
         graphs.capture()
         if graphs.runs(window):  # (on a CPU graphs are off: eager only)
             call = functools.partial(decode_windows, codec, windows, graphs)
