@@ -152,6 +152,7 @@ def test_the_bench_times_every_size_in_one_process(capsys: pytest.CaptureFixture
     for row in report["rows"]:
         assert row["gpu_ms_mean"] > 0 and row["encode_ms_mean"] > 0 and row["model_ms_mean"] > 0
         assert row["kv_gib_per_conversation"] > 0 and row["history"] == "full"
+        assert row["join_ms"] > 0 and row["join_chunks"] >= 1  # a persona of its own: read, chunk by chunk
     # The first and the last size's tick, part by part: Mimi's convolutions in encode and decode.
     text = profile.read_text()
     assert re.findall(r"^# (\w+), (\d+ conversations?):", text, re.M) == [
@@ -160,8 +161,11 @@ def test_the_bench_times_every_size_in_one_process(capsys: pytest.CaptureFixture
     split = re.findall(r"^# parts \(ms of CPU time\): helium ([\d.]+), depformer ([\d.]+), other [\d.]+\n# model, ",
                        text, re.M)
     assert len(split) == 2 and all(float(helium) > 0 and float(depformer) > 0 for helium, depformer in split)
-    parts = text.strip().split("\n\n# ")
-    assert "conv1d" in parts[0] and "conv" in parts[2] and "conv1d" in parts[3]
+    parts = text.strip().split("\n\n# ")  # per size: encode, model, decode, then a joining prompt's chunk
+    assert "conv1d" in parts[0] and "conv" in parts[2] and "conv1d" in parts[4]
+    assert re.findall(r"^# one system prompt chunk, (\d+ conversations?)", text, re.M) == [
+        "1 conversation", "3 conversations"]
+    assert "aten::linear" in parts[3] and "conv1d" not in parts[3]  # Helium reads the prompt; Mimi has no part
 
 
 def test_a_bench_stopped_at_a_later_size_keeps_the_sizes_it_timed(tmp_path: Path):
