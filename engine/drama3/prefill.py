@@ -17,7 +17,10 @@ Design choices:
   is one function of fixed shapes: its rows and labels, its first position and slot
   (device tensors), and the cache rows its attention reads.
 - With graphs, a prompt is cut into chunks of 512 rows and a last chunk padded up to the
-  next graph size (powers of two, 1 to 512; 300 rows: one chunk in the 512-row graph).
+  next graph size (powers of two, 1 to 512, and 320 and 384 between the top two; 300 rows:
+  one chunk in the 320-row graph, where the 512-row one computed 212 rows of padding: on
+  the H200 a 300-row prompt took 32.5 ms in it, the experts' bytes ~9 of them, the rest
+  following the rows).
   Fewer, larger chunks: each chunk reads every expert the routing touches, which for a
   few hundred rows is nearly all of them (32 GB in FP8 at the full size), so 300 rows cut
   as 256 + 32 + 8 + 4 read the experts four times (95 ms on the H200, 2026-12-03) where
@@ -29,7 +32,7 @@ Design choices:
   prompt. Without graphs (a CPU), chunks of 512 rows: the fewest launches.
 - A chunk's attention reads a static number of cache rows (its KV bucket: 1,024, 4,096 or
   all of them), at least its last position + 1; rows past a query's position are masked.
-  With 10 chunk sizes that is 30 graphs at the full size, captured once at warm-up, all
+  With 12 chunk sizes that is 36 graphs at the full size, captured once at warm-up, all
   in one memory pool (they never run at once: the engine thread replays them).
 - A chunk size whose code cannot be captured (a host sync: a MoE path that reads counts on
   the host, say) runs eagerly instead, with the reason logged once; so does every chunk
@@ -65,7 +68,7 @@ from engine.graphs import StepGraphs, shared_pool
 from engine.readback import to_device
 
 EAGER_CHUNK_ROWS = 512  # without graphs
-GRAPH_CHUNK_ROWS = tuple(512 >> i for i in range(10))  # 512, 256, ..., 1: a graph each
+GRAPH_CHUNK_ROWS = (512, 384, 320, *(256 >> i for i in range(9)))  # 512, 384, 320, 256, ..., 1: a graph each
 PREFILL_KV_ROWS = (1024, 4096)  # KV buckets of graphed chunks, then the whole cache
 
 

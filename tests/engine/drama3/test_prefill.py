@@ -27,9 +27,12 @@ def test_the_chunk_plans_cover_the_rows_exactly(start: int) -> None:
             assert plan[0][0] == start and plan[-1][1] == end
             assert all(a[1] == b[0] for a, b in itertools.pairwise(plan))
             assert all(e - s <= 512 and s + padded_size(s, e, limit) <= limit for s, e in plan)
-    assert padded_chunks(0, 300, 2000) == [(0, 300)] and padded_size(0, 300, 2000) == 512  # one chunk, padded
+    assert padded_chunks(0, 300, 2000) == [(0, 300)] and padded_size(0, 300, 2000) == 320  # one chunk, padded
     assert padded_chunks(0, 1300, 2000) == [(0, 512), (512, 1024), (1024, 1300)]
-    assert padded_chunks(0, 300, 400) == [(0, 256), (256, 300)] and padded_size(256, 300, 400) == 64
+    assert padded_size(1024, 1300, 2000) == 320
+    assert padded_size(0, 400, 2000) == 512 and padded_size(0, 330, 2000) == 384
+    assert padded_chunks(0, 300, 310) == [(0, 256), (256, 288), (288, 300)]  # near the cache's end: exact sizes
+    assert padded_size(288, 300, 310) == 16
 
 
 def slot_state(model, slot: int, rows: int) -> dict[str, torch.Tensor]:
