@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.drama3.fp8 import FP8, FP8_MAX, dequantize_fp8
-from engine.kernels.expert_layout import LAYOUT_PAIRS, expert_layout, max_blocks
+from engine.kernels.expert_layout import expert_layout, max_blocks
 from engine.kernels.fallback import guarded
 
 try:
@@ -382,8 +382,8 @@ def fp8_moe(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Ten
         block_m, rows, experts = 16, None, topk_ids.reshape(-1).contiguous()
     else:
         block_m = 16 if T <= 64 else 64
-        layout_of = expert_layout if P <= LAYOUT_PAIRS else pairs_by_expert  # one launch for ~12, where it pays
-        rows, experts = guarded("expert layout", layout_of, pairs_by_expert, topk_ids, w13.shape[0], block_m)
+        # two launches for torch's ~12 (argsort among them), at any count
+        rows, experts = guarded("expert layout", expert_layout, pairs_by_expert, topk_ids, w13.shape[0], block_m)
     xq, xs = quantize_groups(x.contiguous())
     h = moe_gemm(xq, xs, w13, s13, rows, experts, P, k, None, block_m, split_k)  # [S, P, 2I]
     aq, a_scale = silu_mul_quantize(h, x.dtype)  # [P, I]

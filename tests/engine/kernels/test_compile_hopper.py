@@ -162,10 +162,17 @@ def test_deltanet_inputs_kernel_compiles(padded: bool) -> None:
 def test_expert_layout_kernel_compiles(pairs: int, block_m: int) -> None:
     from engine.kernels import expert_layout
 
-    signature = {"ids_ptr": "*i64", "rows_ptr": "*i32", "experts_ptr": "*i32"}
-    compile_for_hopper(expert_layout._expert_layout_kernel, signature,
-                       {"P": pairs, "BLOCKS": expert_layout.max_blocks(pairs, 256, block_m), "E": 256, "SPAN": 256,
-                        "BLOCK_M": block_m, "CHUNK_": expert_layout.CHUNK, "FILL": 256}, num_warps=8)
+    blocks = expert_layout.max_blocks(pairs, 256, block_m)
+    chunks = -(-pairs // expert_layout.CHUNK)
+    compile_for_hopper(expert_layout._chunk_counts_kernel,
+                       {"ids_ptr": "*i64", "counts_ptr": "*i32", "rows_ptr": "*i32"},
+                       {"P": pairs, "SLOTS": blocks * block_m, "SHARE": -(-blocks * block_m // chunks), "SPAN": 256,
+                        "CHUNK_": expert_layout.CHUNK})
+    compile_for_hopper(expert_layout._place_kernel,
+                       {"ids_ptr": "*i64", "counts_ptr": "*i32", "rows_ptr": "*i32", "experts_ptr": "*i32"},
+                       {"P": pairs, "CHUNKS": chunks, "CHUNKS_PAD": 1 << (chunks - 1).bit_length(), "BLOCKS": blocks,
+                        "BLOCK_SHARE": 1 << (-(-blocks // chunks) - 1).bit_length(), "E": 256, "SPAN": 256,
+                        "BLOCK_M": block_m, "CHUNK_": expert_layout.CHUNK})
 
 
 
