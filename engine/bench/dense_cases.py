@@ -52,8 +52,7 @@ def dense_shapes(config: Drama3Config) -> list[tuple[str, int, int, int]]:
 
 
 def dense_cases(config: Drama3Config, rows: int, device: torch.device) -> list[Case]:
-    """Each dense weight at `rows` rows, then the largest with the SWEEP's blocks, then those whose
-    K is split, unsplit."""
+    """Each dense weight at `rows` rows, then the largest with the SWEEP's blocks."""
     from engine.kernels import dense_rows as dr
 
     if rows > dr.MAX_ROWS:
@@ -62,11 +61,7 @@ def dense_cases(config: Drama3Config, rows: int, device: torch.device) -> list[C
     role, N, K, per_step = max(shapes, key=lambda shape: shape[1] * shape[2])
     sweep = [dense_case(f"{role} bn{bn} bk{bk}", N, K, per_step, rows, device, dr.Config(bn, bk))
              for bn, bk in SWEEP]
-    # the weights whose K `config` splits, also unsplit (as before the split): what the split gains
-    unsplit = [dense_case(f"{name} split 1", n, k, calls, rows, device,
-                          dr.config(n, k)._replace(block_k=min(256, k), split=1))
-               for name, n, k, calls in shapes if dr.config(n, k).split > 1 and n >= dr.MIN_COLUMNS]
-    return [*(dense_case(*shape, rows, device) for shape in shapes), *sweep, *unsplit]
+    return [*(dense_case(*shape, rows, device) for shape in shapes), *sweep]
 
 
 def dense_case(role: str, N: int, K: int, per_step: int, rows: int, device: torch.device,

@@ -179,7 +179,6 @@ def moe_cases(config: Drama3Config, rows: int, device: torch.device) -> list[Cas
     layers = text.num_hidden_layers
     return [
         Case("fp8_moe", rows, layers, moved, copies, call(), reference, reference_graphs=False),
-        Case("fp8_moe pairs", rows, layers, moved, copies, call(layout="pairs"), reference, reference_graphs=False),
         Case("fp8_moe pairs split 1", rows, layers, moved, copies, call(layout="pairs", split_k=1), reference,
              reference_graphs=False),
         Case("fp8_moe experts", rows, layers, moved, copies, call(layout="experts"), reference,

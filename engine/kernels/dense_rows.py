@@ -17,19 +17,15 @@ Design choices:
   free beside the weight's bytes, and the kernel's time does not depend on M.
 - `config(N, K)` picks the blocks: BLOCK_N the widest of 64, 32, 16 that still gives at
   least two programs per SM (132 on an H100), so every SM streams weights (12,352 columns:
-  32, 386 programs; 2,048: 16, 128 programs, K split in 4); BLOCK_K 256 (fewer, larger pipelined loads;
+  32, 386 programs; 2,048: 16, 128 programs); BLOCK_K 256 (fewer, larger pipelined loads;
   the next power of two below that); 4 stages of software pipelining (16-byte cp.async
   copies into shared memory, 48-72 KiB a program) keep several weight tiles in flight per
   program. The bench (engine/bench/dense_cases.py) times alternatives.
-- Split K where the columns make too few programs (2,048-column outputs: 128 programs of
-  16 columns, 2.3x their bytes' floor on the H200; the shared expert's 1,024 x 2,048: 64,
-  5.6x): `config` splits K until about two programs per SM stream the weight; each writes
-  its float32 partial sums, then takes a ticket from a counter of its column block (an
-  atomic, after a barrier: the partials are visible before it). The last of the block's
-  splits adds the partials in split order (so the sum does not depend on which finished
-  last: a seeded take stays reproducible), rounds, writes, and sets the counter back to 0
-  for the next call (or graph replay): one launch, no memset. The counters are one buffer
-  per device: calls must not run on two streams at once (a decode step's are one stream).
+- K is not split. Tried (stop 36): where the columns make too few programs, K split so two
+  per SM stream the weight, the last program of a column block adding the partial sums in
+  order (a ticket counter, one launch). On an H100 every split shape was slower than
+  unsplit: outputs 0.0106 against 0.0098 ms, the shared expert's 0.0062 / 0.0049 against
+  0.0058 / 0.0035, the head 0.0108 against 0.0089 (`retake bench kernels`).
 - N and K are constexprs (a handful of shapes, each compiled once): masks on K vanish when
   BLOCK_K divides it, so the weight loads stay vectorised; N and K need not be multiples
   of the blocks (4,097 candidates, K = 160 in the tests). x may be a strided view (its
@@ -84,34 +80,13 @@ class Config(NamedTuple):
     block_k: int
     stages: int = 4
     warps: int = 4
-    split: int = 1  # K split over this many programs per column block
 
 
 def config(N: int, K: int) -> Config:
-    """The blocks for a weight [N, K]: the widest column block that leaves two programs per SM,
-    else 16 columns and K split (in whole blocks) until there are."""
+    """The blocks for a weight [N, K]: the widest column block that leaves two programs per SM."""
     block_n = next((b for b in (64, 32) if -(-N // b) >= 2 * SMS), 16)
     block_k = min(256, max(16, 1 << max(0, K - 1).bit_length()))  # K's power of two up to 256
-    split = 1
-    while -(-N // block_n) * split < 2 * SMS and K % (2 * split * block_k) == 0:
-        split *= 2
-    if split > 1 and split > K // block_k // 2 and block_k > 64:  # one K block a split: halve, pipeline two
-        block_k //= 2
-    return Config(block_n, block_k, split=split)
-
-
-_counters: dict[torch.device, torch.Tensor] = {}  # per device: a ticket counter per column block, left at 0
-COUNTERS = 1 << 16
-
-
-def counters(device: torch.device) -> torch.Tensor | None:
-    """The device's ticket counters; None while a CUDA graph is being captured and they were never
-    made (made then, they would live in the graph's pool and be freed with it)."""
-    if device not in _counters:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        _counters[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-    return _counters[device]
+    return Config(block_n, block_k)
 
 
 def dense_rows_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -124,24 +99,19 @@ if triton is not None:
     @triton.jit
     def _dense_rows_kernel(
         x_ptr, w_ptr, out_ptr,  # x [M, K] (row stride stride_x), weight [N, K] contiguous, out [M, N] contiguous
-        part_ptr, count_ptr,  # SPLIT > 1: float32 partials [SPLIT, M, N], int32 tickets [N / BLOCK_N] (at 0)
         M, stride_x,
         N: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        FLOAT32: tl.constexpr, SPLIT: tl.constexpr,
+        FLOAT32: tl.constexpr,
     ):
-        block = tl.program_id(0)
-        split = tl.program_id(1)
         rows = tl.arange(0, ROWS)
-        cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         ks = tl.arange(0, BLOCK_K)
         row_in = rows < M
         col_in = cols < N
         x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_x + ks[None, :]  # [ROWS, BLOCK_K]
         w_ptrs = w_ptr + cols[:, None].to(tl.int64) * K + ks[None, :]  # [BLOCK_N, BLOCK_K]
         acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)  # out[rows, cols], padded rows included
-        K_SPLIT: tl.constexpr = K // SPLIT  # a whole number of BLOCK_K when SPLIT > 1 (config)
-        for step in range(0, K_SPLIT, BLOCK_K):
-            k = split * K_SPLIT + step
+        for k in range(0, K, BLOCK_K):
             if K % BLOCK_K == 0:  # no mask along K: the loads stay vectorised
                 x = tl.load(x_ptrs + k, mask=row_in[:, None], other=0.0)
                 w = tl.load(w_ptrs + k, mask=col_in[:, None], other=0.0, eviction_policy="evict_first")
@@ -155,20 +125,7 @@ if triton is not None:
             else:
                 acc += tl.dot(x, tl.trans(w))
         out = out_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
-        inside = row_in[:, None] & col_in[None, :]
-        if SPLIT == 1:
-            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
-        else:
-            parts = part_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]  # split 0's; split s is M * N on
-            tl.store(parts + split * M * N, acc, mask=inside)
-            tl.debug_barrier()  # every thread's partials stored before the ticket releases them
-            ticket = tl.atomic_add(count_ptr + block, 1, sem="acq_rel", scope="gpu")
-            if ticket == SPLIT - 1:  # the block's last split: the others' partials are all stored
-                total = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(SPLIT):  # in split order, whichever finished last
-                    total += tl.load(parts + s * M * N, mask=inside, other=0.0, cache_modifier=".cg")
-                tl.store(out, total.to(out_ptr.dtype.element_ty), mask=inside)
-                tl.atomic_xchg(count_ptr + block, 0)  # ready for the next call
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
 
 
 def dense_rows_kernel(x: torch.Tensor, weight: torch.Tensor, launch: Config | None = None) -> torch.Tensor:
@@ -186,17 +143,10 @@ def dense_rows_kernel(x: torch.Tensor, weight: torch.Tensor, launch: Config | No
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M and N:
         blocks = launch or config(N, K)
-        tickets = counters(x.device) if blocks.split > 1 else out
-        if tickets is None:  # a first call inside a graph capture: unsplit (a warm-up call splits from then on)
-            blocks, tickets = blocks._replace(split=1), out
-        columns = triton.cdiv(N, blocks.block_n)
-        assert blocks.split == 1 or (K % (blocks.split * blocks.block_k) == 0 and columns <= COUNTERS)
         wide = x.dtype == torch.float32 or (INTERPRETED and x.dtype == torch.bfloat16)
-        parts = torch.empty(blocks.split, M, N, dtype=torch.float32, device=x.device) if blocks.split > 1 else out
-        _dense_rows_kernel[(columns, blocks.split)](
-            rows, weight, out, parts, tickets, M, rows.stride(0), N=N, K=K, ROWS=MAX_ROWS, BLOCK_N=blocks.block_n,
-            BLOCK_K=blocks.block_k, FLOAT32=wide, SPLIT=blocks.split, num_stages=blocks.stages,
-            num_warps=blocks.warps)
+        _dense_rows_kernel[(triton.cdiv(N, blocks.block_n),)](
+            rows, weight, out, M, rows.stride(0), N=N, K=K, ROWS=MAX_ROWS, BLOCK_N=blocks.block_n,
+            BLOCK_K=blocks.block_k, FLOAT32=wide, num_stages=blocks.stages, num_warps=blocks.warps)
     return out.view(*x.shape[:-1], N)
 
 

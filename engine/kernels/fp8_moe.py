@@ -26,14 +26,11 @@ Design choices:
   activation quantisation, gate/up GEMM, one kernel for "sum the partials, SiLU(gate) *
   up, round to the model dtype, quantise per 128 channels", down GEMM (scaled by the
   routing weights), and one that sums each token's pairs and partials and rounds.
-- Three for a few tokens (the "tokens" layout, the default up to DECODE_PAIRS pairs): the
-  gate/up GEMM quantises its own activation tile (BLOCK_K is the group, so a program's K
-  step holds whole groups: the same arithmetic as the quantisation kernel), and the down
-  GEMM gives each (token, column block) one program that runs all of the token's choices
-  over all of K and writes the weighted sum rounded: no partials, no combine. A decode
-  step's 40 layers launch 80 kernels fewer (each ~1-2 us of work and a gap in the graph);
-  the down GEMM's narrow column blocks (TOKEN_BLOCK_N) keep ~128 programs streaming the
-  experts at one token.
+- Tried and dropped (stop 36, measured on an H100 with `retake bench kernels`): a form for a
+  few tokens in three launches (the gate/up GEMM quantising its own activation tiles, the
+  down GEMM summing each token's 8 experts itself, no combine): 0.0254 ms a layer at one
+  row against this one's 0.0208, 0.0962 against 0.0778 at eight (its down GEMM of 16-column
+  blocks took 14 us where this one's takes ~5 and the combine ~2).
 - BLOCK_K is the quantisation group (128) so every K step has exactly one activation
   scale per row and one weight scale per tile; BLOCK_N divides 128 for the same reason.
 - `moe_reference` is the plain-torch definition (dequantise, matmul in float32); tests
@@ -59,10 +56,9 @@ except ImportError:  # CPU installs have no Triton; only the reference path runs
     tl = None
 
 GROUP = 128  # activation quantisation group = the weight block width
-DECODE_PAIRS = 64  # up to this many (token, choice) pairs a call takes the "tokens" layout
+DECODE_PAIRS = 64  # up to this many (token, choice) pairs a call gives each pair its own block
 TARGET_PROGRAMS = 264  # split K until a GEMM launches about this many programs (2 per H200 SM)
-TOKEN_BLOCK_N = 16  # the "tokens" layout's down GEMM: 2,048 columns make 128 programs a token
-LAYOUTS = ("tokens", "pairs", "experts")
+LAYOUTS = ("pairs", "experts")
 
 
 # ─── torch reference ─────────────────────────────────────────────────────────
@@ -162,11 +158,9 @@ if triton is not None:
         c_ptr,  # float32 [SPLIT_K, P, N]: one partial sum per K split
         rows_ptr, experts_ptr, weights_ptr,  # int32 [blocks*BLOCK_M] (unused if ONE_PAIR), [blocks], float32 [P]
         P, N: tl.constexpr, K: tl.constexpr, A_ROW_DIV: tl.constexpr, MUL_WEIGHTS: tl.constexpr,
-        ONE_PAIR: tl.constexpr, SPLIT_K: tl.constexpr, QUANTIZE_A: tl.constexpr,
+        ONE_PAIR: tl.constexpr, SPLIT_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
-        # QUANTIZE_A: a_ptr holds the activation in the model's dtype and each K step quantises its
-        # tile's rows (one group each: BLOCK_K is the group), as _quantize_groups_kernel does.
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -191,14 +185,9 @@ if triton is not None:
                         + k_first)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kb in range(0, K_STEPS):
-            if QUANTIZE_A:
-                x = tl.load(a_ptrs, mask=valid[:, None], other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_K]
-                a_s = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10) / 448.0  # [BLOCK_M]
-                a = tl.clamp(x / a_s[:, None], -448.0, 448.0).to(b_ptr.dtype.element_ty)
-            else:
-                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-                a_s = tl.load(a_scale_ptrs + kb, mask=valid, other=0.0)
+            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
             b = tl.load(b_ptrs)
+            a_s = tl.load(a_scale_ptrs + kb, mask=valid, other=0.0)
             b_s = tl.load(b_scale_ptrs + kb)
             acc += tl.dot(a, b) * a_s[:, None] * b_s
             a_ptrs += BLOCK_K
@@ -246,42 +235,6 @@ if triton is not None:
         tl.store(out_ptr + token * D + offs, round_to(total, out_ptr.dtype.element_ty), mask=inside)
 
 
-    @triton.jit
-    def _down_tokens_kernel(
-        a_ptr, a_scale_ptr,  # float8 [P, K], float32 [P, K/128]: each pair's activation
-        b_ptr, b_scale_ptr,  # float8 [E, N, K], float32 [E, N/128, K/128]
-        out_ptr,  # [T, N] in the model's dtype
-        experts_ptr, weights_ptr,  # int [P] (pair = token * TOPK + choice), float32 [P]
-        N: tl.constexpr, K: tl.constexpr, TOPK: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):
-        token = tl.program_id(0).to(tl.int64)
-        pid_n = tl.program_id(1)
-        slot = tl.arange(0, BLOCK_M)
-        first = slot == 0  # the token's row; the dot's other rows are padding
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for choice in tl.static_range(TOPK):
-            pair = token * TOPK + choice
-            expert = tl.load(experts_ptr + pair).to(tl.int64)
-            a_ptrs = a_ptr + pair * K + slot[:, None] * 0 + offs_k[None, :]
-            b_ptrs = b_ptr + expert * N * K + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]
-            b_scale_ptrs = b_scale_ptr + (expert * (N // 128) + pid_n * BLOCK_N // 128) * (K // BLOCK_K)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kb in range(0, K // BLOCK_K):
-                a = tl.load(a_ptrs, mask=first[:, None], other=0.0)
-                a_s = tl.load(a_scale_ptr + pair * (K // BLOCK_K) + kb + slot * 0, mask=first, other=0.0)
-                b = tl.load(b_ptrs)
-                b_s = tl.load(b_scale_ptrs + kb)
-                acc += tl.dot(a, b) * a_s[:, None] * b_s
-                a_ptrs += BLOCK_K
-                b_ptrs += BLOCK_K
-            total += acc * tl.load(weights_ptr + pair)
-        out_ptrs = out_ptr + token * N + slot[:, None] * 0 + offs_n[None, :]
-        tl.store(out_ptrs, round_to(total, out_ptr.dtype.element_ty), mask=first[:, None])
-
-
 def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton per-token-group float8 quantisation; same contract as the reference."""
     T, K = x.shape
@@ -300,27 +253,24 @@ def split_for(tiles: int, k_steps: int) -> int:
     return split
 
 
-def moe_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_scale: torch.Tensor,
+def moe_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
              rows: torch.Tensor | None, experts: torch.Tensor, pairs: int, a_row_div: int,
              weights: torch.Tensor | None, block_m: int, split_k: int | None = None,
              block_n: int = 128) -> torch.Tensor:
     """Partial sums c[s, pair] = (a[pair // a_row_div] @ b[expert(pair)].T)[K split s] * weights[pair]:
-    float32 [split_k, P, N]. rows None: one block per pair, experts = each pair's expert [P].
-    a_scale None: a is in the model's dtype and the kernel quantises it (as `quantize_groups`)."""
+    float32 [split_k, P, N]. rows None: one block per pair, experts = each pair's expert [P]."""
     _, N, K = b.shape
     assert K % GROUP == 0 and N % 128 == 0 and 128 % block_n == 0
-    assert (a.dtype == FP8) == (a_scale is not None)
-    assert b.dtype == FP8 and a.is_contiguous() and b.is_contiguous() and experts.is_contiguous()
+    assert a.dtype == FP8 and b.dtype == FP8 and a.is_contiguous() and b.is_contiguous() and experts.is_contiguous()
     blocks, k_steps = experts.numel(), K // GROUP
     split = split_k or split_for(blocks * (N // block_n), k_steps)
     assert k_steps % split == 0, f"split_k={split} must divide the {k_steps} K steps"
     c = torch.empty(split, pairs, N, dtype=torch.float32, device=a.device)
     _moe_gemm_kernel[(blocks, N // block_n, split)](
-        a, a if a_scale is None else a_scale, b, b_scale, c, rows if rows is not None else experts, experts,
-        weights if weights is not None else b_scale,
+        a, a_scale, b, b_scale, c, rows if rows is not None else experts, experts,
+        weights if weights is not None else a_scale,
         pairs, N=N, K=K, A_ROW_DIV=a_row_div, MUL_WEIGHTS=weights is not None, ONE_PAIR=rows is None,
-        SPLIT_K=split, QUANTIZE_A=a_scale is None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=GROUP,
-        num_warps=4, num_stages=4,
+        SPLIT_K=split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=GROUP, num_warps=4, num_stages=4,
     )
     return c
 
@@ -345,38 +295,18 @@ def combine(y: torch.Tensor, tokens: int, top_k: int, dtype: torch.dtype) -> tor
     return out
 
 
-def down_tokens(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
-                experts: torch.Tensor, weights: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
-    """Each token's sum over its choices of weight * (a[pair] @ b[expert(pair)].T), rounded to dtype:
-    [T, N] from the pairs' activations a float8 [T * top_k, K]."""
-    _, N, K = b.shape
-    assert K % GROUP == 0 and N % 128 == 0 and a.dtype == FP8 and a.is_contiguous() and b.is_contiguous()
-    tokens = a.shape[0] // top_k
-    out = torch.empty(tokens, N, dtype=dtype, device=a.device)
-    _down_tokens_kernel[(tokens, N // TOKEN_BLOCK_N)](
-        a, a_scale, b, b_scale, out, experts, weights, N=N, K=K, TOPK=top_k,
-        BLOCK_M=16, BLOCK_N=TOKEN_BLOCK_N, BLOCK_K=GROUP, num_warps=4, num_stages=4,
-    )
-    return out
-
-
 def fp8_moe(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor,
             topk_ids: torch.Tensor, topk_weights: torch.Tensor, *, layout: str | None = None,
             split_k: int | None = None) -> torch.Tensor:
     """The expert MLP of `moe_reference` with float8 tensor-core GEMMs. x [T, D] -> [T, D].
 
-    layout "tokens", "pairs" or "experts" (default: "tokens" up to DECODE_PAIRS pairs); split_k
-    (default: by size) splits the GEMMs' K (the "tokens" layout's down GEMM never). No host sync."""
+    layout "pairs" or "experts" (default: "pairs" up to DECODE_PAIRS pairs); split_k
+    (default: by size) splits both GEMMs' K. No host sync either way."""
     T, k = topk_ids.shape
     P = T * k
-    layout = layout or ("tokens" if P <= DECODE_PAIRS else "experts")
+    layout = layout or ("pairs" if P <= DECODE_PAIRS else "experts")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
-    if layout == "tokens":
-        experts = topk_ids.reshape(-1).contiguous()
-        h = moe_gemm(x.contiguous(), None, w13, s13, None, experts, P, k, None, 16, split_k)  # [S, P, 2I]
-        aq, a_scale = silu_mul_quantize(h, x.dtype)  # [P, I]
-        return down_tokens(aq, a_scale, w2, s2, experts, topk_weights.reshape(-1).float().contiguous(), k, x.dtype)
     rows: torch.Tensor | None
     if layout == "pairs":
         block_m, rows, experts = 16, None, topk_ids.reshape(-1).contiguous()

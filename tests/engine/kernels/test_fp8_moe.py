@@ -91,33 +91,9 @@ def test_layouts_and_k_splits_agree() -> None:
     x = torch.randn(T, D, device=DEVICE)
     base = m.fp8_moe(x, w13, s13, w2, s2, ids, weights, layout="pairs", split_k=1)
     assert base.shape == (T, D) and base.dtype == x.dtype and base.abs().sum() > 0
-    for layout, split in (("experts", 1), ("pairs", None), ("experts", None), ("tokens", 1), ("tokens", None)):
+    for layout, split in (("experts", 1), ("pairs", None), ("experts", None)):
         out = m.fp8_moe(x, w13, s13, w2, s2, ids, weights, layout=layout, split_k=split)
         torch.testing.assert_close(out, base, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.kernel
-def test_the_tokens_layout_quantises_as_the_quantisation_kernel_and_sums_each_tokens_choices() -> None:
-    """The default for a few tokens: the gate/up GEMM's own quantisation gives the partial sums of
-    the separately quantised activation exactly, and the down GEMM by token gives the pairs' GEMM
-    summed over each token's choices (with its routing weights) as the combine kernel does."""
-    torch.manual_seed(3)
-    E, D, inter, T, k = 6, 256, 128, 3, 4
-    w13, s13, w2, s2 = experts(E, D, inter, DEVICE)
-    ids, weights = routing(T, E, k, DEVICE)
-    x = torch.randn(T, D, device=DEVICE)
-    experts_of = ids.reshape(-1).contiguous()
-    xq, xs = m.quantize_groups(x)
-    for split in (1, 2):
-        fused = m.moe_gemm(x, None, w13, s13, None, experts_of, T * k, k, None, 16, split)
-        apart = m.moe_gemm(xq, xs, w13, s13, None, experts_of, T * k, k, None, 16, split)
-        torch.testing.assert_close(fused, apart, rtol=0, atol=0)
-    aq, a_scale = m.silu_mul_quantize(apart, x.dtype)
-    flat = weights.reshape(-1).float().contiguous()
-    by_pair = m.moe_gemm(aq, a_scale, w2, s2, None, experts_of, T * k, 1, flat, 16, 1)  # [1, P, D]
-    summed = m.down_tokens(aq, a_scale, w2, s2, experts_of, flat, k, x.dtype)
-    torch.testing.assert_close(summed, by_pair[0].view(T, k, D).sum(1), rtol=1e-5, atol=1e-6)
-    assert m.fp8_moe(x, w13, s13, w2, s2, ids, weights).shape == (T, D)  # the default at T * k <= DECODE_PAIRS
 
 
 @pytest.mark.gpu
@@ -158,7 +134,7 @@ def test_kernel_equals_reference_at_decode_shapes(T: int) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["tokens", "pairs", "experts"])
+@pytest.mark.parametrize("layout", ["pairs", "experts"])
 def test_kernel_replays_in_a_cuda_graph(layout: str) -> None:
     """No host sync in either layout: the call captures, and replays on new inputs."""
     torch.manual_seed(2)
