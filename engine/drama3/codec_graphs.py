@@ -49,12 +49,17 @@ Design choices:
   WindowGraphs on a CPU run their padded, batched code eagerly (the tests' way to the
   batched path).
 - The graphs share one memory pool of their own (they may run while the decode graphs do).
+- Captured with cuDNN's autotuning on (`AUTOTUNE`): the warm-up call before each capture
+  times the convolution algorithms for its shapes and the graph keeps the fastest, so a
+  replay pays nothing for it and always runs the same kernels (the export still replays
+  the stream). Eager decodes (a CPU, a window longer than every graph) keep the heuristics.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -68,6 +73,21 @@ from engine.readback import to_host
 
 VOCODER_BATCH = 1  # rows of the long windows' graphs (engine default; 8 once the H200 shows it pays: docs/perf.md)
 BATCHED_FROM = 128  # frames: windows this long (context included) decode `batch` to a call
+# cuDNN's heuristics gave four of a window's convolutions its implicit-GEMM fallback on the H100
+# (`implicit_convolve_sgemm`, 0.5 ms each of a 10+320-frame window's ~9 ms of kernels, stop 36's
+# profile): autotuned at capture, each graph keeps the fastest algorithm for its shapes.
+AUTOTUNE = True
+
+
+@contextlib.contextmanager
+def cudnn_benchmark(on: bool) -> Iterator[None]:
+    """cuDNN's autotuning on (or off) inside the block, as it was after."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = on
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
 
 
 class WindowGraphs:
@@ -99,8 +119,10 @@ class WindowGraphs:
     def captured(self) -> bool:
         return self.graphs.captured
 
-    def capture(self) -> None:
-        with self.lock:
+    def capture(self, autotune: bool = AUTOTUNE) -> None:
+        """Capture every length's graph; with `autotune`, cuDNN times its algorithms for each
+        convolution in the warm-up call and the graph keeps the fastest."""
+        with self.lock, cudnn_benchmark(autotune):
             self.graphs.capture()
 
     def rows(self, length: int) -> int:
