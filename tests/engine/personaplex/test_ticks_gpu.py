@@ -125,6 +125,25 @@ def test_a_seeded_conversation_draws_the_same_alone_and_in_a_batch(personaplex_c
 
 
 @torch.no_grad()
+def test_a_system_prompt_is_read_without_cudnn_attention(personaplex_checkpoint: Path):
+    """A joining conversation's prompt chunk (its length new to the process) runs no cuDNN SDPA,
+    whose per-shape planning on the host held the others' tick (lockstep.py `prompt_attention`),
+    and the slot it read then talks."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = short_context(personaplex_checkpoint, 2, Sampling(seed=1))
+    engine.start(1, persona="You are a friendly teacher talking with a caller about the stars.", seed=2)
+    quiet = np.zeros((2, engine.frame_size), dtype=np.float32)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        while engine.prefilling(1):
+            engine.step(quiet, hearing=())
+        torch.cuda.synchronize()
+    names = {event.key for event in prof.key_averages()}
+    assert "aten::scaled_dot_product_attention" in names and not any("cudnn_attention" in n for n in names)
+    assert engine.step(quiet, hearing={1})[1] is not None
+
+
+@torch.no_grad()
 def test_the_fused_kernels_follow_the_torch_paths(personaplex_checkpoint: Path):
     """Helium's hidden states with the fused ring attention vs SDPA over the dequantised ring (float32 model)."""
     runs = []
