@@ -52,17 +52,12 @@ Design choices:
 - cuDNN's own heuristics pick the convolutions' algorithms. Autotuning at capture
   (`torch.backends.cudnn.benchmark` for the warm-up call) was tried (stop 36): on an H100 a
   10 + 320-frame window replayed in 14.6 ms either way, so it is not done.
-- Captured with cuDNN's autotuning on (`AUTOTUNE`): the warm-up call before each capture
-  times the convolution algorithms for its shapes and the graph keeps the fastest, so a
-  replay pays nothing for it and always runs the same kernels (the export still replays
-  the stream). Eager decodes (a CPU, a window longer than every graph) keep the heuristics.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -76,21 +71,6 @@ from engine.readback import to_host
 
 VOCODER_BATCH = 1  # rows of the long windows' graphs (engine default; 8 once the H200 shows it pays: docs/perf.md)
 BATCHED_FROM = 128  # frames: windows this long (context included) decode `batch` to a call
-# cuDNN's heuristics gave four of a window's convolutions its implicit-GEMM fallback on the H100
-# (`implicit_convolve_sgemm`, 0.5 ms each of a 10+320-frame window's ~9 ms of kernels, stop 36's
-# profile): autotuned at capture, each graph keeps the fastest algorithm for its shapes.
-AUTOTUNE = True
-
-
-@contextlib.contextmanager
-def cudnn_benchmark(on: bool) -> Iterator[None]:
-    """cuDNN's autotuning on (or off) inside the block, as it was after."""
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = on
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = before
 
 
 class WindowGraphs:
@@ -122,10 +102,8 @@ class WindowGraphs:
     def captured(self) -> bool:
         return self.graphs.captured
 
-    def capture(self, autotune: bool = AUTOTUNE) -> None:
-        """Capture every length's graph; with `autotune`, cuDNN times its algorithms for each
-        convolution in the warm-up call and the graph keeps the fastest."""
-        with self.lock, cudnn_benchmark(autotune):
+    def capture(self) -> None:
+        with self.lock:
             self.graphs.capture()
 
     def rows(self, length: int) -> int:

@@ -5,9 +5,6 @@ Design choices:
 - First audio runs takes as the engine does (`Slots`), its windows vocoded inline and on a
   worker thread, with the default and a smaller first window; the first take of each is a
   warm-up and is left out of the median.
-- A window with left context is also timed in a graph captured with cuDNN's heuristics
-  (`graph_ms_heuristics`) beside the engine's autotuned graphs (`graph_ms`, codec_graphs.py
-  `AUTOTUNE`): what the autotuning gains.
 """
 
 from __future__ import annotations
@@ -64,9 +61,6 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
                         "vocoder": where, "first_audio_ms": round(statistics.median(firsts[1:]), 1)})
     vocoder.shutdown()
     codes = torch.randint(0, 1024, (config.num_codebooks, 512), device=device)
-    # the long windows' graph again, captured with cuDNN's own heuristics (no autotuning): what it gains
-    heuristics = WindowGraphs(codec, [STREAM_OVERLAP_FRAMES, STREAM_OVERLAP_FRAMES + max(WINDOW_FRAMES)])
-    heuristics.capture(autotune=False)
     for frames in WINDOW_FRAMES:
         for context in (0, STREAM_OVERLAP_FRAMES):
             end = context + frames
@@ -79,8 +73,5 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
                 row["graph_frames"] = graphs.graphs.bucket_for(end)  # the graph it replays (padded up)
                 row["graph_ms"] = round(statistics.median(timed_ms(functools.partial(graphs.pcm, codes, window),
                                                                    device, 5)), 2)
-            if context and heuristics.runs(window):
-                row["graph_ms_heuristics"] = round(statistics.median(timed_ms(
-                    functools.partial(heuristics.pcm, codes, window), device, 5)), 2)
             out.append(row)
     return out

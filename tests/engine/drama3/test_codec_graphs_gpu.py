@@ -1,6 +1,6 @@
 """On a GPU: a window's PCM16 replayed from the CUDA graph of its length (codec_graphs.py)
 equals the same padded window decoded eagerly (the convolutions on the graph's kept frames),
-sample for sample (both with cuDNN's autotuned algorithms), and the unpadded window to
+sample for sample, and the unpadded window to
 rounding, for every window of a take (the last, padded one included), with the tiny codec
 and with a random codec of the release's size."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.drama3.codec import CodecConfig, load_codec, ready
-from engine.drama3.codec_graphs import AUTOTUNE, WindowGraphs, cudnn_benchmark
+from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.codec_tiny import random_codec
 from engine.drama3.stream import STREAM_OVERLAP_FRAMES, take_windows, window_lengths, window_pcm
 from engine.pcm import pcm16
@@ -26,16 +26,14 @@ def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
 
 def tail(codec, graphs: WindowGraphs, padded: torch.Tensor, windows: list, length: int) -> list[np.ndarray]:
     """What the graph of `length` computes for padded codes [rows, N, length], eagerly: the
-    convolutions on its kept frames (codec.decode_tail), each window's new samples. With cuDNN's
-    autotuning on as the graphs were captured: its cache then gives the same algorithms."""
+    convolutions on its kept frames (codec.decode_tail), each window's new samples."""
     fs, kept = codec.frame_samples, graphs.kept[length]
     starts = [graphs.start_for(window, length) for window in windows]
     starts += [0] * (len(padded) - len(starts))  # the unused rows
-    with cudnn_benchmark(AUTOTUNE):
-        if kept == length:
-            audio = codec.decode_batch(padded)
-        else:
-            audio = codec.decode_tail(padded, torch.tensor(starts, device=padded.device), kept)
+    if kept == length:
+        audio = codec.decode_batch(padded)
+    else:
+        audio = codec.decode_tail(padded, torch.tensor(starts, device=padded.device), kept)
     pcm = pcm16(audio).cpu().numpy()  # [rows, kept * fs]
     return [pcm[row, (w.emit - w.start - start) * fs:(w.end - w.start - start) * fs]
             for row, (w, start) in enumerate(zip(windows, starts))]
