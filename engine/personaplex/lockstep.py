@@ -64,6 +64,19 @@ from engine.personaplex.temporal import Temporal
 from engine.readback import to_device
 
 
+def voice_runs(embeddings: list[torch.Tensor | None]) -> list[tuple[int, int]]:
+    """[first, last) of each run of consecutive positions that carry a voice embedding."""
+    runs: list[tuple[int, int]] = []
+    for i, embedding in enumerate(embeddings):
+        if embedding is None:
+            continue
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
+
+
 def prompt_attention(device: torch.device) -> contextlib.AbstractContextManager[None]:
     """On CUDA, a prompt chunk's attention (many queries, a masked ring) without cuDNN's SDPA: each
     new chunk length made cuDNN build a plan on the host, 2.3 ms a layer, ~70 ms of a joining
@@ -149,9 +162,10 @@ class Lockstep:
         """Read prompt positions start..stop - 1 of `plan` into the key/value rings of the slots `rows`."""
         inputs = to_device(plan.inputs[start:stop], self.device)  # [T, K]
         x = self.temporal.embed(inputs)[:, 0]  # [T, D]
-        for i, embedding in enumerate(plan.embeddings[start:stop]):
-            if embedding is not None:  # a stored voice: its embedding is the whole input
-                x[i] = embedding.to(x.device, x.dtype)
+        # a stored voice: its embeddings are the whole input, a run of positions copied at once (not one by one)
+        for first, last in voice_runs(plan.embeddings[start:stop]):
+            run = [e for e in plan.embeddings[start + first:start + last] if e is not None]  # all of them
+            x[first:last] = torch.stack(run).to(x.device, x.dtype)  # [last - first, D]
         count = len(range(self.slots)[rows])
         positions = torch.arange(start, stop, device=self.device).expand(count, -1)  # [B, T]
         with prompt_attention(self.device):

@@ -113,3 +113,12 @@ def test_system_prompt_order_voice_silence_persona_silence(engine: PersonaPlex):
 def test_a_token_stepped_prompt_loses_its_first_tick_to_the_cold_start(engine: PersonaPlex):
     steps = engine.programme("", None)  # no voice: silence, silence
     assert [s.kind for s in steps] == ["sacrifice"] + ["tokens"] * 11
+
+
+def test_voice_embeddings_go_in_as_runs_of_positions() -> None:
+    """A prompt chunk copies each run of a stored voice's embeddings at once (lockstep.py `voice_runs`)."""
+    from engine.personaplex.lockstep import voice_runs
+
+    e = torch.zeros(4)
+    assert voice_runs([None, e, e, e, None, None, e]) == [(1, 4), (6, 7)]
+    assert voice_runs([e, e]) == [(0, 2)] and voice_runs([None, None]) == [] and voice_runs([]) == []
