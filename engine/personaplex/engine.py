@@ -15,13 +15,11 @@ Design choices:
   per batch bucket: a tick runs the first n slots, n the smallest bucket holding every
   slot in use.
 - A slot is free, reading its system prompt, or live. A system prompt is planned on the
-  host (prompt.py) and read by the model in chunks of up to PROMPT_CHUNK positions, one
-  chunk before each tick, while the slot waits (inactive) and the other slots keep
-  their tick: a new conversation listens after a few ticks, not one tick per prompt
-  position. When it is read the slot takes the planned staging ring, its Mimi streams
-  restart (as the reference resets Mimi after the prompt) and it is live. A prompt read
-  before (the same persona and voice) is copied in instead (read_prompts.py): the
-  conversation listens at once.
+  host (prompt.py) and read in chunks of up to PROMPT_CHUNK positions, one chunk before
+  each tick, while the slot waits and the others keep their tick (on CUDA by graphs into a
+  scratch ring row, then copied into the slot: prompt_reader.py). Once read the slot takes
+  the planned staging ring, its Mimi streams restart (as the reference's) and it is live.
+  A prompt read before (the same persona and voice) is copied in instead (read_prompts.py).
 - `open` reads one system prompt into every slot, OPEN_ROWS slots at a time, with no tick.
 - `step(pcm, hearing)` moves on the live slots in `hearing` only (default: all): the others
   keep their place (the lockstep's `active` rows, and Mimi's streams held on the same mask,
@@ -31,18 +29,14 @@ Design choices:
   prompt's chunk while nobody has audio) runs no model: it would change no state.
 - Sampling settings and seeds are per slot (sampling.py): counter-based draws, so a seeded
   conversation is reproducible whatever shares the batch.
-- Text pieces: EPAD (0) and PAD (3) are hidden (PP-server), and so are SentencePiece's
-  control pieces (`<s>`, `</s>`) and the persona's `<system>` tag (a user-defined piece the
-  model can sample, but never says); "▁" becomes a space.
-- `record_voice` makes a voice bundle from a clip the way the reference saves one
-  (voices.py), without touching any slot.
-- The key/value ring is float8 on CUDA by default (`kv`, ring.py): half the memory, so
-  128 conversations of full context fit on one H200; the fused Triton kernels
-  (ring write and attention, token draws) run on CUDA unless `fused=False`, and so do the compiled
-  depformer, Helium layers and Mimi layers (compiled_*.py) unless `compiled=False`. `memory()` says what a
-  conversation costs.
-- No checkpoint means the tiny demo (tiny.py), written on first use; the device and the
-  model dtype are engine/device.py's, as for Drama 3.
+- Text pieces: EPAD (0), PAD (3), SentencePiece's control pieces and the persona's
+  `<system>` tag (a piece the model can sample, never says) are hidden; "▁" is a space.
+- `record_voice` makes a voice bundle from a clip as the reference saves one (voices.py).
+- The key/value ring is float8 on CUDA by default (`kv`, ring.py): 128 conversations of full
+  context fit on one H200; the Triton kernels run on CUDA unless `fused=False`, the compiled
+  depformer, Helium and Mimi layers (compiled_*.py) unless `compiled=False`. `memory()` says
+  what a conversation costs.
+- No checkpoint: the tiny demo (tiny.py). Device and dtype are engine/device.py's.
 - Audio and codes cross the engine's boundary as numpy (user PCM in, `Frame.pcm` float32
   and `Frame.tokens` out, `step_codes`' codes in); torch stays inside. A `Voice` is the
   engine's own object: callers get one from `voice` or `clip_voice` and pass it back.
@@ -83,6 +77,7 @@ from engine.personaplex.prompt import (
     plan,
     system_prompt,
 )
+from engine.personaplex.prompt_reader import PromptReader
 from engine.personaplex.read_prompts import ReadPrompts
 from engine.personaplex.ring import FP8
 from engine.personaplex.sampling import Sampling
@@ -107,9 +102,8 @@ _DEFAULT = object()
 MAX_CLIP_SECONDS = 30.0  # a voice clip given as audio (the released voices are prompts of a few seconds)
 COPIES_PER_TICK = 16  # read prompts copied into waiting slots before one tick
 PROMPT_CHUNK = 256  # system prompt positions read before one tick (a persona of a few hundred tokens: one tick)
-OPEN_ROWS = 16  # rows `open` reads a prompt into at once: the torch attention of a chunk dequantises the
-# float8 ring of every row it reads (~0.25 GiB a row in float32 at the released size), so 128 at once
-# would take ~30 GiB on top of 128 full rings
+OPEN_ROWS = 16  # rows `open` reads a prompt into at once: a chunk's attention dequantises each row's float8
+# ring (~0.25 GiB in float32 at the released size): 128 at once would take ~30 GiB more
 KV_CHOICES = ("auto", "model", "float8")  # auto: float8 on CUDA, the model's dtype elsewhere
 
 
@@ -172,6 +166,7 @@ class PersonaPlex:
         self.mimi_layer: LayerFn = CompiledMimiLayer() if compiled else run_layer
         self.ticks = Ticks(mimi, lockstep, self.silence, device, graphs=graphs, parts=parts, buckets=buckets,
                            layer=self.mimi_layer)
+        self.reader = PromptReader.made(lockstep, graphs)  # a joiner's prompt by graphs (CUDA), else None
         lockstep.sampling.set(slice(None), self.sampling)
 
     @staticmethod
@@ -198,9 +193,10 @@ class PersonaPlex:
         sizes a tick may run (default 1, 2, 4, ... slots); `compiled`: the compiled depformer (None: on CUDA)."""
         check_slots(slots)
         configure_rings(temporal, kv, fused and device.type == "cuda", device)
-        check_memory(cfg, temporal, slots, device)
+        scratch = graphs and device.type == "cuda"  # a ring row to read prompts in by graphs (prompt_reader.py)
+        check_memory(cfg, temporal, slots + scratch, device)
         compiled = device.type == "cuda" if compiled is None else compiled
-        lockstep = Lockstep(cfg.lm, temporal, depformer, slots, device, compiled=compiled)
+        lockstep = Lockstep(cfg.lm, temporal, depformer, slots, device, compiled=compiled, scratch=scratch)
         return PersonaPlex(root, cfg, lockstep, mimi, tokenizer, device, sampling, graphs, parts, buckets, compiled)
 
     @property
@@ -306,11 +302,15 @@ class PersonaPlex:
             self._set_rows(span, False)
             self.lockstep.reset(self.rows(*range(self.slots)[span]))
         stop = min(planned.positions, prompt.read + positions)
+        reader = self.reader if span.stop - span.start == 1 else None  # one slot: by graphs, in the scratch row
         for start in range(prompt.read, stop, PROMPT_CHUNK):
-            self.lockstep.prefill(span, planned, start, min(start + PROMPT_CHUNK, stop))
+            end = min(start + PROMPT_CHUNK, stop)
+            reader.read(planned, start, end) if reader else self.lockstep.prefill(span, planned, start, end)
         prompt.read = stop
         if stop < planned.positions:
             return
+        if reader is not None:
+            reader.copy_to(span.start)
         if prompt.key is not None:
             self.read_prompts.keep(prompt.key, planned, span.start)
         self._listen(span, planned)
@@ -438,6 +438,8 @@ class PersonaPlex:
     def close(self) -> None:
         """Free this engine's device state (graphs, rings, buffers): a bench frees each size before the next."""
         self.ticks.close()
+        if self.reader is not None:
+            self.reader.close()
         for module in (self.lockstep.temporal, self.lockstep.depformer, self.mimi):
             module.setup_streams(0)
         gc.collect()

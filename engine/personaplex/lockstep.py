@@ -89,7 +89,7 @@ def prompt_attention(device: torch.device) -> contextlib.AbstractContextManager[
 
 class Lockstep:
     def __init__(self, cfg: LMConfig, temporal: Temporal, depformer: Depformer, slots: int, device: torch.device,
-                 all_steps: bool = False, compiled: bool = False):
+                 all_steps: bool = False, compiled: bool = False, scratch: bool = False):
         self.cfg = cfg
         self.all_steps = all_steps
         self.temporal = temporal
@@ -109,7 +109,9 @@ class Lockstep:
         self.active = torch.zeros(slots, dtype=torch.bool, device=device)  # the slots that advance
         self.tokens = torch.zeros(slots, K, dtype=torch.long, device=device)  # the last tick's frames
         self.sampling = SamplingRows(slots, device)
-        temporal.setup_streams(slots)
+        # `scratch`: Helium's rings get one row past the slots, where prompt_reader.py reads prompts
+        self.scratch = slots if scratch else None
+        temporal.setup_streams(slots + scratch)
         depformer.setup_streams(slots)
 
     def reset(self, rows: torch.Tensor) -> None:
@@ -160,16 +162,21 @@ class Lockstep:
     @torch.no_grad()
     def prefill(self, rows: slice, plan: Plan, start: int, stop: int) -> None:
         """Read prompt positions start..stop - 1 of `plan` into the key/value rings of the slots `rows`."""
+        x = self.embed_prompt(plan, start, stop)  # [T, D]
+        count = len(range(self.slots)[rows])
+        positions = torch.arange(start, stop, device=self.device).expand(count, -1)  # [B, T]
+        with prompt_attention(self.device):
+            self.temporal.trunk(x[None].expand(count, -1, -1), positions, rows)
+
+    def embed_prompt(self, plan: Plan, start: int, stop: int) -> torch.Tensor:
+        """Helium's inputs [T, D] of prompt positions start..stop - 1."""
         inputs = to_device(plan.inputs[start:stop], self.device)  # [T, K]
         x = self.temporal.embed(inputs)[:, 0]  # [T, D]
         # a stored voice: its embeddings are the whole input, a run of positions copied at once (not one by one)
         for first, last in voice_runs(plan.embeddings[start:stop]):
             run = [e for e in plan.embeddings[start + first:start + last] if e is not None]  # all of them
             x[first:last] = torch.stack(run).to(x.device, x.dtype)  # [last - first, D]
-        count = len(range(self.slots)[rows])
-        positions = torch.arange(start, stop, device=self.device).expand(count, -1)  # [B, T]
-        with prompt_attention(self.device):
-            self.temporal.trunk(x[None].expand(count, -1, -1), positions, rows)
+        return x
 
     def finish(self, rows: slice, plan: Plan) -> None:
         """The slots `rows` take the staging ring and step of their read prompt."""

@@ -125,13 +125,17 @@ def test_a_seeded_conversation_draws_the_same_alone_and_in_a_batch(personaplex_c
 
 
 @torch.no_grad()
-def test_a_system_prompt_is_read_without_cudnn_attention(personaplex_checkpoint: Path):
-    """A joining conversation's prompt chunk (its length new to the process) runs no cuDNN SDPA,
-    whose per-shape planning on the host held the others' tick (lockstep.py `prompt_attention`),
-    and the slot it read then talks."""
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_joining_prompt_is_read_without_cudnn_attention_or_eager_launches(personaplex_checkpoint: Path,
+                                                                            graphs: bool):
+    """A joining conversation's prompt chunk (its length new to the process): launched eagerly it
+    runs no cuDNN SDPA, whose per-shape planning on the host held the others' tick (lockstep.py
+    `prompt_attention`); with graphs it is replayed in the scratch row and copied into the slot
+    (prompt_reader.py), no attention launched from the host. Either way the slot then talks."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine = short_context(personaplex_checkpoint, 2, Sampling(seed=1))
+    engine = short_context(personaplex_checkpoint, 2, Sampling(seed=1), graphs=graphs)
+    assert (engine.reader is not None) == graphs
     engine.start(1, persona="You are a friendly teacher talking with a caller about the stars.", seed=2)
     quiet = np.zeros((2, engine.frame_size), dtype=np.float32)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -139,7 +143,8 @@ def test_a_system_prompt_is_read_without_cudnn_attention(personaplex_checkpoint:
             engine.step(quiet, hearing=())
         torch.cuda.synchronize()
     names = {event.key for event in prof.key_averages()}
-    assert "aten::scaled_dot_product_attention" in names and not any("cudnn_attention" in n for n in names)
+    assert not any("cudnn_attention" in name for name in names)
+    assert ("aten::scaled_dot_product_attention" in names) != graphs  # replayed, not launched
     assert engine.step(quiet, hearing={1})[1] is not None
 
 
