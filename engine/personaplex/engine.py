@@ -37,9 +37,8 @@ Design choices:
   depformer, Helium and Mimi layers (compiled_*.py) unless `compiled=False`. `memory()` says
   what a conversation costs.
 - No checkpoint: the tiny demo (tiny.py). Device and dtype are engine/device.py's.
-- Audio and codes cross the engine's boundary as numpy (user PCM in, `Frame.pcm` float32
-  and `Frame.tokens` out, `step_codes`' codes in); torch stays inside. A `Voice` is the
-  engine's own object: callers get one from `voice` or `clip_voice` and pass it back.
+- Audio and codes cross the engine's boundary as numpy (PCM in, `Frame.pcm` and `.tokens` out);
+  torch stays inside. A `Voice` is the engine's: callers get one from `voice` / `clip_voice`.
 """
 
 from __future__ import annotations
@@ -102,8 +101,7 @@ _DEFAULT = object()
 MAX_CLIP_SECONDS = 30.0  # a voice clip given as audio (the released voices are prompts of a few seconds)
 COPIES_PER_TICK = 16  # read prompts copied into waiting slots before one tick
 PROMPT_CHUNK = 256  # system prompt positions read before one tick (a persona of a few hundred tokens: one tick)
-OPEN_ROWS = 16  # rows `open` reads a prompt into at once: a chunk's attention dequantises each row's float8
-# ring (~0.25 GiB in float32 at the released size): 128 at once would take ~30 GiB more
+OPEN_ROWS = 16  # rows `open` reads at once: a chunk dequantises each row's ring (~0.25 GiB at the released size)
 KV_CHOICES = ("auto", "model", "float8")  # auto: float8 on CUDA, the model's dtype elsewhere
 
 
@@ -279,7 +277,7 @@ class PersonaPlex:
         self._set_rows(slot, False)
         self.lockstep.reset(self.rows(slot))  # at position -1 it costs nothing to the tick's attention
 
-    def prefilling(self, slot: int) -> bool:
+    def prefilling(self, slot: int) -> bool:  # still reading its system prompt
         return slot in self.prompts
 
     def _check_slot(self, slot: int) -> None:
@@ -430,8 +428,8 @@ class PersonaPlex:
         """GiB of state per conversation (Helium's key/value rings, Mimi's streams) and of the weights."""
         gib = 2 ** 30
         kv = sum(ring.stream_bytes() for ring in self.lockstep.temporal.rings())
-        weights = sum(p.nbytes for module in (self.lockstep.temporal, self.lockstep.depformer, self.mimi)
-                      for p in module.parameters())
+        lockstep = self.lockstep
+        weights = sum(p.nbytes for m in (lockstep.temporal, lockstep.depformer, self.mimi) for p in m.parameters())
         return {"kv_gib_per_conversation": kv / gib, "mimi_gib_per_conversation": stream_bytes(self.mimi) / gib,
                 "weights_gib": weights / gib}
 
