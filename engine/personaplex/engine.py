@@ -192,7 +192,7 @@ class PersonaPlex:
         check_slots(slots)
         configure_rings(temporal, kv, fused and device.type == "cuda", device)
         scratch = graphs and device.type == "cuda"  # a ring row to read prompts in by graphs (prompt_reader.py)
-        check_memory(cfg, temporal, slots + scratch, device)
+        check_memory(cfg, temporal, slots, device, spare=scratch)
         compiled = device.type == "cuda" if compiled is None else compiled
         lockstep = Lockstep(cfg.lm, temporal, depformer, slots, device, compiled=compiled, scratch=scratch)
         return PersonaPlex(root, cfg, lockstep, mimi, tokenizer, device, sampling, graphs, parts, buckets, compiled)

@@ -44,14 +44,15 @@ def slot_bytes(cfg: PersonaPlexConfig, temporal: Temporal) -> int:
     return kv + codec
 
 
-def check_memory(cfg: PersonaPlexConfig, temporal: Temporal, slots: int, device: torch.device) -> None:
-    """On a GPU: the slots' state must fit in free memory (with 10% for activations and graphs), or a
-    RequestError says how many slots fit, rather than an out-of-memory error mid-setup."""
+def check_memory(cfg: PersonaPlexConfig, temporal: Temporal, slots: int, device: torch.device, spare: int = 0) -> None:
+    """On a GPU: the slots' state (and `spare` rows of it: the prompt reader's scratch row) must fit in
+    free memory (with 10% for activations and graphs), or a RequestError says how many slots fit,
+    rather than an out-of-memory error mid-setup."""
     if device.type != "cuda":
         return
     free, _ = torch.cuda.mem_get_info(device)
     per_slot = slot_bytes(cfg, temporal)
-    if slots * per_slot * 1.1 > free:
-        raise RequestError(f"{slots} PersonaPlex slots need {slots * per_slot / 2**30:.1f} GiB of state "
+    if (slots + spare) * per_slot * 1.1 > free:
+        raise RequestError(f"{slots} PersonaPlex slots need {(slots + spare) * per_slot / 2**30:.1f} GiB of state "
                            f"({per_slot / 2**30:.2f} GiB each), but {free / 2**30:.1f} GiB of the GPU are free: "
-                           f"use at most {int(free / 1.1 // per_slot)} slots")
+                           f"use at most {int(free / 1.1 // per_slot) - spare} slots")
