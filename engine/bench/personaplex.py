@@ -15,7 +15,10 @@ Design choices:
   key/value ring, the cost of a call past its first four minutes), warm-up ticks, timed
   ticks of random user audio; then a conversation joins in the last slot with a persona of
   its own and its system prompt is read chunk by chunk, nobody else heard ("join ms": what
-  a join adds to the others' ticks, `time_join`).
+  a join adds to the others' ticks, `time_join`). Before it, ticks that hear every other
+  conversation ("half ms", GPU time): the live loop ticks as audio arrives and hears only
+  those whose frame came, and the ring attention skips the others, so a tick's cost
+  between half and all heard says how a live tick shrinks with what it hears.
 - A tick's time is CUDA events around it on the GPU (`gpu_ms`), and the host's wall time
   to the agent audio in pinned memory (`tick_ms`); `--parts` captures encode, model and
   decode as separate graphs and times each with events (host timers do not wait for the
@@ -162,6 +165,12 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
             if i >= args.warmup:
                 for name, value in engine.timings.items():
                     rows.setdefault(name, []).append(value)
+        # half of the conversations heard a tick, as the live loop's ticks hear those whose audio came
+        # (the ring attention skips the others; the rest of the tick runs the whole bucket)
+        half: list[float] = []
+        for _ in range(args.ticks):
+            engine.step(pcm, hearing=range(0, slots, 2))
+            half.append(engine.timings["gpu_ms"])
         join_ms, join_chunks = time_join(engine, pcm)
         if args.profile is not None and slots in (args.slots[0], args.slots[-1]):  # the two ends
             with args.profile.open("w" if slots == args.slots[0] else "a") as file:
@@ -195,6 +204,7 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
         "join_chunks": join_chunks,
         "gpu_ms_mean": mean("gpu_ms"), "gpu_ms_p50": round(ticks[len(ticks) // 2], 2),
         "gpu_ms_p95": round(ticks[min(len(ticks) - 1, int(0.95 * len(ticks)))], 2), "tick_ms_mean": mean("tick_ms"),
+        "half_heard_ms": round(sum(half) / len(half), 2),
         **{f"{part}_ms_mean": mean(f"{part}_ms") for part in ("encode", "model", "decode")},
         "kv_gib_per_conversation": round(memory["kv_gib_per_conversation"], 4),
         "mimi_gib_per_conversation": round(memory["mimi_gib_per_conversation"], 4),
@@ -308,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
           f"{', demo weights' if parts.cfg.demo_weights else ''}")
     print(f"{'slots':>5} {'tick ms':>8} {'p95':>7} {'host ms':>8} {'encode':>7} {'model':>7} {'decode':>7} "
           f"{'floor':>6} {'moshi':>6} {'ratio':>6} {'RTF':>6} {'peak GiB':>8} {'prompt ms':>9} {'join ms':>8} "
-          f"{'setup s':>7}")
+          f"{'half ms':>8} {'setup s':>7}")
 
     def cell(value: float | None, width: int, digits: int = 2) -> str:
         return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
@@ -318,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
               f"{cell(r['encode_ms_mean'], 7)} {cell(r['model_ms_mean'], 7)} {cell(r['decode_ms_mean'], 7)} "
               f"{cell(r['floor_ms'], 6)} {cell(r.get('moshi_ms'), 6, 1)} {cell(r.get('moshi_ratio'), 6)} "
               f"{cell(r['realtime_factor'], 6, 3)} {cell(r['peak_gib'], 8)} {cell(r['prefill_ms'], 9, 1)} "
-              f"{cell(r['join_ms'], 8, 1)} {cell(r['setup_s'], 7, 1)}")
+              f"{cell(r['join_ms'], 8, 1)} {cell(r['half_heard_ms'], 8)} {cell(r['setup_s'], 7, 1)}")
     if compare:
         print("parts (ms; CUDA events on a GPU), compiled vs eager tick; ratio = eager / compiled")
         print(f"{'slots':>5} {'path':>9} {'encode':>7} {'model':>7} {'decode':>7} {'tick':>7} {'setup s':>7}")

@@ -153,6 +153,7 @@ def test_the_bench_times_every_size_in_one_process(capsys: pytest.CaptureFixture
         assert row["gpu_ms_mean"] > 0 and row["encode_ms_mean"] > 0 and row["model_ms_mean"] > 0
         assert row["kv_gib_per_conversation"] > 0 and row["history"] == "full"
         assert row["join_ms"] > 0 and row["join_chunks"] >= 1  # a persona of its own: read, chunk by chunk
+        assert row["half_heard_ms"] > 0  # ticks hearing every other conversation
     # The first and the last size's tick, part by part: Mimi's convolutions in encode and decode.
     text = profile.read_text()
     assert re.findall(r"^# (\w+), (\d+ conversations?):", text, re.M) == [
