@@ -113,9 +113,7 @@ class Frame:
 
 
 @dataclass
-class _Prompt:
-    """A system prompt being read into a slot, a chunk before each tick."""
-
+class _Prompt:  # a system prompt being read into a slot, a chunk before each tick
     plan: Plan
     read: int = 0  # positions read so far
     key: bytes | None = None  # its key among the read prompts kept (read_prompts.py), once read
@@ -303,11 +301,14 @@ class PersonaPlex:
         reader = self.reader if span.stop - span.start == 1 else None  # one slot: by graphs, in the scratch row
         for start in range(prompt.read, stop, PROMPT_CHUNK):
             end = min(start + PROMPT_CHUNK, stop)
-            reader.read(planned, start, end) if reader else self.lockstep.prefill(span, planned, start, end)
+            if reader is None:
+                self.lockstep.prefill(span, planned, start, end)
+            else:
+                reader.read(planned, start, end)
         prompt.read = stop
         if stop < planned.positions:
             return
-        if reader is not None:
+        if reader is not None:  # read in the scratch row: the slot takes it
             reader.copy_to(span.start)
         if prompt.key is not None:
             self.read_prompts.keep(prompt.key, planned, span.start)
@@ -436,8 +437,7 @@ class PersonaPlex:
     def close(self) -> None:
         """Free this engine's device state (graphs, rings, buffers): a bench frees each size before the next."""
         self.ticks.close()
-        if self.reader is not None:
-            self.reader.close()
+        self.reader = None  # its graphs and their pool go with it (gc below)
         for module in (self.lockstep.temporal, self.lockstep.depformer, self.mimi):
             module.setup_streams(0)
         gc.collect()

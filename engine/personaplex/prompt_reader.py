@@ -81,10 +81,6 @@ class PromptReader:
         self.slot.fill_(slot)
         self.copies(1)
 
-    def close(self) -> None:
-        self.chunks.graphs.clear()
-        self.copies.graphs.clear()
-
     def _chunk(self, length: int) -> None:
         positions = (self.start + self.offsets[:length])[None]  # [1, T]
         with prompt_attention(self.lockstep.device):
