@@ -15,6 +15,8 @@ that fails or runs out of time is recorded and the next one runs):
 - pytest: `pytest -m "gpu or kernel"` over every test file with GPU or kernel tests (verbose; junit once it ends),
   the kernels, the decoder's and the fast path's files first (FIRST_TESTS); `--tests A,B`
   runs those files instead
+- codec: `retake bench codec --random-weights --preset full --forms`: a long window's graph with the
+  decoder's dilated convolutions plain and folded, and each of them alone
 - takes: `retake bench takes --random-weights --preset full --device cuda --profile FILE`:
   decode (graph, floor), first audio, prefill, the step with 1..64 of 64 slots decoding,
   vocode (the bench writes its JSON after each part: a timeout keeps what was measured)
@@ -78,13 +80,13 @@ from gpu_summary import readable  # beside this file (scripts/ is on sys.path wh
 WORK = Path("/tmp/retake-gpu")
 PY = sys.executable
 CLI = [PY, "-m", "backend.cli"]
-STAGES = ("env", "pytest", "takes", "serve", "kernels", "numerics", "retake", "personaplex", "converse")
+STAGES = ("env", "pytest", "codec", "takes", "serve", "kernels", "numerics", "retake", "personaplex", "converse")
 DEFAULT_STAGES = tuple(s for s in STAGES if s != "retake")  # retake's ~3 minutes do not fit one command
 # Seconds per stage, each also capped by what is left of --budget (one 10-minute command with
 # the wheels' install): the default stages add up to more than the budget, so name the stages
 # a call needs. A stage that ends early leaves its time to the later ones.
 # The H200 runs of 2026-12-05 ran kernels past 26 s, numerics past 94 s and takes past 160 s (compiles).
-LIMITS_S = {"env": 15, "pytest": 70, "takes": 200, "serve": 130, "kernels": 90, "numerics": 150, "retake": 240,
+LIMITS_S = {"env": 15, "pytest": 70, "codec": 60, "takes": 200, "serve": 130, "kernels": 90, "numerics": 150, "retake": 240,
             "personaplex": 75, "converse": 80}
 BUDGET_S = 555.0
 SMOKE_LIMITS_S = {name: 900 for name in STAGES}
@@ -518,6 +520,14 @@ def takes_stage(run: Run, stage: Stage, log: Path) -> Json:
                                          str(report), "--profile", str(profile)], report)  # --steps 50: fewer graphs
 
 
+def codec_stage(run: Run, stage: Stage, log: Path) -> Json:
+    report = WORK / "codec.json"
+    size = ["--preset", "tiny", "--device", "cpu"] if run.smoke else ["--preset", "full", "--device", "cuda"]
+    rows = bench_stage(run, stage, log, [*CLI, "bench", "codec", "--random-weights", *size, "--forms", "--json",
+                                         str(report)], report)
+    return {"rows": rows} if isinstance(rows, list) else rows
+
+
 def retake_stage(run: Run, stage: Stage, log: Path) -> Json:
     report = WORK / "retake.json"
     size = ["--preset", "tiny", "--device", "cpu", "--history-rows", "0", "200", "--turn-frames", "40",
@@ -590,7 +600,7 @@ def converse_stage(run: Run, stage: Stage, log: Path) -> Json | None:
 
 BODIES: dict[str, tuple[Callable[[Run, Stage, Path], Json | None], bool]] = {
     "env": (env_stage, False), "pytest": (pytest_stage, False), "serve": (serve_stage, False),
-    "takes": (takes_stage, False), "retake": (retake_stage, False), "numerics": (numerics_stage, False),
+    "codec": (codec_stage, False), "takes": (takes_stage, False), "retake": (retake_stage, False), "numerics": (numerics_stage, False),
     "kernels": (kernels_stage, True),
     "personaplex": (personaplex_stage, False), "converse": (converse_stage, False),
 }

@@ -26,6 +26,9 @@ Design choices:
   to end; each clip's samples depend on its own codes only (no op mixes the batch), but
   a convolution's kernel may change with the batch size, so a clip decoded in a batch can
   differ from the same clip alone in float rounding (~4e-6 in float32 on a CPU).
+- On a GPU the decoder's dilated convolutions from FOLD_FROM run folded (codec_layers.py):
+  the same sums through cuDNN's tensor-core kernels (`retake bench codec --forms` times
+  a long window's graph each way).
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ from engine.errors import ConfigError
 from engine.readback import to_host
 
 REFERENCE_CACHE_SIZE = 64
+# The decoder's dilated convolutions run folded (codec_layers.py `fold`) from this dilation on
+# a GPU: cuDNN ran the dilation-9 ones with a generic kernel (`retake bench codec --forms`).
+FOLD_FROM: int | None = 9
 
 _QUANTIZER_TRANSFORMER = {
     "causal": True, "window_size": 128, "input_dim": 1024,
@@ -369,11 +375,20 @@ def load_codec(path: Path | str, device: str | torch.device = "cpu") -> Codec:
 
 def ready(codec: Codec, device: str | torch.device) -> Codec:
     """For inference on `device`: float32, but the decoder float16 on a GPU (as SGLang
-    Omni's vocoder; the quantiser stays float32)."""
+    Omni's vocoder; the quantiser stays float32), its dilated convolutions folded from
+    FOLD_FROM (codec_layers.py `fold`)."""
     codec = codec.eval().requires_grad_(False).to(device)
     if codec.device.type == "cuda":
         snakes = [(m, m.alpha.detach().clone()) for m in codec.decoder.modules() if isinstance(m, Snake)]
         codec.decoder.half()
         for snake, alpha in snakes:  # Snake frequencies stay float32, as in SGLang Omni's decoder
             snake.alpha = nn.Parameter(alpha, requires_grad=False)
+        fold_dilated(codec, FOLD_FROM)
     return codec
+
+
+def fold_dilated(codec: Codec, dilation: int | None) -> None:
+    """Run the decoder's convolutions of this dilation and above folded (None: none)."""
+    for module in codec.decoder.modules():
+        if isinstance(module, CausalConv):
+            module.folded = dilation is not None and 1 < dilation <= int(module.conv.dilation[0])

@@ -17,6 +17,11 @@ Design choices:
   the context the upsampling and the decoder need (codec.py `decode_tail`).
 - Batch size is whatever the caller gives (codec.py decodes one clip, or windows of several
   takes at once); no op mixes the clips of a batch.
+- A dilated convolution can run `folded` (set by codec.py `ready` on a GPU): its input's
+  steps dealt into `dilation` interleaved rows, one undilated convolution over them, the
+  rows dealt back. The same sums; on the GPU cuDNN picks a generic non-tensor-core kernel
+  for the decoder's dilation-9 convolutions in float16 (`implicit_convolve_sgemm`: 2.0 of a
+  window's 4.7 ms of decoder kernels on an H100, docs/perf.md), none for undilated ones.
 """
 
 from __future__ import annotations
@@ -55,13 +60,30 @@ class CausalConv(nn.Module):
         self.stride = stride
         self.left = (kernel_size - 1) * dilation + 1 - stride
         self.weight_norm = weight_norm
+        self.folded = False  # a dilated convolution as an undilated one over interleaved rows (fold)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T] -> [B, C', ceil(T / stride)]
         right = -x.shape[-1] % self.stride
         if self.left or right:
             x = F.pad(x, (self.left, right))
-        out: torch.Tensor = self.conv(x)
+        out: torch.Tensor = fold(self.conv, x) if self.folded else self.conv(x)
         return out
+
+
+def fold(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """`conv(x)` for a dilated, stride-1, ungrouped `conv`, as one undilated convolution: output
+    step t = q d + r reads inputs (q + k) d + r, so row r of the input's steps taken d apart,
+    convolved without dilation, gives the outputs of phase r."""
+    d, k = int(conv.dilation[0]), int(conv.kernel_size[0])
+    assert conv.stride[0] == 1 and conv.groups == 1, "fold serves stride-1, ungrouped convolutions"
+    B, C, P = x.shape
+    T = P - (k - 1) * d  # outputs
+    J = -(-P // d)  # input steps per phase
+    x = F.pad(x, (0, J * d - P))  # [B, C, J d]: the extra steps feed outputs past T only
+    rows = x.view(B, C, J, d).permute(0, 3, 1, 2).reshape(B * d, C, J)  # [B d, C, J]
+    y = F.conv1d(rows, conv.weight, conv.bias)  # [B d, C', J - k + 1]
+    y = y.view(B, d, -1, J - k + 1).permute(0, 2, 3, 1).reshape(B, -1, (J - k + 1) * d)  # [B, C', (J - k + 1) d]
+    return y[:, :, :T]
 
 
 class CausalConvTranspose(nn.Module):
