@@ -65,7 +65,7 @@ NOT_BUILT = """<!doctype html><meta charset="utf-8"><title>Retake</title>
 def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
     def load() -> Drama3Engine:
         from engine import EngineSpec, load_engine
-        from engine.drama3.codec_graphs import VOCODER_BATCH
+        from engine.drama3.codec_graphs import BATCHED_FROM, VOCODER_BATCH
 
         return load_engine(EngineSpec(checkpoint=settings.checkpoint, device=settings.device,
                                       first_window_frames=settings.first_window_frames, slots=settings.slots,
@@ -75,7 +75,9 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       prefill_group=settings.prefill_group, kernels=settings.kernels,
                                       compile_prefill=settings.compile_prefill,
                                       vocoder_batch=VOCODER_BATCH if settings.vocoder_batch is None else
-                                      settings.vocoder_batch))
+                                      settings.vocoder_batch,
+                                      vocoder_batch_from=BATCHED_FROM if settings.vocoder_batch_from is None else
+                                      settings.vocoder_batch_from))
 
     return load
 

@@ -26,6 +26,7 @@ class Settings:
     device: str = "auto"
     first_window_frames: int | None = None
     vocoder_batch: int | None = None  # long windows per codec call (engine/drama3/codec_graphs.py); None: the engine's
+    vocoder_batch_from: int | None = None  # frames from which windows batch (codec_graphs.py); None: the engine's
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA; None: the engine's
     prefill_group: int | None = None  # prompts per prefill chunk (engine/drama3/prefill_groups.py); None: the engine's
     compile_prefill: bool = False  # prefill chunks through compiled layers on CUDA (engine/drama3/fast.py)

@@ -86,8 +86,8 @@ DEFAULT_STAGES = tuple(s for s in STAGES if s != "retake")  # retake's ~3 minute
 # the wheels' install): the default stages add up to more than the budget, so name the stages
 # a call needs. A stage that ends early leaves its time to the later ones.
 # The H200 runs of 2026-12-05 ran kernels past 26 s, numerics past 94 s and takes past 160 s (compiles).
-LIMITS_S = {"env": 15, "pytest": 70, "codec": 60, "takes": 200, "serve": 130, "kernels": 90, "numerics": 150, "retake": 240,
-            "personaplex": 75, "converse": 80}
+LIMITS_S = {"env": 15, "pytest": 70, "codec": 60, "takes": 200, "serve": 130, "kernels": 90, "numerics": 150,
+            "retake": 240, "personaplex": 75, "converse": 80}
 BUDGET_S = 555.0
 SMOKE_LIMITS_S = {name: 900 for name in STAGES}
 LOG_TAIL = 120_000  # characters of each stage's output kept in log.txt
@@ -600,7 +600,8 @@ def converse_stage(run: Run, stage: Stage, log: Path) -> Json | None:
 
 BODIES: dict[str, tuple[Callable[[Run, Stage, Path], Json | None], bool]] = {
     "env": (env_stage, False), "pytest": (pytest_stage, False), "serve": (serve_stage, False),
-    "codec": (codec_stage, False), "takes": (takes_stage, False), "retake": (retake_stage, False), "numerics": (numerics_stage, False),
+    "codec": (codec_stage, False),
+    "takes": (takes_stage, False), "retake": (retake_stage, False), "numerics": (numerics_stage, False),
     "kernels": (kernels_stage, True),
     "personaplex": (personaplex_stage, False), "converse": (converse_stage, False),
 }

@@ -67,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocoder-batch", type=int,
                         help="on a GPU, the long windows (128+ frames) of different takes decoded in one codec call "
                              "(default 1: one window per call; 8 measured worse under load on the H200)")
+    parser.add_argument("--vocoder-batch-from", type=int, metavar="FRAMES",
+                        help="with --vocoder-batch, the window length (frames decoded, context included) from which "
+                             "windows batch (default 128: a take's first windows decode alone; 1: every window, first "
+                             "windows too, each paying for the batch's rows)")
     parser.add_argument("--prefill-group", type=int,
                         help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
                              "on a GPU, where a chunk costs about the same for 40 rows as for 93; 1, off, on a CPU, "
@@ -153,6 +157,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise UsageError("--threads must be at least 1")
     if args.vocoder_batch is not None and args.vocoder_batch < 1:
         raise UsageError("--vocoder-batch must be at least 1")
+    if args.vocoder_batch_from is not None and args.vocoder_batch_from < 1:
+        raise UsageError("--vocoder-batch-from must be at least 1 frame")
     if args.kernels is not None and (unknown := [name for name in args.kernels if name not in KERNELS]):
         raise UsageError(f"--kernels: unknown {', '.join(unknown)}; choose from {', '.join(KERNELS)}")
     if args.prefill_group is not None and not 1 <= args.prefill_group <= PREFILL_GROUP:
@@ -190,6 +196,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(data_dir=args.data_dir, database_url=args.database or None, checkpoint=args.checkpoint,
                     random_weights=random_weights, device=device, conversation_random=conversation_random,
                     first_window_frames=args.first_window_frames, vocoder_batch=args.vocoder_batch,
+                    vocoder_batch_from=args.vocoder_batch_from,
                     prefill_group=args.prefill_group, kernels=None if args.kernels is None else tuple(args.kernels),
                     compile_prefill=args.compile_prefill,
                     slots=args.slots, threads=args.threads,

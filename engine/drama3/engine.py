@@ -60,7 +60,7 @@ from engine.device import model_dtype, pick_device
 from engine.drama3.audio import MAX_REFERENCE_SECONDS
 from engine.drama3.checkpoint import HUB_PATTERNS, load_model
 from engine.drama3.codec import Codec, load_codec
-from engine.drama3.codec_graphs import VOCODER_BATCH, WindowGraphs, render_take
+from engine.drama3.codec_graphs import BATCHED_FROM, VOCODER_BATCH, WindowGraphs, render_take
 from engine.drama3.config import Drama3Config
 from engine.drama3.decoder import Decoder
 from engine.drama3.fast import DEFAULT_KERNELS, install_fast_path
@@ -91,6 +91,7 @@ class EngineSpec:
     prefix_cache_gib: float | None = None
     prefix_cache_host_gib: float = 0.0  # pinned host memory for snapshots evicted from the GPU (0: dropped)
     vocoder_batch: int = VOCODER_BATCH  # long windows (128+ frames) decoded per codec call on CUDA (codec_graphs.py)
+    vocoder_batch_from: int = BATCHED_FROM  # frames (context included) from which windows decode `vocoder_batch` a call
     # Waiting prompts whose next prefill chunks run as one (prefill_groups.py); None: 8 on CUDA, 1 (off) on a CPU.
     prefill_group: int | None = None
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
@@ -214,7 +215,8 @@ class Drama3Engine:
         self.decoder.prefix = prefix_cache(spec, model, self.device)
         # On CUDA a window decodes as a graph replay of its length.
         self.window_graphs = WindowGraphs(codec, window_lengths(spec.stream_overlap_frames, spec.first_window_frames),
-                                          batch=spec.vocoder_batch) if self.device.type == "cuda" else None
+                                          batch=spec.vocoder_batch, batched_from=spec.vocoder_batch_from,
+                                          ) if self.device.type == "cuda" else None
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
         self.slot_table = Slots(self.decoder, codec, overlap=spec.stream_overlap_frames,

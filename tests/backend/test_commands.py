@@ -189,6 +189,7 @@ def test_serve_prints_every_threads_stack_while_it_warms_up(tmp_path: Path) -> N
     (["--random-weights", "--checkpoint", "owner/name"], "--random-weights and --checkpoint exclude each other"),
     (["--port", "99999"], "--port must be between 1 and 65535 (got 99999)"),  # before the engine loads
     (["--vocoder-batch", "0"], "--vocoder-batch must be at least 1"),
+    (["--vocoder-batch-from", "0"], "--vocoder-batch-from must be at least 1 frame"),
     (["--prefill-group", "9"], "--prefill-group must be a whole number from 1 (off) to 8"),
     (["--kernels", "deltanet_step", "fast"], "--kernels: unknown fast; choose from deltanet_step, add_rms_norm, "
                                              "moe_routing, cache_attention, prefill_norms, dense_rows"),

@@ -16,8 +16,8 @@
   in groups (`prefill_group` rows: prefill_groups.py), with the ratio.
 - takes: all of the above, plus first audio (prefill start to the first PCM window on the
   host) for a 300-row prompt, vocode ms per window length, vocode ms per long window
-  (320 + 64 frames) when 1, 4 or 16 takes' windows decode in one call (vocoder.py), and
-  peak GPU memory.
+  (320 + 64 frames) when 1, 4 or 16 takes' windows decode in one call, a take's first
+  (shorter) windows alone and 8 to a call (vocoder.py), and peak GPU memory.
 
 One module per part: model (the weights and synthetic prompts), decode (the step and its
 floor, the step by decoding rows), profiling (ops per step, kernel tables), prefill, takes
@@ -47,7 +47,7 @@ from engine.bench.drama3.model import Row, build
 from engine.bench.drama3.prefill import PREFILL_ROWS, bench_prefill, bench_prefill_groups
 from engine.bench.drama3.profiling import profile_tables
 from engine.bench.drama3.takes import bench_takes
-from engine.bench.drama3.vocoder import TAKES, bench_vocoder_batch
+from engine.bench.drama3.vocoder import TAKES, bench_first_windows, bench_vocoder_batch
 from engine.bench.options import add_device, add_weights
 from engine.drama3.fast import DEFAULT_KERNELS, KERNELS
 
@@ -136,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         parts: list[tuple[str, Callable[[], list[Row]]]] = []
         if args.bench == "takes":
             parts += [("first audio", lambda: bench_takes(model, codec, config, device, args.prompt_rows[0])),
-                      ("vocoder batches", lambda: bench_vocoder_batch(codec, device))]
+                      ("vocoder batches", lambda: bench_vocoder_batch(codec, device)),
+                      ("first windows batched", lambda: bench_first_windows(codec, device))]
         if args.bench in ("prefill", "takes"):
             parts += [("prefill", lambda: bench_prefill(model, config, device, args.prompt_rows)),
                       ("prefill groups", lambda: bench_prefill_groups(model, config, device))]

@@ -1,7 +1,8 @@
 """The vocoder's batched windows: codec time per window when 1, 4 or 16 takes' long windows
 (64 new frames after 320 of context: every window of a take after its first ~4 seconds)
 decode in one call, replayed from the window graphs of that many rows, and launched from
-Python.
+Python; and a take's first windows (1, 2, 4, 10, ... frames) alone and 8 to a call
+(`retake serve --vocoder-batch 8 --vocoder-batch-from 1`).
 
 Design choices:
 - Each batch size gets window graphs of its own (the 384-frame length, with the 320-frame
@@ -9,6 +10,9 @@ Design choices:
   context, as in the engine; stop 35's rows ran them on all 384: 51.5 ms a window), captured,
   timed and freed before the next, so one run measures the rows the engine could be
   given (`EngineSpec.vocoder_batch`) without holding every pool at once.
+- A take's first windows are short and launch-bound (a 10-frame window's graph took 4.25 ms
+  on the H200, a 64+320-frame one 13.2): at 64 directors they are most of the vocoder's calls,
+  so what 8 of them cost in one call against one alone says whether first windows should batch.
 - The budget is what 64 takes playing in real time leave each window: a take sends a
   long window every 64 frames, so 64 takes send one per frame's duration (46.4 ms).
 """
@@ -29,6 +33,7 @@ if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.codec import Codec
 
 BATCHES = (1, 4, 16)
+SHORT_BATCHES = (1, 8)
 TAKES = 64  # takes playing at once, for the budget
 
 
@@ -66,6 +71,38 @@ def bench_vocoder_batch(codec: Codec, device: torch.device, batches: tuple[int, 
         row["budget_window_ms"] = budget
         out.append(row)
         del graphs, windows
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def bench_first_windows(codec: Codec, device: torch.device, batches: tuple[int, ...] = SHORT_BATCHES,
+                        repeats: int = 5) -> list[Row]:
+    """A take's windows shorter than the long ones (first window 1, 320 frames of context), each
+    length from its graph with `batch` rows (every window batched): ms per call and per window."""
+    from engine.drama3.codec_graphs import BATCHED_FROM, WindowGraphs, decode_windows
+    from engine.drama3.stream import STREAM_OVERLAP_FRAMES, take_windows, window_lengths
+
+    lengths = [n for n in window_lengths(STREAM_OVERLAP_FRAMES, 1) if n < BATCHED_FROM]
+    generator = torch.Generator().manual_seed(1)
+    takes = [torch.stack([torch.randint(0, n, (BATCHED_FROM,), generator=generator) for n in codec.codebook_sizes])
+             .to(device) for _ in range(max(batches))]  # [num_codebooks, frames] each
+    out: list[Row] = []
+    for batch in batches:
+        graphs = WindowGraphs(codec, lengths, batch=batch, batched_from=1)
+        graphs.capture()
+        firsts = {}  # graph length -> the take's first window of it
+        for window in take_windows(lengths[-1], STREAM_OVERLAP_FRAMES, 1):
+            if window.frames and (length := graphs.length_for(window)) is not None:
+                firsts.setdefault(length, window)
+        for length, window in firsts.items():
+            call = functools.partial(decode_windows, codec, [(codes, window) for codes in takes[:batch]], graphs)
+            call()
+            ms = statistics.median(timed_ms(call, device, repeats))
+            out.append({"bench": "vocode_first_windows", "length": length, "frames": window.frames, "batch": batch,
+                        "graph": graphs.runs(window), "call_ms": round(ms, 2), "window_ms": round(ms / batch, 2)})
+        del graphs
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
