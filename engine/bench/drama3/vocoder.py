@@ -82,7 +82,7 @@ def bench_first_windows(codec: Codec, device: torch.device, batches: tuple[int, 
     """A take's windows shorter than the long ones (first window 1, 320 frames of context), each
     length from its graph with `batch` rows (every window batched): ms per call and per window."""
     from engine.drama3.codec_graphs import BATCHED_FROM, WindowGraphs, decode_windows
-    from engine.drama3.stream import STREAM_OVERLAP_FRAMES, take_windows, window_lengths
+    from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, take_windows, window_lengths
 
     lengths = [n for n in window_lengths(STREAM_OVERLAP_FRAMES, 1) if n < BATCHED_FROM]
     generator = torch.Generator().manual_seed(1)
@@ -92,7 +92,7 @@ def bench_first_windows(codec: Codec, device: torch.device, batches: tuple[int, 
     for batch in batches:
         graphs = WindowGraphs(codec, lengths, batch=batch, batched_from=1)
         graphs.capture()
-        firsts = {}  # graph length -> the take's first window of it
+        firsts: dict[int, Window] = {}  # graph length -> the take's first window of it
         for window in take_windows(lengths[-1], STREAM_OVERLAP_FRAMES, 1):
             if window.frames and (length := graphs.length_for(window)) is not None:
                 firsts.setdefault(length, window)
