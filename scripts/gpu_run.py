@@ -16,7 +16,8 @@ that fails or runs out of time is recorded and the next one runs):
   the kernels, the decoder's and the fast path's files first (FIRST_TESTS); `--tests A,B`
   runs those files instead
 - codec: `retake bench codec --random-weights --preset full --forms`: a long window's graph with the
-  decoder's dilated convolutions plain and folded, and each of them alone
+  decoder's convolutions in each form (cuDNN's, folded, a matrix product), each of them alone, and
+  the window's kernels (codec-profile.txt)
 - takes: `retake bench takes --random-weights --preset full --device cuda --profile FILE`:
   decode (graph, floor), first audio, prefill, the step with 1..64 of 64 slots decoding,
   vocode (the bench writes its JSON after each part: a timeout keeps what was measured)
@@ -36,12 +37,12 @@ that fails or runs out of time is recorded and the next one runs):
   --converse` at 127 conversations with one joining while they talk (all 128 slots), the
   same with the microphones in phase (`--aligned`), then 64 with one joining if time is left
 
-OUT gets at most 7 files: summary.json (everything measured, per stage; rewritten after
+OUT gets at most 8 files: summary.json (everything measured, per stage; rewritten after
 each stage, so a run cut short keeps what it measured), summary.txt (the figures that
 matter, readable; also printed at the end), log.txt (each stage's output, its tail when
 long), server.log (server-2.log, ... for each further --serve-variant) and converse-server.log
 (the served engines' logs), profile.txt (the kernel tables of `bench takes --profile`) and
-personaplex-profile.txt (`bench personaplex --profile`).
+personaplex-profile.txt (`bench personaplex --profile`), codec-profile.txt (`bench codec --profile`).
 Work files live in /tmp/retake-gpu.
 
 Design choices:
@@ -524,7 +525,7 @@ def codec_stage(run: Run, stage: Stage, log: Path) -> Json:
     report = WORK / "codec.json"
     size = ["--preset", "tiny", "--device", "cpu"] if run.smoke else ["--preset", "full", "--device", "cuda"]
     rows = bench_stage(run, stage, log, [*CLI, "bench", "codec", "--random-weights", *size, "--forms", "--json",
-                                         str(report)], report)
+                                         str(report), "--profile", str(run.out / "codec-profile.txt")], report)
     return {"rows": rows} if isinstance(rows, list) else rows
 
 

@@ -43,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default 0: torch's choice)")
     parser.add_argument("--forms", action="store_true",
-                        help="instead: a long window's graph with the decoder's dilated convolutions plain and "
-                             "folded, and each of them alone (codec_forms.py)")
+                        help="instead: a long window's graph with the decoder's convolutions in each form (cuDNN's, "
+                             "folded, a matrix product), and each of them alone (codec_forms.py)")
+    parser.add_argument("--profile", type=Path, help="with --forms: the kernels of that window into this file")
     parser.add_argument("--json", type=Path, help="also write the rows here")
 
 
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if args.forms:
         from engine.bench.codec_forms import bench_forms, print_forms
 
-        rows = bench_forms(codec, device)
+        rows = bench_forms(codec, device, profile=args.profile)
         print(f"codec: {source}; {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
         print_forms(rows)
         if args.json:

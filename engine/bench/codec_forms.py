@@ -1,18 +1,20 @@
-"""`retake bench codec --forms`: the decoder's dilated convolutions plain and folded.
+"""`retake bench codec --forms`: the decoder's convolutions in each form of the same sums.
 
 A long window (64 new frames after 320 of context: every window of a take after its first
-seconds) decodes from its graph once per form (codec.py `fold_dilated`: none folded, from
-dilation 9, from dilation 3), and each dilated convolution of that window is timed alone
-in both forms at its own shape (codec_layers.py `fold`), so the table says which
-convolutions a form speeds up and the window's row what the vocoder gains.
+seconds) decodes from its graph once per policy (codec.py `conv_forms`: cuDNN's convolutions,
+the dilated ones folded from dilation 9 or 3, every convolution of more than one tap as a
+matrix product), and each such convolution of that window is timed alone in each form that
+serves it (codec_layers.py FORMS), so the table says which convolutions a form speeds up and
+the window's row what the vocoder gains. `--profile FILE` adds the kernels of that window
+launched without its graph.
 
 Design choices:
 - The window graphs are those the engine captures for these lengths (320 and 384 frames,
-  one row), built afresh per form: a graph holds the kernels chosen at its capture.
+  one row), built afresh per policy: a graph holds the kernels chosen at its capture.
 - A convolution's input is what it received in one decode of the window (a forward
   pre-hook), so the shapes are the window's, not guessed.
 - The forms must agree: each row says the largest difference of the window's PCM16 from
-  the plain form's (folding changes the summation order on a GPU, not the sums).
+  cuDNN's (another form changes the summation order on a GPU, not the sums).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import functools
 import gc
 import statistics
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,16 +32,17 @@ from engine.bench.timing import timed_ms
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.codec import Codec
 
-FORMS: dict[str, int | None] = {"plain": None, "fold 9": 9, "fold 3": 3}  # name -> fold_dilated's dilation
+POLICIES: dict[str, tuple[int | None, bool]] = {  # name -> conv_forms' (fold_from, gemm)
+    "conv": (None, False), "fold 9": (9, False), "fold 3": (3, False), "gemm": (None, True)}
 Row = dict[str, Any]
 
 
-def bench_forms(codec: Codec, device: torch.device, repeats: int = 10) -> list[Row]:
-    """A long window's graph per form (ms, PCM difference from plain), then each dilated
-    convolution plain and folded (ms)."""
+def bench_forms(codec: Codec, device: torch.device, repeats: int = 10, profile: Path | None = None) -> list[Row]:
+    """A long window's graph per policy (ms, PCM difference from cuDNN's), then each convolution
+    of more than one tap in each of its forms (ms)."""
     import numpy as np
 
-    from engine.drama3.codec import FOLD_FROM, fold_dilated
+    from engine.drama3.codec import CONV_FORMS, conv_forms
     from engine.drama3.codec_graphs import WindowGraphs
     from engine.drama3.codec_layers import CausalConv
     from engine.drama3.stream import STREAM_FOLLOWUP_STRIDE, STREAM_OVERLAP_FRAMES, Window
@@ -49,39 +53,45 @@ def bench_forms(codec: Codec, device: torch.device, repeats: int = 10) -> list[R
     codes = torch.stack([torch.randint(0, n, (context + new,), generator=generator)
                          for n in codec.codebook_sizes]).to(device)  # [num_codebooks, frames]
     rows: list[Row] = []
-    plain: np.ndarray | None = None
-    for name, dilation in FORMS.items():
-        fold_dilated(codec, dilation)
+    first: np.ndarray | None = None
+    for name, policy in POLICIES.items():
+        conv_forms(codec, *policy)
         graphs = WindowGraphs(codec, [context, context + new])
         graphs.capture()
         pcm = graphs.pcm(codes, window)
-        plain = pcm if plain is None else plain
+        first = pcm if first is None else first
         ms = statistics.median(timed_ms(functools.partial(graphs.pcm, codes, window), device, repeats))
         rows.append({"bench": "codec_form", "form": name, "frames": new, "context_frames": context,
                      "graph": graphs.runs(window), "window_ms": round(ms, 2),
-                     "max_pcm_difference": int(np.abs(pcm.astype(np.int32) - plain.astype(np.int32)).max())})
+                     "max_pcm_difference": int(np.abs(pcm.astype(np.int32) - first.astype(np.int32)).max())})
         del graphs
         gc.collect()
 
+    conv_forms(codec)
+    if profile is not None:
+        from engine.bench.drama3.profiling import profile_window
+
+        profile.write_text(profile_window(codec, device, new, context) + "\n", encoding="utf-8")
     inputs: list[tuple[CausalConv, torch.Tensor]] = []
-    dilated = [m for m in codec.decoder.modules() if isinstance(m, CausalConv) and m.conv.dilation[0] > 1]
-    hooks = [m.register_forward_pre_hook(lambda m, args: inputs.append((m, args[0].clone()))) for m in dilated]
-    fold_dilated(codec, None)
+    convs = [m for m in codec.decoder.modules()
+             if isinstance(m, CausalConv) and m.conv.kernel_size[0] > 1 and m.stride == 1 and m.conv.groups == 1]
+    hooks = [m.register_forward_pre_hook(lambda m, args: inputs.append((m, args[0].clone()))) for m in convs]
     with torch.inference_mode():  # the convolutions' frames of the long window (WindowGraphs.kept)
         codec.decode_tail(codes[None], context - codec.conv_context, new + codec.conv_context)
     for hook in hooks:
         hook.remove()
     for conv, x in inputs:
-        row: Row = {"bench": "codec_conv", "channels": conv.conv.in_channels, "dilation": int(conv.conv.dilation[0]),
-                    "steps": x.shape[-1], "dtype": str(x.dtype).removeprefix("torch.")}
-        for folded in (False, True):
-            conv.folded = folded
+        row: Row = {"bench": "codec_conv", "channels_in": conv.conv.in_channels,
+                    "channels_out": conv.conv.out_channels, "taps": int(conv.conv.kernel_size[0]),
+                    "dilation": int(conv.conv.dilation[0]), "steps": x.shape[-1],
+                    "dtype": str(x.dtype).removeprefix("torch.")}
+        for form in ("conv", "fold", "gemm") if row["dilation"] > 1 else ("conv", "gemm"):
+            conv.form = form
             with torch.inference_mode():
                 conv(x)
-                row["folded_ms" if folded else "plain_ms"] = round(statistics.median(
-                    timed_ms(functools.partial(conv, x), device, repeats)), 3)
+                row[f"{form}_ms"] = round(statistics.median(timed_ms(functools.partial(conv, x), device, repeats)), 3)
         rows.append(row)
-    fold_dilated(codec, FOLD_FROM if device.type == "cuda" else None)  # back as `ready` leaves it
+    conv_forms(codec, *(CONV_FORMS if device.type == "cuda" else (None, False)))  # back as `ready` leaves it
     return rows
 
 
@@ -91,13 +101,15 @@ def print_forms(rows: list[Row]) -> None:
     if windows:
         w = windows[0]
         print(f"a {w['context_frames']}+{w['frames']}-frame window from its graph, by form of the decoder's "
-              f"dilated convolutions:")
+              f"convolutions:")
         print(f"{'form':>8} {'ms':>8} {'graph':>6} {'max PCM16 diff':>15}")
         for r in windows:
             print(f"{r['form']:>8} {r['window_ms']:>8.2f} {r['graph']!s:>6} {r['max_pcm_difference']:>15}")
     if convs:
-        print("each dilated convolution of that window alone (ms):")
-        print(f"{'channels':>9} {'dilation':>9} {'steps':>8} {'dtype':>9} {'plain':>8} {'folded':>8}")
+        print("each convolution of that window alone (ms):")
+        print(f"{'in':>6} {'out':>6} {'taps':>5} {'dilation':>9} {'steps':>8} {'dtype':>9} {'conv':>8} {'fold':>8} "
+              f"{'gemm':>8}")
         for r in convs:
-            print(f"{r['channels']:>9} {r['dilation']:>9} {r['steps']:>8} {r['dtype']:>9} {r['plain_ms']:>8.3f} "
-                  f"{r['folded_ms']:>8.3f}")
+            fold = f"{r['fold_ms']:>8.3f}" if "fold_ms" in r else f"{'-':>8}"
+            print(f"{r['channels_in']:>6} {r['channels_out']:>6} {r['taps']:>5} {r['dilation']:>9} {r['steps']:>8} "
+                  f"{r['dtype']:>9} {r['conv_ms']:>8.3f} {fold} {r['gemm_ms']:>8.3f}")

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.drama3.codec import FOLD_FROM, CodecConfig, fold_dilated, load_codec, ready
+from engine.drama3.codec import CodecConfig, conv_forms, load_codec, ready
 from engine.drama3.codec_graphs import WindowGraphs
-from engine.drama3.codec_layers import CausalConv
 from engine.drama3.codec_tiny import random_codec
 from engine.drama3.stream import STREAM_OVERLAP_FRAMES, take_windows, window_lengths, window_pcm
 from engine.pcm import pcm16
@@ -104,17 +103,16 @@ def test_batched_window_graphs_equal_each_window_alone(tiny_checkpoint, size: st
                     assert np.array_equal(pcm, eager[row]), (length, row)
 
 
-def test_folded_dilated_convolutions_match_plain_ones_at_the_release_size() -> None:
-    """The decoder's dilated convolutions folded (codec.py FOLD_FROM, on by `ready` on a GPU)
-    give the plain float16 decode to rounding (cuDNN sums in another order), a long window's
-    graph included."""
+@pytest.mark.parametrize(("fold_from", "gemm"), [(3, False), (None, True)])
+def test_the_decoders_convolution_forms_match_cudnns_at_the_release_size(fold_from: int | None, gemm: bool) -> None:
+    """The decoder's convolutions folded or as matrix products (codec.py `conv_forms`) give
+    cuDNN's float16 decode to rounding (the sums in another order)."""
     codec = ready(random_codec(CodecConfig.from_dict(), seed=0, device="cuda"), "cuda")
-    assert FOLD_FROM is None or any(m.folded for m in codec.decoder.modules() if isinstance(m, CausalConv))
     g = torch.Generator().manual_seed(6)
     codes = torch.stack([torch.randint(0, n, (384,), generator=g) for n in codec.codebook_sizes]).cuda()
     with torch.inference_mode():
         pcms = []
-        for dilation in (None, 3):
-            fold_dilated(codec, dilation)
+        for policy in ((None, False), (fold_from, gemm)):
+            conv_forms(codec, *policy)
             pcms.append(pcm16(codec.decode_tail(codes[None], 310, 74)).cpu().numpy())
         assert snr_db(pcms[0], pcms[1]) > 40, snr_db(pcms[0], pcms[1])
