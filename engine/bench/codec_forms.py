@@ -3,7 +3,8 @@
 A long window (64 new frames after 320 of context: every window of a take after its first
 seconds) decodes from its graph once per policy (codec.py `conv_forms`: cuDNN's convolutions,
 the dilated ones folded from dilation 9 or 3, every convolution of more than one tap as a
-matrix product), and each such convolution of that window is timed alone in each form that
+matrix product; and cuDNN's with the Snakes launched op by op instead of one Triton pass
+each, engine/kernels/snake.py), and each such convolution of that window is timed alone in each form that
 serves it (codec_layers.py FORMS), so the table says which convolutions a form speeds up and
 the window's row what the vocoder gains. `--profile FILE` adds the kernels of that window
 launched without its graph.
@@ -32,8 +33,9 @@ from engine.bench.timing import timed_ms
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.codec import Codec
 
-POLICIES: dict[str, tuple[int | None, bool]] = {  # name -> conv_forms' (fold_from, gemm)
-    "conv": (None, False), "fold 9": (9, False), "fold 3": (3, False), "gemm": (None, True)}
+POLICIES: dict[str, tuple[int | None, bool, bool]] = {  # name -> conv_forms' (fold_from, gemm), Snakes fused
+    "conv": (None, False, True), "eager snakes": (None, False, False), "fold 9": (9, False, True),
+    "fold 3": (3, False, True), "gemm": (None, True, True)}
 Row = dict[str, Any]
 
 
@@ -44,7 +46,7 @@ def bench_forms(codec: Codec, device: torch.device, repeats: int = 10, profile: 
 
     from engine.drama3.codec import CONV_FORMS, conv_forms
     from engine.drama3.codec_graphs import WindowGraphs
-    from engine.drama3.codec_layers import CausalConv
+    from engine.drama3.codec_layers import CausalConv, Snake
     from engine.drama3.stream import STREAM_FOLLOWUP_STRIDE, STREAM_OVERLAP_FRAMES, Window
 
     new, context = STREAM_FOLLOWUP_STRIDE, STREAM_OVERLAP_FRAMES
@@ -54,8 +56,12 @@ def bench_forms(codec: Codec, device: torch.device, repeats: int = 10, profile: 
                          for n in codec.codebook_sizes]).to(device)  # [num_codebooks, frames]
     rows: list[Row] = []
     first: np.ndarray | None = None
-    for name, policy in POLICIES.items():
-        conv_forms(codec, *policy)
+    snakes = [m for m in codec.decoder.modules() if isinstance(m, Snake)]
+    fused = [m.fused for m in snakes]
+    for name, (fold_from, gemm, fused_snakes) in POLICIES.items():
+        conv_forms(codec, fold_from, gemm)
+        for m, on in zip(snakes, fused):
+            m.fused = on and fused_snakes  # (a CPU has none fused)
         graphs = WindowGraphs(codec, [context, context + new])
         graphs.capture()
         pcm = graphs.pcm(codes, window)
@@ -68,6 +74,8 @@ def bench_forms(codec: Codec, device: torch.device, repeats: int = 10, profile: 
         gc.collect()
 
     conv_forms(codec)
+    for m, on in zip(snakes, fused):
+        m.fused = on
     if profile is not None:
         from engine.bench.drama3.profiling import profile_window
 
@@ -102,9 +110,9 @@ def print_forms(rows: list[Row]) -> None:
         w = windows[0]
         print(f"a {w['context_frames']}+{w['frames']}-frame window from its graph, by form of the decoder's "
               f"convolutions:")
-        print(f"{'form':>8} {'ms':>8} {'graph':>6} {'max PCM16 diff':>15}")
+        print(f"{'form':>13} {'ms':>8} {'graph':>6} {'max PCM16 diff':>15}")
         for r in windows:
-            print(f"{r['form']:>8} {r['window_ms']:>8.2f} {r['graph']!s:>6} {r['max_pcm_difference']:>15}")
+            print(f"{r['form']:>13} {r['window_ms']:>8.2f} {r['graph']!s:>6} {r['max_pcm_difference']:>15}")
     if convs:
         print("each convolution of that window alone (ms):")
         print(f"{'in':>6} {'out':>6} {'taps':>5} {'dilation':>9} {'steps':>8} {'dtype':>9} {'conv':>8} {'fold':>8} "

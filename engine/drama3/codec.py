@@ -375,13 +375,15 @@ def load_codec(path: Path | str, device: str | torch.device = "cpu") -> Codec:
 
 def ready(codec: Codec, device: str | torch.device) -> Codec:
     """For inference on `device`: float32, but the decoder float16 on a GPU (as SGLang
-    Omni's vocoder; the quantiser stays float32), its convolutions in CONV_FORMS."""
+    Omni's vocoder; the quantiser stays float32), its Snakes one Triton pass each, its
+    convolutions in CONV_FORMS."""
     codec = codec.eval().requires_grad_(False).to(device)
     if codec.device.type == "cuda":
         snakes = [(m, m.alpha.detach().clone()) for m in codec.decoder.modules() if isinstance(m, Snake)]
         codec.decoder.half()
         for snake, alpha in snakes:  # Snake frequencies stay float32, as in SGLang Omni's decoder
             snake.alpha = nn.Parameter(alpha, requires_grad=False)
+            snake.fused = True  # one Triton pass each (engine/kernels/snake.py)
         conv_forms(codec, *CONV_FORMS)
     return codec
 

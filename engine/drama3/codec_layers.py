@@ -33,6 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels.fallback import guarded
+from engine.kernels.snake import snake_reference
+
 ENCODER_WINDOW = 512  # the release's encoder transformers always attend 512 latent steps
 
 
@@ -42,12 +45,16 @@ class Snake(nn.Module):
     def __init__(self, channels: int) -> None:
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+        self.fused = False  # one Triton pass (engine/kernels/snake.py), set by codec.py `ready` on a GPU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
         # In float32 with float32 alphas, rounded once, as SGLang Omni's float16 decoder
         # computes it (a Triton kernel); per-op float16 loses ~1 dB against float32.
-        x32, alpha = x.float(), self.alpha.float()
-        return (x32 + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x32).pow(2)).to(x.dtype)
+        if self.fused:
+            from engine.kernels.snake import snake_kernel
+
+            return guarded("codec snake", snake_kernel, snake_reference, x, self.alpha)
+        return snake_reference(x, self.alpha)
 
 
 class CausalConv(nn.Module):

@@ -116,3 +116,24 @@ def test_the_decoders_convolution_forms_match_cudnns_at_the_release_size(fold_fr
             conv_forms(codec, *policy)
             pcms.append(pcm16(codec.decode_tail(codes[None], 310, 74)).cpu().numpy())
         assert snr_db(pcms[0], pcms[1]) > 40, snr_db(pcms[0], pcms[1])
+
+
+def test_the_decoders_snakes_in_one_pass_match_the_layer_at_the_release_size() -> None:
+    """`ready` fuses every Snake of the decoder (engine/kernels/snake.py): the window decodes
+    as with the layers' own arithmetic, to float16 rounding."""
+    from engine.drama3.codec_layers import Snake
+
+    codec = ready(random_codec(CodecConfig.from_dict(), seed=0, device="cuda"), "cuda")
+    snakes = [m for m in codec.decoder.modules() if isinstance(m, Snake)]
+    assert snakes and all(m.fused for m in snakes)
+    g = torch.Generator().manual_seed(7)
+    codes = torch.stack([torch.randint(0, n, (384,), generator=g) for n in codec.codebook_sizes]).cuda()
+    with torch.inference_mode():
+        fused = pcm16(codec.decode_tail(codes[None], 310, 74)).cpu().numpy()
+        for m in snakes:
+            m.fused = False
+        plain = pcm16(codec.decode_tail(codes[None], 310, 74)).cpu().numpy()
+    from engine.kernels.fallback import failures
+
+    assert "codec snake" not in failures()
+    assert snr_db(plain, fused) > 60, snr_db(plain, fused)

@@ -204,3 +204,12 @@ def test_fp8_moe_gemm_compiles_at_full_size() -> None:
                              {"N": 1024, "K": 2048, "A_ROW_DIV": 8, "MUL_WEIGHTS": False, "ONE_PAIR": True,
                               "SPLIT_K": 4, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128}, num_stages=4)
     assert ".target sm_90" in ptx
+
+
+def test_the_codec_snake_compiles_with_the_accurate_sin() -> None:
+    from engine.kernels import snake
+
+    ptx = compile_for_hopper(snake._snake_kernel, {"x_ptr": "*fp16", "alpha_ptr": "*fp32", "inverse_ptr": "*fp32",
+                                                   "out_ptr": "*fp16", "C": "i32", "T": "i32"},
+                             {"BLOCK_": snake.BLOCK}, aligned=("x_ptr", "out_ptr"))
+    assert "sin.approx" not in ptx  # libdevice's sinf: the reference's accuracy
