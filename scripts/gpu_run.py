@@ -15,9 +15,8 @@ that fails or runs out of time is recorded and the next one runs):
 - pytest: `pytest -m "gpu or kernel"` over every test file with GPU or kernel tests (verbose; junit once it ends),
   the kernels, the decoder's and the fast path's files first (FIRST_TESTS); `--tests A,B`
   runs those files instead
-- codec: `retake bench codec --random-weights --preset full --forms`: a long window's graph with the
-  decoder's convolutions in each form (cuDNN's, folded, a matrix product), each of them alone, and
-  the window's kernels (codec-profile.txt)
+- codec: `retake bench codec --random-weights --preset full --window`: a long window's graph with the
+  decoder's Snakes in one pass and op by op, and the window's kernels (codec-profile.txt)
 - takes: `retake bench takes --random-weights --preset full --device cuda --profile FILE`:
   decode (graph, floor), first audio, prefill, the step with 1..64 of 64 slots decoding,
   vocode (the bench writes its JSON after each part: a timeout keeps what was measured)
@@ -524,7 +523,7 @@ def takes_stage(run: Run, stage: Stage, log: Path) -> Json:
 def codec_stage(run: Run, stage: Stage, log: Path) -> Json:
     report = WORK / "codec.json"
     size = ["--preset", "tiny", "--device", "cpu"] if run.smoke else ["--preset", "full", "--device", "cuda"]
-    rows = bench_stage(run, stage, log, [*CLI, "bench", "codec", "--random-weights", *size, "--forms", "--json",
+    rows = bench_stage(run, stage, log, [*CLI, "bench", "codec", "--random-weights", *size, "--window", "--json",
                                          str(report), "--profile", str(run.out / "codec-profile.txt")], report)
     return {"rows": rows} if isinstance(rows, list) else rows
 

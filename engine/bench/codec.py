@@ -42,10 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed passes per overlap after a warm-up pass")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default 0: torch's choice)")
-    parser.add_argument("--forms", action="store_true",
-                        help="instead: a long window's graph with the decoder's convolutions in each form (cuDNN's, "
-                             "folded, a matrix product), and each of them alone (codec_forms.py)")
-    parser.add_argument("--profile", type=Path, help="with --forms: the kernels of that window into this file")
+    parser.add_argument("--window", action="store_true",
+                        help="instead: a long window's graph with the decoder's Snakes in one pass and op by op "
+                             "(codec_window.py)")
+    parser.add_argument("--profile", type=Path, help="with --window: the kernels of that window into this file")
     parser.add_argument("--json", type=Path, help="also write the rows here")
 
 
@@ -86,12 +86,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     codec, source = load(args, device)
-    if args.forms:
-        from engine.bench.codec_forms import bench_forms, print_forms
+    if args.window:
+        from engine.bench.codec_window import bench_window, print_window
 
-        rows = bench_forms(codec, device, profile=args.profile)
+        rows = bench_window(codec, device, profile=args.profile)
         print(f"codec: {source}; {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
-        print_forms(rows)
+        print_window(rows)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
         return 0

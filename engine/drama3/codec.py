@@ -26,9 +26,8 @@ Design choices:
   to end; each clip's samples depend on its own codes only (no op mixes the batch), but
   a convolution's kernel may change with the batch size, so a clip decoded in a batch can
   differ from the same clip alone in float rounding (~4e-6 in float32 on a CPU).
-- The decoder's convolutions can run in other forms of the same sums (codec_layers.py
-  FORMS; `retake bench codec --forms` times a long window's graph in each); CONV_FORMS
-  says which a GPU uses.
+- On a GPU the decoder's Snakes run as one Triton pass each (engine/kernels/snake.py;
+  `retake bench codec --window` times a long window's graph with them and without).
 """
 
 from __future__ import annotations
@@ -65,9 +64,6 @@ from engine.errors import ConfigError
 from engine.readback import to_host
 
 REFERENCE_CACHE_SIZE = 64
-# How the decoder's convolutions run on a GPU (conv_forms' fold_from, gemm): cuDNN's, as measured
-# fastest for a long window's graph on an H100 (`retake bench codec --forms`, docs/perf.md).
-CONV_FORMS: tuple[int | None, bool] = (None, False)
 
 _QUANTIZER_TRANSFORMER = {
     "causal": True, "window_size": 128, "input_dim": 1024,
@@ -375,8 +371,7 @@ def load_codec(path: Path | str, device: str | torch.device = "cpu") -> Codec:
 
 def ready(codec: Codec, device: str | torch.device) -> Codec:
     """For inference on `device`: float32, but the decoder float16 on a GPU (as SGLang
-    Omni's vocoder; the quantiser stays float32), its Snakes one Triton pass each, its
-    convolutions in CONV_FORMS."""
+    Omni's vocoder; the quantiser stays float32), its Snakes one Triton pass each."""
     codec = codec.eval().requires_grad_(False).to(device)
     if codec.device.type == "cuda":
         snakes = [(m, m.alpha.detach().clone()) for m in codec.decoder.modules() if isinstance(m, Snake)]
@@ -384,15 +379,4 @@ def ready(codec: Codec, device: str | torch.device) -> Codec:
         for snake, alpha in snakes:  # Snake frequencies stay float32, as in SGLang Omni's decoder
             snake.alpha = nn.Parameter(alpha, requires_grad=False)
             snake.fused = True  # one Triton pass each (engine/kernels/snake.py)
-        conv_forms(codec, *CONV_FORMS)
     return codec
-
-
-def conv_forms(codec: Codec, fold_from: int | None = None, gemm: bool = False) -> None:
-    """How the decoder's convolutions run (codec_layers.py FORMS): dilated ones from `fold_from`
-    folded, every other one of more than one tap as a matrix product with `gemm`, else cuDNN's."""
-    for module in codec.decoder.modules():
-        if isinstance(module, CausalConv) and module.stride == 1 and module.conv.groups == 1:
-            dilation, taps = int(module.conv.dilation[0]), int(module.conv.kernel_size[0])
-            module.form = "fold" if fold_from is not None and 1 < fold_from <= dilation else \
-                "gemm" if gemm and taps > 1 else "conv"

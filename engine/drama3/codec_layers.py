@@ -17,12 +17,12 @@ Design choices:
   the context the upsampling and the decoder need (codec.py `decode_tail`).
 - Batch size is whatever the caller gives (codec.py decodes one clip, or windows of several
   takes at once); no op mixes the clips of a batch.
-- A convolution has a `form` (set by codec.py `conv_forms`, for `retake bench codec --forms`):
-  `conv` (cuDNN's), `fold` (dilated: the input's steps dealt into `dilation` interleaved
-  rows, one undilated convolution over them, the rows dealt back) or `gemm` (the kernel's
-  taps unfolded into rows, one matrix product). The same sums in another order: cuDNN's
-  heuristics pick a generic non-tensor-core kernel (`implicit_convolve_sgemm`) for some of
-  the decoder's float16 shapes, and another form of the same sums avoids it.
+- The decoder's Snakes run as one Triton pass each on a GPU (`fused`, set by codec.py `ready`;
+  engine/kernels/snake.py): eager torch ran eight kernels over the activation per Snake, 5.3
+  of a long window's 14.6 ms on an H100. Two other forms of the convolutions' sums were tried
+  there and dropped (stop 37, docs/perf.md): the dilated ones folded into undilated ones over
+  interleaved rows, and each as one matrix product over its unfolded taps; cuDNN's own were
+  as fast or faster at a window's shapes.
 """
 
 from __future__ import annotations
@@ -68,46 +68,13 @@ class CausalConv(nn.Module):
         self.stride = stride
         self.left = (kernel_size - 1) * dilation + 1 - stride
         self.weight_norm = weight_norm
-        self.form = "conv"  # or "fold" (dilated), "gemm": the same sums another way (FORMS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T] -> [B, C', ceil(T / stride)]
         right = -x.shape[-1] % self.stride
         if self.left or right:
             x = F.pad(x, (self.left, right))
-        out: torch.Tensor = FORMS[self.form](self.conv, x)
+        out: torch.Tensor = self.conv(x)
         return out
-
-
-def fold(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
-    """`conv(x)` for a dilated, stride-1, ungrouped `conv`, as one undilated convolution: output
-    step t = q d + r reads inputs (q + k) d + r, so row r of the input's steps taken d apart,
-    convolved without dilation, gives the outputs of phase r."""
-    d, k = int(conv.dilation[0]), int(conv.kernel_size[0])
-    assert conv.stride[0] == 1 and conv.groups == 1, "fold serves stride-1, ungrouped convolutions"
-    B, C, P = x.shape
-    T = P - (k - 1) * d  # outputs
-    J = -(-P // d)  # input steps per phase
-    x = F.pad(x, (0, J * d - P))  # [B, C, J d]: the extra steps feed outputs past T only
-    rows = x.view(B, C, J, d).permute(0, 3, 1, 2).reshape(B * d, C, J)  # [B d, C, J]
-    y = F.conv1d(rows, conv.weight, conv.bias)  # [B d, C', J - k + 1]
-    y = y.view(B, d, -1, J - k + 1).permute(0, 2, 3, 1).reshape(B, -1, (J - k + 1) * d)  # [B, C', (J - k + 1) d]
-    return y[:, :, :T]
-
-
-def gemm(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
-    """`conv(x)` for a stride-1, ungrouped `conv` as one matrix product: each output step's
-    inputs (its k taps, `dilation` apart) unfolded into a column."""
-    d, k = int(conv.dilation[0]), int(conv.kernel_size[0])
-    assert conv.stride[0] == 1 and conv.groups == 1, "gemm serves stride-1, ungrouped convolutions"
-    B, C, P = x.shape
-    T = P - (k - 1) * d
-    taps = x.unfold(2, (k - 1) * d + 1, 1)[..., ::d]  # [B, C, T, k] (a view)
-    columns = taps.permute(0, 1, 3, 2).reshape(B, C * k, T)  # [B, C k, T], c-major as the weight
-    out = torch.matmul(conv.weight.reshape(conv.out_channels, C * k), columns)  # [B, C', T]
-    return out if conv.bias is None else out + conv.bias[:, None]
-
-
-FORMS = {"conv": lambda conv, x: conv(x), "fold": fold, "gemm": gemm}
 
 
 class CausalConvTranspose(nn.Module):

@@ -13,8 +13,7 @@ import soundfile as sf
 import torch
 
 from engine.drama3.audio import read_reference_audio
-from engine.drama3.codec import RELEASED, CodecConfig, conv_forms, load_codec
-from engine.drama3.codec_layers import CausalConv
+from engine.drama3.codec import RELEASED, CodecConfig, load_codec
 from engine.drama3.codec_tiny import TINY_CODEC, write_tiny_codec
 from engine.drama3.config import ConfigError
 from engine.errors import RequestError
@@ -176,32 +175,6 @@ def test_a_tail_decode_needs_only_the_convolutions_context(codec) -> None:
     assert torch.allclose(both[1], codec.decode_tail(codes.flip(1)[None], 40, 20)[0], atol=1e-5)
     short = codec.decode_tail(codes[None], 30, 30)[:, (context - 2) * fs:context * fs]  # 8 and 9 frames of context
     assert not torch.allclose(short, whole[:, (28 + context) * fs:(30 + context) * fs], atol=1e-3)
-
-
-@pytest.mark.parametrize(("fold_from", "gemm"), [(3, False), (9, False), (None, True), (9, True)])
-def test_the_decoders_convolution_forms_give_the_same_sums(codec, fold_from: int | None, gemm: bool) -> None:
-    """codec_layers.py FORMS: a dilated convolution folded into an undilated one over
-    interleaved rows, any convolution as a matrix product over its unfolded taps: the decode
-    is cuDNN's (here oneDNN's) to float32 rounding, and so is each convolution at every length
-    (a short last phase, a single output step)."""
-    plain = codec.decode_tail(random_codes(codec, 23, seed=6)[None], 3, 20)
-    try:
-        conv_forms(codec, fold_from, gemm)
-        convs = [m for m in codec.decoder.modules() if isinstance(m, CausalConv) and m.form != "conv"]
-        assert {m.form for m in convs} == {form for form, on in (("fold", fold_from), ("gemm", gemm)) if on}
-        assert all(m.conv.dilation[0] >= 3 for m in convs if m.form == "fold")
-        decoded = codec.decode_tail(random_codes(codec, 23, seed=6)[None], 3, 20)
-        assert torch.allclose(decoded, plain, rtol=0, atol=1e-5)
-        for conv in convs:
-            for steps in (1, 8, 9, 10, 61):
-                x = torch.randn(2, conv.conv.in_channels, steps)
-                form, conv.form = conv.form, "conv"
-                expected = conv(x)
-                conv.form = form
-                assert torch.allclose(conv(x), expected, rtol=0, atol=1e-5), (form, steps)
-    finally:
-        conv_forms(codec)
-    assert all(m.form == "conv" for m in codec.decoder.modules() if isinstance(m, CausalConv))
 
 
 def test_encode_gives_one_frame_per_2048_samples_in_codebook_range(codec) -> None:

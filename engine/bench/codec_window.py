@@ -1,0 +1,85 @@
+"""`retake bench codec --window`: a long window's graph with the decoder's Snakes in one pass and op by op.
+
+A long window (64 new frames after 320 of context: every window of a take after its first
+seconds) decodes from its graph with the Snakes as `ready` leaves them (one Triton pass each
+on a GPU: engine/kernels/snake.py) and launched op by op (the layer's own arithmetic), with
+the largest PCM16 difference between the two; `--profile FILE` adds the kernels of that
+window launched without its graph.
+
+Design choices:
+- The window graphs are those the engine captures for these lengths (320 and 384 frames,
+  one row), built afresh per form: a graph holds the kernels of its capture.
+- On a CPU no Snake is fused: both rows run the same code (the graphs are off too).
+- Kept from stop 37's forms bench, which also timed every convolution folded and as a matrix
+  product (dropped: cuDNN's were as fast or faster, docs/perf.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine.bench.timing import timed_ms
+
+if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
+    from engine.drama3.codec import Codec
+
+Row = dict[str, Any]
+
+
+def bench_window(codec: Codec, device: torch.device, repeats: int = 10, profile: Path | None = None) -> list[Row]:
+    """A long window's graph with the Snakes fused (as `ready` leaves them) and launched op by op."""
+    import numpy as np
+
+    from engine.drama3.codec_graphs import WindowGraphs
+    from engine.drama3.codec_layers import Snake
+    from engine.drama3.stream import STREAM_FOLLOWUP_STRIDE, STREAM_OVERLAP_FRAMES, Window
+
+    new, context = STREAM_FOLLOWUP_STRIDE, STREAM_OVERLAP_FRAMES
+    window = Window(start=0, emit=context, end=context + new, last=False)
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.stack([torch.randint(0, n, (context + new,), generator=generator)
+                         for n in codec.codebook_sizes]).to(device)  # [num_codebooks, frames]
+    snakes = [m for m in codec.decoder.modules() if isinstance(m, Snake)]
+    fused = [m.fused for m in snakes]
+    rows: list[Row] = []
+    first: np.ndarray | None = None
+    try:
+        for name, keep in (("fused", True), ("op by op", False)):
+            for m, on in zip(snakes, fused):
+                m.fused = on and keep
+            graphs = WindowGraphs(codec, [context, context + new])
+            graphs.capture()
+            pcm = graphs.pcm(codes, window)
+            first = pcm if first is None else first
+            ms = statistics.median(timed_ms(functools.partial(graphs.pcm, codes, window), device, repeats))
+            rows.append({"bench": "codec_window", "snakes": name, "fused": sum(m.fused for m in snakes),
+                         "frames": new, "context_frames": context, "graph": graphs.runs(window),
+                         "window_ms": round(ms, 2),
+                         "max_pcm_difference": int(np.abs(pcm.astype(np.int32) - first.astype(np.int32)).max())})
+            del graphs
+            gc.collect()
+    finally:
+        for m, on in zip(snakes, fused):
+            m.fused = on
+    if profile is not None:
+        from engine.bench.drama3.profiling import profile_window
+
+        profile.write_text(profile_window(codec, device, new, context) + "\n", encoding="utf-8")
+    return rows
+
+
+def print_window(rows: list[Row]) -> None:
+    if not rows:
+        return
+    w = rows[0]
+    print(f"a {w['context_frames']}+{w['frames']}-frame window from its graph:")
+    print(f"{'snakes':>9} {'fused':>6} {'ms':>8} {'graph':>6} {'max PCM16 diff':>15}")
+    for r in rows:
+        print(f"{r['snakes']:>9} {r['fused']:>6} {r['window_ms']:>8.2f} {r['graph']!s:>6} "
+              f"{r['max_pcm_difference']:>15}")
