@@ -199,10 +199,12 @@ def ranged_rotated(norm: RMSNorm, x: torch.Tensor, rope: torch.Tensor, interleav
         return RMSNorm.rotated(norm, x, rope, interleaved)
 
 
-def profile_window(codec: Codec, device: torch.device, new: int = 10, context: int = 320) -> str:
+def profile_window(codec: Codec, device: torch.device, new: int = 64, context: int = 320) -> str:
     """The kernels of one vocoder window (`new` frames after `context`, launched without its graph)
     by its parts: the post transformer over every frame, the upsampling and the decoder over the
-    new frames and their convolutions' context (as `Codec.decode_tail` runs them)."""
+    new frames and their convolutions' context (as `Codec.decode_tail` runs them). 64 new frames:
+    a take's every window past its first seconds (stop 36 profiled 10, whose convolutions ran on
+    20 frames where the long windows' graph runs them on 74, and cuDNN chose other kernels)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
