@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels.fallback import guarded
-from engine.kernels.snake import snake_reference
+from engine.kernels.snake import snake_kernel, snake_reference
 
 ENCODER_WINDOW = 512  # the release's encoder transformers always attend 512 latent steps
 
@@ -51,8 +51,6 @@ class Snake(nn.Module):
         # In float32 with float32 alphas, rounded once, as SGLang Omni's float16 decoder
         # computes it (a Triton kernel); per-op float16 loses ~1 dB against float32.
         if self.fused:
-            from engine.kernels.snake import snake_kernel
-
             return guarded("codec snake", snake_kernel, snake_reference, x, self.alpha)
         return snake_reference(x, self.alpha)
 
