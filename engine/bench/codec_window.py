@@ -2,14 +2,19 @@
 
 A long window (64 new frames after 320 of context: every window of a take after its first
 seconds) decodes from its graph with the Snakes as `ready` leaves them (one Triton pass each
-on a GPU: engine/kernels/snake.py) and launched op by op (the layer's own arithmetic), with
-the largest PCM16 difference between the two; `--profile FILE` adds the kernels of that
-window launched without its graph.
+on a GPU: engine/kernels/snake.py) and launched op by op (the layer's own arithmetic), and on
+a GPU once more with the quantiser's post transformer compiled by Inductor (an experiment: its
+~45 kernels a layer, norms, rope and scales in float32 around four GEMMs, are most of a short
+window's launches; the engine does not compile it), each with the largest PCM16 difference
+from the first; `--profile FILE` adds the kernels of that window launched without its graph.
 
 Design choices:
 - The window graphs are those the engine captures for these lengths (320 and 384 frames,
   one row), built afresh per form: a graph holds the kernels of its capture.
-- On a CPU no Snake is fused: both rows run the same code (the graphs are off too).
+- On a CPU no Snake is fused: both rows run the same code (the graphs are off too), and the
+  compiled row is left out (Inductor's CPU build takes minutes on 2 cores).
+- The compiled module takes any window length (`dynamic=True`): one compile serves every
+  graph length, as the engine would need.
 - Kept from stop 37's forms bench, which also timed every convolution folded and as a matrix
   product (dropped: cuDNN's were as fast or faster, docs/perf.md).
 """
@@ -20,9 +25,10 @@ import functools
 import gc
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from torch import nn
 
 from engine.bench.timing import timed_ms
 
@@ -49,17 +55,22 @@ def bench_window(codec: Codec, device: torch.device, repeats: int = 10, profile:
     fused = [m.fused for m in snakes]
     rows: list[Row] = []
     first: np.ndarray | None = None
+    quantizer, transformer = codec.quantizer, codec.quantizer.post_module
+    forms = [("fused", True, "eager"), ("op by op", False, "eager")]
+    forms += [("fused", True, "compiled")] if device.type == "cuda" else []
     try:
-        for name, keep in (("fused", True), ("op by op", False)):
+        for name, keep, post in forms:
             for m, on in zip(snakes, fused):
                 m.fused = on and keep
+            quantizer.post_module = cast(nn.Module, torch.compile(transformer, dynamic=True)) \
+                if post == "compiled" else transformer
             graphs = WindowGraphs(codec, [context, context + new])
             graphs.capture()
             pcm = graphs.pcm(codes, window)
             first = pcm if first is None else first
             ms = statistics.median(timed_ms(functools.partial(graphs.pcm, codes, window), device, repeats))
             rows.append({"bench": "codec_window", "snakes": name, "fused": sum(m.fused for m in snakes),
-                         "frames": new, "context_frames": context, "graph": graphs.runs(window),
+                         "post": post, "frames": new, "context_frames": context, "graph": graphs.runs(window),
                          "window_ms": round(ms, 2),
                          "max_pcm_difference": int(np.abs(pcm.astype(np.int32) - first.astype(np.int32)).max())})
             del graphs
@@ -67,6 +78,7 @@ def bench_window(codec: Codec, device: torch.device, repeats: int = 10, profile:
     finally:
         for m, on in zip(snakes, fused):
             m.fused = on
+        quantizer.post_module = transformer
     if profile is not None:
         from engine.bench.drama3.profiling import profile_window
 
@@ -79,7 +91,7 @@ def print_window(rows: list[Row]) -> None:
         return
     w = rows[0]
     print(f"a {w['context_frames']}+{w['frames']}-frame window from its graph:")
-    print(f"{'snakes':>9} {'fused':>6} {'ms':>8} {'graph':>6} {'max PCM16 diff':>15}")
+    print(f"{'snakes':>9} {'fused':>6} {'post':>9} {'ms':>8} {'graph':>6} {'max PCM16 diff':>15}")
     for r in rows:
-        print(f"{r['snakes']:>9} {r['fused']:>6} {r['window_ms']:>8.2f} {r['graph']!s:>6} "
+        print(f"{r['snakes']:>9} {r['fused']:>6} {r['post']:>9} {r['window_ms']:>8.2f} {r['graph']!s:>6} "
               f"{r['max_pcm_difference']:>15}")
