@@ -40,9 +40,16 @@ Design choices:
   whose new frames do not fit (none of the stream's) decodes eagerly.
 - The graph converts to PCM16 on the device; only the int16 rows come to the host,
   pinned and event-polled (engine/readback.py).
-- The static buffers serve one call at a time: the vocoder thread and an export on the
+- The static buffers serve one caller at a time: the vocoder thread and an export on the
   engine thread take a lock around copy-in, replay and read-back (replays on two streams
   would otherwise overwrite each other's buffers).
+- A drain's calls (`decode_windows`) are launched back to back, each one's samples copied to
+  pinned memory behind an event on the stream (`Launched`), and handed out as each copy
+  lands, in launch order: the GPU runs the calls without waiting for the host between them,
+  and the next call's copy-in is ordered after the last one's read-back on the same stream.
+  Read one by one, each window waited for its samples, the polling thread and the GIL
+  before the next launched: at 64 directors on an H100 the vocoder fell behind (windows
+  closed to audio p95 1.85 s, stop 37).
 - The graphs belong to whoever vocodes (the engine, its takes, the export), passed along
   with the codec rather than hung on it, so the codec and the pure schedule (stream.py)
   never import this module. Without graphs (a CPU) a window decodes eagerly, alone;
@@ -56,6 +63,7 @@ Design choices:
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Callable
 
@@ -67,7 +75,7 @@ from engine.drama3.codec import Codec
 from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, take_windows, window_pcm
 from engine.graphs import StepGraphs
 from engine.pcm import pcm16
-from engine.readback import to_host
+from engine.readback import pinned_like, to_host, wait_for
 
 VOCODER_BATCH = 1  # rows of the long windows' graphs (engine default; 8 once the H200 shows it pays: docs/perf.md)
 BATCHED_FROM = 128  # frames: windows this long (context included) decode `batch` to a call
@@ -151,27 +159,58 @@ class WindowGraphs:
     def pcm_batch(self, windows: list[tuple[torch.Tensor, Window]]) -> list[NDArray[np.int16]]:
         """Each window's new samples as int16 (on the host), decoded in one call: windows of one
         graph length, at most `rows` of it, each with its take's codes [num_codebooks, >= end]."""
+        with self.lock:
+            return self.launch(windows).result()
+
+    def launch(self, windows: list[tuple[torch.Tensor, Window]]) -> Launched:
+        """pcm_batch's call, launched: its samples on their way to the host (`result()` waits).
+        With `lock` held until every launched call's result is read: the static buffers serve
+        the next launch in stream order, and another thread's call would not be."""
         frames = [window.end - window.start for _, window in windows]
         length = self.graphs.bucket_for(max(frames))
         if len(windows) > self.rows(length) or any(self.graphs.bucket_for(f) != length for f in frames):
             raise ValueError(f"one call decodes at most {self.rows(length)} windows of one graph length")
-        fs, kept = self.codec.frame_samples, self.kept[length]
+        kept = self.kept[length]
         starts = [self.start_for(window, length) for _, window in windows]
         if any(start is None for start in starts):
             raise ValueError(f"a window's new frames do not fit the {kept} frames the {length}-frame graph keeps")
-        with self.lock:
-            for row, ((codes, window), span, start) in enumerate(zip(windows, frames, starts)):
-                self.codes[row, :, :span].copy_(codes[:, window.start:window.end])
-                self.codes[row, :, span:length].zero_()  # causal: the padding does not reach the window's frames
-                self.starts[row].fill_(start or 0)
-            self.codes[len(windows):self.rows(length), :, :length].zero_()  # unused rows: a fixed input
-            self.starts[len(windows):self.rows(length)].zero_()
-            self.graphs(length)
-            pcm = self.out[:len(windows), :kept * fs]  # [windows, kept * fs]: frames [start, start + kept)
-            # (a copy: on a CPU to_host hands back the static buffer itself, which the next call overwrites)
-            out = to_host(pcm).numpy() if pcm.is_cuda else pcm.clone().numpy()
-        return [out[row, (window.emit - window.start - (start or 0)) * fs:(span - (start or 0)) * fs]
-                for row, ((_, window), span, start) in enumerate(zip(windows, frames, starts))]
+        for row, ((codes, window), span, start) in enumerate(zip(windows, frames, starts)):
+            self.codes[row, :, :span].copy_(codes[:, window.start:window.end])
+            self.codes[row, :, span:length].zero_()  # causal: the padding does not reach the window's frames
+            self.starts[row].fill_(start or 0)
+        self.codes[len(windows):self.rows(length), :, :length].zero_()  # unused rows: a fixed input
+        self.starts[len(windows):self.rows(length)].zero_()
+        self.graphs(length)
+        pcm = self.out[:len(windows), :kept * self.codec.frame_samples]  # [windows, kept * fs]
+        return Launched(pcm, [(window.emit - window.start - (start or 0), span - (start or 0))
+                              for (_, window), span, start in zip(windows, frames, starts)],
+                        self.codec.frame_samples)
+
+
+class Launched:
+    """A graph call's samples on their way to the host: pinned, non-blocking, an event behind the
+    copy (engine/readback.py), so a vocoder launches its next call before this one's samples
+    are read; on a CPU a copy made at once (the static buffer is the next call's)."""
+
+    def __init__(self, pcm: torch.Tensor, spans: list[tuple[int, int]], frame_samples: int) -> None:
+        self.spans, self.frame_samples = spans, frame_samples  # each row's new frames, from the first kept
+        self.event: torch.cuda.Event | None = None
+        if pcm.is_cuda:
+            self.host = pinned_like(pcm).copy_(pcm, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = pcm.clone()
+
+    def done(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def result(self) -> list[NDArray[np.int16]]:
+        """Each row's new samples (waits, polling, for the copy)."""
+        if self.event is not None:
+            wait_for(self.event)
+        out, fs = self.host.numpy(), self.frame_samples
+        return [out[row, first * fs:end * fs] for row, (first, end) in enumerate(self.spans)]
 
 
 def decode_window(codec: Codec, codes: torch.Tensor, window: Window,
@@ -204,12 +243,23 @@ def decode_windows(codec: Codec, windows: list[tuple[torch.Tensor, Window]],
             put(index, to_host(window_pcm(codec, codes, window)).numpy())
         else:
             groups.setdefault(length, []).append(index)
-    for length, indices in sorted(groups.items()):
-        assert graphs is not None
-        rows = graphs.rows(length)
-        for chunk in (indices[i:i + rows] for i in range(0, len(indices), rows)):
-            for index, pcm in zip(chunk, graphs.pcm_batch([windows[i] for i in chunk])):
+    if graphs is None or not groups:
+        return [pcm for pcm in out if pcm is not None]
+    launched: collections.deque[tuple[list[int], Launched]] = collections.deque()
+
+    def hand_out(wait: bool) -> None:  # the calls whose samples are on the host, in launch order
+        while launched and (wait or launched[0][1].done()):
+            indices, call = launched.popleft()
+            for index, pcm in zip(indices, call.result()):
                 put(index, pcm)
+
+    with graphs.lock:  # every call launched before the first is read: the GPU runs them back to back
+        for length, indices in sorted(groups.items()):
+            rows = graphs.rows(length)
+            for chunk in (indices[i:i + rows] for i in range(0, len(indices), rows)):
+                launched.append((chunk, graphs.launch([windows[i] for i in chunk])))
+                hand_out(wait=False)
+        hand_out(wait=True)
     return [pcm for pcm in out if pcm is not None]
 
 

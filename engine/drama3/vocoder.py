@@ -12,9 +12,11 @@ Design choices:
   take's first window waits at most for the call in progress, never for a batch to fill.
   At 64 takes many long windows come due while a call runs, so the calls fill up by
   themselves.
-- Each window has its own future, set as soon as its codec call is done (not after every
-  window of the drain: at 64 takes a drain held tens of windows, and a take's first window,
-  decoded first, waited for all of them); a take hands out its windows in its own order
+- Each window has its own future, set as soon as its codec call's samples are on the host
+  (not after every window of the drain: at 64 takes a drain held tens of windows, and a
+  take's first window, decoded first, waited for all of them); a drain's calls are launched
+  back to back and read in launch order (codec_graphs.py `decode_windows`), so the GPU never
+  waits for this thread between them; a take hands out its windows in its own order
   (take.py's `Windows`), so order per take holds whatever order a drain decodes in.
 - A drain that fails is retried window by window, so only the takes whose window fails
   get the error (take.py ends them); the others' windows stand.

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import Done, EngineSpec, Sampling, load_engine
-from engine.drama3.codec_graphs import WindowGraphs, decode_window, decode_windows, render_take
+from engine.drama3.codec_graphs import Launched, WindowGraphs, decode_window, decode_windows, render_take
 from engine.drama3.slots import Slots
 from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, take_windows, window_lengths
 from engine.drama3.vocoder import Vocoder
@@ -109,11 +109,12 @@ def test_the_queue_drains_every_due_window_in_one_go(codec, graphs) -> None:
 
 
 def test_a_drain_hands_each_window_out_as_it_is_decoded(codec, graphs, monkeypatch) -> None:
-    """A take's first window (decoded first: the shortest length) is handed out when its call is
-    done, not after every window of the drain: at 64 takes a drain held tens of windows."""
+    """A take's first window (decoded first: the shortest length) is handed out when its call's
+    samples are on the host, not after every window of the drain: at 64 takes a drain held tens
+    of windows (the calls are launched back to back; here, on a CPU, each lands at once)."""
     calls: list[int] = []
-    batch = graphs.pcm_batch
-    monkeypatch.setattr(graphs, "pcm_batch", lambda windows: calls.append(len(windows)) or batch(windows))
+    launch = graphs.launch
+    monkeypatch.setattr(graphs, "launch", lambda windows: calls.append(len(windows)) or launch(windows))
     executor = ThreadPoolExecutor(max_workers=1)
     vocoder = Vocoder(codec, graphs, executor)
     release = threading.Event()
@@ -131,6 +132,30 @@ def test_a_drain_hands_each_window_out_as_it_is_decoded(codec, graphs, monkeypat
     executor.shutdown()
     assert vocoder.calls == 1 and len(calls) > 2  # one drain, several codec calls
     assert min(handed) == 1 < len(calls) == max(handed)  # the first windows out after the first call
+
+
+def test_a_drain_launches_every_call_before_reading_and_hands_out_in_order(codec, graphs, monkeypatch) -> None:
+    """A drain's calls are launched back to back and read in launch order: with no call's samples
+    on the host until the last is launched (a busy GPU), every window still comes out, in the
+    order of its call, with the samples of the window decoded alone."""
+    takes = [random_codes(codec, 200, seed=60 + k) for k in range(3)]
+    windows = [(codes, window) for codes in takes for window in take_windows(200, STREAM_OVERLAP_FRAMES, FIRST_WINDOW)
+               if window.frames]
+    alone = [decode_window(codec, codes, window, graphs) for codes, window in windows]
+    launched: list[list[int]] = []
+    launch = graphs.launch
+
+    def counted(batch):  # the windows of each call, by index
+        launched.append([next(i for i, (c, w) in enumerate(windows) if c is codes and w == window)
+                         for codes, window in batch])
+        return launch(batch)
+
+    monkeypatch.setattr(graphs, "launch", counted)
+    monkeypatch.setattr(Launched, "done", lambda self: False)  # nothing lands until the last launch
+    order: list[int] = []
+    out = decode_windows(codec, windows, graphs, ready=lambda index, pcm: order.append(index))
+    assert len(launched) > 2 and order == [index for call in launched for index in call]
+    assert all(np.array_equal(pcm, expected) for pcm, expected in zip(out, alone))
 
 
 def test_takes_in_flight_together_get_their_pcm_alone(engine, codec, graphs) -> None:
