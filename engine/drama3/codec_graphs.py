@@ -205,10 +205,14 @@ class Launched:
     def done(self) -> bool:
         return self.event is None or self.event.query()
 
-    def result(self) -> list[NDArray[np.int16]]:
-        """Each row's new samples (waits, polling, for the copy)."""
+    def wait(self) -> None:
+        """Until the samples are on the host (polling: no blocking driver call)."""
         if self.event is not None:
             wait_for(self.event)
+
+    def result(self) -> list[NDArray[np.int16]]:
+        """Each row's new samples (waits for the copy)."""
+        self.wait()
         out, fs = self.host.numpy(), self.frame_samples
         return [out[row, first * fs:end * fs] for row, (first, end) in enumerate(self.spans)]
 
@@ -254,12 +258,16 @@ def decode_windows(codec: Codec, windows: list[tuple[torch.Tensor, Window]],
                 put(index, pcm)
 
     with graphs.lock:  # every call launched before the first is read: the GPU runs them back to back
-        for length, indices in sorted(groups.items()):
-            rows = graphs.rows(length)
-            for chunk in (indices[i:i + rows] for i in range(0, len(indices), rows)):
-                launched.append((chunk, graphs.launch([windows[i] for i in chunk])))
-                hand_out(wait=False)
-        hand_out(wait=True)
+        try:
+            for length, indices in sorted(groups.items()):
+                rows = graphs.rows(length)
+                for chunk in (indices[i:i + rows] for i in range(0, len(indices), rows)):
+                    launched.append((chunk, graphs.launch([windows[i] for i in chunk])))
+                    hand_out(wait=False)
+            hand_out(wait=True)
+        finally:  # (a call that failed to launch) those launched end before another thread's replays
+            for _, call in launched:
+                call.wait()
     return [pcm for pcm in out if pcm is not None]
 
 
