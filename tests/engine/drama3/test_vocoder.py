@@ -158,6 +158,29 @@ def test_a_drain_launches_every_call_before_reading_and_hands_out_in_order(codec
     assert all(np.array_equal(pcm, expected) for pcm, expected in zip(out, alone))
 
 
+def test_a_drain_whose_call_fails_midway_keeps_what_was_handed_out_and_frees_the_graphs(codec, graphs,
+                                                                                        monkeypatch) -> None:
+    """A call that fails to launch ends the drain with its error (the vocoder then retries window
+    by window, test above); the windows handed out before it stand, and the graphs' lock is free."""
+    windows = [(random_codes(codec, 200, seed=70), window)
+               for window in take_windows(200, STREAM_OVERLAP_FRAMES, FIRST_WINDOW) if window.frames]
+    launch, calls = graphs.launch, []
+
+    def failing(batch):
+        calls.append(len(batch))
+        if len(calls) == 3:
+            raise RuntimeError("a third call that cannot launch")
+        return launch(batch)
+
+    monkeypatch.setattr(graphs, "launch", failing)
+    handed: list[int] = []
+    with pytest.raises(RuntimeError, match="third call"):
+        decode_windows(codec, windows, graphs, ready=lambda index, pcm: handed.append(index))
+    assert handed == [0, 1]  # the first two calls' windows (one each: the shortest lengths)
+    assert graphs.lock.acquire(blocking=False)
+    graphs.lock.release()
+
+
 def test_takes_in_flight_together_get_their_pcm_alone(engine, codec, graphs) -> None:
     """Three takes decoding together, their windows vocoded on one worker thread in batches:
     each take's windows come in order and its PCM equals the take alone, and the export."""
