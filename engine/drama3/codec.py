@@ -61,6 +61,7 @@ from engine.drama3.codec_layers import (
     conv_context,
 )
 from engine.errors import ConfigError
+from engine.kernels.snake import snake_inverse
 from engine.readback import to_host
 
 REFERENCE_CACHE_SIZE = 64
@@ -378,5 +379,5 @@ def ready(codec: Codec, device: str | torch.device) -> Codec:
         codec.decoder.half()
         for snake, alpha in snakes:  # Snake frequencies stay float32, as in SGLang Omni's decoder
             snake.alpha = nn.Parameter(alpha, requires_grad=False)
-            snake.fused = True  # one Triton pass each (engine/kernels/snake.py)
+            snake.fused, snake.inverse = True, snake_inverse(alpha)  # one Triton pass each (engine/kernels/snake.py)
     return codec

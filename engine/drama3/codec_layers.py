@@ -46,12 +46,13 @@ class Snake(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
         self.fused = False  # one Triton pass (engine/kernels/snake.py), set by codec.py `ready` on a GPU
+        self.inverse: torch.Tensor | None = None  # the kernel's 1 / (alpha + 1e-9), kept from `ready` on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
         # In float32 with float32 alphas, rounded once, as SGLang Omni's float16 decoder
         # computes it (a Triton kernel); per-op float16 loses ~1 dB against float32.
-        if self.fused:
-            return guarded("codec snake", snake_kernel, snake_reference, x, self.alpha)
+        if self.fused and self.inverse is not None:
+            return guarded("codec snake", snake_kernel, snake_reference, x, self.alpha, self.inverse)
         return snake_reference(x, self.alpha)
 
 
