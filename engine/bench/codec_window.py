@@ -52,7 +52,7 @@ def bench_window(codec: Codec, device: torch.device, repeats: int = 10, profile:
     codes = torch.stack([torch.randint(0, n, (context + new,), generator=generator)
                          for n in codec.codebook_sizes]).to(device)  # [num_codebooks, frames]
     snakes = [m for m in codec.decoder.modules() if isinstance(m, Snake)]
-    fused = [m.fused for m in snakes]
+    inverses = [m.inverse for m in snakes]  # (None on a CPU: nothing fused)
     rows: list[Row] = []
     first: np.ndarray | None = None
     quantizer, transformer = codec.quantizer, codec.quantizer.post_module
@@ -60,8 +60,8 @@ def bench_window(codec: Codec, device: torch.device, repeats: int = 10, profile:
     forms += [("fused", True, "compiled")] if device.type == "cuda" else []
     try:
         for name, keep, post in forms:
-            for m, on in zip(snakes, fused):
-                m.fused = on and keep
+            for m, inverse in zip(snakes, inverses):
+                m.inverse = inverse if keep else None
             quantizer.post_module = cast(nn.Module, torch.compile(transformer, dynamic=True)) \
                 if post == "compiled" else transformer
             graphs = WindowGraphs(codec, [context, context + new])
@@ -69,15 +69,15 @@ def bench_window(codec: Codec, device: torch.device, repeats: int = 10, profile:
             pcm = graphs.pcm(codes, window)
             first = pcm if first is None else first
             ms = statistics.median(timed_ms(functools.partial(graphs.pcm, codes, window), device, repeats))
-            rows.append({"bench": "codec_window", "snakes": name, "fused": sum(m.fused for m in snakes),
+            rows.append({"bench": "codec_window", "snakes": name, "fused": sum(m.inverse is not None for m in snakes),
                          "post": post, "frames": new, "context_frames": context, "graph": graphs.runs(window),
                          "window_ms": round(ms, 2),
                          "max_pcm_difference": int(np.abs(pcm.astype(np.int32) - first.astype(np.int32)).max())})
             del graphs
             gc.collect()
     finally:
-        for m, on in zip(snakes, fused):
-            m.fused = on
+        for m, inverse in zip(snakes, inverses):
+            m.inverse = inverse
         quantizer.post_module = transformer
     if profile is not None:
         from engine.bench.drama3.profiling import profile_window

@@ -379,5 +379,5 @@ def ready(codec: Codec, device: str | torch.device) -> Codec:
         codec.decoder.half()
         for snake, alpha in snakes:  # Snake frequencies stay float32, as in SGLang Omni's decoder
             snake.alpha = nn.Parameter(alpha, requires_grad=False)
-            snake.fused, snake.inverse = True, snake_inverse(alpha)  # one Triton pass each (engine/kernels/snake.py)
+            snake.inverse = snake_inverse(alpha)  # one Triton pass each (engine/kernels/snake.py)
     return codec

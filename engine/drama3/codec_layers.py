@@ -17,7 +17,7 @@ Design choices:
   the context the upsampling and the decoder need (codec.py `decode_tail`).
 - Batch size is whatever the caller gives (codec.py decodes one clip, or windows of several
   takes at once); no op mixes the clips of a batch.
-- The decoder's Snakes run as one Triton pass each on a GPU (`fused`, set by codec.py `ready`;
+- The decoder's Snakes run as one Triton pass each on a GPU (`inverse`, set by codec.py `ready`;
   engine/kernels/snake.py): eager torch ran eight kernels over the activation per Snake, 5.3
   of a long window's 14.6 ms on an H100. Two other forms of the convolutions' sums were tried
   there and dropped (stop 37, docs/perf.md): the dilated ones folded into undilated ones over
@@ -45,13 +45,14 @@ class Snake(nn.Module):
     def __init__(self, channels: int) -> None:
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
-        self.fused = False  # one Triton pass (engine/kernels/snake.py), set by codec.py `ready` on a GPU
-        self.inverse: torch.Tensor | None = None  # the kernel's 1 / (alpha + 1e-9), kept from `ready` on
+        # Set by codec.py `ready` on a GPU: the Snake runs as one Triton pass (engine/kernels/snake.py)
+        # with this, the kernel's 1 / (alpha + 1e-9) [C]; None: the layer's own arithmetic.
+        self.inverse: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
         # In float32 with float32 alphas, rounded once, as SGLang Omni's float16 decoder
         # computes it (a Triton kernel); per-op float16 loses ~1 dB against float32.
-        if self.fused and self.inverse is not None:
+        if self.inverse is not None:
             return guarded("codec snake", snake_kernel, snake_reference, x, self.alpha, self.inverse)
         return snake_reference(x, self.alpha)
 
