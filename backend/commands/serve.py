@@ -65,12 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="frames in a take's first audio window (default 1: windows close at 1, 2, 4, 10, 20, "
                              "... frames; the seed's first is 10; smaller: earlier first audio)")
     parser.add_argument("--vocoder-batch", type=int,
-                        help="on a GPU, the long windows (128+ frames) of different takes decoded in one codec call "
+                        help="on a GPU, the long windows (64 new frames) of different takes decoded in one codec call "
                              "(default 1: one window per call; 8 measured worse under load on the H200)")
     parser.add_argument("--vocoder-batch-from", type=int, metavar="FRAMES",
-                        help="with --vocoder-batch, the window length (frames decoded, context included) from which "
-                             "windows batch (default 128: a take's first windows decode alone; 1: every window, first "
-                             "windows too, each paying for the batch's rows)")
+                        help="with --vocoder-batch, the new frames from which windows batch (default 64: a take's "
+                             "short windows decode alone; 1: every window but a take's first, each paying for the "
+                             "batch's rows)")
     parser.add_argument("--prefill-group", type=int,
                         help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
                              "on a GPU, where a chunk costs about the same for 40 rows as for 93; 1, off, on a CPU, "

@@ -1,13 +1,15 @@
 """`retake bench codec`: streamed windows against whole takes, and how fast they decode.
 
-For each left context (default 32, 128 and 320 frames) one take of `--frames` random
-codes is streamed exactly as a take streams (stream.py's schedule and window decode) and
-compared with its whole-take decode: the SNR of the streamed PCM16, the decode time per
-window (synchronised on a GPU), and the real-time factor (window decode time over audio
-time). Codec: a checkpoint's codec.pth, the tiny demo codec (default), or random weights
-at the full released size (`--random-weights --preset full`, generated on the device).
-Random weights make noise: their SNR shows the streaming arithmetic, not the trained
-codec's (the seed measured ~3.5 dB at 32 frames and ~50 dB at 320 on the real one).
+One take of `--frames` random codes is streamed exactly as a take streams (stream.py's
+schedule, each window decoded after the take's codec state: codec_stream.py), and, for
+comparison, as the seed streamed it: each window decoded again with `--overlaps` frames of
+left context (default 32, SGLang Omni's, and 320, the seed's). Each way is compared with
+the whole-take decode: the SNR of the streamed PCM16, the decode time per window
+(synchronised on a GPU), and the real-time factor (window decode time over audio time).
+Codec: a checkpoint's codec.pth, the tiny demo codec (default), or random weights at the
+full released size (`--random-weights --preset full`, generated on the device). Random
+weights make noise: their SNR shows the streaming arithmetic, not the trained codec's (the
+seed measured ~3.5 dB at 32 frames of context and ~50 dB at 320 on the real one).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="size for --random-weights: tiny, or full (the released modded_dac_vq)")
     add_device(parser)
     parser.add_argument("--frames", type=int, default=600, help="frames in the take (default 600, ~27.9 s)")
-    parser.add_argument("--overlaps", default="32,128,320", help="left contexts to measure, in frames")
+    parser.add_argument("--overlaps", default="32,320",
+                        help="the seed's way for comparison: left contexts to decode each window with, in frames "
+                             "(empty: none)")
     parser.add_argument("--first-window", type=int, help="a smaller first window, in frames")
     parser.add_argument("--repeats", type=int, default=1, help="timed passes per overlap after a warm-up pass")
     parser.add_argument("--seed", type=int, default=0)
@@ -68,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from engine.device import pick_device
-    from engine.drama3.stream import check_settings, take_windows, window_pcm
+    from engine.drama3.codec_stream import StreamState, window_pcm
+    from engine.drama3.stream import Window, check_settings, take_windows
     from engine.errors import RequestError
     from engine.pcm import pcm16
 
@@ -77,11 +82,12 @@ def run(args: argparse.Namespace) -> int:
     if args.frames < 1 or args.repeats < 1:
         raise RequestError("--frames and --repeats must be at least 1")
     try:
-        overlaps = [int(o) for o in args.overlaps.split(",")]
+        overlaps = [int(o) for o in args.overlaps.split(",") if o.strip()]
     except ValueError as error:
         raise RequestError(f"--overlaps must be frame counts separated by commas; got {args.overlaps!r}") from error
-    for overlap in overlaps:
-        check_settings(overlap, args.first_window)
+    if any(overlap < 0 for overlap in overlaps):
+        raise RequestError(f"--overlaps must be frame counts >= 0; got {args.overlaps!r}")
+    check_settings(args.first_window)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
@@ -109,17 +115,24 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     whole = pcm16(codec.decode(codes)).cpu().numpy().astype(np.float64)
     whole_ms = (time.perf_counter() - started) * 1000
+    def with_context(window: Window, overlap: int) -> torch.Tensor:
+        """The seed's window: decoded again from `overlap` frames before it, the new samples kept."""
+        start = max(0, window.emit - overlap)
+        kept = max(0, window.emit - start - codec.conv_context)  # the convolutions' own context
+        audio = codec.decode_tail(codes[None, :, start:window.end], kept, window.end - start - kept)
+        return pcm16(audio[0, (window.emit - start - kept) * codec.frame_samples:])
+
     rows = []
-    for overlap in overlaps:
-        windows = take_windows(args.frames, overlap, args.first_window)
-        windows = [w for w in windows if w.frames]
+    windows = [w for w in take_windows(args.frames, args.first_window) if w.frames]
+    for overlap in [None, *overlaps]:
         times: list[list[float]] = [[] for _ in windows]
         for attempt in range(args.repeats + 1):  # the first pass warms kernels for each shape
-            pieces = []
+            pieces, state = [], StreamState()
             for i, window in enumerate(windows):
                 sync()
                 started = time.perf_counter()
-                pieces.append(window_pcm(codec, codes, window))
+                pieces.append(window_pcm(codec, codes, window, state) if overlap is None
+                              else with_context(window, overlap))
                 sync()
                 if attempt:
                     times[i].append((time.perf_counter() - started) * 1000)
@@ -130,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         per_window = [statistics.median(t) for t in times]
         steady = [ms for ms, w in zip(per_window, windows) if w.frames == max(x.frames for x in windows)]
         rows.append({
-            "overlap_frames": overlap, "snr_db": round(float(snr), 2),
+            "way": "state" if overlap is None else f"context {overlap}", "overlap_frames": overlap,
+            "snr_db": round(float(snr), 2),
             "window_ms": round(statistics.mean(per_window), 2),
             "window_ms_max": round(max(per_window), 2),
             "steady_window_ms": round(statistics.mean(steady), 2),
@@ -142,10 +156,10 @@ def run(args: argparse.Namespace) -> int:
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(f"codec: {source}; {name}; take of {args.frames} frames ({audio_s:.1f} s); "
           f"whole-take decode {whole_ms:.1f} ms; decoder {codec.decoder_dtype}")
-    print(f"{'overlap':>8} {'SNR dB':>8} {'ms/window':>10} {'max ms':>8} {'steady ms':>10} {'first ms':>9} "
+    print(f"{'way':>12} {'SNR dB':>8} {'ms/window':>10} {'max ms':>8} {'steady ms':>10} {'first ms':>9} "
           f"{'RTF':>8} {'windows':>8}")
     for r in rows:
-        print(f"{r['overlap_frames']:>8} {r['snr_db']:>8.2f} {r['window_ms']:>10.2f} {r['window_ms_max']:>8.2f} "
+        print(f"{r['way']:>12} {r['snr_db']:>8.2f} {r['window_ms']:>10.2f} {r['window_ms_max']:>8.2f} "
               f"{r['steady_window_ms']:>10.2f} {r['first_window_ms']:>9.2f} {r['rtf']:>8.4f} {r['windows']:>8}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")

@@ -57,9 +57,9 @@ from engine.drama3.codec_layers import (
     Encoder,
     Snake,
     VectorQuantizer,
-    WindowLimitedTransformer,
     conv_context,
 )
+from engine.drama3.codec_transformer import WindowLimitedTransformer
 from engine.errors import ConfigError
 from engine.kernels.snake import snake_inverse
 from engine.readback import to_host

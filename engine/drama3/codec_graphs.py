@@ -1,43 +1,41 @@
-"""The codec's decoder as CUDA graphs, one per window length: windows' PCM16 from a replay,
-several takes' windows of one length in one replay.
+"""The codec's decoder as CUDA graphs, one per window frame count: windows' PCM16 from a
+replay, several takes' windows of one count in one replay.
 
-    graphs = WindowGraphs(codec, window_lengths(overlap, first_window), batch=8)   # stream.py's lengths
+    graphs = WindowGraphs(codec, [first_frames(f)], window_frames(f), batch=8)   # stream.py's counts
     graphs.capture()                             # before the first take (CUDA)
-    pcm = decode_window(codec, codes, window, graphs)   # int16 numpy, the window's new samples
-    pcms = decode_windows(codec, [(codes, window), ...], graphs)   # windows of many takes, batched
-    pcm = render_take(codec, codes, overlap, first_window, graphs)   # a whole take, as streamed
+    pcm = decode_window(codec, codes, window, state, graphs)   # int16 numpy, the window's new samples
+    pcms = decode_windows(codec, [(codes, window, state), ...], graphs)   # windows of many takes
+    pcm = render_take(codec, codes, first_window, graphs)   # a whole take, as streamed
 
 Launched from Python, a window's decode (quantiser embeddings, the 8-layer post
 transformer, upsampling, the convolutional decoder) costs 15-20 ms on the H200 even for 10
 frames; most of that is launching. A replay leaves the kernels.
 
 Design choices:
-- One graph per window length L (frames decoded: the window's left context plus its new
-  frames). The stream's windows have few lengths until their context is full (4, 10, 20,
-  32, 64, 128, 192, 256, 320, then 384 for every later window with the seed's schedule and
-  320 frames of context), so those are captured. Any other window (a take's last one) runs
-  in the graph of the next longer length, its codes padded with zeros on the right: the
-  codec is causal, so the padding changes no sample of the window's own frames beyond
-  rounding, and only those samples are kept. A window longer than every graph runs eagerly.
-- The long lengths (`batched_from` frames and more: 128 ... 384 with the seed's schedule,
-  where a take spends most of its codec time, 52 ms per 384-frame window on the H200)
-  decode `batch` windows of several takes in one call: their graphs have `batch` rows,
-  the short ones (a take's first windows) one row, so a lone first window never pays
-  for a batch. A group of fewer windows fills the other rows with zero codes.
-- Each length has exactly one graph, of one row count, so a window decodes through the
-  same kernels whichever other windows share its call: the clips of a batch never mix
-  (codec_layers.py), and a row's samples do not depend on its place in the batch or on
-  the other rows (tested on a CPU, and on the GPU by the gpu tests). So `render_take`
-  (the WAV export, one window per call) still reproduces a stream sample for sample. A
-  graph per (rows, length), picked by how many windows are due, would let a lone window
-  pay less, but a window would then decode through different kernels (convolution
-  algorithms change with the batch size), up to rounding: the export would no longer be
-  the stream.
-- A graph runs the codec's post transformer on all its frames and the convolutions (most of
-  the work) on the `kept` frames that end with the window's new ones (codec.py
-  `decode_tail`; the first kept frame is a per-row static index): at most `length - shorter
-  length` new frames plus `conv_context`, so 74 of a 384-frame window's frames. A window
-  whose new frames do not fit (none of the stream's) decodes eagerly.
+- A window decodes its new frames after its take's codec state (codec_stream.py): the post
+  transformer runs on the new frames only, the convolutions on those and `conv_context`
+  frames before them. One graph per frame count of a take's later windows (1, 2, 6, 10,
+  12, 32, 64 with a first window of 1: `window_frames`) and one for its first window (each
+  first window size asked for), whose convolutions have no context (`first_frames`). A
+  take's last window runs in the graph of the next larger count, its codes padded with
+  zeros on the right: the codec is causal and the state moves on by the real frames
+  (`count`), so the padding changes none of its samples. A window that fits no graph decodes eagerly.
+- The state is copied into the graph's static rows before a replay and back out to the take
+  after it, on the same stream: a take's windows decode in order, one call each (a drain's
+  windows go in rounds: each take's first pending window, then its second, ...), and a window
+  that does not start where its take's state ends is refused (codec_stream.py).
+- The 64-frame windows (`batched_from`, where a take spends most of its codec time) decode
+  `batch` windows of several takes in one call: their graph has `batch` rows, the others one
+  row, so a lone first window never pays for a batch. A group of fewer windows leaves the
+  other rows' frames at 0 (their results unused).
+- Each count has exactly one graph, of one row count, so a window decodes through the same
+  kernels whichever other windows share its call: the clips of a batch never mix
+  (codec_layers.py), and a row's samples do not depend on its place in the batch or on the
+  other rows (tested on a CPU, and on the GPU by the gpu tests). So `render_take` (the WAV
+  export, one window per call) still reproduces a stream sample for sample. A graph per
+  (rows, count), picked by how many windows are due, would let a lone window pay less, but a
+  window would then decode through different kernels (convolution algorithms change with
+  the batch size), up to rounding: the export would no longer be the stream.
 - The graph converts to PCM16 on the device; only the int16 rows come to the host,
   pinned and event-polled (engine/readback.py).
 - The static buffers serve one caller at a time: the vocoder thread and an export on the
@@ -49,7 +47,8 @@ Design choices:
   and the next call's copy-in is ordered after the last one's read-back on the same stream.
   Read one by one, each window waited for its samples, the polling thread and the GIL
   before the next launched: at 64 directors on an H100 the vocoder fell behind (windows
-  closed to audio p95 1.85 s, stop 37).
+  closed to audio p95 1.85 s, stop 37). If a launch fails, the calls launched before it
+  still hand their windows out (their takes' states have moved on past them).
 - The graphs belong to whoever vocodes (the engine, its takes, the export), passed along
   with the codec rather than hung on it, so the codec and the pure schedule (stream.py)
   never import this module. Without graphs (a CPU) a window decodes eagerly, alone;
@@ -64,6 +63,7 @@ Design choices:
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 from collections.abc import Callable
 
@@ -72,120 +72,124 @@ import torch
 from numpy.typing import NDArray
 
 from engine.drama3.codec import Codec
-from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, take_windows, window_pcm
+from engine.drama3.codec_stream import CodecState, StreamState, context_for, decode_next, new_state, window_pcm
+from engine.drama3.stream import Window, take_windows
 from engine.graphs import StepGraphs
 from engine.pcm import pcm16
 from engine.readback import pinned_like, to_host, wait_for
 
-VOCODER_BATCH = 1  # rows of the long windows' graphs (engine default; 8 once the H200 shows it pays: docs/perf.md)
-BATCHED_FROM = 128  # frames: windows this long (context included) decode `batch` to a call
+VOCODER_BATCH = 1  # rows of the 64-frame windows' graph (engine default; 8 once the H200 shows it pays: docs/perf.md)
+BATCHED_FROM = 64  # frames: windows with this many new frames decode `batch` to a call
+
+# A window of a take: its take's codes [num_codebooks, >= window.end] (on the codec's device), the
+# window, the take's codec state.
+Job = tuple[torch.Tensor, Window, StreamState]
+Key = tuple[int, int]  # a graph: (frames of context, 0 for first windows; its frame count)
 
 
 class WindowGraphs:
-    """Windows' PCM16 from the graph of their length (padded up), `batch` windows to a call
-    for the lengths from `batched_from`, for one codec."""
+    """Windows' PCM16 from the graph of their frame count (padded up), `batch` windows to a call
+    from `batched_from` frames, for one codec."""
 
-    def __init__(self, codec: Codec, lengths: list[int], *, batch: int = 1, batched_from: int = BATCHED_FROM,
-                 enabled: bool = True) -> None:
+    def __init__(self, codec: Codec, firsts: list[int], frames: list[int], *, batch: int = 1,
+                 batched_from: int = BATCHED_FROM, enabled: bool = True) -> None:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"the vocoder's batch must be a whole number of windows >= 1; got {batch!r}")
-        self.codec, self.lengths = codec, sorted(set(lengths))
+        self.codec, self.frames = codec, sorted(set(frames))
         self.batch, self.batched_from = batch, batched_from
-        device = codec.device
-        longest = self.lengths[-1]
-        # Frames each length's convolutions run on (codec.py `decode_tail`): a window of length L
-        # after the next shorter length L' has at most L - L' new frames, plus the convolutions'
-        # context; the shortest length runs all its frames.
-        self.kept = {length: min(length, codec.conv_context + length - shorter)
-                     for shorter, length in zip([self.lengths[0], *self.lengths], self.lengths)}
-        self.kept[self.lengths[0]] = self.lengths[0]
+        longest, device = max(*firsts, *self.frames), codec.device
         self.codes = torch.zeros((batch, codec.num_codebooks, longest), dtype=torch.long, device=device)
-        self.starts = torch.zeros(batch, dtype=torch.long, device=device)  # first frame kept, per row
-        self.out = torch.zeros((batch, longest * codec.frame_samples), dtype=torch.int16, device=device)
-        self.graphs = StepGraphs(self.static_window, self.lengths, enabled=enabled and device.type == "cuda",
-                                 name="codec window")
+        self.count = torch.zeros(batch, dtype=torch.long, device=device)  # real frames per row
+        self.state = new_state(codec, batch)
+        self.out = torch.zeros((batch, (codec.conv_context + longest) * codec.frame_samples), dtype=torch.int16,
+                               device=device)
+        enabled = enabled and device.type == "cuda"
+        self.graphs = StepGraphs(lambda n: self.static_window(n, codec.conv_context), self.frames,
+                                 enabled=enabled, name="codec window")
+        self.firsts = StepGraphs(lambda n: self.static_window(n, 0), firsts, enabled=enabled,
+                                 name="codec first window")
         self.lock = threading.Lock()
 
     @property
     def captured(self) -> bool:
-        return self.graphs.captured
+        return self.graphs.captured and self.firsts.captured
+
+    @property
+    def count_captured(self) -> int:
+        """Graphs captured."""
+        return len(self.graphs.graphs) + len(self.firsts.graphs)
 
     def capture(self) -> None:
         with self.lock:
             self.graphs.capture()
+            self.firsts.pool = self.graphs.pool  # one pool for every window graph
+            self.firsts.capture()
 
-    def rows(self, length: int) -> int:
-        """Windows decoded per call by the graph of `length` frames."""
-        return self.batch if length >= self.batched_from else 1
+    def rows(self, key: Key) -> int:
+        """Windows decoded per call by the graph of `key`."""
+        context, frames = key
+        return self.batch if context and frames >= self.batched_from else 1
 
-    def static_window(self, length: int) -> None:
-        """What a graph captures: PCM16 of the first `length` static frames of its rows."""
-        rows, kept = self.rows(length), self.kept[length]
-        codes = self.codes[:rows, :, :length]
-        if kept == length:
-            audio = self.codec.decode_batch(codes)  # [rows, length * frame_samples] float32
-        else:
-            audio = self.codec.decode_tail(codes, self.starts[:rows], kept)  # [rows, kept * frame_samples]
-        self.out[:rows, :audio.shape[1]].copy_(pcm16(audio))
+    def static_window(self, frames: int, context: int) -> None:
+        """What a graph captures: PCM16 of its rows' next `frames` static frames after their state."""
+        rows = self.rows((context, frames))
+        state = CodecState(self.state.keys[:, :rows], self.state.values[:, :rows], self.state.tail[:rows],
+                           self.state.frames[:rows])
+        audio = decode_next(self.codec, self.codes[:rows, :, :frames], state, self.count[:rows], context)
+        self.out[:rows, :audio.shape[1]].copy_(pcm16(audio))  # [rows, (context + frames) * fs]
 
-    def start_for(self, window: Window, length: int) -> int | None:
-        """The first frame (from the window's start) that the convolutions of `length`'s graph
-        run on for `window`; None if that graph cannot give its new frames exactly."""
-        kept, context = self.kept[length], self.codec.conv_context
-        start = max(0, min(window.emit - window.start - context, length - kept))
-        whole = start == 0 or window.emit - window.start - start >= context
-        return start if whole and window.end - window.start <= start + kept else None
-
-    def length_for(self, window: Window) -> int | None:
-        """The graph length `window` decodes at (padded up; replayed once captured on CUDA, the
+    def key_for(self, window: Window) -> Key | None:
+        """The graph `window` decodes in (its frames padded up; replayed once captured on CUDA, the
         same code eagerly on a CPU), None if it decodes eagerly alone (empty, longer than every
         graph, or its graph failed to capture)."""
-        frames = window.end - window.start
-        if window.frames == 0 or frames > self.lengths[-1]:
+        graphs = self.firsts if window.emit == 0 else self.graphs
+        if window.frames == 0 or window.frames > graphs.buckets[-1]:
             return None
-        length = self.graphs.bucket_for(frames)
-        return None if length in self.graphs.eager or self.start_for(window, length) is None else length
+        frames = graphs.bucket_for(window.frames)
+        return None if frames in graphs.eager else (context_for(self.codec, window), frames)
 
     def runs(self, window: Window) -> bool:
         """Whether `window` decodes as a graph replay."""
-        length = self.length_for(window)
-        return self.graphs.enabled and length is not None and length in self.graphs.graphs
+        key = self.key_for(window)
+        graphs = self.firsts if window.emit == 0 else self.graphs
+        return graphs.enabled and key is not None and key[1] in graphs.graphs
 
-    def pcm(self, codes: torch.Tensor, window: Window) -> NDArray[np.int16]:
-        """The window's new samples as int16 (on the host); codes [num_codebooks, >= window.end]
-        on the codec's device."""
-        return self.pcm_batch([(codes, window)])[0]
-
-    def pcm_batch(self, windows: list[tuple[torch.Tensor, Window]]) -> list[NDArray[np.int16]]:
+    def pcm_batch(self, windows: list[Job]) -> list[NDArray[np.int16]]:
         """Each window's new samples as int16 (on the host), decoded in one call: windows of one
-        graph length, at most `rows` of it, each with its take's codes [num_codebooks, >= end]."""
+        graph, at most `rows` of them, of different takes."""
         with self.lock:
             return self.launch(windows).result()
 
-    def launch(self, windows: list[tuple[torch.Tensor, Window]]) -> Launched:
-        """pcm_batch's call, launched: its samples on their way to the host (`result()` waits).
-        With `lock` held until every launched call's result is read: the static buffers serve
-        the next launch in stream order, and another thread's call would not be."""
-        frames = [window.end - window.start for _, window in windows]
-        length = self.graphs.bucket_for(max(frames))
-        if len(windows) > self.rows(length) or any(self.graphs.bucket_for(f) != length for f in frames):
-            raise ValueError(f"one call decodes at most {self.rows(length)} windows of one graph length")
-        kept = self.kept[length]
-        starts = [self.start_for(window, length) for _, window in windows]
-        if any(start is None for start in starts):
-            raise ValueError(f"a window's new frames do not fit the {kept} frames the {length}-frame graph keeps")
-        for row, ((codes, window), span, start) in enumerate(zip(windows, frames, starts)):
-            self.codes[row, :, :span].copy_(codes[:, window.start:window.end])
-            self.codes[row, :, span:length].zero_()  # causal: the padding does not reach the window's frames
-            self.starts[row].fill_(start or 0)
-        self.codes[len(windows):self.rows(length), :, :length].zero_()  # unused rows: a fixed input
-        self.starts[len(windows):self.rows(length)].zero_()
-        self.graphs(length)
-        pcm = self.out[:len(windows), :kept * self.codec.frame_samples]  # [windows, kept * fs]
-        return Launched(pcm, [(window.emit - window.start - (start or 0), span - (start or 0))
-                              for (_, window), span, start in zip(windows, frames, starts)],
-                        self.codec.frame_samples)
-
+    def launch(self, windows: list[Job]) -> Launched:
+        """pcm_batch's call, launched: its samples on their way to the host (`result()` waits),
+        each take's state moved on. With `lock` held until every launched call's result is read:
+        the static buffers serve the next launch in stream order, and another thread's call would not be."""
+        keys = {self.key_for(window) for _, window, _ in windows}
+        key = keys.pop() if len(keys) == 1 else None
+        if key is None or len(windows) > self.rows(key):
+            raise ValueError(f"one call decodes windows of one graph, at most {self.rows(key) if key else 1}")
+        if len({id(stream) for _, _, stream in windows}) < len(windows):
+            raise ValueError("a take's windows decode one call each, in order")
+        context, frames = key
+        for row, (codes, window, stream) in enumerate(windows):
+            stream.check(window)
+            self.codes[row, :, :window.frames].copy_(codes[:, window.emit:window.end])
+            self.codes[row, :, window.frames:frames].zero_()  # causal: the padding does not reach the window's frames
+            self.count[row].fill_(window.frames)
+            if stream.codec is None:  # the take's first window: nothing before it
+                for part in (self.state.keys[:, row], self.state.values[:, row], self.state.tail[row],
+                             self.state.frames[row]):
+                    part.zero_()
+            else:
+                self.state.copy_(stream.codec, into=row, row=0)
+        self.count[len(windows):self.rows(key)].zero_()  # unused rows: their states stay where they are
+        (self.graphs if context else self.firsts)(frames)
+        for row, (_, window, stream) in enumerate(windows):
+            stream.state(self.codec).copy_(self.state, into=0, row=row)
+            stream.frames = window.end
+        out = self.out[:len(windows), :(context + frames) * self.codec.frame_samples]  # [windows, kept * fs]
+        return Launched(out, [(min(window.emit, context), min(window.emit, context) + window.frames)
+                              for _, window, _ in windows], self.codec.frame_samples)
 
 class Launched:
     """A graph call's samples on their way to the host: pinned, non-blocking, an event behind the
@@ -217,22 +221,21 @@ class Launched:
         return [out[row, first * fs:end * fs] for row, (first, end) in enumerate(self.spans)]
 
 
-def decode_window(codec: Codec, codes: torch.Tensor, window: Window,
+def decode_window(codec: Codec, codes: torch.Tensor, window: Window, stream: StreamState,
                   graphs: WindowGraphs | None = None) -> NDArray[np.int16]:
     """A window's new samples as numpy int16 on the host (read without blocking other threads'
     launches); replayed from `graphs` when one of them runs it, else decoded eagerly."""
-    return decode_windows(codec, [(codes, window)], graphs)[0]
+    return decode_windows(codec, [(codes, window, stream)], graphs)[0]
 
 
-def decode_windows(codec: Codec, windows: list[tuple[torch.Tensor, Window]],
-                   graphs: WindowGraphs | None = None,
+def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None = None,
                    ready: Callable[[int, NDArray[np.int16]], None] | None = None) -> list[NDArray[np.int16]]:
-    """Each window's new samples (numpy int16, on the host), in the order given; each window
-    with its take's codes [num_codebooks, >= window.end]. The windows of one graph length
-    decode together, `rows` to a call, shortest length first (a take's first windows are
-    short: they do not wait behind long ones); the others eagerly, one by one. `ready(index,
-    pcm)` is called as each window's samples exist, before the next call runs: a vocoder
-    hands a window out then, not after every window of its drain."""
+    """Each window's new samples (numpy int16, on the host), in the order given, a take's windows
+    in its order. In rounds (each take's first window here, then its second, ...); in a round
+    the windows of one graph decode together, `rows` to a call, first windows first (a take's
+    first audio does not wait behind long windows); the others eagerly, one by one. `ready(index,
+    pcm)` is called as each window's samples exist, before the next call runs: a vocoder hands a
+    window out then, not after every window of its drain."""
     out: list[NDArray[np.int16] | None] = [None] * len(windows)
 
     def put(index: int, pcm: NDArray[np.int16]) -> None:
@@ -240,15 +243,13 @@ def decode_windows(codec: Codec, windows: list[tuple[torch.Tensor, Window]],
         if ready is not None:
             ready(index, pcm)
 
-    groups: dict[int, list[int]] = {}  # graph length -> indices of its windows
-    for index, (codes, window) in enumerate(windows):
-        length = graphs.length_for(window) if graphs is not None else None
-        if length is None:
-            put(index, to_host(window_pcm(codec, codes, window)).numpy())
-        else:
-            groups.setdefault(length, []).append(index)
-    if graphs is None or not groups:
-        return [pcm for pcm in out if pcm is not None]
+    rounds: list[list[int]] = []
+    seen: collections.Counter[int] = collections.Counter()
+    for index, (_, _, stream) in enumerate(windows):
+        if seen[id(stream)] == len(rounds):
+            rounds.append([])
+        rounds[seen[id(stream)]].append(index)
+        seen[id(stream)] += 1
     launched: collections.deque[tuple[list[int], Launched]] = collections.deque()
 
     def hand_out(wait: bool) -> None:  # the calls whose samples are on the host, in launch order
@@ -257,23 +258,34 @@ def decode_windows(codec: Codec, windows: list[tuple[torch.Tensor, Window]],
             for index, pcm in zip(indices, call.result()):
                 put(index, pcm)
 
-    with graphs.lock:  # every call launched before the first is read: the GPU runs them back to back
-        try:
-            for length, indices in sorted(groups.items()):
-                rows = graphs.rows(length)
-                for chunk in (indices[i:i + rows] for i in range(0, len(indices), rows)):
-                    launched.append((chunk, graphs.launch([windows[i] for i in chunk])))
-                    hand_out(wait=False)
+    with graphs.lock if graphs is not None else contextlib.nullcontext():
+        try:  # every call launched before the first is read: the GPU runs them back to back
+            for indices in rounds:
+                groups: dict[Key, list[int]] = {}
+                for index in indices:
+                    codes, window, stream = windows[index]
+                    key = graphs.key_for(window) if graphs is not None else None
+                    if key is None:
+                        put(index, to_host(window_pcm(codec, codes, window, stream)).numpy())
+                    else:
+                        groups.setdefault(key, []).append(index)
+                for key, members in sorted(groups.items()):
+                    rows = graphs.rows(key) if graphs is not None else 1
+                    for chunk in (members[i:i + rows] for i in range(0, len(members), rows)):
+                        launched.append((chunk, graphs.launch([windows[i] for i in chunk])))  # type: ignore[union-attr]
+                        hand_out(wait=False)
             hand_out(wait=True)
-        finally:  # (a call that failed to launch) those launched end before another thread's replays
-            for _, call in launched:
-                call.wait()
+        except BaseException:  # the calls launched before the failure: their takes' states moved on past them
+            with contextlib.suppress(Exception):
+                hand_out(wait=True)
+            raise
     return [pcm for pcm in out if pcm is not None]
 
 
-def render_take(codec: Codec, codes: torch.Tensor, overlap: int = STREAM_OVERLAP_FRAMES,
-                first_window: int | None = None, graphs: WindowGraphs | None = None) -> NDArray[np.int16]:
+def render_take(codec: Codec, codes: torch.Tensor, first_window: int | None = None,
+                graphs: WindowGraphs | None = None) -> NDArray[np.int16]:
     """int16 PCM [frames * frame_samples]: exactly what the stream of a take with these
     final codes [num_codebooks, frames] carried, with the same settings and graphs."""
-    windows = take_windows(codes.shape[1], overlap, first_window)
-    return np.concatenate([decode_window(codec, codes, w, graphs) for w in windows])
+    stream = StreamState()
+    windows = take_windows(codes.shape[1], first_window)
+    return np.concatenate([decode_window(codec, codes, window, stream, graphs) for window in windows])

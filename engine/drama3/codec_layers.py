@@ -8,13 +8,12 @@ Design choices:
   on a conv records how the checkpoint stores it, for the tiny checkpoint writer.
 - Everything is causal: a convolution pads on the left only, a transposed convolution
   trims its right overhang, attention sees a causal window. Output for frame t depends
-  only on frames <= t, which is what lets stream.py decode windows with left context.
-- Numerics follow the release where they matter for parity: RoPE cos/sin are rounded to
-  bfloat16 (the release precomputes them in bfloat16) and applied in float32, RMSNorm
-  runs in float32, the vector quantiser picks codes by cosine similarity.
+  only on frames <= t, which is what lets a take stream window by window (codec_stream.py).
+- Numerics follow the release where they matter for parity: the vector quantiser picks
+  codes by cosine similarity (the transformers' own: codec_transformer.py).
 - Outside the post transformer, everything is a short causal convolution: `conv_context`
   counts how many frames back they reach (about 9 at the release's rates), which is all
-  the context the upsampling and the decoder need (codec.py `decode_tail`).
+  the context the upsampling and the decoder need (codec.py `decode_tail`, codec_stream.py).
 - Batch size is whatever the caller gives (codec.py decodes one clip, or windows of several
   takes at once); no op mixes the clips of a batch.
 - The decoder's Snakes run as one Triton pass each on a GPU (`inverse`, set by codec.py `ready`;
@@ -33,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.drama3.codec_transformer import Memory, WindowLimitedTransformer
 from engine.kernels.fallback import guarded
 from engine.kernels.snake import snake_kernel, snake_reference
 
@@ -120,117 +120,6 @@ def conv_context(modules: list[nn.Module], rate: int = 1) -> float:
                 frames += -(-part.trim // stride) / rate
                 rate *= stride
     return frames
-
-
-# ─── Window-limited causal transformer ────────────────────────────────────────
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.gamma = nn.Parameter(torch.full((dim,), 1e-2))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # In x's dtype, as the release's in-place x.mul_(gamma): under bfloat16 autocast
-        # the scaled branch is rounded to bfloat16 before the residual add.
-        return (x * self.gamma).to(x.dtype)
-
-
-class Attention(nn.Module):
-    def __init__(self, dim: int, n_head: int, head_dim: int) -> None:
-        super().__init__()
-        self.n_head, self.head_dim = n_head, head_dim
-        self.wqkv = nn.Linear(dim, 3 * n_head * head_dim, bias=False)
-        self.wo = nn.Linear(n_head * head_dim, dim, bias=False)
-
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        q, k, v = self.wqkv(x).view(batch, length, 3, self.n_head, self.head_dim).unbind(2)  # [B, T, H, Dh]
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           attn_mask=mask)  # [B, H, T, Dh]
-        out: torch.Tensor = self.wo(y.transpose(1, 2).reshape(batch, length, -1))
-        return out
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return out
-
-
-class TransformerBlock(nn.Module):
-    def __init__(self, dim: int, n_head: int, head_dim: int, hidden: int, eps: float) -> None:
-        super().__init__()
-        self.attention = Attention(dim, n_head, head_dim)
-        self.feed_forward = FeedForward(dim, hidden)
-        self.attention_norm = RMSNorm(dim, eps)
-        self.ffn_norm = RMSNorm(dim, eps)
-        self.attention_layer_scale = LayerScale(dim)
-        self.ffn_layer_scale = LayerScale(dim)
-
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention_layer_scale(self.attention(self.attention_norm(x), rope, mask))
-        out: torch.Tensor = x + self.ffn_layer_scale(self.feed_forward(self.ffn_norm(x)))
-        return out
-
-
-def rope_table(length: int, head_dim: int, base: float, device: torch.device) -> torch.Tensor:
-    """[T, Dh/2, 2] cos/sin, rounded to bfloat16 as the release stores them."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim))
-    angles = torch.outer(torch.arange(length, device=device).float(), inv_freq)  # [T, Dh/2]
-    return torch.stack((angles.cos(), angles.sin()), -1).to(torch.bfloat16)
-
-
-def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs (x0, x1) of x [B, T, H, Dh] in float32."""
-    pairs = x.float().unflatten(-1, (-1, 2))  # [B, T, H, Dh/2, 2]
-    cos, sin = rope[None, :, None, :, 0], rope[None, :, None, :, 1]
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), -1).flatten(3).type_as(x)
-
-
-class WindowLimitedTransformer(nn.Module):
-    """Causal transformer on [B, C, T] whose step t attends to steps (t - window, t]."""
-
-    def __init__(self, input_dim: int, dim: int, n_layer: int, n_head: int, head_dim: int, hidden: int,
-                 window: int, rope_base: float, eps: float) -> None:
-        super().__init__()
-        self.window, self.head_dim, self.rope_base = window, head_dim, rope_base
-        self.layers = nn.ModuleList(TransformerBlock(dim, n_head, head_dim, hidden, eps) for _ in range(n_layer))
-        self.norm = RMSNorm(dim, eps)
-        self.input_proj = nn.Linear(input_dim, dim) if input_dim != dim else nn.Identity()
-        self.output_proj = nn.Linear(dim, input_dim) if input_dim != dim else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
-        length = x.shape[-1]
-        x = self.input_proj(x.transpose(1, 2))  # [B, T, D]
-        # Positions restart at 0 in every call (a streamed window too), as in the release.
-        rope = rope_table(length, self.head_dim, self.rope_base, x.device)
-        step = torch.arange(length, device=x.device)
-        back = step[:, None] - step[None, :]
-        mask = ((back >= 0) & (back < self.window))[None, None]  # [1, 1, T, T]
-        for layer in self.layers:
-            x = layer(x, rope, mask)
-        out: torch.Tensor = self.output_proj(self.norm(x)).transpose(1, 2)
-        return out
 
 
 # ─── Encoder and decoder ──────────────────────────────────────────────────────
@@ -390,7 +279,7 @@ class DownsampleQuantizer(nn.Module):
 
     def __init__(self, dim: int, n_codebooks: int, codebook_size: int, codebook_dim: int,
                  semantic_codebook_size: int, factors: list[int], dims: list[int],
-                 pre_module: nn.Module, post_module: nn.Module) -> None:
+                 pre_module: WindowLimitedTransformer, post_module: WindowLimitedTransformer) -> None:
         super().__init__()
         all_dims = [dim, *dims]
         self.semantic_quantizer = ResidualQuantizer(dim, 1, semantic_codebook_size, codebook_dim)
@@ -416,11 +305,12 @@ class DownsampleQuantizer(nn.Module):
         out: torch.Tensor = self.upsample(self.transformed(codes))
         return out
 
-    def transformed(self, codes: torch.Tensor) -> torch.Tensor:  # [B, 1 + N, T] -> [B, C, T]
-        """The codes' embeddings through the post transformer: the part of decoding that reaches
-        far back (codec.py `decode_tail` runs the upsampling and what follows on a tail of it)."""
+    def transformed(self, codes: torch.Tensor, memory: Memory | None = None) -> torch.Tensor:
+        """[B, 1 + N, T] -> [B, C, T]: the codes' embeddings through the post transformer, the part
+        of decoding that reaches far back (after `memory`'s frames, if given: codec_stream.py);
+        codec.py `decode_tail` runs the upsampling and what follows on a tail of it."""
         semantic = codes[:, :1].clamp(0, self.semantic_quantizer.codebook_size - 1)
         residual = codes[:, 1:].clamp(0, self.quantizer.codebook_size - 1)
         z = self.semantic_quantizer.decode(semantic) + self.quantizer.decode(residual)
-        out: torch.Tensor = self.post_module(z)
+        out: torch.Tensor = self.post_module(z, memory)
         return out

@@ -70,7 +70,7 @@ from engine.drama3.prefix import CPU_BUDGET_GIB, PrefixCache
 from engine.drama3.prompt import MAX_PROMPT_ROWS, Codes, HistoryTurn, Prompt, Reference, build_prompt, checked_codes
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.slots import Slots
-from engine.drama3.stream import STREAM_OVERLAP_FRAMES, check_settings, window_lengths
+from engine.drama3.stream import check_settings, first_frames, window_frames
 from engine.drama3.take import AudioWindow, Done, Take
 from engine.drama3.tiny import demo_checkpoint
 from engine.errors import CheckpointError, RequestError
@@ -82,7 +82,6 @@ log = logging.getLogger("retake.engine")
 class EngineSpec:
     checkpoint: Path | str | None = None  # None: the tiny demo checkpoint, written on first use
     device: str = "auto"  # "auto" | "cpu" | "cuda"
-    stream_overlap_frames: int = STREAM_OVERLAP_FRAMES  # left context per streamed window
     first_window_frames: int | None = None  # None: FIRST_WINDOW_FRAMES (10 is the seed's schedule)
     slots: int | None = None  # takes that decode together; None: as many as the GPU's memory holds (sized_slots)
     threads: int | None = None  # CPU threads for torch; None: default_threads() on a CPU, untouched on a GPU
@@ -90,8 +89,8 @@ class EngineSpec:
     # Prefix cache (prefix.py) budget in GiB; 0: off; None: half the GPU memory free after warm-up, 1 GiB on a CPU.
     prefix_cache_gib: float | None = None
     prefix_cache_host_gib: float = 0.0  # pinned host memory for snapshots evicted from the GPU (0: dropped)
-    vocoder_batch: int = VOCODER_BATCH  # long windows (128+ frames) decoded per codec call on CUDA (codec_graphs.py)
-    vocoder_batch_from: int = BATCHED_FROM  # frames (context included) from which windows decode `vocoder_batch` a call
+    vocoder_batch: int = VOCODER_BATCH  # long windows (64 new frames) decoded per codec call on CUDA (codec_graphs.py)
+    vocoder_batch_from: int = BATCHED_FROM  # new frames from which windows decode `vocoder_batch` a call
     # Waiting prompts whose next prefill chunks run as one (prefill_groups.py); None: 8 on CUDA, 1 (off) on a CPU.
     prefill_group: int | None = None
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
@@ -188,7 +187,7 @@ class Drama3Engine:
                  codec: Codec, demo_weights: bool, weights: str = "a checkpoint") -> None:
         if spec.first_window_frames is None:
             spec = replace(spec, first_window_frames=FIRST_WINDOW_FRAMES)
-        check_settings(spec.stream_overlap_frames, spec.first_window_frames)
+        check_settings(spec.first_window_frames)
         if codec.num_codebooks != config.num_codebooks:
             raise CheckpointError(f"codec.pth has {codec.num_codebooks} codebooks; config.json says "
                                   f"{config.num_codebooks}")
@@ -213,14 +212,13 @@ class Drama3Engine:
         self.decoder = Decoder(model, max_rows, self.slots, graphs=True,
                                group=spec.prefill_group)  # allocates the caches
         self.decoder.prefix = prefix_cache(spec, model, self.device)
-        # On CUDA a window decodes as a graph replay of its length.
-        self.window_graphs = WindowGraphs(codec, window_lengths(spec.stream_overlap_frames, spec.first_window_frames),
-                                          batch=spec.vocoder_batch, batched_from=spec.vocoder_batch_from,
-                                          ) if self.device.type == "cuda" else None
+        # On CUDA a window decodes as a graph replay of its frame count.
+        first = spec.first_window_frames
+        self.window_graphs = WindowGraphs(codec, [first_frames(first)], window_frames(first), batch=spec.vocoder_batch,
+                                          batched_from=spec.vocoder_batch_from) if self.device.type == "cuda" else None
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
-        self.slot_table = Slots(self.decoder, codec, overlap=spec.stream_overlap_frames,
-                                first_window=spec.first_window_frames, executor=self.vocoder,
+        self.slot_table = Slots(self.decoder, codec, first_window=spec.first_window_frames, executor=self.vocoder,
                                 graphs=self.window_graphs)
 
     # Inputs -------------------------------------------------------------------
@@ -338,8 +336,7 @@ class Drama3Engine:
         frames] carried."""
         frames = torch.tensor(checked_codes(codes, "take", self.config, empty=True))  # a copy: may be read-only
         with torch.inference_mode():
-            return render_take(self.codec, frames, self.spec.stream_overlap_frames, self.spec.first_window_frames,
-                               self.window_graphs)
+            return render_take(self.codec, frames, self.spec.first_window_frames, self.window_graphs)
 
     def fit_prefix_cache(self) -> float:
         """The prefix cache's budget from the GPU memory free now (after warm-up, and again once
@@ -364,7 +361,7 @@ class Drama3Engine:
                 self.window_graphs.capture()
                 graphs = self.window_graphs
                 log.info("codec window graphs: %d in %.1f s (%d windows to a call from %d frames)",
-                         len(graphs.graphs.graphs), time.perf_counter() - captured, graphs.batch, graphs.batched_from)
+                         graphs.count_captured, time.perf_counter() - captured, graphs.batch, graphs.batched_from)
         taken = time.perf_counter()
         prompt = self.prompt(WARM_UP_LINE, None, [], Sampling(max_new_tokens=min(24, self.max_new_tokens), seed=0))
         done = next(event for event in self.generate(prompt) if isinstance(event, Done))
@@ -379,7 +376,7 @@ class Drama3Engine:
                 "slots": self.slots, "slots_why": self.slots_why,
                 "graphs": sum(len(g.graphs) for g in (*self.decoder.graphs.values(), *self.decoder.feeds.values())),
                 "prefill_graphs": sum(len(g.graphs) for g in self.decoder.chunked.graphs.values()),
-                "codec_graphs": len(self.window_graphs.graphs.graphs) if self.window_graphs else 0,
+                "codec_graphs": self.window_graphs.count_captured if self.window_graphs else 0,
                 "decode_step_ms": round(1000 / rate, 2) if rate else None,
                 "prefix_cache_gib": round(prefix.budget / 2**30, 2) if prefix is not None else 0,
                 "prefix_cache_host_gib": round(prefix.host_budget / 2**30, 2) if prefix is not None else 0,

@@ -1,7 +1,7 @@
 """The slot table: takes started into a Decoder's free slots and advanced together, one
 batched step at a time.
 
-    slots = Slots(decoder, codec, overlap=320, first_window=None, executor=vocoder, graphs=window_graphs)
+    slots = Slots(decoder, codec, first_window=None, executor=vocoder, graphs=window_graphs)
     take = slots.start(prompt, deadline, cancelled)   # into a free slot; its prefill runs in the steps
     for take, events in slots.step(): ...             # prefill chunks, then one frame for every decoding take
     for event in slots.generate(take): ...            # one take alone: its events to Done
@@ -64,7 +64,7 @@ log = logging.getLogger("retake.engine")
 class Slots:
     """Takes in the slots of one Decoder; owned by one thread."""
 
-    def __init__(self, decoder: Decoder, codec: Codec, *, overlap: int, first_window: int | None,
+    def __init__(self, decoder: Decoder, codec: Codec, *, first_window: int | None,
                  executor: Executor | None = None, graphs: WindowGraphs | None = None,
                  prefill_rows: int | None = None) -> None:
         self.decoder, self.codec = decoder, codec
@@ -72,7 +72,7 @@ class Slots:
         self.vocoder = Vocoder(codec, graphs, executor, self.pace)  # every take's windows, batched on its thread
         self.held = False  # this step's prefill was held back by the playback limit
         self.beside = 0  # prompt rows this step prefilled beside decoding takes
-        self.overlap, self.first_window = overlap, first_window
+        self.first_window = first_window
         self.prefill_rows = prefill_rows  # prompt rows per step while takes decode; None: `admission`'s
         self.admission = Admission(frame_s=codec.frame_samples / codec.sample_rate)
         self.takes: list[Take | None] = [None] * decoder.num_slots  # the take of each slot (prefilling or decoding)
@@ -111,7 +111,7 @@ class Slots:
             raise RuntimeError(f"all {len(self.takes)} slots are decoding; start a take when one is free")
         decoder = self.decoder
         slot = decoder.pick_slot(prompt, [slot for slot, held in enumerate(self.takes) if held is None])
-        take = Take(prompt, slot, self.vocoder, StreamSchedule(self.overlap, self.first_window),
+        take = Take(prompt, slot, self.vocoder, StreamSchedule(self.first_window),
                     deadline, cancelled, eos=decoder.eos, semantic_start=decoder.semantic_start,
                     stop=stop)
         if (reason := take.stopped()) is not None:

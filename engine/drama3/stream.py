@@ -1,4 +1,4 @@
-"""Streaming a take: which window of frames to vocode when, and its PCM16.
+"""Streaming a take: which window of frames to vocode when.
 
 Design choices:
 - The schedule is the seed's (SGLang Omni's): windows close when 10, 20, 32, 64, 128,
@@ -13,20 +13,17 @@ Design choices:
   frames); that join asks a little more than doubling (4 then 10 decodes 6 frames with 4
   sent; 3 then 10, 7 with 3). `window_ends` is a pure function; `StreamSchedule` only
   remembers how far a take has been emitted.
-- A window decodes its new frames with up to `overlap` frames of left context and keeps
-  only the new frames' samples. The codec is causal, so with enough context (the
-  window-limited transformers reach hundreds of frames back; 320 frames is the seed's
-  default) the concatenated windows equal a whole-take decode; they always have exactly
-  its sample count, with no gap and no overlap. Only the codec's post transformer needs
-  that context: its upsampling and decoder run on the new frames and `conv_context`
-  frames before them (codec.py `decode_tail`), most of a window's cost.
-- A window is always decoded the same way from the same codes, so `render_take`
+- A window is the take's frames [emit, end): it decodes them after the frames before it,
+  through the take's codec state (codec_stream.py: the post transformer's keys and values,
+  the last transformed frames), so the concatenated windows are the whole take's decode,
+  with exactly its sample count, no gap and no overlap. The seed decoded each window again
+  with 320 frames of left context instead (~50 dB from the whole take, and hundreds of
+  frames through the transformer for each window).
+- A window is always decoded the same way from the same codes and state, so `render_take`
   (codec_graphs.py, the WAV export) reproduces the streamed PCM16 sample for sample by
-  replaying the schedule.
-- PCM16 is engine/pcm.py's rule (rounded, clipped), converted on the codec's device so
-  only int16 crosses to the host. On CUDA a window decodes as the replay of a CUDA graph
-  of its length (codec_graphs.py; `window_lengths` lists the lengths to capture). This
-  module knows nothing of graphs: the schedule and the eager window stay pure.
+  replaying the schedule. On CUDA a window decodes as the replay of a CUDA graph of its
+  frame count (codec_graphs.py; `window_frames` lists the counts to capture). This module
+  knows nothing of the codec or graphs: the schedule stays pure.
 """
 
 from __future__ import annotations
@@ -35,16 +32,11 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
-
-from engine.drama3.codec import Codec
 from engine.errors import RequestError
-from engine.pcm import pcm16
 
 STREAM_STRIDE = 10  # frames in the first window
 STREAM_FOLLOWUP_STRIDE_RAMP = (10, 12, 32)  # the next three windows
 STREAM_FOLLOWUP_STRIDE = 64  # every window after those
-STREAM_OVERLAP_FRAMES = 320  # left context per window (SGLang Omni uses 32: ~3.5 dB SNR)
 
 
 def window_ends(first_window: int | None = None) -> Iterator[int]:
@@ -68,9 +60,7 @@ def window_ends(first_window: int | None = None) -> Iterator[int]:
     return itertools.chain(ramp, (end for end in ends if end > ramp[-1]))
 
 
-def check_settings(overlap: int, first_window: int | None) -> None:
-    if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
-        raise RequestError(f"stream overlap must be a whole number of frames >= 0; got {overlap!r}")
+def check_settings(first_window: int | None) -> None:
     if first_window is not None and (isinstance(first_window, bool) or not isinstance(first_window, int)
                                      or first_window < 1):
         raise RequestError(f"first window must be a whole number of frames >= 1; got {first_window!r}")
@@ -78,9 +68,8 @@ def check_settings(overlap: int, first_window: int | None) -> None:
 
 @dataclass(frozen=True)
 class Window:
-    """Frames [start, end) are decoded; the samples of frames [emit, end) are sent."""
+    """The take's frames [emit, end): decoded after the frames before them, their samples sent."""
 
-    start: int
     emit: int
     end: int
     last: bool = False
@@ -99,9 +88,8 @@ class StreamSchedule:
     the closing window (marked last; empty if the last window closed exactly there).
     """
 
-    def __init__(self, overlap: int = STREAM_OVERLAP_FRAMES, first_window: int | None = None) -> None:
-        check_settings(overlap, first_window)
-        self.overlap = overlap
+    def __init__(self, first_window: int | None = None) -> None:
+        check_settings(first_window)
         self.emitted = 0
         self.ends = window_ends(first_window)
         self.next_end = next(self.ends)
@@ -121,16 +109,14 @@ class StreamSchedule:
         return self.window(frames, last=True)
 
     def window(self, end: int, last: bool) -> Window:
-        start = max(0, self.emitted - self.overlap)
-        window = Window(start, self.emitted, end, last)
+        window = Window(self.emitted, end, last)
         self.emitted = end
         return window
 
 
-def take_windows(frames: int, overlap: int = STREAM_OVERLAP_FRAMES,
-                 first_window: int | None = None) -> list[Window]:
+def take_windows(frames: int, first_window: int | None = None) -> list[Window]:
     """Every window a stream of a take of `frames` frames sends, the closing one included."""
-    schedule = StreamSchedule(overlap, first_window)
+    schedule = StreamSchedule(first_window)
     windows = []
     while (window := schedule.due(frames)) is not None:
         windows.append(window)
@@ -138,28 +124,22 @@ def take_windows(frames: int, overlap: int = STREAM_OVERLAP_FRAMES,
     return windows
 
 
-def window_pcm(codec: Codec, codes: torch.Tensor, window: Window) -> torch.Tensor:
-    """int16 PCM [window.frames * frame_samples] of a window, on the codec's device.
-    `codes` [num_codebooks, >= window.end] holds the take's frames so far."""
-    if window.frames == 0:
-        return torch.zeros(0, dtype=torch.int16, device=codec.device)
-    start = max(0, window.emit - window.start - codec.conv_context)  # the convolutions' own context
-    audio = codec.decode_tail(codes[None, :, window.start: window.end], start, window.end - window.start - start)
-    return pcm16(audio[0, (window.emit - window.start - start) * codec.frame_samples:])  # [frames * frame_samples]
+def first_frames(first_window: int | None = None) -> int:
+    """Frames in a take's first window (a take that ends before it closes sends fewer)."""
+    return next(window_ends(first_window))
 
 
-def window_lengths(overlap: int = STREAM_OVERLAP_FRAMES, first_window: int | None = None) -> list[int]:
-    """The frames a stream's windows decode (left context + new frames), every length they
-    take, in order: 4, 10, 20, 32, 64, 128, 192, 256, 320, 384 for the seed's windows with a
-    first window of 4 and 320 frames of context (1, 2, 4, 10, ... with a first window of 1).
-    A take's last window is shorter."""
-    lengths: list[int] = []
-    emitted = 0
-    for end in window_ends(first_window):
-        length = end - max(0, emitted - overlap)
-        if length not in lengths:
-            lengths.append(length)
-        if end - emitted == STREAM_FOLLOWUP_STRIDE and emitted >= overlap:
-            return lengths  # every later window has this stride and this full context
+def window_frames(first_window: int | None = None) -> list[int]:
+    """Every frame count a take's later windows (after its first) have, in order: 1, 2, 6,
+    10, 12, 32, 64 with a first window of 1; 10, 12, 32, 64 with the seed's. A take's last
+    window has fewer."""
+    counts: list[int] = []
+    ends = window_ends(first_window)
+    emitted = next(ends)
+    for end in ends:
+        if end - emitted not in counts:
+            counts.append(end - emitted)
+        if end - emitted == STREAM_FOLLOWUP_STRIDE:
+            return counts  # every later window has this stride
         emitted = end
     raise AssertionError("window_ends is endless")

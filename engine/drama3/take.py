@@ -40,6 +40,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from engine.drama3.admission import Playing
+from engine.drama3.codec_stream import StreamState
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule, Window
 from engine.drama3.vocoder import Vocoder
@@ -77,11 +78,12 @@ class Windows:
         self.pending: collections.deque[tuple[Window, NDArray[np.int64], Future[NDArray[np.int16]] | NDArray[np.int16]]]
         self.pending = collections.deque()
         self.sample = 0  # the take's samples handed out so far
+        self.state = StreamState()  # the take's codec state between its windows (codec_stream.py)
 
     def submit(self, codes: NDArray[np.int64], window: Window) -> None:
         frames = codes[:, :window.end].copy()  # [num_codebooks, end]; a copy: later steps write after them
         new = frames[:, window.emit:]  # [num_codebooks, window.frames]
-        self.pending.append((window, new, self.vocoder.submit(frames, window)))
+        self.pending.append((window, new, self.vocoder.submit(frames, window, self.state)))
 
     def ready(self, wait: bool = False) -> Iterator[AudioWindow]:
         """The decoded windows at the head of the queue (all of them if `wait`)."""
@@ -198,7 +200,7 @@ class Take:
 
     def end_stream(self) -> None:
         empty = np.zeros((self.codes.shape[0], 0), dtype=np.int64)
-        self.windows.pending.append((Window(0, 0, 0, last=True), empty, np.zeros(0, dtype=np.int16)))
+        self.windows.pending.append((Window(0, 0, last=True), empty, np.zeros(0, dtype=np.int16)))
 
     def ready(self, wait: bool = False) -> list[AudioWindow | Done]:
         """Windows decoded so far, in order (all of them if `wait` and the take is closed), then

@@ -1,13 +1,15 @@
 """The vocoder: every take's due windows, decoded on one worker thread, a call per graph length.
 
     vocoder = Vocoder(codec, graphs, executor)     # executor: one worker thread, or None (inline)
-    future = vocoder.submit(frames, window)        # frames [num_codebooks, >= window.end], on the host
+    future = vocoder.submit(frames, window, state) # frames [num_codebooks, >= window.end], on the host;
+                                                   # state: the take's StreamState (codec_stream.py)
     pcm = future.result()                          # int16 [window.frames * frame_samples]
 
 Design choices:
 - One queue for the windows of every take. The worker drains it: it takes every window
   queued by then, across all takes, and decodes them with `decode_windows`
-  (codec_graphs.py: the windows of one graph length in one call, shortest length first).
+  (codec_graphs.py: each take's windows in its order through its codec state; the windows of
+  one graph in one call, first windows first).
   Windows that arrive during a drain go to the next one, which starts at once: a lone
   take's first window waits at most for the call in progress, never for a batch to fill.
   At 64 takes many long windows come due while a call runs, so the calls fill up by
@@ -43,30 +45,33 @@ from numpy.typing import NDArray
 
 from engine.drama3.codec import Codec
 from engine.drama3.codec_graphs import WindowGraphs, decode_windows
+from engine.drama3.codec_stream import StreamState
 from engine.drama3.pace import Pace
 from engine.drama3.stream import Window
 from engine.readback import to_device
 
-# A take's frames, its window, the PCM to come, when it was submitted (perf_counter)
-Job = tuple[NDArray[np.int64], Window, "Future[NDArray[np.int16]]", float]
+# A take's frames, its window, its codec state, the PCM to come, when it was submitted (perf_counter)
+Job = tuple[NDArray[np.int64], Window, StreamState, "Future[NDArray[np.int16]]", float]
 
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def vocode(codec: Codec, graphs: WindowGraphs | None, windows: list[tuple[NDArray[np.int64], Window]],
+def vocode(codec: Codec, graphs: WindowGraphs | None,
+           windows: list[tuple[NDArray[np.int64], Window, StreamState]],
            ready: Callable[[int, NDArray[np.int16]], None] | None = None) -> list[NDArray[np.int16]]:
-    """Each window's PCM16 from its take's frames [num_codebooks, >= end] on the host, in order;
-    `ready(index, pcm)` as each is decoded (codec_graphs.py `decode_windows`)."""
+    """Each window's PCM16 from its take's frames [num_codebooks, >= end] on the host and its
+    take's codec state, in order; `ready(index, pcm)` as each is decoded (codec_graphs.py
+    `decode_windows`)."""
     with torch.inference_mode():  # on the worker thread too: the graphs' buffers may be inference tensors
         if codec.device.type != "cuda":
-            return decode_windows(codec, [(torch.from_numpy(frames), window) for frames, window in windows], graphs,
-                                  ready)
+            return decode_windows(codec, [(torch.from_numpy(frames), window, state)
+                                          for frames, window, state in windows], graphs, ready)
         stream = _side_streams.get(codec.device)
         if stream is None:  # (setdefault would make a stream on every call to keep the first)
             # High priority: its kernels go before the decode step's when both wait for an SM.
             stream = _side_streams[codec.device] = torch.cuda.Stream(device=codec.device, priority=-1)
         with torch.cuda.stream(stream):
-            on_device = [(to_device(frames, codec.device), window) for frames, window in windows]
+            on_device = [(to_device(frames, codec.device), window, state) for frames, window, state in windows]
             return decode_windows(codec, on_device, graphs, ready)
 
 
@@ -83,11 +88,12 @@ class Vocoder:
         self.calls = 0  # decode calls: one per drain (or inline window), plus a failed drain's retries
         self.windows = 0  # windows decoded (a failed drain's counted again in its retries)
 
-    def submit(self, frames: NDArray[np.int64], window: Window) -> Future[NDArray[np.int16]]:
+    def submit(self, frames: NDArray[np.int64], window: Window, state: StreamState) -> Future[NDArray[np.int16]]:
         """The future PCM16 of `window` of a take whose frames so far are `frames` (not written
-        to afterwards: the caller hands over a copy)."""
+        to afterwards: the caller hands over a copy) and whose codec state is `state` (a take
+        submits its windows in order)."""
         future: Future[NDArray[np.int16]] = Future()
-        job = (frames, window, future, time.perf_counter())
+        job = (frames, window, state, future, time.perf_counter())
         if self.executor is None:
             self.decode([job])
             return future
@@ -122,17 +128,17 @@ class Vocoder:
             self.pace.call()
 
         def ready(index: int, pcm: NDArray[np.int16]) -> None:  # each window handed out as it is decoded
-            _, _, future, submitted = jobs[index]
+            _, _, _, future, submitted = jobs[index]
             future.set_result(pcm)
             if self.pace is not None:
                 self.pace.window(time.perf_counter() - submitted)
 
         try:
-            vocode(self.codec, self.graphs, [(frames, window) for frames, window, _, _ in jobs], ready)
+            vocode(self.codec, self.graphs, [(frames, window, state) for frames, window, state, _, _ in jobs], ready)
         except Exception as exc:  # noqa: BLE001 - find the windows that fail; the others stand
-            left = [job for job in jobs if not job[2].done()]  # (those decoded before the failure are out)
+            left = [job for job in jobs if not job[3].done()]  # (those decoded before the failure are out)
             if len(left) == 1:
-                left[0][2].set_exception(exc)
+                left[0][3].set_exception(exc)
                 return
             for job in left:
                 self.decode([job])

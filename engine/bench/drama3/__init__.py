@@ -47,7 +47,7 @@ from engine.bench.drama3.model import Row, build
 from engine.bench.drama3.prefill import PREFILL_ROWS, bench_prefill, bench_prefill_groups
 from engine.bench.drama3.profiling import profile_tables
 from engine.bench.drama3.takes import bench_takes
-from engine.bench.drama3.vocoder import TAKES, bench_first_windows, bench_vocoder_batch
+from engine.bench.drama3.vocoder import TAKES, bench_vocoder_batch
 from engine.bench.options import add_device, add_weights
 from engine.drama3.fast import DEFAULT_KERNELS, KERNELS
 
@@ -136,8 +136,7 @@ def run(args: argparse.Namespace) -> int:
         parts: list[tuple[str, Callable[[], list[Row]]]] = []
         if args.bench == "takes":
             parts += [("first audio", lambda: bench_takes(model, codec, config, device, args.prompt_rows[0])),
-                      ("vocoder batches", lambda: bench_vocoder_batch(codec, device)),
-                      ("first windows batched", lambda: bench_first_windows(codec, device))]
+                      ("vocoder batches", lambda: bench_vocoder_batch(codec, device))]
         if args.bench in ("prefill", "takes"):
             parts += [("prefill", lambda: bench_prefill(model, config, device, args.prompt_rows)),
                       ("prefill groups", lambda: bench_prefill_groups(model, config, device))]
@@ -175,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     batched = [r for r in rows if r["bench"] == "vocode_batch"]
     if batched:
         key = "graph_window_ms" if "graph_window_ms" in batched[0] else "eager_window_ms"
-        print(f"targets: vocode per {batched[0]['context_frames']}+{batched[0]['frames']}-frame window "
+        print(f"targets: vocode per {batched[0]['frames']}-frame window after {batched[0]['context_frames']} "
               + ", ".join(f"batch {r['batch']} {r.get(key)} ms" for r in batched)
               + f" ({key.split('_')[0]}; <= {batched[0]['budget_window_ms']} ms for {TAKES} takes in real time)")
     if meta.get("peak_memory_gib") is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -200,33 +200,43 @@ def ranged_rotated(norm: RMSNorm, x: torch.Tensor, rope: torch.Tensor, interleav
 
 
 def profile_window(codec: Codec, device: torch.device, new: int = 64, context: int = 320) -> str:
-    """The kernels of one vocoder window (`new` frames after `context`, launched without its graph)
-    by its parts: the post transformer over every frame, the upsampling and the decoder over the
-    new frames and their convolutions' context (as `Codec.decode_tail` runs them). 64 new frames:
-    a take's every window past its first seconds (stop 36 profiled 10, whose convolutions ran on
-    20 frames where the long windows' graph runs them on 74, and cuDNN chose other kernels)."""
+    """The kernels of one vocoder window (`new` frames after `context` decoded ones, launched
+    without its graph) by its parts: the post transformer over the new frames after the take's
+    codec state, the upsampling and the decoder over them and their convolutions' context
+    (codec_stream.py `decode_next`). 64 new frames: a take's every window past its first seconds."""
     from torch.profiler import ProfilerActivity, profile, record_function
+
+    from engine.drama3.codec_stream import decode_next, new_state
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     generator = torch.Generator().manual_seed(0)
     codes = torch.stack([torch.randint(0, n, (context + new,), generator=generator)
                          for n in codec.codebook_sizes])[None].to(device)  # [1, N, frames]
-    start = max(0, context - codec.conv_context)
+    parts = {"post transformer": codec.quantizer.post_module, "upsample": codec.quantizer.upsample,
+             "decoder": codec.decoder}
+    before = new_state(codec, 1)
+    with torch.inference_mode():
+        decode_next(codec, codes[:, :, :context], before, torch.tensor([context], device=device), 0)
+    open_parts: list[Any] = []
+    hooks = [hook for name, module in parts.items() for hook in (
+        module.register_forward_pre_hook(lambda *_, name=name: open_parts.append(record_function(name).__enter__())),
+        module.register_forward_hook(lambda *_: open_parts.pop().__exit__(None, None, None)))]
 
     def window() -> None:
+        state = new_state(codec, 1)
+        state.copy_(before)
         with torch.inference_mode():
-            with record_function("post transformer"):
-                z = codec.quantizer.transformed(codes)[:, :, start:]  # [1, C, new + conv context]
-            with record_function("upsample"):
-                latent = codec.quantizer.upsample(z)
-            with record_function("decoder"):
-                codec.decoder(latent.to(codec.decoder_dtype))
+            decode_next(codec, codes[:, :, context:], state, torch.tensor([new], device=device), codec.conv_context)
             sync(device)
 
-    window()  # warm: cuDNN's and cuBLAS's first calls are not what is profiled
-    with profile(activities=activities) as window_profile, record_function("vocode"):
-        window()
-    return (parts_line(window_profile, device, ("post transformer", "upsample", "decoder"), "vocode") + "\n"
+    try:
+        window()  # warm: cuDNN's and cuBLAS's first calls are not what is profiled
+        with profile(activities=activities) as window_profile, record_function("vocode"):
+            window()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return (parts_line(window_profile, device, tuple(parts), "vocode") + "\n"
             + kernel_table(window_profile, f"one vocoder window, {new} frames after {context} (launched without "
                            "its graph)", device, 30))
 

@@ -9,17 +9,19 @@ Design choices:
 
 from __future__ import annotations
 
-import functools
 import statistics
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from engine.bench.drama3.model import Row, synthetic_prompt
+from engine.bench.drama3.vocoder import streams_at
 from engine.bench.timing import timed_ms
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.codec import Codec
+    from engine.drama3.codec_stream import StreamState
     from engine.drama3.config import Drama3Config
     from engine.drama3.model import Drama3Model
 
@@ -37,21 +39,22 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
     from engine.drama3.decoder import Decoder
     from engine.drama3.engine import FIRST_WINDOW_FRAMES
     from engine.drama3.slots import Slots
-    from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, window_lengths
+    from engine.drama3.stream import Window, first_frames, window_frames
     from engine.drama3.take import Done
 
     out: list[Row] = []
     max_rows = prompt_rows + 200 + 64
     decoder = Decoder(model, max_rows, graphs=True)
     decoder.capture()
-    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, 1))  # covers first windows 4 and 10 too
+    settings = (FIRST_WINDOW_FRAMES, 4, None)  # the server's default, then 4, then the seed's 10
+    graphs = WindowGraphs(codec, [first_frames(f) for f in settings], [n for f in settings for n in window_frames(f)])
     graphs.capture()
     window_graphs = graphs if graphs.graphs.enabled else None
     vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-vocoder")
-    for first_window in (FIRST_WINDOW_FRAMES, 4, None):  # the server's default, then 4, then the seed's 10
+    for first_window in settings:
         for where, executor in (("inline", None), ("thread", vocoder)):
             firsts: list[float] = []
-            slots = Slots(decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=first_window,
+            slots = Slots(decoder, codec, first_window=first_window,
                           executor=executor, graphs=window_graphs)
             for seed in range(4):
                 prompt = synthetic_prompt(config, prompt_rows, 48, seed)
@@ -61,17 +64,19 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
                         "vocoder": where, "first_audio_ms": round(statistics.median(firsts[1:]), 1)})
     vocoder.shutdown()
     codes = torch.randint(0, 1024, (config.num_codebooks, 512), device=device)
-    for frames in WINDOW_FRAMES:
-        for context in (0, STREAM_OVERLAP_FRAMES):
-            end = context + frames
-            window = Window(start=0, emit=context, end=end, last=False)
+    for context in (0, 320):  # a take's first window, and one after 320 frames
+        stream = streams_at(codec, codes, context)
+        for frames in WINDOW_FRAMES:
+            window = Window(emit=context, end=context + frames, last=False)
             row: Row = {"bench": "vocode", "frames": frames, "context_frames": context}
-            decode_window(codec, codes, window)
-            row["eager_ms"] = round(statistics.median(timed_ms(functools.partial(decode_window, codec, codes, window),
-                                                               device, 5)), 2)
+            for name, by in (("eager_ms", None), ("graph_ms", graphs)):
+                if by is None or by.runs(window):  # (each call from a fresh copy of the state)
+                    def call(window: Window = window, by: WindowGraphs | None = by,
+                             stream: Callable[[], StreamState] = stream) -> None:
+                        decode_window(codec, codes, window, stream(), by)
+                    call()
+                    row[name] = round(statistics.median(timed_ms(call, device, 5)), 2)
             if graphs.runs(window):
-                row["graph_frames"] = graphs.graphs.bucket_for(end)  # the graph it replays (padded up)
-                row["graph_ms"] = round(statistics.median(timed_ms(functools.partial(graphs.pcm, codes, window),
-                                                                   device, 5)), 2)
+                row["graph_frames"] = (graphs.graphs if context else graphs.firsts).bucket_for(frames)  # padded up
             out.append(row)
     return out

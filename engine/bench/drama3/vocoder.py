@@ -1,20 +1,18 @@
 """The vocoder's batched windows: codec time per window when 1, 4 or 16 takes' long windows
-(64 new frames after 320 of context: every window of a take after its first ~4 seconds)
-decode in one call, replayed from the window graphs of that many rows, and launched from
-Python; and a take's first windows (1, 2, 4, 10, ... frames) alone and 8 to a call
-(`retake serve --vocoder-batch 8 --vocoder-batch-from 1`).
+(64 new frames after the take's codec state: every window of a take after its first ~3
+seconds) decode in one call, replayed from the window graph of that many rows, and launched
+from Python.
 
 Design choices:
-- Each batch size gets window graphs of its own (the 384-frame length, with the 320-frame
-  one below it so that the long windows' convolutions run on their 64 new frames and 10 of
-  context, as in the engine; stop 35's rows ran them on all 384: 51.5 ms a window), captured,
-  timed and freed before the next, so one run measures the rows the engine could be
-  given (`EngineSpec.vocoder_batch`) without holding every pool at once.
-- A take's first windows are short and launch-bound (a 10-frame window's graph took 4.25 ms
-  on the H200, a 64+320-frame one 13.2): at 64 directors they are most of the vocoder's calls,
-  so what 8 of them cost in one call against one alone says whether first windows should batch.
+- Each batch size gets a window graph of its own, captured, timed and freed before the
+  next, so one run measures the rows the engine could be given (`EngineSpec.vocoder_batch`)
+  without holding every pool at once.
+- Every call starts its takes from the same codec state (a take's after 320 frames), copied
+  in as the engine copies a take's: a window decodes once per state.
 - The budget is what 64 takes playing in real time leave each window: a take sends a
   long window every 64 frames, so 64 takes send one per frame's duration (46.4 ms).
+- (Stop 37's rows of a take's first windows 8 to a call are gone: on an H100 batching them
+  made 64 directors' audio 21 seconds a second against 37, docs/perf.md.)
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from __future__ import annotations
 import functools
 import gc
 import statistics
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,10 +30,30 @@ from engine.bench.timing import timed_ms
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.codec import Codec
+    from engine.drama3.codec_stream import StreamState
 
 BATCHES = (1, 4, 16)
 SHORT_BATCHES = (1, 8)
 TAKES = 64  # takes playing at once, for the budget
+
+
+def streams_at(codec: Codec, codes: torch.Tensor, frames: int) -> Callable[[], StreamState]:
+    """A maker of takes' codec states after their first `frames` frames of `codes` [N, >= frames]
+    (each a copy: a window decodes once per state)."""
+    from engine.drama3.codec_stream import StreamState, new_state, window_pcm
+    from engine.drama3.stream import Window
+
+    before = StreamState()
+    with torch.inference_mode():
+        window_pcm(codec, codes, Window(0, frames), before)
+
+    def make() -> StreamState:
+        stream = StreamState()
+        if frames:
+            stream.codec, stream.frames = new_state(codec, 1), frames
+            stream.codec.copy_(before.state(codec))
+        return stream
+    return make
 
 
 def bench_vocoder_batch(codec: Codec, device: torch.device, batches: tuple[int, ...] = BATCHES,
@@ -42,67 +61,43 @@ def bench_vocoder_batch(codec: Codec, device: torch.device, batches: tuple[int, 
     """Per batch size: ms per call and per window of the long windows decoded together, from
     graphs and eagerly, beside the real-time budget per window at 64 takes."""
     from engine.drama3.codec_graphs import WindowGraphs, decode_windows
-    from engine.drama3.stream import STREAM_FOLLOWUP_STRIDE, STREAM_OVERLAP_FRAMES, Window
+    from engine.drama3.codec_stream import decode_next, new_state
+    from engine.drama3.stream import STREAM_FOLLOWUP_STRIDE, Window
 
-    new, context = STREAM_FOLLOWUP_STRIDE, STREAM_OVERLAP_FRAMES
+    new, context = STREAM_FOLLOWUP_STRIDE, 320
     length = new + context
-    window = Window(start=0, emit=context, end=length, last=False)
+    window = Window(emit=context, end=length, last=False)
     frame_ms = codec.frame_samples / codec.sample_rate * 1000
     budget = round(frame_ms * new / TAKES, 1)  # ms of codec time per window at TAKES takes in real time
     generator = torch.Generator().manual_seed(0)
+    takes = [torch.stack([torch.randint(0, n, (length,), generator=generator) for n in codec.codebook_sizes])
+             .to(device) for _ in range(max(batches))]  # [num_codebooks, length] each: one take's frames
+    stream = streams_at(codec, takes[0], context)  # every take from this state: the times do not depend on it
+    base = stream().state(codec)
+
     out: list[Row] = []
     for batch in batches:
-        windows = [(torch.stack([torch.randint(0, n, (length,), generator=generator) for n in codec.codebook_sizes])
-                    .to(device), window) for _ in range(batch)]  # [num_codebooks, length] each: one take's frames
         row: Row = {"bench": "vocode_batch", "frames": new, "context_frames": context, "batch": batch}
-        eager = functools.partial(codec.decode_batch, torch.stack([codes for codes, _ in windows]))  # [B, N, L]
+        state, count = new_state(codec, batch), torch.full((batch,), new, device=device)
+        for take in range(batch):
+            state.copy_(base, into=take, row=0)
+        codes = torch.stack([take[:, context:] for take in takes[:batch]])  # [B, N, new]
+        eager = functools.partial(torch.inference_mode()(decode_next), codec, codes, state, count, codec.conv_context)
         eager()
         eager_ms = statistics.median(timed_ms(eager, device, repeats))
         row.update(eager_call_ms=round(eager_ms, 2), eager_window_ms=round(eager_ms / batch, 2))
-        # the context's length too: its graph makes the long one's convolutions run on the new frames
-        # and their context alone (WindowGraphs.kept), as the engine's graphs do; alone, a length runs all
-        graphs = WindowGraphs(codec, [context, length], batch=batch, batched_from=length)
+        graphs = WindowGraphs(codec, [1], [new], batch=batch, batched_from=new)
         graphs.capture()
         if graphs.runs(window):  # (on a CPU graphs are off: eager only)
-            call = functools.partial(decode_windows, codec, windows, graphs)
+            def call(batch: int = batch, graphs: WindowGraphs = graphs) -> None:
+                with torch.inference_mode():
+                    decode_windows(codec, [(codes, window, stream()) for codes in takes[:batch]], graphs)
             call()
             graph_ms = statistics.median(timed_ms(call, device, repeats))
             row.update(graph_call_ms=round(graph_ms, 2), graph_window_ms=round(graph_ms / batch, 2))
         row["budget_window_ms"] = budget
         out.append(row)
-        del graphs, windows
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return out
-
-
-def bench_first_windows(codec: Codec, device: torch.device, batches: tuple[int, ...] = SHORT_BATCHES,
-                        repeats: int = 5) -> list[Row]:
-    """A take's windows shorter than the long ones (first window 1, 320 frames of context), each
-    length from its graph with `batch` rows (every window batched): ms per call and per window."""
-    from engine.drama3.codec_graphs import BATCHED_FROM, WindowGraphs, decode_windows
-    from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, take_windows, window_lengths
-
-    lengths = [n for n in window_lengths(STREAM_OVERLAP_FRAMES, 1) if n < BATCHED_FROM]
-    generator = torch.Generator().manual_seed(1)
-    takes = [torch.stack([torch.randint(0, n, (BATCHED_FROM,), generator=generator) for n in codec.codebook_sizes])
-             .to(device) for _ in range(max(batches))]  # [num_codebooks, frames] each
-    out: list[Row] = []
-    for batch in batches:
-        graphs = WindowGraphs(codec, lengths, batch=batch, batched_from=1)
-        graphs.capture()
-        firsts: dict[int, Window] = {}  # graph length -> the take's first window of it
-        for window in take_windows(lengths[-1], STREAM_OVERLAP_FRAMES, 1):
-            if window.frames and (length := graphs.length_for(window)) is not None:
-                firsts.setdefault(length, window)
-        for length, window in firsts.items():
-            call = functools.partial(decode_windows, codec, [(codes, window) for codes in takes[:batch]], graphs)
-            call()
-            ms = statistics.median(timed_ms(call, device, repeats))
-            out.append({"bench": "vocode_first_windows", "length": length, "frames": window.frames, "batch": batch,
-                        "graph": graphs.runs(window), "call_ms": round(ms, 2), "window_ms": round(ms / batch, 2)})
-        del graphs
+        del graphs, state
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

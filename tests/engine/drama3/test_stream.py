@@ -1,4 +1,5 @@
-"""Streaming windows: the schedule, and streamed audio against a whole-take decode."""
+"""Streaming windows: the schedule, and streamed audio (each window after its take's codec
+state) against a whole-take decode."""
 
 from __future__ import annotations
 
@@ -11,19 +12,13 @@ import torch
 
 from engine.drama3.codec import load_codec
 from engine.drama3.codec_graphs import WindowGraphs, decode_window, render_take
+from engine.drama3.codec_stream import StreamState, window_pcm
 from engine.drama3.codec_tiny import write_tiny_codec
-from engine.drama3.stream import (
-    STREAM_OVERLAP_FRAMES,
-    StreamSchedule,
-    take_windows,
-    window_ends,
-    window_lengths,
-    window_pcm,
-)
+from engine.drama3.stream import StreamSchedule, first_frames, take_windows, window_ends, window_frames
 from engine.errors import RequestError
 from engine.pcm import pcm16
 
-TAKE_FRAMES = 480  # past 320 frames, so the last windows' context is cut at 320
+TAKE_FRAMES = 480  # past 320 frames: the seed cut each window's context there
 
 
 
@@ -91,16 +86,14 @@ def test_window_ends_refuse_an_empty_first_window(first_window: int) -> None:
 
 
 @pytest.mark.parametrize("frames", [0, 1, 2, 3, 4, 5, 9, 10, 11, 20, 64, 65, 200, 500])
-@pytest.mark.parametrize(("overlap", "first_window"), [(320, None), (32, None), (0, None), (320, 3), (5, 40),
-                                                       (320, 1), (0, 1), (2, 1), (320, 2)])
-def test_windows_tile_the_take_exactly(frames: int, overlap: int, first_window: int | None) -> None:
-    windows = take_windows(frames, overlap, first_window)
+@pytest.mark.parametrize("first_window", [None, 1, 2, 3, 40])
+def test_windows_tile_the_take_exactly(frames: int, first_window: int | None) -> None:
+    windows = take_windows(frames, first_window)
     assert windows[0].emit == 0 and windows[-1].end == frames
     assert [w.last for w in windows] == [False] * (len(windows) - 1) + [True]
     for before, after in itertools.pairwise(windows):
         assert after.emit == before.end  # no gap, no overlap
-    for w in windows:
-        assert w.start == max(0, w.emit - overlap) and w.emit <= w.end
+    assert all(w.emit <= w.end for w in windows)
     assert sum(w.frames for w in windows) == frames
     scheduled = set(itertools.takewhile(lambda end: end <= frames, window_ends(first_window)))
     assert {w.end for w in windows[:-1]} == scheduled
@@ -108,9 +101,9 @@ def test_windows_tile_the_take_exactly(frames: int, overlap: int, first_window: 
 
 
 def test_the_generation_loop_gets_the_same_windows_however_often_it_asks() -> None:
-    expected = take_windows(300, 320, 4)
+    expected = take_windows(300, 4)
     for every in (1, 7, 300):
-        schedule, windows = StreamSchedule(320, first_window=4), []
+        schedule, windows = StreamSchedule(first_window=4), []
         for frames in range(every, 300 + every, every):
             frames = min(frames, 300)
             while (window := schedule.due(frames)) is not None:
@@ -119,42 +112,53 @@ def test_the_generation_loop_gets_the_same_windows_however_often_it_asks() -> No
         assert windows == expected
 
 
-@pytest.mark.parametrize(("overlap", "first_window"), [(-1, None), (1.5, None), (True, None), (32, 0), (32, "4")])
-def test_bad_stream_settings_are_refused(overlap, first_window) -> None:
-    with pytest.raises(RequestError, match=r"overlap|first window"):
-        StreamSchedule(overlap, first_window)
+@pytest.mark.parametrize("first_window", [0, -1, 1.5, True, "4"])
+def test_bad_stream_settings_are_refused(first_window) -> None:
+    with pytest.raises(RequestError, match="first window must be a whole number of frames >= 1"):
+        StreamSchedule(first_window)
 
 
 # ─── Streamed audio ───────────────────────────────────────────────────────────
 
 
-def test_streamed_take_equals_a_whole_take_decode_at_320_frames(codec, take) -> None:
+def test_a_streamed_take_is_the_whole_take_decode(codec, take) -> None:
+    """Each window after its take's codec state: the whole take's samples, to a rounding step,
+    from the first window to past 320 frames (where the seed's windows cut their context)."""
     codes, whole = take
-    streamed = render_take(codec, codes, overlap=320)
+    streamed = render_take(codec, codes, first_window=1)
     assert streamed.dtype == np.int16 and streamed.shape == whole.shape == (TAKE_FRAMES * 2048,)
     assert np.abs(whole.astype(np.int32)).mean() > 1000  # real audio, not silence
-    assert snr_db(whole, streamed) >= 45
-    # Where the context was cut (frames 384..480), too.
-    cut = next(w for w in take_windows(TAKE_FRAMES, 320) if w.start > 0).emit * 2048
-    assert cut < whole.size and snr_db(whole[cut:], streamed[cut:]) >= 45
+    assert np.abs(streamed.astype(np.int32) - whole).max() <= 1
+    assert snr_db(whole, streamed) >= 80  # the seed's 320 frames of context: ~48 dB on this codec
 
 
-def test_short_context_breaks_the_equality(codec, take) -> None:
-    """The tiny codec's transformers reach far back, like the release's: 32 frames of
-    context (SGLang Omni's default) leave the stream far from the whole take."""
+def test_the_state_carries_what_the_context_did(codec, take) -> None:
+    """The tiny codec's transformers reach far back, like the release's: a window decoded after
+    a fresh state (as if its take began there) is far from the whole take, and 32 frames of
+    context (SGLang Omni's default) are too."""
     codes, whole = take
-    streamed = render_take(codec, codes, overlap=32)
-    assert streamed.shape == whole.shape
-    assert snr_db(whole, streamed) < 25
+    window = take_windows(TAKE_FRAMES)[6]  # frames 256..320
+    alone = StreamState()
+    alone.frames = window.emit  # a state that has seen none of the take's frames
+    pcm = window_pcm(codec, codes, window, alone).numpy()
+    assert snr_db(whole[window.emit * 2048:window.end * 2048], pcm) < 25
+    cut = codec.decode_tail(codes[None, :, window.emit - 32:window.end], 32 - codec.conv_context,
+                            window.frames + codec.conv_context)
+    assert snr_db(whole[window.emit * 2048:window.end * 2048],
+                  pcm16(cut[0, codec.conv_context * 2048:]).numpy()) < 25
 
 
-def test_windows_decoded_from_the_start_are_the_whole_take(codec, take) -> None:
-    codes, whole = take
-    window = take_windows(TAKE_FRAMES, 320)[3]  # frames 32..64, context from frame 0
-    assert window.start == 0
-    pcm = decode_window(codec, codes, window)
-    assert pcm.shape == (window.frames * 2048,)
-    assert np.abs(pcm.astype(np.int32) - whole[window.emit * 2048: window.end * 2048]).max() <= 1
+def test_a_window_decodes_once_and_in_order(codec, take) -> None:
+    codes, _ = take
+    first, second, third = take_windows(TAKE_FRAMES, 1)[:3]
+    state = StreamState()
+    with pytest.raises(ValueError, match="from frame 1 cannot follow its decoded 0 frames"):
+        window_pcm(codec, codes, second, state)
+    window_pcm(codec, codes, first, state)
+    window_pcm(codec, codes, second, state)
+    with pytest.raises(ValueError, match="windows decode once each, in order"):
+        window_pcm(codec, codes, second, state)
+    assert state.frames == third.emit
 
 
 @pytest.mark.parametrize(("first_window", "first_starts"), [(3, [0, 3, 10]), (1, [0, 1, 2, 4, 10])])
@@ -163,18 +167,19 @@ def test_render_take_is_what_the_stream_carried(codec, first_window: int, first_
     window, and the export of the final codes: the same PCM16, sample for sample."""
     frames = 150
     codes = random_codes(codec, frames, seed=12)
-    schedule, buffer, streamed, starts = StreamSchedule(overlap=40, first_window=first_window), codes[:, :0], [], []
+    schedule, buffer, streamed, starts = StreamSchedule(first_window=first_window), codes[:, :0], [], []
+    state = StreamState()
     for produced in range(1, frames + 1):
         buffer = codes[:, :produced]  # what exists so far
         while (window := schedule.due(produced)) is not None:
-            streamed.append(window_pcm(codec, buffer, window).numpy())
+            streamed.append(window_pcm(codec, buffer, window, state).numpy())
             starts.append(window.emit * 2048)
     final = schedule.final(frames)
-    streamed.append(decode_window(codec, buffer, final))
+    streamed.append(decode_window(codec, buffer, final, state))
     starts.append(final.emit * 2048)
     assert starts[:len(first_starts)] == [frame * 2048 for frame in first_starts]
     assert [s + p.size for s, p in zip(starts, streamed)][:-1] == starts[1:]
-    exported = render_take(codec, codes, overlap=40, first_window=first_window)
+    exported = render_take(codec, codes, first_window=first_window)
     assert np.array_equal(np.concatenate(streamed), exported)
     whole = pcm16(codec.decode(codes)).numpy()
     assert exported.shape == whole.shape
@@ -184,40 +189,41 @@ def test_empty_take_renders_no_samples(codec) -> None:
     assert render_take(codec, torch.zeros((10, 0), dtype=torch.long)).shape == (0,)
 
 
-# ─── Window lengths and their graphs ──────────────────────────────────────────
+# ─── Window frame counts and their graphs ─────────────────────────────────────
 
 
-@pytest.mark.parametrize(("overlap", "first_window"), [(320, 4), (320, None), (32, None), (0, 4),
-                                                       (0, None), (320, 1), (32, 1), (0, 1), (0, 2)])
-def test_window_lengths_are_every_length_the_windows_take(overlap: int, first_window: int | None) -> None:
-    lengths = window_lengths(overlap, first_window)
-    windows = take_windows(2000, overlap, first_window)
-    scheduled = {w.end - w.start for w in windows[:-1]}  # the last window is whatever is left
-    assert scheduled == set(lengths) and len(lengths) == len(set(lengths))
-    assert all((w.end - w.start) <= max(lengths) for w in windows)
-    assert window_lengths(320, 4) == [4, 10, 20, 32, 64, 128, 192, 256, 320, 384]
-    assert window_lengths(320, 1) == [1, 2, 4, 10, 20, 32, 64, 128, 192, 256, 320, 384]
-    assert window_lengths(0, None) == [10, 12, 32, 64]  # 10 twice (0-10, 10-20) ends no list early
+@pytest.mark.parametrize("first_window", [4, None, 1, 2, 3, 12])
+def test_window_frames_are_every_count_the_later_windows_take(first_window: int | None) -> None:
+    windows = take_windows(2000, first_window)
+    assert windows[0].frames == first_frames(first_window)
+    counts = window_frames(first_window)
+    assert {w.frames for w in windows[1:-1]} == set(counts) and len(counts) == len(set(counts))
+    assert all(w.frames <= max(counts) for w in windows[1:])  # the last window is whatever is left
+    assert window_frames(1) == [1, 2, 6, 10, 12, 32, 64] and first_frames(1) == 1
+    assert window_frames(None) == [10, 12, 32, 64] and first_frames() == 10  # 10 twice (0-10, 10-20)
 
 
 @pytest.mark.parametrize("first_window", [4, 1])
 def test_a_window_padded_to_a_longer_graph_keeps_its_samples(codec, take, first_window: int) -> None:
-    """WindowGraphs' path (codes padded with zeros up to the next captured length, PCM16 of
-    the window's frames kept), run eagerly on a CPU: the codec is causal, so it gives the
-    window's own samples (to a rounding step) for every window of a take, the last included."""
+    """WindowGraphs' path (codes padded with zeros up to the next captured count, the state
+    moved on by the real frames, PCM16 of the window's frames kept), run eagerly on a CPU:
+    the codec is causal, so it gives the window's own samples (to a rounding step) for every
+    window of a take, the last included, and leaves the take's state where the window does."""
     codes, _ = take
-    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, first_window))
+    graphs = WindowGraphs(codec, [first_frames(first_window)], window_frames(first_window))
     assert not graphs.graphs.enabled  # a CPU: the graphed windows' code runs eagerly
-    padded = 0
-    for window in take_windows(TAKE_FRAMES - 3, STREAM_OVERLAP_FRAMES, first_window):
+    padded, through, alone = 0, StreamState(), StreamState()
+    for window in take_windows(TAKE_FRAMES - 3, first_window):
         if window.frames == 0:
             continue
-        padded += graphs.graphs.bucket_for(window.end - window.start) > window.end - window.start
-        assert graphs.length_for(window) is not None  # every window of the stream has its graph
-        got = graphs.pcm(codes, window)
-        expected = window_pcm(codec, codes, window).numpy()
+        key = graphs.key_for(window)
+        assert key is not None  # every window of the stream has its graph
+        padded += key[1] > window.frames
+        got = graphs.pcm_batch([(codes, window, through)])[0]
+        expected = window_pcm(codec, codes, window, alone).numpy()
         assert got.shape == expected.shape and np.abs(got.astype(int) - expected).max() <= 1
+        assert through.frames == alone.frames == window.end
     assert padded >= 1
-    # Past the first lengths the graphs run their convolutions on a tail: the new frames, at
-    # most, and the convolutions' context (codec.py decode_tail).
-    assert graphs.kept[384] == 64 + codec.conv_context and graphs.kept[first_window] == first_window
+    assert through.codec is not None and alone.codec is not None
+    assert torch.allclose(through.codec.keys, alone.codec.keys, atol=1e-5)
+    assert torch.equal(through.codec.frames, alone.codec.frames)

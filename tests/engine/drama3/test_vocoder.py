@@ -1,7 +1,8 @@
 """The batched vocoder on a CPU in float32: the codec's batch decode against each clip alone,
 windows of several takes decoded in one call (WindowGraphs' rows, run eagerly) against each
-window alone, the vocoder's queue (every due window in one drain, order per take, a failing
-window failing its own take only), and takes in flight together against the same takes alone."""
+take's windows alone, the vocoder's queue (every due window in one drain, a take's windows
+in order through its codec state, a failing window failing its own take only), and takes in
+flight together against the same takes alone."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import torch
 
 from engine import Done, EngineSpec, Sampling, load_engine
 from engine.drama3.codec_graphs import Launched, WindowGraphs, decode_window, decode_windows, render_take
+from engine.drama3.codec_stream import StreamState
 from engine.drama3.slots import Slots
-from engine.drama3.stream import STREAM_OVERLAP_FRAMES, Window, take_windows, window_lengths
+from engine.drama3.stream import Window, first_frames, take_windows, window_frames
 from engine.drama3.vocoder import Vocoder
 
 FIRST_WINDOW = 4
@@ -35,7 +37,7 @@ def codec(engine):
 @pytest.fixture(scope="module")
 def graphs(codec) -> WindowGraphs:
     """The window graphs' code path with 4 rows, run eagerly (a CPU has no graphs)."""
-    graphs = WindowGraphs(codec, window_lengths(STREAM_OVERLAP_FRAMES, FIRST_WINDOW), batch=4,
+    graphs = WindowGraphs(codec, [first_frames(FIRST_WINDOW)], window_frames(FIRST_WINDOW), batch=4,
                           batched_from=BATCHED_FROM)
     assert not graphs.graphs.enabled
     return graphs
@@ -44,6 +46,19 @@ def graphs(codec) -> WindowGraphs:
 def random_codes(codec, frames: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.stack([torch.randint(0, size, (frames,), generator=g) for size in codec.codebook_sizes])
+
+
+def take_jobs(codes: torch.Tensor) -> list[tuple[torch.Tensor, Window, StreamState]]:
+    """A take's windows with its codec state (a fresh one)."""
+    state = StreamState()
+    return [(codes, window, state) for window in take_windows(codes.shape[1], FIRST_WINDOW)]
+
+
+def alone(codec, graphs, jobs) -> list[np.ndarray]:
+    """Each window decoded in a call of its own, every take's through a fresh state of its own."""
+    fresh: dict[int, StreamState] = {}
+    return [decode_window(codec, codes, window, fresh.setdefault(id(state), StreamState()), graphs)
+            for codes, window, state in jobs]
 
 
 def test_a_batch_decodes_each_clip_as_alone(codec) -> None:
@@ -64,18 +79,42 @@ def test_windows_of_several_takes_in_one_call_equal_each_alone(codec, graphs) ->
     a row's kernels are the graph's, fixed by its length (so render_take reproduces a
     batched stream sample for sample)."""
     takes = [random_codes(codec, 60 - 5 * k, seed=20 + k) for k in range(5)]
-    windows = [(codes, window) for codes in takes
-               for window in take_windows(codes.shape[1], STREAM_OVERLAP_FRAMES, FIRST_WINDOW)]
+    windows = [job for codes in takes for job in take_jobs(codes)]
     together = decode_windows(codec, windows, graphs)
-    for (codes, window), pcm in zip(windows, together):
-        assert np.array_equal(pcm, decode_window(codec, codes, window, graphs)), window
-    lengths = [graphs.length_for(window) for _, window in windows]
-    assert sum(length is not None and graphs.rows(length) == 4 for length in lengths) > 4  # some calls were full
+    for (_, window, _), pcm, expected in zip(windows, together, alone(codec, graphs, windows)):
+        assert np.array_equal(pcm, expected), window
+    keys = [graphs.key_for(window) for _, window, _ in windows]
+    assert sum(key is not None and graphs.rows(key) == 4 for key in keys) > 4  # some calls were full
     for codes in takes:
-        mine = np.concatenate([pcm for (c, _), pcm in zip(windows, together) if c is codes])
-        assert np.array_equal(mine, render_take(codec, codes, STREAM_OVERLAP_FRAMES, FIRST_WINDOW, graphs))
-    with pytest.raises(ValueError, match="at most 4 windows"):
-        graphs.pcm_batch(windows[-1:] * 5)
+        mine = np.concatenate([pcm for (c, _, _), pcm in zip(windows, together) if c is codes])
+        assert np.array_equal(mine, render_take(codec, codes, FIRST_WINDOW, graphs))
+    batch = [(codes, window, StreamState()) for codes in takes for window in take_windows(60, FIRST_WINDOW)[:1]]
+    with pytest.raises(ValueError, match="at most 1"):  # first windows decode alone
+        graphs.pcm_batch(batch[:2])
+
+
+def test_a_take_s_windows_in_one_drain_decode_in_order_one_call_each(codec, graphs, monkeypatch) -> None:
+    """A drain holding several windows of one take (a vocoder behind) decodes them in rounds:
+    each in a call of its own, after the one before it, so each follows its take's state; two
+    windows of one take in one call, or a window whose state is elsewhere, are refused."""
+    takes = [random_codes(codec, 80, seed=50 + k) for k in range(2)]
+    jobs = [job for codes in takes for job in take_jobs(codes)]  # take 0's windows, then take 1's
+    expected = alone(codec, graphs, jobs)
+    calls: list[list[int]] = []
+    launch = graphs.launch
+    monkeypatch.setattr(graphs, "launch", lambda batch: calls.append([w.emit for _, w, _ in batch]) or launch(batch))
+    out = decode_windows(codec, jobs, graphs)
+    assert all(np.array_equal(pcm, pcm_alone) for pcm, pcm_alone in zip(out, expected))
+    emits = [w.emit for _, w, _ in take_jobs(takes[0]) if w.frames]
+    assert [call for call in calls if len(call) == 2] and all(len(set(call)) == 1 for call in calls)
+    assert [call[0] for call in calls] == sorted(call[0] for call in calls)  # round by round, in order
+    assert sorted({call[0] for call in calls}) == emits
+    state = StreamState()
+    first, second = take_windows(80, FIRST_WINDOW)[4:6]  # 32..64 and 64..80: one graph's rows
+    with pytest.raises(ValueError, match="one call each"):
+        graphs.pcm_batch([(takes[0], first, state), (takes[0], second, state)])
+    with pytest.raises(ValueError, match="from frame 32 cannot follow its decoded 0 frames"):
+        graphs.pcm_batch([(takes[0], first, state)])
 
 
 def test_the_queue_drains_every_due_window_in_one_go(codec, graphs) -> None:
@@ -84,26 +123,30 @@ def test_the_queue_drains_every_due_window_in_one_go(codec, graphs) -> None:
     executor = ThreadPoolExecutor(max_workers=1)
     vocoder = Vocoder(codec, graphs, executor)
 
-    def submitted_while_busy(jobs: list[tuple[np.ndarray, Window]]) -> list[Future[np.ndarray]]:
+    def submitted_while_busy(jobs: list[tuple[np.ndarray, Window, StreamState]]) -> list[Future[np.ndarray]]:
         release = threading.Event()
         executor.submit(release.wait)  # the worker is busy: everything below queues
-        futures = [vocoder.submit(frames, window) for frames, window in jobs]
+        futures = [vocoder.submit(frames, window, state) for frames, window, state in jobs]
         release.set()
         for future in futures:
             future.exception(timeout=600)
         return futures
 
-    takes = [random_codes(codec, 40, seed=30 + k).numpy() for k in range(3)]
-    jobs = [(codes[:, :window.end].copy(), window)
-            for window in take_windows(40, STREAM_OVERLAP_FRAMES, FIRST_WINDOW) for codes in takes]
+    takes = [random_codes(codec, 40, seed=30 + k) for k in range(3)]
+    states = [StreamState() for _ in takes]
+    jobs = [(codes.numpy()[:, :window.end].copy(), window, state)
+            for window in take_windows(40, FIRST_WINDOW) for codes, state in zip(takes, states)]
     futures = submitted_while_busy(jobs)
     assert (vocoder.calls, vocoder.windows) == (1, len(jobs))  # one drain took them all
-    for (frames, window), future in zip(jobs, futures):
-        assert np.array_equal(future.result(), decode_window(codec, torch.from_numpy(frames), window, graphs))
-    broken = (np.zeros((3, 20), dtype=np.int64), take_windows(20, 8, None)[0])  # 3 codebooks, not 10
-    good, bad = submitted_while_busy([jobs[-1], broken])
-    assert np.array_equal(good.result(), futures[-1].result())
-    with pytest.raises(RuntimeError):
+    expected = alone(codec, graphs, [(torch.from_numpy(frames), window, state) for frames, window, state in jobs])
+    for future, pcm in zip(futures, expected):
+        assert np.array_equal(future.result(), pcm)
+    more = random_codes(codec, 30, seed=39)
+    good = (more.numpy(), take_windows(30, FIRST_WINDOW)[0], StreamState())
+    broken = (np.zeros((3, 20), dtype=np.int64), take_windows(20, None)[0], StreamState())  # 3 codebooks, not 10
+    good_future, bad = submitted_while_busy([good, broken])
+    assert np.array_equal(good_future.result(), decode_window(codec, more, good[1], StreamState(), graphs))
+    with pytest.raises(ValueError, match=r"codes \[batch, 10, frames\]; got \(1, 3, 10\)"):
         bad.result()
     executor.shutdown()
 
@@ -120,10 +163,11 @@ def test_a_drain_hands_each_window_out_as_it_is_decoded(codec, graphs, monkeypat
     release = threading.Event()
     executor.submit(release.wait)  # the worker is busy: every window below is in one drain
     takes = [random_codes(codec, 40, seed=40 + k).numpy() for k in range(3)]
-    jobs = [(codes[:, :window.end].copy(), window)
-            for window in take_windows(40, STREAM_OVERLAP_FRAMES, FIRST_WINDOW) for codes in takes]
+    states = [StreamState() for _ in takes]
+    jobs = [(codes[:, :window.end].copy(), window, state)
+            for window in take_windows(40, FIRST_WINDOW) for codes, state in zip(takes, states)]
     handed: list[int] = []  # the codec calls done when each window's future was set
-    futures = [vocoder.submit(frames, window) for frames, window in jobs]
+    futures = [vocoder.submit(frames, window, state) for frames, window, state in jobs]
     for future in futures:
         future.add_done_callback(lambda _: handed.append(len(calls)))
     release.set()
@@ -139,15 +183,14 @@ def test_a_drain_launches_every_call_before_reading_and_hands_out_in_order(codec
     on the host until the last is launched (a busy GPU), every window still comes out, in the
     order of its call, with the samples of the window decoded alone."""
     takes = [random_codes(codec, 200, seed=60 + k) for k in range(3)]
-    windows = [(codes, window) for codes in takes for window in take_windows(200, STREAM_OVERLAP_FRAMES, FIRST_WINDOW)
-               if window.frames]
-    alone = [decode_window(codec, codes, window, graphs) for codes, window in windows]
+    windows = [job for codes in takes for job in take_jobs(codes) if job[1].frames]
+    expected = alone(codec, graphs, windows)
     launched: list[list[int]] = []
     launch = graphs.launch
 
     def counted(batch):  # the windows of each call, by index
-        launched.append([next(i for i, (c, w) in enumerate(windows) if c is codes and w == window)
-                         for codes, window in batch])
+        launched.append([next(i for i, (c, w, _) in enumerate(windows) if c is codes and w == window)
+                         for codes, window, _ in batch])
         return launch(batch)
 
     monkeypatch.setattr(graphs, "launch", counted)
@@ -155,15 +198,16 @@ def test_a_drain_launches_every_call_before_reading_and_hands_out_in_order(codec
     order: list[int] = []
     out = decode_windows(codec, windows, graphs, ready=lambda index, pcm: order.append(index))
     assert len(launched) > 2 and order == [index for call in launched for index in call]
-    assert all(np.array_equal(pcm, expected) for pcm, expected in zip(out, alone))
+    assert all(np.array_equal(pcm, pcm_alone) for pcm, pcm_alone in zip(out, expected))
 
 
 def test_a_drain_whose_call_fails_midway_keeps_what_was_handed_out_and_frees_the_graphs(codec, graphs,
                                                                                         monkeypatch) -> None:
     """A call that fails to launch ends the drain with its error (the vocoder then retries window
-    by window, test above); the windows handed out before it stand, and the graphs' lock is free."""
-    windows = [(random_codes(codec, 200, seed=70), window)
-               for window in take_windows(200, STREAM_OVERLAP_FRAMES, FIRST_WINDOW) if window.frames]
+    by window, test above); the windows launched before it are handed out (their take's state
+    has moved on past them), the one that failed left its state where it was, and the graphs'
+    lock is free."""
+    windows = [job for job in take_jobs(random_codes(codec, 200, seed=70)) if job[1].frames]
     launch, calls = graphs.launch, []
 
     def failing(batch):
@@ -176,7 +220,8 @@ def test_a_drain_whose_call_fails_midway_keeps_what_was_handed_out_and_frees_the
     handed: list[int] = []
     with pytest.raises(RuntimeError, match="third call"):
         decode_windows(codec, windows, graphs, ready=lambda index, pcm: handed.append(index))
-    assert handed == [0, 1]  # the first two calls' windows (one each: the shortest lengths)
+    assert handed == [0, 1]  # the first two calls' windows (one each: a take's windows, in order)
+    assert windows[0][2].frames == windows[2][1].emit  # the third window may be tried again
     assert graphs.lock.acquire(blocking=False)
     graphs.lock.release()
 
@@ -185,8 +230,7 @@ def test_takes_in_flight_together_get_their_pcm_alone(engine, codec, graphs) -> 
     """Three takes decoding together, their windows vocoded on one worker thread in batches:
     each take's windows come in order and its PCM equals the take alone, and the export."""
     vocoder = ThreadPoolExecutor(max_workers=1)
-    slots = Slots(engine.decoder, codec, overlap=STREAM_OVERLAP_FRAMES, first_window=FIRST_WINDOW,
-                  executor=vocoder, graphs=graphs)
+    slots = Slots(engine.decoder, codec, first_window=FIRST_WINDOW, executor=vocoder, graphs=graphs)
     prompts = [engine.prompt(text, None, [], Sampling(max_new_tokens=30 + 4 * k, seed=k))
                for k, text in enumerate(["Again, slower.", "Who is there?", "Nobody, nobody at all."])]
     alone = []
@@ -205,5 +249,5 @@ def test_takes_in_flight_together_get_their_pcm_alone(engine, codec, graphs) -> 
         assert [w.start_sample for w in windows] == list(np.cumsum([0] + [len(w.pcm) for w in windows[:-1]]))
         pcm = np.concatenate([w.pcm for w in windows])
         assert np.array_equal(pcm, alone[k])
-        exported = render_take(codec, torch.from_numpy(done.codes), STREAM_OVERLAP_FRAMES, FIRST_WINDOW, graphs)
+        exported = render_take(codec, torch.from_numpy(done.codes), FIRST_WINDOW, graphs)
         assert np.array_equal(pcm, exported)
