@@ -83,13 +83,13 @@ def takes_lines(data: Json) -> list[str]:
                                  f"({g.get('ratio')}x)" for g in grouped))
     vocode = rows_of(data, "vocode")
     if vocode:
-        lines.append("  vocode per window (frames+context: eager / graph ms, target <= 10): "
-                     + ", ".join(f"{v.get('frames')}+{v.get('context_frames')}: {get(v, 'eager_ms')} / "
+        lines.append("  vocode per window (frames after frames: eager / graph ms, target <= 10): "
+                     + ", ".join(f"{v.get('frames')} after {v.get('context_frames')}: {get(v, 'eager_ms')} / "
                                  f"{get(v, 'graph_ms')}" for v in vocode))
     batched = rows_of(data, "vocode_batch")
     if batched:
         first = batched[0]
-        lines.append(f"  vocode per long window ({first.get('context_frames')}+{first.get('frames')} frames), "
+        lines.append(f"  vocode per long window ({first.get('frames')} frames after {first.get('context_frames')}), "
                      f"takes' windows in one call (graph / eager ms per window; <= "
                      f"{get(first, 'budget_window_ms', ' ms')} for 64 takes in real time): "
                      + ", ".join(f"batch {b.get('batch')}: {get(b, 'graph_window_ms')} / {get(b, 'eager_window_ms')}"
