@@ -177,6 +177,31 @@ def test_a_tail_decode_needs_only_the_convolutions_context(codec) -> None:
     assert not torch.allclose(short, whole[:, (28 + context) * fs:(30 + context) * fs], atol=1e-3)
 
 
+def test_the_post_transformer_after_a_memory_is_the_whole_clip_s(codec) -> None:
+    """codec_transformer.py: frames after a memory of each layer's keys and values (the last
+    window - 1 of them suffice) are the frames of one call over the whole clip; a memory of
+    fewer keys is not enough."""
+    from engine.drama3.codec_transformer import Memory
+
+    post = codec.quantizer.post_module
+    clips = torch.randn(2, post.input_dim, 300, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        whole = post(clips)  # [2, C, 300]
+        first = Memory(torch.zeros(2, dtype=torch.long), [], [])
+        empty = clips.new_zeros(2, post.n_head, 0, post.head_dim)
+        first.keys, first.values = [empty] * len(post.layers), [empty] * len(post.layers)
+        post(clips[:, :, :180], first)  # the first 180 frames of both clips, remembered
+        past = post.window - 1
+        keys = [k[:, :, -past:] for k in first.keys]
+        values = [v[:, :, -past:] for v in first.values]
+        memory = Memory(torch.tensor([180, 180]), keys, values)
+        after = post(clips[:, :, 180:230], memory)  # [2, C, 50]
+        assert torch.allclose(after, whole[:, :, 180:230], atol=1e-5)
+        short = Memory(torch.tensor([180, 180]), [k[:, :, -past // 2:] for k in keys],
+                       [v[:, :, -past // 2:] for v in values])
+        assert not torch.allclose(post(clips[:, :, 180:230], short), whole[:, :, 180:230], atol=1e-3)
+
+
 def test_encode_gives_one_frame_per_2048_samples_in_codebook_range(codec) -> None:
     audio = speechlike(1.0)
     codes = codec.encode(audio)
