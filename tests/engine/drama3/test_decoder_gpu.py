@@ -177,18 +177,20 @@ def test_a_warmed_prefix_serves_the_next_line_on_the_gpu(gpu):
     assert np.array_equal(whole.codes, cold.codes)
 
 
-@pytest.mark.parametrize("batch_from", [128, 1])
+@pytest.mark.parametrize("batch_from", [64, 1])
 def test_takes_vocoded_together_stream_what_they_export(tiny_checkpoint, batch_from: int):
-    """Four takes long enough for the batched window lengths (128+ frames; with `batch_from` 1
-    every window), started together so their windows come due together: the vocoder decodes
-    them in calls of up to 4 windows, and each take's stream equals its export (vocode_take,
-    one window per call) and the take alone."""
+    """Four takes long enough for the batched windows (64 new frames; with `batch_from` 1 every
+    window but a take's first), started together so their windows come due together: the
+    vocoder decodes them in calls of up to 4 windows, each through its take's codec state, and
+    each take's stream equals its export (vocode_take, one window per call) and the take alone."""
     engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", slots=4, vocoder_batch=4,
                                     vocoder_batch_from=batch_from))
     engine.warm_up()
     graphs = engine.window_graphs
-    assert graphs is not None and graphs.batch == 4 and graphs.rows(max(graphs.lengths)) == 4
-    assert graphs.rows(min(graphs.lengths)) == (4 if batch_from == 1 else 1)
+    context = engine.codec.conv_context
+    assert graphs is not None and graphs.batch == 4 and graphs.rows((context, max(graphs.frames))) == 4
+    assert graphs.rows((context, min(graphs.frames))) == (4 if batch_from == 1 else 1)
+    assert graphs.rows((0, graphs.firsts.buckets[0])) == 1
     prompts = [engine.prompt(f"Take {i}, long enough to fill a few windows.", None, [],
                              Sampling(max_new_tokens=260, seed=i)) for i in range(4)]
     alone = []
