@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(by default each starts at a phase of its own within the frame, as microphones do)")
     parser.add_argument("--join-every", type=float, default=1.0, metavar="S",
                         help="with --join: seconds between joins (default 1)")
+    parser.add_argument("--processes", type=int, metavar="N",
+                        help="with --converse: client processes the conversations are spread over (default: one "
+                             "per 32 conversations, at most half the CPUs), so the client's own event loop is not "
+                             "what is measured")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,10 +76,12 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--seconds must be positive")
         if args.join < 0 or args.join_after < 0 or args.join_every < 0:
             raise UsageError("--join, --join-after and --join-every must be at least 0")
+        if args.processes is not None and args.processes < 1:
+            raise UsageError("--processes must be at least 1")
         url = args.url.removesuffix("/ws") + "/converse" if args.url.endswith("/ws") else args.url
         joins = conversation_load.Joins(args.join, args.join_after, args.join_every)
         return conversation_load.run(url, args.sessions, args.seconds, args.stagger_ms, args.token, joins,
-                                     args.json, aligned=args.aligned)
+                                     args.json, aligned=args.aligned, processes=args.processes)
     from backend.tools import loadtest
 
     return loadtest.run(loadtest.LoadTest(url=args.url, sessions=args.sessions, takes=args.takes,

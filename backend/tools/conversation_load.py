@@ -31,6 +31,14 @@ Design choices:
   within the 80 ms after it listens (`microphone_phase`), as independent microphones do; with
   `aligned` every schedule starts when its conversation listens, so conversations that
   listen at one tick (their prompts copied together) send in the same few milliseconds.
+- The client must not be what is measured: one event loop handling 127 sockets' frames in
+  the same few milliseconds was a suspect for stop 35's stalls. Conversations are spread over
+  client processes (`processes`, by default one per 32 conversations, at most half the
+  CPUs; "spawn", as the caller may hold threads), each with its own loop, and every process
+  probes its loop while all talk (a 5 ms sleep: how late it wakes, `client event loop lag`):
+  a lag near the tick latency's tail says the client, not the server, made it. The processes
+  meet at a barrier once all their conversations listen, so all still talk together; the
+  joiners open in the first. Their clocks agree (time.monotonic is the system's).
 - The first conversations talk together: system prompts are read one before each tick, so
   N opened at once listen over about N ticks, and without waiting the first would be done
   before the last began. Until then each streams silence, as a microphone does, so the
@@ -40,7 +48,12 @@ Design choices:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import multiprocessing
+import os
+import queue
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -165,34 +178,133 @@ async def talk(index: int, url: str, seconds: float, stagger_s: float, token: st
                      longest_stall(arrived, [tick_s] * len(arrived)), tick_s, joined)
 
 
-def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: str | None,
-        joins: Joins = Joins(), report: Path | None = None, aligned: bool = False) -> int:
+@dataclass(frozen=True)
+class Plan:
+    """What every client process of one load test runs."""
+
+    url: str
+    conversations: int
+    seconds: float
+    stagger_ms: float
+    token: str | None
+    joins: Joins
+    aligned: bool
+
+
+@dataclass
+class Part:
+    """One client process's conversations, measured."""
+
+    results: list[TalkStats]
+    failures: list[str]
+    lags_s: list[float]  # the process's event loop: how late a 5 ms sleep woke, while all talked
+    wall_s: float
+
+
+LAG_PROBE_S = 0.005
+CONVERSATIONS_PER_PROCESS = 32
+
+
+def default_processes(conversations: int) -> int:
+    """Client processes: one per 32 conversations, at most half the CPUs (the server has the rest)."""
+    return max(1, min(-(-conversations // CONVERSATIONS_PER_PROCESS), (os.cpu_count() or 2) // 2))
+
+
+async def run_conversations(plan: Plan, indices: list[int], joining: list[int],
+                            barrier: threading.Barrier | None = None) -> Part:
+    """Conversations `indices` and joiners `joining` of the plan in this process. The first ones
+    talk together once every one of them listens, in every process (`barrier`: one party per
+    process); the joiners open after that."""
     results: list[TalkStats] = []
     failures: list[str] = []
-    listening = [asyncio.Event() for _ in range(conversations)]
+    lags: list[float] = []
+    listening = {index: asyncio.Event() for index in indices}
+    everyone = asyncio.Event()  # every first conversation of every process listens
+    ended = asyncio.Event()
+
+    async def all_listen() -> None:
+        await asyncio.gather(*(event.wait() for event in listening.values()))
+        if barrier is not None:
+            await asyncio.get_running_loop().run_in_executor(None, cross, barrier)
+        everyone.set()
+
+    async def probe() -> None:  # the client's own lateness: a busy loop delays every frame it handles
+        await everyone.wait()
+        while not ended.is_set():
+            asked = time.monotonic()
+            await asyncio.sleep(LAG_PROBE_S)
+            lags.append(max(0.0, time.monotonic() - asked - LAG_PROBE_S))
 
     async def one(index: int, joined: bool = False) -> None:
         try:
             if joined:  # once the others all talk, one after another
-                await asyncio.gather(*(event.wait() for event in listening))
-                await asyncio.sleep(joins.after_s + (index - conversations) * joins.every_s)
-                results.append(await talk(index, url, joins.seconds, 0.0, token, joined=True))
+                await everyone.wait()
+                await asyncio.sleep(plan.joins.after_s + (index - plan.conversations) * plan.joins.every_s)
+                results.append(await talk(index, plan.url, plan.joins.seconds, 0.0, plan.token, joined=True))
             else:  # every first conversation talks at once, from when the last of them listens
-                results.append(await talk(index, url, seconds, stagger_ms / 1000, token, listening[index],
-                                          together=lambda: asyncio.gather(*(e.wait() for e in listening)),
-                                          phase=0.0 if aligned else microphone_phase(index)))
+                results.append(await talk(index, plan.url, plan.seconds, plan.stagger_ms / 1000, plan.token,
+                                          listening[index], together=everyone.wait,
+                                          phase=0.0 if plan.aligned else microphone_phase(index)))
         except Exception as error:  # noqa: BLE001 - reported, and the other conversations go on
             failures.append(f"conversation {index}: {type(error).__name__}: {error}")
             if not joined:
                 listening[index].set()
 
-    async def main() -> float:
-        started = time.monotonic()
-        await asyncio.gather(*(one(i) for i in range(conversations)),
-                             *(one(conversations + j, joined=True) for j in range(joins.count)))
-        return time.monotonic() - started
+    started = time.monotonic()
+    tasks = [asyncio.ensure_future(all_listen()), asyncio.ensure_future(probe())]
+    await asyncio.gather(*(one(i) for i in indices), *(one(j, joined=True) for j in joining))
+    ended.set()
+    everyone.set()  # (no first conversation here: the probe ends too)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return Part(results, failures, lags, time.monotonic() - started)
 
-    wall = asyncio.run(main())
+
+def cross(barrier: threading.Barrier) -> None:
+    """Wait for every process's conversations to listen (a process that never comes: 10 minutes)."""
+    with contextlib.suppress(threading.BrokenBarrierError):
+        barrier.wait(timeout=600)
+
+
+def run_process(plan: Plan, indices: list[int], joining: list[int], barrier: threading.Barrier,
+                out: multiprocessing.Queue[Part]) -> None:
+    """A client process: its conversations, its Part into `out`."""
+    out.put(asyncio.run(run_conversations(plan, indices, joining, barrier)))
+
+
+def run_parts(plan: Plan, processes: int) -> list[Part]:
+    """Every conversation, in `processes` client processes (the joiners in the first)."""
+    everyone = list(range(plan.conversations))
+    joining = list(range(plan.conversations, plan.conversations + plan.joins.count))
+    if processes == 1:
+        return [asyncio.run(run_conversations(plan, everyone, joining))]
+    context = multiprocessing.get_context("spawn")  # (not fork: the caller may hold threads)
+    barrier = context.Barrier(processes)
+    out: multiprocessing.Queue[Part] = context.Queue()
+    workers = [context.Process(target=run_process, daemon=True,
+                               args=(plan, everyone[p::processes], joining if p == 0 else [], barrier, out))
+               for p in range(processes)]
+    for worker in workers:
+        worker.start()
+    parts = []
+    for worker in workers:
+        try:
+            parts.append(out.get(timeout=plan.seconds + plan.conversations * plan.stagger_ms / 1000 + 900))
+        except queue.Empty:
+            parts.append(Part([], [f"a client process sent nothing (exit code {worker.exitcode})"], [], 0.0))
+    for worker in workers:
+        worker.join(timeout=10)
+    return parts
+
+
+def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: str | None,
+        joins: Joins = Joins(), report: Path | None = None, aligned: bool = False,
+        processes: int | None = None) -> int:
+    processes = min(conversations, default_processes(conversations) if processes is None else processes)
+    parts = run_parts(Plan(url, conversations, seconds, stagger_ms, token, joins, aligned), processes)
+    results = [r for part in parts for r in part.results]
+    failures = [f for part in parts for f in part.failures]
+    lags = [lag for part in parts for lag in part.lags_s]
+    wall = max(part.wall_s for part in parts)
     talkers = [r for r in results if not r.joined]
     joiners = [r for r in results if r.joined]
     latencies = [value for r in talkers for value in r.latencies_s]
@@ -206,7 +318,8 @@ def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: 
     together = max(0.0, min(s[-1] for s in talking) - max(s[0] for s in talking)) if talking else 0.0
     print(f"{conversations} conversations x {seconds:g} s of talking against {url}: {len(talkers)} done "
           f"in {wall:.1f} s, all talking at once for {together:.1f} s"
-          + (f"; {len(joiners)} of {joins.count} joined while they talked" if joins.count else ""))
+          + (f"; {len(joiners)} of {joins.count} joined while they talked" if joins.count else "")
+          + f" ({processes} client process{'es' if processes > 1 else ''})")
     print(f"{'ms':28} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}")
     print(f"{'system prompt':28} {percentiles([r.prompt_s for r in talkers])}")
     print(f"{'tick latency':28} {percentiles(latencies)}")
@@ -214,6 +327,7 @@ def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: 
     if joins.count:
         print(f"{'system prompt, joining':28} {percentiles([r.prompt_s for r in joiners])}")
         print(f"{'tick latency during joins':28} {percentiles(during)}")
+    print(f"{'client event loop lag':28} {percentiles(lags)}")
     print(f"conversations that kept real time (no gap above 100 ms): {sum(g <= 0.1 for g in gaps)} of {len(gaps)}")
     for failure in failures:
         print(f"FAILED {failure}")
@@ -224,7 +338,8 @@ def run(url: str, conversations: int, seconds: float, stagger_ms: float, token: 
             "prompt_ms": ms([r.prompt_s for r in talkers]), "tick_latency_ms": ms(latencies),
             "longest_gap_ms": ms(gaps), "joining_prompt_ms": ms([r.prompt_s for r in joiners]),
             "tick_latency_during_joins_ms": ms(during), "kept_real_time": sum(g <= 0.1 for g in gaps),
-            "aligned": aligned, "failures": failures}, indent=1) + "\n")
+            "aligned": aligned, "processes": processes, "client_loop_lag_ms": ms(lags),
+            "failures": failures}, indent=1) + "\n")
     return 1 if failures else 0
 
 

@@ -283,6 +283,27 @@ def test_loadtest_conversations_talk_together_however_far_apart_they_open(talk_s
     assert len(data["tick_latency_ms"]) == 4
 
 
+def test_loadtest_spreads_conversations_over_client_processes(talk_server: LiveServer, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`--processes 2`: each conversation in a client process of its own, opened 1.5 s apart, still
+    talks at the same time as the other (the processes meet once all listen); the report merges
+    both and gives each process's event loop lag."""
+    from backend.cli import main
+
+    wait_until_idle(talk_server)
+    url = talk_server.converse.removesuffix("/converse") + "/ws"
+    report = tmp_path / "converse.json"
+    assert main(["loadtest", "--converse", "--url", url, "--sessions", "2", "--seconds", "1",
+                 "--stagger-ms", "1500", "--processes", "2", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "2 done" in out and "(2 client processes)" in out and "client event loop lag" in out
+    data = json.loads(report.read_text())
+    assert data["failures"] == [] and data["processes"] == 2 and data["all_talking_s"] >= 0.5
+    assert data["client_loop_lag_ms"]["max"] >= 0 and data["tick_latency_ms"]["p50"] > 0
+    assert main(["loadtest", "--converse", "--url", url, "--processes", "0"]) == 2
+    assert "--processes must be at least 1" in capsys.readouterr().err
+
+
 def test_loadtest_microphones_start_at_phases_spread_over_the_frame() -> None:
     """Without --aligned each conversation's 80 ms schedule starts at a phase of its own: for any
     number of conversations the phases leave no gap wider than twice an even share of the frame."""
