@@ -15,17 +15,17 @@ Design choices:
   autocast on a GPU; decoding runs the quantiser (embeddings, post transformer,
   upsampling) in float32 and the convolutional decoder in float16 on a GPU, float32 on
   CPU.
-- `decode` takes one clip; `decode_batch` takes clips of one length (the vocoder's windows
-  of several takes at once, codec_graphs.py); `decode_tail` decodes a tail of each: the post
-  transformer (8 layers, a 128-frame window: it reaches hundreds of frames back, hence the
-  stream's 320 frames of context) runs on every frame, the upsampling and the decoder
-  (short causal convolutions, but nearly all the codec's work: they run at up to 2,048
-  samples a frame) only on the frames kept plus `conv_context` frames before them. A
-  window of 64 new frames after 320 of context then runs its convolutions on 74 frames,
-  not 384. The modules carry the batch dimension end
-  to end; each clip's samples depend on its own codes only (no op mixes the batch), but
-  a convolution's kernel may change with the batch size, so a clip decoded in a batch can
-  differ from the same clip alone in float rounding (~4e-6 in float32 on a CPU).
+- `decode` takes one clip; `decode_batch` takes clips of one length; `decode_tail` decodes
+  a tail of each: the post transformer (8 layers, a 128-frame window: it reaches hundreds of
+  frames back) runs on every frame, the upsampling and the decoder (short causal
+  convolutions, but nearly all the codec's work: they run at up to 2,048 samples a frame)
+  only on the frames kept plus `conv_context` frames before them (`retake bench codec`
+  decodes the seed's windows with it). A streamed window does the same after its take's
+  codec state, the transformer on its new frames only (codec_stream.py). The modules carry
+  the batch dimension end to end; each clip's samples depend on its own codes only (no op
+  mixes the batch), but a convolution's kernel may change with the batch size, so a clip
+  decoded in a batch can differ from the same clip alone in float rounding (~4e-6 in
+  float32 on a CPU).
 - On a GPU the decoder's Snakes run as one Triton pass each (engine/kernels/snake.py;
   `retake bench codec --window` times a long window's graph with them and without).
 """
