@@ -67,8 +67,9 @@ class Attention(nn.Module):
                 past_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The layer's output [B, T, D] and its keys and values [B, H, P + T, Dh], the past ones first."""
         batch, length, _ = x.shape
-        q, k, v = self.wqkv(x).view(batch, length, 3, self.n_head, self.head_dim).unbind(2)  # [B, T, H, Dh]
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        qkv = self.wqkv(x).view(batch, length, 3, self.n_head, self.head_dim)  # [B, T, 3, H, Dh]
+        q, k = apply_rope(qkv[:, :, :2], rope).unbind(2)  # [B, T, H, Dh] each, rotated in one pass
+        v = qkv[:, :, 2]
         keys = torch.cat((past_keys, k.transpose(1, 2)), 2)  # [B, H, P + T, Dh]
         values = torch.cat((past_values, v.transpose(1, 2)), 2)  # [B, H, P + T, Dh]
         y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask)  # [B, H, T, Dh]
@@ -107,19 +108,23 @@ class TransformerBlock(nn.Module):
 
 
 def rope_table(positions: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
-    """[B, T, Dh/2, 2] cos/sin at positions [B, T], rounded to bfloat16 as the release stores them."""
+    """[B, T, Dh/2, 2, 2] at positions [B, T]: cos/sin rounded to bfloat16 as the release stores
+    them, laid out for `apply_rope` as (cos, cos) and (-sin, sin) per pair, in float32."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=positions.device)[: head_dim // 2].float()
                                / head_dim))
     angles = positions.float()[..., None] * inv_freq  # [B, T, Dh/2]
-    return torch.stack((angles.cos(), angles.sin()), -1).to(torch.bfloat16)
+    cos, sin = angles.cos().to(torch.bfloat16).float(), angles.sin().to(torch.bfloat16).float()
+    return torch.stack((torch.stack((cos, cos), -1), torch.stack((-sin, sin), -1)), -2)  # [B, T, Dh/2, 2, 2]
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs (x0, x1) of x [B, T, H, Dh] in float32."""
-    pairs = x.float().unflatten(-1, (-1, 2))  # [B, T, H, Dh/2, 2]
-    cos, sin = rope[:, :, None, :, 0], rope[:, :, None, :, 1]  # [B, T, 1, Dh/2]
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), -1).flatten(3).type_as(x)
+    """Rotate adjacent pairs (x0, x1) of x [B, T, ..., Dh] in float32: (x0 cos - x1 sin,
+    x1 cos + x0 sin), as the release computes them (x1 (-sin) added is x1 sin subtracted,
+    exactly), in four launches however many heads (q and k together) x holds."""
+    pairs = x.float().unflatten(-1, (-1, 2))  # [B, T, ..., Dh/2, 2]
+    shape = (rope.shape[0], rope.shape[1], *(1,) * (x.dim() - 3), rope.shape[2], 2)
+    cos, sin = rope[..., 0, :].reshape(shape), rope[..., 1, :].reshape(shape)  # [B, T, 1.., Dh/2, 2]
+    return (pairs * cos + pairs.flip(-1) * sin).flatten(-2).type_as(x)
 
 
 class WindowLimitedTransformer(nn.Module):
