@@ -124,7 +124,8 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     pairs = x.float().unflatten(-1, (-1, 2))  # [B, T, ..., Dh/2, 2]
     shape = (rope.shape[0], rope.shape[1], *(1,) * (x.dim() - 3), rope.shape[2], 2)
     cos, sin = rope[..., 0, :].reshape(shape), rope[..., 1, :].reshape(shape)  # [B, T, 1.., Dh/2, 2]
-    return (pairs * cos + pairs.flip(-1) * sin).flatten(-2).type_as(x)
+    out: torch.Tensor = (pairs * cos + pairs.flip(-1) * sin).flatten(-2).type_as(x)
+    return out
 
 
 class WindowLimitedTransformer(nn.Module):
