@@ -270,9 +270,10 @@ def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None
                     else:
                         groups.setdefault(key, []).append(index)
                 for key, members in sorted(groups.items()):
-                    rows = graphs.rows(key) if graphs is not None else 1
+                    assert graphs is not None  # (a window has a graph's key only with graphs)
+                    rows = graphs.rows(key)
                     for chunk in (members[i:i + rows] for i in range(0, len(members), rows)):
-                        launched.append((chunk, graphs.launch([windows[i] for i in chunk])))  # type: ignore[union-attr]
+                        launched.append((chunk, graphs.launch([windows[i] for i in chunk])))
                         hand_out(wait=False)
             hand_out(wait=True)
         except BaseException:  # the calls launched before the failure: their takes' states moved on past them
