@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.config import Drama3Config
     from engine.drama3.model import Drama3Model
 
-WINDOW_FRAMES = (10, 20, 32, 64)
+WINDOW_FRAMES = (1, 10, 20, 32, 64)  # 1: the server's first window
 
 
 def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: torch.device,
