@@ -83,12 +83,12 @@ def decode_next(codec: Codec, codes: torch.Tensor, state: CodecState, count: tor
     memory = Memory(state.frames, list(state.keys.unbind(0)), list(state.values.unbind(0)))
     z = codec.quantizer.transformed(codes.to(device, torch.long), memory)  # [B, C, n]
     held = state.tail.shape[2]
-    frames = torch.cat((state.tail, z), 2)  # [B, C, held + n]: the tail's frames, then the new ones
+    transformed = torch.cat((state.tail, z), 2)  # [B, C, held + n]: the tail's frames, then the new ones
     # The convolutions read `context` frames before the new ones, or from the take's frame 0:
     # the index runs past the row's frames there (clamped: causal, they follow every kept one).
     first = held - torch.clamp(state.frames, max=context)  # [B]
     index = (first[:, None] + torch.arange(context + new, device=device)).clamp(max=held + new - 1)  # [B, context + n]
-    kept = frames.gather(2, index[:, None, :].expand(-1, frames.shape[1], -1))  # [B, C, context + n]
+    kept = transformed.gather(2, index[:, None, :].expand(-1, transformed.shape[1], -1))  # [B, C, context + n]
     latent = codec.quantizer.upsample(kept)  # [B, C, 4 (context + n)]
     audio: torch.Tensor = codec.decoder(latent.to(codec.decoder_dtype))[:, 0].float()  # [B, (context + n) * fs]
     # The next window's state: each row's last P steps and `held` frames, ending at its count.
@@ -98,7 +98,7 @@ def decode_next(codec: Codec, codes: torch.Tensor, state: CodecState, count: tor
     state.keys.copy_(torch.stack([keys.gather(2, steps) for keys in memory.keys]))  # [L, B, H, P, Dh]
     state.values.copy_(torch.stack([values.gather(2, steps) for values in memory.values]))
     tail = (count[:, None] + torch.arange(held, device=device))[:, None, :]  # [B, 1, held] into [held + n]
-    state.tail.copy_(frames.gather(2, tail.expand(-1, frames.shape[1], -1)))
+    state.tail.copy_(transformed.gather(2, tail.expand(-1, transformed.shape[1], -1)))
     state.frames.add_(count)
     return audio
 
