@@ -275,16 +275,18 @@ class Decoder:
         slot, prompt = prefill.slot, self.prompts.pop(prefill.slot)
         if self.prefix is not None and not prefill.prefill_only:
             self.prefix.decoding(slot, len(prefill.rows) - 1)
+        # A Python number goes in by fill_ (a kernel argument): `t[slot] = n` copies it from host memory,
+        # which CUDA's sync debug mode flags as synchronizing (the H100, stop 38).
         self.hidden[slot] = hidden
-        self.position[slot] = len(prefill.rows) - 1
+        self.position[slot].fill_(len(prefill.rows) - 1)
         self.frame[slot] = prefill.rows[-1]
         self.ras_window[slot] = ras_window_of(prefill.rows)[0]
         self.settings.fill(prompt.sampling, slot)
         seed = prompt.sampling.seed
-        self.seed[slot] = secrets.randbits(63) if seed is None else seed
-        self.counter[slot] = 0
-        self.slots[slot] = slot
-        self.active[slot] = True
+        self.seed[slot].fill_(secrets.randbits(63) if seed is None else seed)
+        self.counter[slot].fill_(0)
+        self.slots[slot].fill_(slot)
+        self.active[slot].fill_(True)
 
     def clear_rows(self, slot: int, start: int) -> None:
         """Zero the slot's KV rows from `start` on (what an earlier take left there)."""
@@ -304,9 +306,9 @@ class Decoder:
     def release(self, slot: int) -> None:
         """The slot's take ended: its row is ignored from now on, held at position 0, its
         writes sent to the scratch slot."""
-        self.active[slot] = False
-        self.position[slot] = 0
-        self.slots[slot] = self.scratch
+        self.active[slot].fill_(False)
+        self.position[slot].fill_(0)
+        self.slots[slot].fill_(self.scratch)
         self.prompts.pop(slot, None)
         self.plans.pop(slot, None)
 

@@ -61,9 +61,9 @@ class SamplingTensors:
     def fill(self, sampling: Sampling, row: int | slice = slice(None)) -> None:
         """Copy new settings into the same tensors (the addresses a graph captured): every
         row, or one row (a batch slot)."""
-        self.temperature[row] = sampling.temperature
-        self.top_k[row] = sampling.top_k
-        self.top_p[row] = sampling.top_p
+        self.temperature[row].fill_(sampling.temperature)  # (fill_: no copy from host memory)
+        self.top_k[row].fill_(sampling.top_k)
+        self.top_p[row].fill_(sampling.top_p)
 
 
 Generators = torch.Generator | Sequence[torch.Generator] | None  # one for the batch, or one per row
