@@ -275,8 +275,7 @@ class Decoder:
         slot, prompt = prefill.slot, self.prompts.pop(prefill.slot)
         if self.prefix is not None and not prefill.prefill_only:
             self.prefix.decoding(slot, len(prefill.rows) - 1)
-        # A Python number goes in by fill_ (a kernel argument): `t[slot] = n` copies it from host memory,
-        # which CUDA's sync debug mode flags as synchronizing (the H100, stop 38).
+        # Numbers by fill_ (a kernel argument): `t[slot] = n` copies from host memory, a sync (stop 38)
         self.hidden[slot] = hidden
         self.position[slot].fill_(len(prefill.rows) - 1)
         self.frame[slot] = prefill.rows[-1]
@@ -304,8 +303,7 @@ class Decoder:
         return status
 
     def release(self, slot: int) -> None:
-        """The slot's take ended: its row is ignored from now on, held at position 0, its
-        writes sent to the scratch slot."""
+        """The slot's take ended: its row is ignored, held at position 0, writing to the scratch slot."""
         self.active[slot].fill_(False)
         self.position[slot].fill_(0)
         self.slots[slot].fill_(self.scratch)
