@@ -26,6 +26,10 @@ Design choices (nano-vllm's capture_cudagraph, moshi's CUDAGraphed):
   the last warm-up call runs under CUDA's sync debug mode "error" (the first may compile
   and autotune, which synchronise), so a step that reads the host (which a capture cannot
   hold) is found before the capture; a capture that fails anyway is caught the same way.
+- `time_replays` measures each captured graph (CUDA events, the median of a few replays),
+  for callers whose larger bucket may be the faster one (the codec's window graphs: cuDNN
+  picks its convolutions by length, and on an H100 a 32-frame window's graph replayed in
+  9.7 ms where the 64-frame one took 7.6); `fastest_for` routes by those times.
 """
 
 from __future__ import annotations
@@ -67,12 +71,36 @@ class StepGraphs:
         self.eager: dict[int, str] = {}  # buckets that could not be captured, and why
         self.pool: _POOL_HANDLE | None = pool  # the memory pool the graphs share, once one exists
         self.capture_s: dict[int, float] = {}
+        self.replay_ms: dict[int, float] = {}  # captured buckets' replay times, once `time_replays` ran
 
     def bucket_for(self, length: int) -> int:
         for bucket in self.buckets:
             if bucket >= length:
                 return bucket
         raise ValueError(f"length {length} exceeds the largest bucket {self.buckets[-1]}")
+
+    def fastest_for(self, length: int) -> int:
+        """The bucket that fits `length` whose graph replayed fastest (`time_replays`); the smallest
+        that fits where none of them is timed."""
+        smallest = self.bucket_for(length)
+        timed = [(ms, bucket) for bucket, ms in self.replay_ms.items() if bucket >= length]
+        return min(timed)[1] if timed else smallest
+
+    def time_replays(self, repeats: int = 5) -> dict[int, float]:
+        """Each captured graph's replay in ms (the median of `repeats`, after one unmeasured):
+        what `fastest_for` routes by. The replays write the step's static buffers, as a capture does."""
+        for bucket, graph in sorted(self.graphs.items()):
+            graph.replay()
+            times = []
+            for _ in range(repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            self.replay_ms[bucket] = sorted(times)[len(times) // 2]
+        return self.replay_ms
 
     @property
     def captured(self) -> bool:

@@ -85,7 +85,9 @@ def takes_lines(data: Json) -> list[str]:
     if vocode:
         lines.append("  vocode per window (frames after frames: eager / graph ms, target <= 10): "
                      + ", ".join(f"{v.get('frames')} after {v.get('context_frames')}: {get(v, 'eager_ms')} / "
-                                 f"{get(v, 'graph_ms')}" for v in vocode))
+                                 f"{get(v, 'graph_ms')}" + (f" (in the {v['graph_frames']}-frame graph)"
+                                                            if v.get("graph_frames", v.get("frames")) != v.get("frames")
+                                                            else "") for v in vocode))
     batched = rows_of(data, "vocode_batch")
     if batched:
         first = batched[0]

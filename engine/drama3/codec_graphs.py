@@ -17,9 +17,14 @@ Design choices:
   frames before them. One graph per frame count of a take's later windows (1, 2, 6, 10,
   12, 32, 64 with a first window of 1: `window_frames`) and one for its first window (each
   first window size asked for), whose convolutions have no context (`first_frames`). A
-  take's last window runs in the graph of the next larger count, its codes padded with
-  zeros on the right: the codec is causal and the state moves on by the real frames
-  (`count`), so the padding changes none of its samples. A window that fits no graph decodes eagerly.
+  take's last window runs in a graph of a larger count, its codes padded with zeros on the
+  right: the codec is causal and the state moves on by the real frames (`count`), so the
+  padding changes none of its samples. A window that fits no graph decodes eagerly.
+- A window runs in the graph that replayed fastest among those it fits, timed at capture
+  (`StepGraphs.time_replays`), not always the smallest: cuDNN picks the convolutions by
+  length, and on an H100 (stop 38) windows of 20 and 32 frames took 9.6-9.7 ms in the
+  32-frame graph and the 64-frame window 7.6 in its own. The times are taken once, so the
+  export (`render_take`) still runs each window in the graph the stream ran it in.
 - The state is copied into the graph's static rows before a replay and back out to the take
   after it, on the same stream: a take's windows decode in order, one call each (a drain's
   windows go in rounds: each take's first pending window, then its second, ...), and a window
@@ -64,6 +69,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
 
@@ -77,6 +83,8 @@ from engine.drama3.stream import Window, take_windows
 from engine.graphs import StepGraphs
 from engine.pcm import pcm16
 from engine.readback import pinned_like, to_host, wait_for
+
+log = logging.getLogger("retake.engine")
 
 VOCODER_BATCH = 1  # rows of the 64-frame windows' graph (engine default; 8 once the H200 shows it pays: docs/perf.md)
 BATCHED_FROM = 64  # frames: windows with this many new frames decode `batch` to a call
@@ -124,6 +132,11 @@ class WindowGraphs:
             self.graphs.capture()
             self.firsts.pool = self.graphs.pool  # one pool for every window graph
             self.firsts.capture()
+            if self.graphs.graphs:
+                self.graphs.time_replays()
+                log.info("codec window graphs: replay ms by new frames %s; windows of %s frames run in %s",
+                         {n: round(ms, 2) for n, ms in self.graphs.replay_ms.items()}, self.frames,
+                         [self.graphs.fastest_for(n) for n in self.frames])
 
     def rows(self, key: Key) -> int:
         """Windows decoded per call by the graph of `key`."""
@@ -145,7 +158,7 @@ class WindowGraphs:
         graphs = self.firsts if window.emit == 0 else self.graphs
         if window.frames == 0 or window.frames > graphs.buckets[-1]:
             return None
-        frames = graphs.bucket_for(window.frames)
+        frames = graphs.fastest_for(window.frames)
         return None if frames in graphs.eager else (context_for(self.codec, window), frames)
 
     def runs(self, window: Window) -> bool:

@@ -63,3 +63,17 @@ def test_graphs_replayed_at_once_on_two_streams_give_their_results_alone():
     replay(engine, graphs[0], alone[0], "engine", torch.cuda.current_stream())
     thread.join()
     assert wrong == {"engine": 0, "vocoder": 0}, f"replays that differ from the graph alone, of {REPLAYS}: {wrong}"
+
+
+def test_each_graph_is_timed_and_a_length_runs_in_the_fastest_that_fits() -> None:
+    """`time_replays` times every captured bucket; `fastest_for` then routes by those times
+    (a larger bucket when its graph replays faster), the smallest that fits where none is timed."""
+    chains = {rows: Chain(rows, 256, 1024, seed=rows) for rows in (1, 8, 64)}
+    graphs = StepGraphs(lambda n: chains[n].step(n), chains, enabled=True)
+    graphs.capture()
+    assert graphs.fastest_for(2) == 8  # nothing timed yet
+    times = graphs.time_replays(repeats=3)
+    assert sorted(times) == [1, 8, 64] and all(ms > 0 for ms in times.values())
+    graphs.replay_ms[8] = graphs.replay_ms[64] * 2  # as cuDNN's 32-frame codec window against its 64
+    assert graphs.fastest_for(2) == 64
+    assert graphs.fastest_for(1) == min(graphs.replay_ms, key=graphs.replay_ms.__getitem__)

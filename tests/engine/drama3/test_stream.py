@@ -14,7 +14,7 @@ from engine.drama3.codec import load_codec
 from engine.drama3.codec_graphs import WindowGraphs, decode_window, render_take
 from engine.drama3.codec_stream import StreamState, window_pcm
 from engine.drama3.codec_tiny import write_tiny_codec
-from engine.drama3.stream import StreamSchedule, first_frames, take_windows, window_ends, window_frames
+from engine.drama3.stream import StreamSchedule, Window, first_frames, take_windows, window_ends, window_frames
 from engine.errors import RequestError
 from engine.pcm import pcm16
 
@@ -203,15 +203,20 @@ def test_window_frames_are_every_count_the_later_windows_take(first_window: int 
     assert window_frames(None) == [10, 12, 32, 64] and first_frames() == 10  # 10 twice (0-10, 10-20)
 
 
-@pytest.mark.parametrize("first_window", [4, 1])
-def test_a_window_padded_to_a_longer_graph_keeps_its_samples(codec, take, first_window: int) -> None:
-    """WindowGraphs' path (codes padded with zeros up to the next captured count, the state
-    moved on by the real frames, PCM16 of the window's frames kept), run eagerly on a CPU:
-    the codec is causal, so it gives the window's own samples (to a rounding step) for every
-    window of a take, the last included, and leaves the take's state where the window does."""
+@pytest.mark.parametrize("first_window, longest_fastest", [(4, False), (1, False), (1, True)])
+def test_a_window_padded_to_a_longer_graph_keeps_its_samples(codec, take, first_window: int,
+                                                            longest_fastest: bool) -> None:
+    """WindowGraphs' path (codes padded with zeros up to a captured count: the next one, or the
+    largest where its graph replayed fastest, the state moved on by the real frames, PCM16 of
+    the window's frames kept), run eagerly on a CPU: the codec is causal, so it gives the
+    window's own samples (to a rounding step) for every window of a take, the last included,
+    and leaves the take's state where the window does."""
     codes, _ = take
     graphs = WindowGraphs(codec, [first_frames(first_window)], window_frames(first_window))
     assert not graphs.graphs.enabled  # a CPU: the graphed windows' code runs eagerly
+    if longest_fastest:  # as if the capture's timing found the 64-frame graph the fastest
+        graphs.graphs.replay_ms = {n: 1.0 if n == max(graphs.frames) else 2.0 for n in graphs.frames}
+        assert graphs.key_for(Window(emit=1, end=3, last=False)) == (codec.conv_context, max(graphs.frames))
     padded, through, alone = 0, StreamState(), StreamState()
     for window in take_windows(TAKE_FRAMES - 3, first_window):
         if window.frames == 0:
