@@ -55,7 +55,9 @@ def takes_lines(data: Json) -> list[str]:
         lines.append(f"  KERNELS THAT FELL BACK TO THEIR REFERENCE: {meta['kernel_fallbacks']}")
     for d in rows_of(data, "decode"):
         lines.append(f"  decode per frame: eager {get(d, 'eager_ms')}, compiled {get(d, 'compiled_ms')}, "
-                     f"graph {get(d, 'graph_ms', ' ms')} (target <= 4 ms); floor {get(d, 'floor_ms', ' ms')} "
+                     f"graph {get(d, 'graph_ms', ' ms')} (target <= 4 ms)"
+                     + (f" (shared experts in line: {d['graph_inline_ms']} ms)" if "graph_inline_ms" in d else "")
+                     + f"; floor {get(d, 'floor_ms', ' ms')} "
                      f"({get(d, 'step_gib', ' GiB')} at {get(d, 'bandwidth_gb_s', ' GB/s')}), "
                      f"{get(d, 'ratio_to_floor', 'x')} the floor; compile {get(d, 'compile_s', ' s')}, "
                      f"capture {get(d, 'capture_s', ' s')}")

@@ -344,7 +344,7 @@ def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tenso
 
 
 KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention", "prefill_norms",  # Triton kernels
-           "dense_rows")
+           "dense_rows", "shared_beside")
 # cache_attention: on, from the kernel's own H200 figures (above). moe_routing: on; one launch where
 # the reference makes ~6 in each of the 40 MoE layers (~0.75 ms of a step in stop 27's profile). Its
 # first H200 run (a `torch.compiler.disable` break in every MoE layer then) warmed up 3.7x as long; as
@@ -355,7 +355,9 @@ KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention", "p
 # one launch each instead of ~9-21 (not with --compile-prefill, whose compiled layers fuse them).
 # dense_rows: on; by its H200 rows in `bench kernels` a step's dense layers take ~1.44 ms at one
 # row against cuBLAS's ~1.78 (engine/kernels/dense_rows.py), and the graphed step with it was 4.966 ms.
-DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention", "prefill_norms", "dense_rows")
+# shared_beside: each MoE layer's shared expert on a side stream, beside the routed experts
+# (moe_beside.py); `bench takes` times the graphed step with it and with both halves in line.
+DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention", "prefill_norms", "dense_rows", "shared_beside")
 
 
 def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compile_prefill: bool = False,
@@ -417,6 +419,13 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
             if isinstance(module, (GatedAttention, TowerAttention)) and "attend_cache" not in vars(module):
                 vars(module)["attend_cache"] = cache_decode(module)  # shadows the class's attend_cache
         installed.append("cache_attention_kernel")
+    if "shared_beside" in kernels:
+        from engine.drama3.moe_beside import install_beside
+
+        for module in model.modules():
+            if isinstance(module, SparseMoE):
+                install_beside(module)
+        installed.append("shared_beside")
     if compile_layers:
         import torch._dynamo
 

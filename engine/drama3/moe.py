@@ -161,10 +161,15 @@ class SparseMoE(nn.Module):
         (the fast path may replace this with engine/kernels/moe_routing.py's kernel)."""
         return top_experts(logits, self.top_k)
 
+    def routed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, D] -> the routed experts' weighted sum [N, D] and the shared expert's gate logit [N, 1]."""
+        router_logits, shared_logit = self.project(x)
+        experts, weights = self.top_experts(router_logits)
+        routed: torch.Tensor = self.experts(x, experts, weights)
+        return routed, shared_logit
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(0, -2)  # [N, D]
-        router_logits, shared_logit = self.project(flat)
-        experts, weights = self.top_experts(router_logits)
-        routed: torch.Tensor = self.experts(flat, experts, weights)  # [N, D]
+        routed, shared_logit = self.routed(flat)
         shared: torch.Tensor = self.shared_expert(flat)  # [N, D]
         return (routed + torch.sigmoid(shared_logit) * shared).view_as(x)

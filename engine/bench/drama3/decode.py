@@ -27,6 +27,7 @@ from engine.bench.timing import copy_bandwidth, timed_ms
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.config import Drama3Config
     from engine.drama3.model import Drama3Model
+    from engine.drama3.prompt import Prompt
 
 CHUNK_OPS_ROWS = 128  # the prefill chunk whose ops `bench_decode` counts (a short prompt's one chunk)
 
@@ -116,6 +117,8 @@ def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device,
         graphed.step(next(positions))
     graph_ms = timed_ms(lambda: graphed.step(next(positions)), device, steps)
     row["graph_ms"] = round(statistics.median(graph_ms), 3)
+    if "shared_beside" in installed and device.type == "cuda":
+        row["graph_inline_ms"] = graph_inline_ms(model, prompt, max_rows, position, steps, device)
     row["graph_kv_rows"] = graphed.graph_kv_len(position + steps)
     row["graph_speedup"] = round(row["eager_ms"] / row["graph_ms"], 2)
     row["capture_s"] = round(sum(sum(g.capture_s.values()) for g in graphed.graphs.values()), 1)
@@ -127,6 +130,26 @@ def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device,
     row["ratio_to_floor"] = round(row["graph_ms"] / row["floor_ms"], 2)
     row["frames_per_s"] = round(1000 / row["graph_ms"], 1)
     return [row, *op_rows], installed
+
+
+def graph_inline_ms(model: Drama3Model, prompt: Prompt, max_rows: int, position: int, steps: int,
+                    device: torch.device) -> float:
+    """The graphed step with each MoE layer's shared expert in line with its routed experts
+    (moe_beside.py's operator on one stream): `graph_ms`' A/B, captured afresh."""
+    from engine.drama3.decoder import Decoder
+    from engine.drama3.moe_beside import BESIDE
+
+    BESIDE.on = False
+    try:
+        inline = Decoder(model, max_rows, graphs=True)
+        inline.capture()
+        inline.prefill(prompt)
+        positions = iter(range(position, position + 10 * steps))
+        for _ in range(3):
+            inline.step(next(positions))
+        return round(statistics.median(timed_ms(lambda: inline.step(next(positions)), device, steps)), 3)
+    finally:
+        BESIDE.on = True
 
 
 def bench_rows(model: Drama3Model, config: Drama3Config, device: torch.device, steps: int,

@@ -50,7 +50,8 @@ def test_every_row_and_kv_bucket_shares_the_compiles_of_batch_one_and_of_many(mo
 
 
 def test_the_step_kernels_add_no_graph_break(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the step's kernels (`cache_attention`, `deltanet_step`, `moe_routing`) each runs as
+    """With the step's kernels (`cache_attention`, `deltanet_step`, `moe_routing`, the shared
+    expert beside the routed ones: `shared_beside`) each runs as
     one operator inside the compiled layer's graph: as many graphs as without them (a graph
     break around the attention kernel in each of the 23 attention layers had made 14 of 4 here,
     and multiplied the warm-up's compiles; the DeltaNet step's and the routing's breaks split the
@@ -60,6 +61,7 @@ def test_the_step_kernels_add_no_graph_break(monkeypatch: pytest.MonkeyPatch) ->
     from engine.drama3.deltanet import GatedDeltaNet
     from engine.drama3.fast import cache_decode, deltanet_decode, routing_kernel
     from engine.drama3.moe import SparseMoE
+    from engine.drama3.moe_beside import install_beside
     from engine.drama3.tower import TowerAttention
 
     monkeypatch.setattr(torch._dynamo.config, "force_parameter_static_shapes", False)
@@ -79,6 +81,7 @@ def test_the_step_kernels_add_no_graph_break(monkeypatch: pytest.MonkeyPatch) ->
                     vars(module)["forward"] = deltanet_decode(module)
                 elif isinstance(module, SparseMoE):
                     vars(module)["top_experts"] = routing_kernel(module)
+                    install_beside(module)  # the shared expert beside: one more operator
         if compiled:
             tower = model.tower
             for layer in (*model.backbone.layers, *tower.shared_layers, *tower.residual_layers):
