@@ -192,7 +192,7 @@ def test_serve_prints_every_threads_stack_while_it_warms_up(tmp_path: Path) -> N
     (["--vocoder-batch-from", "0"], "--vocoder-batch-from must be at least 1 frame"),
     (["--prefill-group", "9"], "--prefill-group must be a whole number from 1 (off) to 8"),
     (["--kernels", "deltanet_step", "fast"], "--kernels: unknown fast; choose from deltanet_step, add_rms_norm, "
-                                             "moe_routing, cache_attention, prefill_norms, dense_rows"),
+                                             "moe_routing, cache_attention, prefill_norms, dense_rows, shared_beside"),
 ])
 def test_serve_refuses_random_weights_it_cannot_run(options: list[str], message: str) -> None:
     result = subprocess.run([*RETAKE, "serve", *options], capture_output=True, text=True, timeout=120)
