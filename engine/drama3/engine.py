@@ -41,6 +41,7 @@ Design choices:
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -67,7 +68,17 @@ from engine.drama3.fast import DEFAULT_KERNELS, install_fast_path
 from engine.drama3.model import Drama3Model, cache_bytes
 from engine.drama3.moe import GATHER_MAX_PAIRS
 from engine.drama3.prefix import CPU_BUDGET_GIB, PrefixCache
-from engine.drama3.prompt import MAX_PROMPT_ROWS, Codes, HistoryTurn, Prompt, Reference, build_prompt, checked_codes
+from engine.drama3.prompt import (
+    MAX_PROMPT_ROWS,
+    Codes,
+    HistoryTurn,
+    Prompt,
+    Reference,
+    build_prompt,
+    checked_codes,
+    segment_rows,
+)
+from engine.drama3.prompt_rows import PromptRows
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
 from engine.drama3.slots import Slots
 from engine.drama3.stream import check_settings, first_frames, window_frames
@@ -192,6 +203,7 @@ class Drama3Engine:
             raise CheckpointError(f"codec.pth has {codec.num_codebooks} codebooks; config.json says "
                                   f"{config.num_codebooks}")
         self.spec, self.model, self.config, self.tokenizer, self.codec = spec, model, config, tokenizer, codec
+        self.prompt_rows = PromptRows(functools.partial(segment_rows, tokenizer=tokenizer, config=config))
         self.demo_weights = demo_weights
         self.weights = weights  # what the model is, in words, for the log
         self.device = model.candidate_head.device
@@ -236,7 +248,7 @@ class Drama3Engine:
         rows = self.max_prompt_rows if max_rows is None else min(max_rows, self.max_prompt_rows)
         prompt = build_prompt(text, voice, list(history), sampling, self.tokenizer, self.config,
                               max_rows=rows, max_new_tokens=self.max_new_tokens,
-                              drop_oldest_history=drop_oldest_history)
+                              drop_oldest_history=drop_oldest_history, rows=self.prompt_rows.rows)
         return replace(prompt, prompt_ms=(time.perf_counter() - started) * 1000)
 
     def pace_report(self) -> str | None:
