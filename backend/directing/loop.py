@@ -52,7 +52,7 @@ from typing import Any, NamedTuple
 from backend.directing.jobs import CallJob, Job, TakeJob
 from backend.directing.queue_wait import SOON_S, QueueWait, queue_wait
 from backend.engine_thread import EngineThread
-from engine import Done, Drama3Engine, Prompt, RequestError, Take
+from engine import AudioWindow, Done, Drama3Engine, Prompt, RequestError, Take
 from engine.drama3.pace import REPORT_S
 
 
@@ -204,6 +204,8 @@ class EngineLoop(EngineThread[Drama3Engine]):
                 while not (self._queue or self._retries or self._running or self._warms or self._warming
                            or self._stopping):
                     self._condition.wait()
+            turned, cpu = time.perf_counter(), time.thread_time()  # a turn: starts, warms, the step, its events
+            with self._condition:
                 if self._stopping and not self._running and not self._warming:
                     return
                 call = None if self._stopping else self._next_call()
@@ -216,7 +218,7 @@ class EngineLoop(EngineThread[Drama3Engine]):
                     take = self._starting = None if self._stopping or engine.free_slots == 0 else self._next_take()
             self._warm(engine)
             if self._running or self._warming:
-                self._step(engine)
+                self._step(engine, turned, cpu)
 
     def _next_call(self) -> CallJob[Any] | None:
         """The oldest waiting call, out of the queue (under the lock)."""
@@ -298,11 +300,14 @@ class EngineLoop(EngineThread[Drama3Engine]):
                 if job.take is not None:  # begin started an engine take
                     self._running[job.take] = job
 
-    def _step(self, engine: Drama3Engine) -> None:
+    def _step(self, engine: Drama3Engine, turned: float, cpu: float) -> None:
+        """One engine step, its events handed to their jobs; the turn that began at `turned`
+        (perf_counter; `cpu`: the thread's time then) reported to the engine's pace."""
         if time.monotonic() - self.paced >= REPORT_S:  # while takes run: how the engine keeps pace
             self.paced = time.monotonic()
             if (line := engine.pace_report()) is not None:
                 log.info(line)
+        stepped = time.perf_counter()
         try:
             results = engine.step()
         except Exception as error:  # noqa: BLE001 - a last resort: the takes in flight end, the loop goes on
@@ -316,6 +321,13 @@ class EngineLoop(EngineThread[Drama3Engine]):
             for take in warming:
                 engine.drop(take)
             return
+        handing = time.perf_counter()
+        self._hand(engine, results)
+        done = time.perf_counter()
+        engine.pace_turn(done - turned, time.thread_time() - cpu, handing - stepped, done - handing)
+
+    def _hand(self, engine: Drama3Engine, results: list[tuple[Take, list[AudioWindow | Done]]]) -> None:
+        """Each take's events to its job (or its warm), and the jobs that ended out of the loop."""
         for take, events in results:
             if take in self._warming:
                 if events and isinstance(done := events[-1], Done):

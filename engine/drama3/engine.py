@@ -256,6 +256,10 @@ class Drama3Engine:
         no step ran."""
         return self.slot_table.pace.report()
 
+    def pace_turn(self, seconds: float, cpu: float, step: float, handed: float) -> None:
+        """A turn of the server's engine loop, for the next report (pace.py `turn`)."""
+        self.slot_table.pace.turn(seconds, cpu, step, handed)
+
     @property
     def prefill_group(self) -> int:
         """The most waiting prompts whose next prefill chunks run as one (1: off; prefill_groups.py)."""

@@ -28,3 +28,17 @@ def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> No
     pace.step(0.010, decoding=1, prefilled=0, held=False)
     line = pace.report()
     assert line is not None and "1 steps (p50 10.0 ms" in line and "windows" not in line and "grouped" not in line
+
+
+def test_a_report_says_what_the_engine_loops_turns_took_and_how_much_of_them_it_ran() -> None:
+    pace = Pace()
+    pace.step(0.015, decoding=30, prefilled=0, held=False)
+    for turn_ms, step_ms, handed_ms in ((28, 15, 9), (30, 16, 10), (26, 14, 8)):
+        pace.turn(turn_ms / 1000, cpu=turn_ms / 2000, step=step_ms / 1000, handed=handed_ms / 1000)
+    line = pace.report()
+    assert line is not None
+    assert re.search(r"; 3 turns of the engine loop \(p50 28\.0 ms, p95 30\.0 ms; engine step p50 15\.0 ms, "
+                     r"events handed p50 9\.0 ms\), its thread on a CPU 50% of them$", line), line
+    pace.step(0.015, decoding=1, prefilled=0, held=False)
+    line = pace.report()
+    assert line is not None and "turns" not in line  # reset with the rest (a bench's engine has no loop)
