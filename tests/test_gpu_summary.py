@@ -1,0 +1,30 @@
+"""scripts/gpu_summary.py: the text a GPU run's summary prints, from a summary as the benches write it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_summary.py"
+
+
+def summary_module():
+    spec = importlib.util.spec_from_file_location("gpu_summary", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_takes_block_says_the_step_beside_its_in_line_twin_and_where_a_window_ran() -> None:
+    rows = [{"bench": "decode", "eager_ms": 80.0, "compiled_ms": 60.0, "graph_ms": 4.6, "graph_inline_ms": 5.0,
+             "floor_ms": 1.45},
+            {"bench": "vocode", "frames": 20, "context_frames": 320, "eager_ms": 21.9, "graph_ms": 7.6,
+             "graph_frames": 64},
+            {"bench": "vocode", "frames": 10, "context_frames": 320, "eager_ms": 20.4, "graph_ms": 6.7,
+             "graph_frames": 10}]
+    text = "\n".join(summary_module().takes_lines({"rows": rows, "meta": {}}))
+    assert "graph 4.6 ms (target <= 4 ms) (shared experts in line: 5.0 ms); floor 1.45 ms" in text
+    assert "20 after 320: 21.9 / 7.6 (in the 64-frame graph), 10 after 320: 20.4 / 6.7," in text + ","
+    bare = "\n".join(summary_module().takes_lines({"rows": [{"bench": "decode", "graph_ms": 4.6}], "meta": {}}))
+    assert "in line" not in bare and "graph 4.6 ms" in bare
