@@ -16,10 +16,11 @@ engine as served (`engine.generate`, warm-up first):
   director would read): the new line alone is prefilled (a line not in the script yet);
 - next line, written: the same with the line's text in the script, which the server warms
   too: the take restores its whole prompt.
-Printed: first audio (prefill start to the first PCM window; median of `--repeats`), the
-prefill, the rows restored; the ratio of the 4,000-row retake to the retake with no
-history (the target on the H200: within 1.2x), with the cache on and off; bytes per row
-and per DeltaNet state, and what the largest scene's snapshots held.
+Printed: first audio (the prompt's building, then prefill start to the first PCM window;
+median of `--repeats`), the prompt's building (`prompt_ms`) and the prefill, the rows
+restored; the ratio of the 4,000-row retake to the retake with no history (the target on
+the H200: within 1.2x), with the cache on and off; bytes per row and per DeltaNet state,
+and what the largest scene's snapshots held.
 
 `--profile FILE`: one more retake at each history size under torch.profiler (CPU and CUDA),
 its steps in labelled ranges (`retake: plan`, `restore`, `begin_prefill`, `step`,
@@ -96,13 +97,14 @@ def measure(engine: Drama3Engine, text: str, turns: list[HistoryTurn], seed: int
         raise SystemExit(f"retake bench retake: a take failed: {done.error}")
     timings = done.timings
     return {"prompt_rows": len(prompt.rows), "cached_rows": timings.get("cached_rows", 0),
-            "prefill_chunks": timings.get("prefill_chunks", 0), "prefill_ms": timings["prefill_ms"],
+            "prefill_chunks": timings.get("prefill_chunks", 0), "prompt_ms": timings.get("prompt_ms"),
+            "prefill_ms": timings["prefill_ms"],
             "first_audio_ms": timings["first_audio_ms"], "codes": done.codes}
 
 
 def median_row(samples: list[Row], **fields: Any) -> Row:
     row = {**fields, **{key: samples[-1][key] for key in ("prompt_rows", "cached_rows", "prefill_chunks")}}
-    for key in ("prefill_ms", "first_audio_ms"):
+    for key in ("prompt_ms", "prefill_ms", "first_audio_ms"):
         values = [s[key] for s in samples if s[key] is not None]
         row[key] = round(statistics.median(values), 1) if values else None
     return row
@@ -197,7 +199,8 @@ def profile_retakes(engine: Drama3Engine, scenes: dict[int, list[HistoryTurn]], 
                            f"device {e.device_time_total / 1000:8.3f} ms"
                            for e in events if e.key.startswith("retake:"))
         top = events.table(sort_by="self_cpu_time_total", row_limit=20)
-        sections.append(f"# history {size:,} rows: prompt {row['prompt_rows']:,} rows, prefill {row['prefill_ms']} ms, "
+        sections.append(f"# history {size:,} rows: prompt {row['prompt_rows']:,} rows (built in "
+                        f"{row['prompt_ms']} ms), prefill {row['prefill_ms']} ms, "
                         f"first audio {row['first_audio_ms']} ms\n{ranges}\n{top}")
     return "\n\n".join(sections) + "\n"
 
