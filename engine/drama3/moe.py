@@ -87,7 +87,7 @@ class Experts(nn.Module):
         """Every expert's FP8 weights in dtype, dequantised once while the buffers stay as they are,
         for a small layer on a CPU (the tiny demo: its steps dequantised them every call, ~2/3 of a
         step on 2 cores); None elsewhere (a GPU runs the FP8 kernel; a large layer would not fit)."""
-        size = (self.w13.numel() + self.w2.numel()) * torch.empty((), dtype=dtype).element_size()
+        size = (self.w13.numel() + self.w2.numel()) * dtype.itemsize
         if self.w13.is_cuda or size > DEQUANTIZED_MAX_BYTES or torch.compiler.is_compiling():
             return None  # (compiled layers trace the plain path: no guards on a cache)
         buffers = (self.w13, self.w13_scale_inv, self.w2, self.w2_scale_inv)
