@@ -26,6 +26,7 @@ from engine.bench.timing import copy_bandwidth, timed_ms
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.config import Drama3Config
+    from engine.drama3.decoder import Decoder
     from engine.drama3.model import Drama3Model
     from engine.drama3.prompt import Prompt
 
@@ -109,16 +110,15 @@ def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device,
             eager.advance(bucket)
         row["compile_s"] = round(time.perf_counter() - started, 1)
         row["compiled_ms"] = round(statistics.median(timed_ms(lambda: eager.advance(bucket), device, steps)), 3)
-    graphed = Decoder(model, max_rows, graphs=True)  # eager steps on a CPU
-    graphed.capture()
-    graphed.prefill(prompt)
-    positions = iter(range(position, position + 10 * steps))
-    for _ in range(3):
-        graphed.step(next(positions))
-    graph_ms = timed_ms(lambda: graphed.step(next(positions)), device, steps)
-    row["graph_ms"] = round(statistics.median(graph_ms), 3)
-    if "shared_beside" in installed and device.type == "cuda":
-        row["graph_inline_ms"] = graph_inline_ms(model, prompt, max_rows, position, steps, device)
+    graphed, row["graph_ms"] = graphed_step(model, prompt, max_rows, position, steps, device)
+    if "shared_beside" in installed and device.type == "cuda":  # A/B: the shared experts in line
+        from engine.drama3.moe_beside import BESIDE
+
+        BESIDE.on = False
+        try:
+            row["graph_inline_ms"] = graphed_step(model, prompt, max_rows, position, steps, device)[1]
+        finally:
+            BESIDE.on = True
     row["graph_kv_rows"] = graphed.graph_kv_len(position + steps)
     row["graph_speedup"] = round(row["eager_ms"] / row["graph_ms"], 2)
     row["capture_s"] = round(sum(sum(g.capture_s.values()) for g in graphed.graphs.values()), 1)
@@ -132,24 +132,19 @@ def bench_decode(model: Drama3Model, config: Drama3Config, device: torch.device,
     return [row, *op_rows], installed
 
 
-def graph_inline_ms(model: Drama3Model, prompt: Prompt, max_rows: int, position: int, steps: int,
-                    device: torch.device) -> float:
-    """The graphed step with each MoE layer's shared expert in line with its routed experts
-    (moe_beside.py's operator on one stream): `graph_ms`' A/B, captured afresh."""
+def graphed_step(model: Drama3Model, prompt: Prompt, max_rows: int, position: int, steps: int,
+                 device: torch.device) -> tuple[Decoder, float]:
+    """A graphed decoder after `prompt`, and the median ms of its steps from `position` (eager
+    steps on a CPU). `bench_decode` runs it with the shared experts beside and in line."""
     from engine.drama3.decoder import Decoder
-    from engine.drama3.moe_beside import BESIDE
 
-    BESIDE.on = False
-    try:
-        inline = Decoder(model, max_rows, graphs=True)
-        inline.capture()
-        inline.prefill(prompt)
-        positions = iter(range(position, position + 10 * steps))
-        for _ in range(3):
-            inline.step(next(positions))
-        return round(statistics.median(timed_ms(lambda: inline.step(next(positions)), device, steps)), 3)
-    finally:
-        BESIDE.on = True
+    graphed = Decoder(model, max_rows, graphs=True)
+    graphed.capture()
+    graphed.prefill(prompt)
+    positions = iter(range(position, position + 10 * steps))
+    for _ in range(3):
+        graphed.step(next(positions))
+    return graphed, round(statistics.median(timed_ms(lambda: graphed.step(next(positions)), device, steps)), 3)
 
 
 def bench_rows(model: Drama3Model, config: Drama3Config, device: torch.device, steps: int,
