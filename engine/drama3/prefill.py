@@ -16,23 +16,29 @@ Design choices:
   every tower layer's cache at the last row's position before attending it). So a chunk
   is one function of fixed shapes: its rows and labels, its first position and slot
   (device tensors), and the cache rows its attention reads.
-- With graphs, a prompt is cut into chunks of 512 rows and a last chunk padded up to the
-  next graph size (powers of two, 1 to 512, and 320 and 384 between the top two; 300 rows:
+- With graphs, a prompt is cut into chunks of 1,024 rows and a last chunk padded up to the
+  next graph size (powers of two, 1 to 1,024, and 320, 384 and 768 between them; 300 rows:
   one chunk in the 320-row graph, where the 512-row one computed 212 rows of padding: on
   the H200 a 300-row prompt took 32.5 ms in it, the experts' bytes ~9 of them, the rest
   following the rows).
   Fewer, larger chunks: each chunk reads every expert the routing touches, which for a
-  few hundred rows is nearly all of them (32 GB in FP8 at the full size), so 300 rows cut
-  as 256 + 32 + 8 + 4 read the experts four times (95 ms on the H200, 2026-12-03) where
-  one padded chunk reads them once. Padded rows sit at the positions after the chunk's
+  few hundred rows is nearly all of them (32 GB in FP8 at the full size), and launches the
+  same ~2,400 kernels whatever its rows, so 300 rows cut as 256 + 32 + 8 + 4 read the
+  experts four times (95 ms on the H200, 2026-12-03) where one padded chunk reads them once.
+  By stop 36 and 38's H100 runs a chunk costs ~21 ms plus ~0.022 ms a row (93 rows in the
+  128-row graph 23.7 ms, 300 in the 320-row one 28.6, two 512-row chunks 64.2): 4,260 rows
+  in nine 512-row chunks ~300 ms, in 1,024-row chunks ~200 by that line (to measure). The
+  cap is what one chunk may stall the takes decoding beside it (admission.py: a chunk is
+  never cut; ~43 ms by that line, a frame plays 46). Padded rows sit at the positions after the chunk's
   real rows: their cache writes land where the take's next rows will be written before
   any row attends them, DeltaNet skips them (`valid`: no write, no decay, the conv state
   ends at the last real row), and only the last real row's hidden is kept. Near the
   cache's end, where a padded chunk would not fit, exact power-of-two chunks finish the
-  prompt. Without graphs (a CPU), chunks of 512 rows: the fewest launches.
+  prompt. Without graphs (a CPU), chunks of 512 rows: the fewest launches, where a chunk's
+  cost follows its rows.
 - A chunk's attention reads a static number of cache rows (its KV bucket: 1,024, 4,096 or
   all of them), at least its last position + 1; rows past a query's position are masked.
-  With 12 chunk sizes that is 36 graphs at the full size, captured once at warm-up, all
+  With 14 chunk sizes that is 42 graphs at the full size, captured once at warm-up, all
   in one memory pool (they never run at once: the engine thread replays them).
 - A chunk size whose code cannot be captured (a host sync: a MoE path that reads counts on
   the host, say) runs eagerly instead, with the reason logged once; so does every chunk
@@ -68,7 +74,7 @@ from engine.graphs import StepGraphs, shared_pool
 from engine.readback import to_device
 
 EAGER_CHUNK_ROWS = 512  # without graphs
-GRAPH_CHUNK_ROWS = (512, 384, 320, *(256 >> i for i in range(9)))  # 512, 384, 320, 256, ..., 1: a graph each
+GRAPH_CHUNK_ROWS = (1024, 768, 512, 384, 320, *(256 >> i for i in range(9)))  # 1,024, 768, 512, ..., 1: a graph each
 PREFILL_KV_ROWS = (1024, 4096)  # KV buckets of graphed chunks, then the whole cache
 
 
@@ -145,7 +151,7 @@ class ChunkedPrefill:
         self.start = torch.zeros(1, dtype=torch.long, device=device)
         self.valid = torch.zeros(1, dtype=torch.long, device=device)  # [1]: the chunk's real rows (the rest padding)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
-        self.offsets = torch.arange(largest, device=device)  # [512]: positions from start
+        self.offsets = torch.arange(largest, device=device)  # [largest]: positions from start
         self.last = torch.zeros(model.config.text.hidden_size, dtype=model.candidate_head.dtype, device=device)
         self.buckets = sorted({b for b in PREFILL_KV_ROWS if b < max_rows} | {max_rows})
         pool = shared_pool() if graphs and device.type == "cuda" else None

@@ -18,12 +18,13 @@ Design choices:
 - Snapshot points are the prompt's cuts (prefill.py `cuts`): its end, and its boundaries
   (prompt.py: the ends of the system message and of each turn, where prompts of a scene
   part: a take kept, dropped, reordered or edited changes the turns from its own on, a new
-  voice the system message, a new line its own rows) in the 512-row cell of the last one;
-  before that cell, every 512 rows. No chunk spans a cut, and on the H200 a chunk costs
-  about the same whatever its rows (64 rows ~29 ms, 512 ~47 ms), so a cold 4,260-row prompt
-  cut at its 20 turns took 843.6 ms, in 512-row chunks 425.6 (docs/perf.md). The price: a
+  voice the system message, a new line its own rows) in the GRID-row cell of the last one
+  (1,024 rows: prefill.py's largest chunk); before that cell, every GRID rows. No chunk
+  spans a cut, and on the H200 a chunk costs about the same whatever its rows (64 rows
+  ~29 ms, 512 ~47 ms), so a cold 4,260-row prompt cut at its 20 turns took 843.6 ms, in
+  512-row chunks 425.6 (docs/perf.md). The price: a
   prompt that parts from an earlier one in an earlier cell (an old turn edited, a next
-  line whose history ends in the next cell) resumes up to 511 rows early.
+  line whose history ends in the next cell) resumes up to GRID - 1 rows early.
 - A snapshot holds what a prefill leaves in the slot: every attention cache's rows (the
   backbone's full-attention layers and the 13 tower layers) and every Gated DeltaNet
   layer's recurrent and short-convolution states after its last row; a whole-prompt

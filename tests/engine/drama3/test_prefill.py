@@ -18,7 +18,7 @@ from engine.drama3.sampling import Sampling
 
 @pytest.mark.parametrize("start", [0, 7, 300])
 def test_the_chunk_plans_cover_the_rows_exactly(start: int) -> None:
-    for end in range(start + 1, start + 1300, 37):
+    for end in range(start + 1, start + 2300, 37):
         plan = even_chunks(start, end)
         assert plan[0][0] == start and plan[-1][1] == end
         assert all(a[1] == b[0] for a, b in itertools.pairwise(plan))
@@ -26,11 +26,13 @@ def test_the_chunk_plans_cover_the_rows_exactly(start: int) -> None:
             plan = padded_chunks(start, end, limit)
             assert plan[0][0] == start and plan[-1][1] == end
             assert all(a[1] == b[0] for a, b in itertools.pairwise(plan))
-            assert all(e - s <= 512 and s + padded_size(s, e, limit) <= limit for s, e in plan)
+            assert all(e - s <= 1024 and s + padded_size(s, e, limit) <= limit for s, e in plan)
     assert padded_chunks(0, 300, 2000) == [(0, 300)] and padded_size(0, 300, 2000) == 320  # one chunk, padded
-    assert padded_chunks(0, 1300, 2000) == [(0, 512), (512, 1024), (1024, 1300)]
+    assert padded_chunks(0, 1300, 2000) == [(0, 1024), (1024, 1300)]  # the largest chunks first
     assert padded_size(1024, 1300, 2000) == 320
     assert padded_size(0, 400, 2000) == 512 and padded_size(0, 330, 2000) == 384
+    assert padded_size(0, 600, 2000) == 768 and padded_size(0, 900, 2000) == 1024
+    assert padded_chunks(0, 900, 1000) == [(0, 768), (768, 896), (896, 900)]  # no room to pad to 1,024
     assert padded_chunks(0, 300, 310) == [(0, 256), (256, 288), (288, 300)]  # near the cache's end: exact sizes
     assert padded_size(288, 300, 310) == 16
 

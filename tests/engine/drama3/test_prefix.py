@@ -2,7 +2,7 @@
 the cache equals the take prefilled from row 0, bit for bit (every cache row the prompt
 wrote, every DeltaNet state, the first step's inputs, the frames), whatever changed since
 (a retake, a keep, a drop, a reorder, an edited line, another voice), in another slot, and
-after a restart, in a long scene cut on the 512-row grid too (prefill.py `cuts`); stale states
+after a restart, in a long scene cut on a grid of whole chunks too (prefill.py `cuts`); stale states
 are never used; memory stays within the budget."""
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from engine import Character, Done, EngineSpec, HistoryTurn, Sampling, load_engine
+from engine.drama3 import prefill as prefill_module
 from engine.drama3.decoder import Decoder
 from engine.drama3.deltanet import GatedDeltaNet
 from engine.drama3.layers import KVCache
-from engine.drama3.prefill import GRID, cuts
+from engine.drama3.prefill import GRAPH_CHUNK_ROWS, GRID, cuts, padded_chunks
 from engine.drama3.prefix import PrefixCache
 from engine.drama3.prompt import Prompt, Reference
 
@@ -329,8 +330,22 @@ def synthetic(boundaries: tuple[int, ...], count: int) -> Prompt:
     return Prompt(torch.zeros(count, 11, dtype=torch.long), 0, Sampling(), boundaries=boundaries)
 
 
-def test_cuts_are_whole_chunks_up_to_the_last_boundarys_cell_then_each_boundary():
-    assert GRID == 512
+@pytest.fixture
+def grid_512(monkeypatch):
+    """Cuts on a 512-row grid (the CPU's chunk), so a scene crosses cells at the tiny size in
+    a few hundred rows; the served grid is GRID (1,024 rows), laid out the same way."""
+    monkeypatch.setattr(prefill_module, "GRID", 512)
+    return 512
+
+
+def test_a_cell_of_the_grid_is_one_whole_chunk_with_graphs():
+    assert GRID == max(GRAPH_CHUNK_ROWS)
+    assert padded_chunks(0, GRID, 8192) == [(0, GRID)]
+    assert padded_chunks(GRID, 2 * GRID, 8192) == [(GRID, 2 * GRID)]
+    assert cuts(synthetic((45, GRID + 300, 2 * GRID + 10), 2 * GRID + 50)) == (GRID, 2 * GRID, 2 * GRID + 10)
+
+
+def test_cuts_are_whole_chunks_up_to_the_last_boundarys_cell_then_each_boundary(grid_512):
     assert cuts(synthetic((45, 125, 445), 500)) == (45, 125, 445)  # one cell: every boundary, as before
     assert cuts(synthetic((45, 300, 700, 1100, 1300), 1400)) == (512, 1024, 1100, 1300)
     assert cuts(synthetic((45, 1024), 1100)) == (512, 1024)  # a boundary on the grid is one cut
@@ -348,16 +363,16 @@ def test_two_prompts_agree_on_their_cuts_up_to_any_point_both_cut():
 
 
 @torch.inference_mode()
-def test_a_long_scene_resumes_at_its_cuts_and_equals_a_fresh_prefill(tiny, cold):
+def test_a_long_scene_resumes_at_its_cuts_and_equals_a_fresh_prefill(tiny, cold, grid_512):
     tiny.decoder.prefix.clear()
     line = "Then light it again."
     history = SCENE[:12]
     prompt = tiny.prompt(line, None, history, SAMPLING)
     end = prompt.boundaries[-1]
-    assert GRID < end < 2 * GRID and cuts(prompt)[0] == GRID
+    assert grid_512 < end < 2 * grid_512 and cuts(prompt)[0] == grid_512
     # A cold prefill runs one whole chunk for the first cell, not one chunk a turn.
     prefill = tiny.decoder.begin_prefill(prompt, 0)
-    assert list(prefill.chunks)[:2] == [(0, GRID), (GRID, prompt.boundaries[6])]
+    assert list(prefill.chunks)[:2] == [(0, grid_512), (grid_512, prompt.boundaries[6])]
     tiny.decoder.release(0)
     tiny.decoder.prefix.clear()
 
@@ -373,5 +388,5 @@ def test_a_long_scene_resumes_at_its_cuts_and_equals_a_fresh_prefill(tiny, cold)
     # Kept, and the next line's history ends in the next cell: it resumes at that cell's start.
     kept = [*history, HistoryTurn(line, first.codes)]
     after = tiny.prompt("Who left the lamp burning?", None, kept, SAMPLING)
-    assert after.boundaries[-1] >= 2 * GRID and cuts(after)[:2] == (GRID, 2 * GRID)
-    check(tiny, cold, "Who left the lamp burning?", None, kept, GRID)
+    assert after.boundaries[-1] >= 2 * grid_512 and cuts(after)[:2] == (grid_512, 2 * grid_512)
+    check(tiny, cold, "Who left the lamp burning?", None, kept, grid_512)
