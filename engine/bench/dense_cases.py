@@ -6,7 +6,10 @@ layers' output projections (`out`: DeltaNet's out_proj and attention's o_proj, o
 where their shapes agree, as at the full size), the shared expert's packed gate+up and its
 down projection, the router with the shared expert's gate (`router`), and the main token's
 candidate head (`head`); then the largest shape with other blocks than `config`'s
-(`deltanet_in bn64 bk256`, ...), so one GPU run tells which blocks are best.
+(`deltanet_in bn64 bk256`, ...), and the narrow weights (the outputs, the shared expert's:
+at 2.3x, 5.6x and 6.7x their floor on the H200, stop 35) with more bytes in flight per program
+(`out bn16 bk512 s4 w8`: a wider K block, more stages, more warps; their few programs, one
+per SM or less, are latency-bound), so one GPU run tells which blocks are best.
 
 Design choices:
 - The kernel is called directly (not the operator): a kernel that cannot build fails the
@@ -30,6 +33,9 @@ if TYPE_CHECKING:
     from engine.kernels.dense_rows import Config
 
 SWEEP = ((64, 256), (16, 256), (32, 128))  # (block_n, block_k) to compare with `config`'s on the largest weight
+NARROW = ("out", "deltanet_out", "attention_out", "shared_up", "shared_down")  # weights of <= 2 programs per SM
+# (block_n, block_k, stages, warps) for the narrow ones: more of their weight in flight per program
+NARROW_SWEEP = ((16, 512, 4, 4), (16, 512, 4, 8), (16, 256, 6, 4), (16, 256, 8, 8), (16, 128, 8, 4))
 
 
 def dense_shapes(config: Drama3Config) -> list[tuple[str, int, int, int]]:
@@ -61,7 +67,12 @@ def dense_cases(config: Drama3Config, rows: int, device: torch.device) -> list[C
     role, N, K, per_step = max(shapes, key=lambda shape: shape[1] * shape[2])
     sweep = [dense_case(f"{role} bn{bn} bk{bk}", N, K, per_step, rows, device, dr.Config(bn, bk))
              for bn, bk in SWEEP]
-    return [*(dense_case(*shape, rows, device) for shape in shapes), *sweep]
+    narrow = [dense_case(f"{role} bn{bn} bk{bk} s{stages} w{warps}", N, K, per_step, rows, device,
+                         dr.Config(bn, bk, stages, warps))
+              for role, N, K, per_step in shapes if role in NARROW
+              for bn, bk, stages, warps in sorted({(bn, min(bk, 1 << (K - 1).bit_length()), stages, warps)
+                                                   for bn, bk, stages, warps in NARROW_SWEEP} - {dr.config(N, K)})]
+    return [*(dense_case(*shape, rows, device) for shape in shapes), *sweep, *narrow]
 
 
 def dense_case(role: str, N: int, K: int, per_step: int, rows: int, device: torch.device,
