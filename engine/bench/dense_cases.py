@@ -4,12 +4,14 @@ One case per dense weight shape a decode step multiplies, named by role: DeltaNe
 q/k/v/z/b/a (`deltanet_in`), full attention's packed q+gate/k/v (`attention_in`), the
 layers' output projections (`out`: DeltaNet's out_proj and attention's o_proj, one case
 where their shapes agree, as at the full size), the shared expert's packed gate+up and its
-down projection, the router with the shared expert's gate (`router`), and the main token's
-candidate head (`head`); then the largest shape with other blocks than `config`'s
-(`deltanet_in bn64 bk256`, ...), and the narrow weights (the outputs, the shared expert's:
-at 2.3x, 5.6x and 6.7x their floor on the H200, stop 35) with more bytes in flight per program
-(`out bn16 bk512 s4 w8`: a wider K block, more stages, more warps; their few programs, one
-per SM or less, are latency-bound), so one GPU run tells which blocks are best.
+down projection, the router with the shared expert's gate (`router`), the main token's
+candidate head (`head`), and the tower's feed-forward down projection (`tower_down`, 13 a
+step: its other weights have the backbone's shapes at the full size); then the largest
+shape with other blocks than `config`'s (`deltanet_in bn64 bk256`, ...), and the narrow
+weights (2,048 columns or fewer: the outputs and the shared expert's at 2.3x, 5.6x and 6.7x
+their floor on the H200, stop 35) with more bytes in flight per program (`out bn16 bk512 s4
+w8`: a wider K block, more stages, more warps; their few programs, one per SM or less, are
+latency-bound), so one GPU run tells which blocks are best.
 
 Design choices:
 - The kernel is called directly (not the operator): a kernel that cannot build fails the
@@ -33,7 +35,8 @@ if TYPE_CHECKING:
     from engine.kernels.dense_rows import Config
 
 SWEEP = ((64, 256), (16, 256), (32, 128))  # (block_n, block_k) to compare with `config`'s on the largest weight
-NARROW = ("out", "deltanet_out", "attention_out", "shared_up", "shared_down")  # weights of <= 2 programs per SM
+# weights of at most 2 programs per SM
+NARROW = ("out", "deltanet_out", "attention_out", "shared_up", "shared_down", "tower_down")
 # (block_n, block_k, stages, warps) for the narrow ones: more of their weight in flight per program
 NARROW_SWEEP = ((16, 512, 4, 4), (16, 512, 4, 8), (16, 256, 6, 4), (16, 256, 8, 8), (16, 128, 8, 4))
 
@@ -52,9 +55,12 @@ def dense_shapes(config: Drama3Config) -> list[tuple[str, int, int, int]]:
     else:
         outs = [("deltanet_out", D, value_width, linear), ("attention_out", D, attention_width, full)]
     layers, shared = text.num_hidden_layers, text.shared_expert_intermediate_size
+    tower = config.tower  # its layers' wide-K weights (eh_proj and wo are `out`'s shape at the full size)
+    tower_layers = tower.n_layer + tower.residual_layers
     return [("deltanet_in", deltanet_in, D, linear), ("attention_in", attention_in, D, full), *outs,
             ("shared_up", 2 * shared, D, layers), ("shared_down", D, shared, layers),
-            ("router", text.num_experts + 1, D, layers), ("head", config.codebook_size + 1, D, 1)]
+            ("router", text.num_experts + 1, D, layers), ("head", config.codebook_size + 1, D, 1),
+            ("tower_down", tower.dim, tower.intermediate_size, tower_layers)]
 
 
 def dense_cases(config: Drama3Config, rows: int, device: torch.device) -> list[Case]:

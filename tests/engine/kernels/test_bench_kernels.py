@@ -29,7 +29,7 @@ def test_dense_cases_only_at_rows_the_kernel_takes() -> None:
     """Past 16 rows dense_rows is F.linear itself: nothing to time."""
     from engine.bench.dense_cases import dense_cases
 
-    assert len(dense_cases(small_config(), 16, torch.device("cpu"))) == 22  # 7 weights, 3 + 12 blocks swept
+    assert len(dense_cases(small_config(), 16, torch.device("cpu"))) == 27  # 8 weights, 3 + 16 blocks swept
     assert dense_cases(small_config(), 17, torch.device("cpu")) == []
 
 
@@ -50,12 +50,16 @@ def test_every_case_runs_its_kernel_and_reference() -> None:
                                                    "personaplex ring block 32 warps 4 tensor cores",
                                                    *(f"dense_rows {role}" for role in (
                                                        "deltanet_in", "attention_in", "out", "shared_up",
-                                                       "shared_down", "router", "head", "deltanet_in bn64 bk256",
+                                                       "shared_down", "router", "head", "tower_down",
+                                                       "deltanet_in bn64 bk256",
                                                        "deltanet_in bn16 bk256", "deltanet_in bn32 bk128",
                                                        # the narrow weights' K blocks are capped at K (128 here)
                                                        *(f"{narrow} bn16 bk128 s{stages} w{warps}"
                                                          for narrow in ("out", "shared_up", "shared_down")
-                                                         for stages, warps in ((4, 8), (6, 4), (8, 4), (8, 8)))))}
+                                                         for stages, warps in ((4, 8), (6, 4), (8, 4), (8, 8))),
+                                                       *(f"tower_down bn16 bk{bk} s{stages} w{warps}"
+                                                         for bk, stages, warps in ((128, 8, 4), (256, 4, 8),
+                                                                                   (256, 6, 4), (256, 8, 8)))))}
         for case in cases:
             got, expected = case.call(0), case.reference(0)
             assert case.bytes > 0 and case.copies >= 1 and case.per_step >= 1
