@@ -229,10 +229,10 @@ class Decoder:
         return self.prefix.plan(prompt)
 
     @torch.inference_mode()
-    def prefill_more(self, prefill: Prefill, rows: int | None = None) -> bool:
-        """Run about `rows` rows of the prefill's chunks (None: all); True once it is done and
-        its slot active."""
-        hidden = self.chunked.run(prefill, rows, self.after_chunk(prefill))
+    def prefill_more(self, prefill: Prefill, rows: int | None = None, largest: int | None = None) -> bool:
+        """Run about `rows` rows of the prefill's chunks (None: all), none longer than `largest`
+        rows (prefill.py `run`); True once it is done and its slot active."""
+        hidden = self.chunked.run(prefill, rows, self.after_chunk(prefill), largest)
         if hidden is None:
             return False
         self.activate(prefill, hidden)

@@ -28,8 +28,9 @@ Design choices:
   By stop 36 and 38's H100 runs a chunk costs ~21 ms plus ~0.022 ms a row (93 rows in the
   128-row graph 23.7 ms, 300 in the 320-row one 28.6, two 512-row chunks 64.2): 4,260 rows
   in nine 512-row chunks ~300 ms, in 1,024-row chunks ~200 by that line (to measure). The
-  cap is what one chunk may stall the takes decoding beside it (admission.py: a chunk is
-  never cut; ~43 ms by that line, a frame plays 46). Padded rows sit at the positions after the chunk's
+  cap is what one chunk may cost: a prefill beside decoding takes runs chunks of at most
+  BESIDE_ROWS (512) rows, splitting a longer one (admission.py: a step holds at least one
+  chunk, ~43 ms for 1,024 rows by that line where a frame plays 46). Padded rows sit at the positions after the chunk's
   real rows: their cache writes land where the take's next rows will be written before
   any row attends them, DeltaNet skips them (`valid`: no write, no decay, the conv state
   ends at the last real row), and only the last real row's hidden is kept. Near the
@@ -74,6 +75,7 @@ from engine.graphs import StepGraphs, shared_pool
 from engine.readback import to_device
 
 EAGER_CHUNK_ROWS = 512  # without graphs
+BESIDE_ROWS = 512  # the largest chunk a step runs beside decoding takes (~33 ms on an H100)
 GRAPH_CHUNK_ROWS = (1024, 768, 512, 384, 320, *(256 >> i for i in range(9)))  # 1,024, 768, 512, ..., 1: a graph each
 PREFILL_KV_ROWS = (1024, 4096)  # KV buckets of graphed chunks, then the whole cache
 
@@ -210,14 +212,21 @@ class ChunkedPrefill:
         return Prefill(rows, labels, slot, collections.deque(chunks))
 
     def run(self, prefill: Prefill, rows: int | None = None,
-            after: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor | None:
+            after: Callable[[int, torch.Tensor], None] | None = None,
+            largest: int | None = None) -> torch.Tensor | None:
         """Run the prefill's next chunks, about `rows` rows of them (at least one chunk; None:
         all), calling `after(end, hidden)` after each (the prefix cache's snapshots). Once its
         last chunk has run: the last row's hidden state [D] (a view the next chunk
-        overwrites; `prefill.hidden` when there was nothing to run), else None."""
+        overwrites; `prefill.hidden` when there was nothing to run), else None. `largest` (a
+        graph size): a longer chunk runs as its first `largest` rows, the rest left for later
+        (beside decoding takes, so one step never holds a 1,024-row chunk; its remainder still
+        fits the padding its chunk had)."""
         done = 0
         while prefill.chunks and (rows is None or done < rows):
             first, end = prefill.chunks.popleft()
+            if largest is not None and end - first > largest:
+                prefill.chunks.appendleft((first + largest, end))
+                end = first + largest
             prefill.hidden = self.chunk(prefill, first, end)
             if after is not None:
                 after(end, prefill.hidden)

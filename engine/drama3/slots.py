@@ -50,7 +50,7 @@ from engine.drama3.codec import Codec
 from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.decoder import Decoder
 from engine.drama3.pace import Pace
-from engine.drama3.prefill import Prefill
+from engine.drama3.prefill import BESIDE_ROWS, Prefill
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule
 from engine.drama3.take import AudioWindow, Done, Take
@@ -168,7 +168,7 @@ class Slots:
             left = sum(end - start for start, end in prefill.chunks)
             rows = budget if decoding else step_rows if take.prefill_only else None
             try:
-                done = self.decoder.prefill_more(prefill, rows)
+                done = self.decoder.prefill_more(prefill, rows, BESIDE_ROWS if decoding else None)
             except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the others
                 self.end(take, "error", f"{type(exc).__name__}: {exc}")
                 continue

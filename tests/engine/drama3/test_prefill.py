@@ -78,3 +78,32 @@ def test_the_graphed_plan_leaves_the_eager_plans_state(tiny_model, margin: int) 
         + 2 * len(config.text.linear_attention_layers)
     for name in first:
         torch.testing.assert_close(second[name], first[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+@torch.inference_mode()
+def test_beside_decoding_takes_a_long_chunk_runs_in_pieces_of_at_most_largest_rows(tiny_model) -> None:
+    """A 1,024- or 768-row graphed chunk is split when a step runs it beside decoding takes
+    (slots.py passes BESIDE_ROWS): every piece fits its graph, the rows are all covered once,
+    and the state is the whole chunks' (a CPU runs the graphed plan's chunks eagerly)."""
+    model, config, tokenizer = tiny_model
+    codes = torch.randint(0, 1024, (10, 1060), generator=torch.Generator().manual_seed(6)).numpy()
+    prompt = build_prompt("Split beside.", None, [HistoryTurn("Before.", codes)], Sampling(seed=1), tokenizer,
+                          config)
+    rows, count = prompt.rows, len(prompt.rows)
+    max_rows = count + 8
+    model.setup_caches(2, max_rows, "cpu", torch.float32)
+    whole = ChunkedPrefill(model, max_rows, graphs=True)
+    assert max(e - s for s, e in whole.chunks(0, count)) == 1024
+    expected = whole.run(whole.begin(rows, 0)).clone()
+    split = ChunkedPrefill(model, max_rows, graphs=True)
+    prefill = split.begin(rows, 1)
+    ran: list[int] = []
+    while (hidden := split.run(prefill, rows=1, after=lambda end, _: ran.append(end), largest=512)) is None:
+        pass
+    pieces = [b - a for a, b in itertools.pairwise([0, *ran])]
+    assert ran[-1] == count and max(pieces) == 512 and len(pieces) > len(whole.chunks(0, count))
+    assert all(padded_size(a, b, max_rows) >= b - a for a, b in itertools.pairwise([0, *ran]))
+    torch.testing.assert_close(hidden, expected, rtol=1e-4, atol=1e-4)
+    first, second = slot_state(model, 0, count), slot_state(model, 1, count)
+    for name in first:
+        torch.testing.assert_close(second[name], first[name], rtol=1e-4, atol=1e-4, msg=name)
