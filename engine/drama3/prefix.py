@@ -98,7 +98,7 @@ from engine.readback import pinned_like
 
 log = logging.getLogger("retake.engine")
 
-END_MARK = b"end of prompt"  # a whole-prompt key's last part: never a row's bytes (88 of them)
+END_MARK = b"end of prompt"  # a whole-prompt key's last part: never a row's bytes (44 of them)
 CPU_BUDGET_GIB = 1.0  # the default budget on a CPU
 GPU_FREE_SHARE = 0.5  # the default budget on a GPU: this share of the memory free after warm-up
 GPU_FREE_MAX = 0.9  # a budget asked for is capped at this share of it (the takes need the rest)
@@ -223,18 +223,22 @@ class PrefixCache:
         """The prompt's snapshot points and keys, and its longest resumable prefix in the
         cache (touched)."""
         count = len(prompt.rows)
-        data = prompt.rows.contiguous().numpy().tobytes()
+        # The rows' bytes as int32 (token ids and codes fit), hashed from views, not copies: a
+        # 4,260-row prompt's keys are on a retake's path (0.31 -> 0.20 ms on 2 CPU cores).
+        data = prompt.rows.to(torch.int32).contiguous().numpy().data.cast("B")
         row = len(data) // max(1, count)
         digest = hashlib.sha256()
         points: dict[int, bytes] = {}
         previous = 0
         for cut in cuts(prompt):
-            digest.update(data[previous * row:cut * row] + cut.to_bytes(8, "little"))
+            digest.update(data[previous * row:cut * row])
+            digest.update(cut.to_bytes(8, "little"))
             labelled = digest.copy()
             labelled.update(data[cut * row:(cut + 1) * row])  # the label of the tower's last row
             points[cut] = labelled.digest()
             previous = cut
-        digest.update(data[previous * row:] + END_MARK)
+        digest.update(data[previous * row:])
+        digest.update(END_MARK)
         points[count] = digest.digest()
         plan = Plan(rows=count, points=points)
         for end, key in points.items():  # ascending; snapshots past the last resumable one get their states again
