@@ -63,9 +63,11 @@ def _moe_beside(x: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, torc
     moe = ref() if ref is not None else None
     if moe is None or moe.gate.weight.data_ptr() != gate.data_ptr():
         raise RuntimeError("moe_beside: no installed MoE layer has this router weight (install after fusing)")
+    # The logit is a column of the packed router's output (stride E + 1): contiguous, as the fake
+    # promises (Inductor checks the strides: 2 rows and more failed there on the H100, stop 40).
     if not (x.is_cuda and BESIDE.on):
         routed, logit = moe.routed(x)
-        return routed, moe.shared_expert(x), logit
+        return routed, moe.shared_expert(x), logit.contiguous()
     main, side = torch.cuda.current_stream(x.device), side_stream(x.device)
     side.wait_stream(main)  # the fork: x is written on the caller's stream
     with torch.cuda.stream(side):
@@ -73,7 +75,7 @@ def _moe_beside(x: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, torc
     routed, logit = moe.routed(x)  # [N, D], [N, 1]
     main.wait_stream(side)  # the join
     shared.record_stream(main)
-    return routed, shared, logit
+    return routed, shared, logit.contiguous()
 
 
 # x [N, D] -> the routed experts' sum [N, D], the shared expert's output [N, D], its gate logit [N, 1]
@@ -83,7 +85,8 @@ moe_beside = torch.library.custom_op("retake::moe_beside", _moe_beside, mutates_
 
 
 @moe_beside.register_fake
-def _(x: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def fake_outputs(x: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The outputs' shapes and layout, as compiled callers see them: contiguous, each."""
     return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty((*x.shape[:-1], 1))
 
 

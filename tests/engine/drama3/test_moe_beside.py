@@ -34,6 +34,29 @@ def test_the_operator_gives_the_layers_output(rows: int) -> None:
     assert all("forward" in vars(layer) for layer in layers)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_its_outputs_are_laid_out_as_its_fake_says_with_the_router_packed(rows: int) -> None:
+    """The compiled decode layers hold the operator to its fake's layout (contiguous outputs):
+    the shared expert's gate logit is a column of the packed router's output (stride 257 at the
+    full size), which failed Inductor's stride check at 2 rows and more on the H100 (stop 40)."""
+    from engine.drama3.fast import fuse_projections
+    from engine.drama3.moe_beside import fake_outputs, moe_beside
+
+    torch.manual_seed(0)
+    model = random_model(Drama3Config.from_dict(tiny_config()), "cpu", torch.float32).eval()
+    fuse_projections(model)
+    layer = next(module for module in model.modules() if isinstance(module, SparseMoE))
+    install_beside(layer)
+    x = torch.randn(rows, layer.gate.in_features, generator=torch.Generator().manual_seed(rows))
+    with torch.inference_mode():
+        outputs = moe_beside(x, layer.gate.weight)
+        fakes = fake_outputs(x, layer.gate.weight)  # the fake's layout, made from the real inputs
+    for out, fake in zip(outputs, fakes, strict=True):  # (a dim of size 1 has any stride, as Inductor checks it)
+        assert out.shape == fake.shape
+        assert [s for s, n in zip(out.stride(), out.shape) if n > 1] == [s for s, n in zip(fake.stride(), fake.shape)
+                                                                       if n > 1]
+
+
 @pytest.mark.gpu
 def test_two_streams_give_one_streams_output_launched_and_replayed() -> None:
     if not torch.cuda.is_available():
