@@ -53,6 +53,8 @@ def takes_lines(data: Json) -> list[str]:
              f"peak {get(meta, 'peak_memory_gib', ' GiB')})"]
     if meta.get("kernel_fallbacks"):
         lines.append(f"  KERNELS THAT FELL BACK TO THEIR REFERENCE: {meta['kernel_fallbacks']}")
+    for row in rows_of(data, "failed") + rows_of(data, "skipped"):  # parts that measured nothing
+        lines.append(f"  PART {row.get('bench', '?').upper()}: {row.get('part')}: {row.get('reason')}")
     for d in rows_of(data, "decode"):
         lines.append(f"  decode per frame: eager {get(d, 'eager_ms')}, compiled {get(d, 'compiled_ms')}, "
                      f"graph {get(d, 'graph_ms', ' ms')} (target <= 4 ms)"

@@ -28,3 +28,13 @@ def test_the_takes_block_says_the_step_beside_its_in_line_twin_and_where_a_windo
     assert "20 after 320: 21.9 / 7.6 (in the 64-frame graph), 10 after 320: 20.4 / 6.7," in text + ","
     bare = "\n".join(summary_module().takes_lines({"rows": [{"bench": "decode", "graph_ms": 4.6}], "meta": {}}))
     assert "in line" not in bare and "graph 4.6 ms" in bare
+
+
+def test_a_part_that_failed_or_was_skipped_is_named_with_its_reason() -> None:
+    rows = [{"bench": "decode", "graph_ms": 5.2},
+            {"bench": "failed", "part": "decode rows", "reason": "AssertionError: expected size 2==2, stride 257==1"},
+            {"bench": "skipped", "part": "decode by KV bucket", "reason": "out of GPU memory"}]
+    text = "\n".join(summary_module().takes_lines({"rows": rows, "meta": {}}))
+    assert "PART FAILED: decode rows: AssertionError: expected size 2==2, stride 257==1" in text
+    assert "PART SKIPPED: decode by KV bucket: out of GPU memory" in text
+    assert "PART" not in "\n".join(summary_module().takes_lines({"rows": rows[:1], "meta": {}}))

@@ -37,6 +37,7 @@ import argparse
 import gc
 import json
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,8 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def bench_part(name: str, part: Callable[[], list[Row]], device: torch.device) -> list[Row]:
     """One part's rows, or a `skipped` row saying why when the GPU's memory ran out (an 80 GB card
-    holds the full preset and a 64-slot decoder, not also what earlier parts left cached); the
-    parts after it run. The part's graphs and caches are freed after it either way."""
+    holds the full preset and a 64-slot decoder, not also what earlier parts left cached), or a
+    `failed` row with the error (its traceback on stderr; the run then exits 1): the parts after
+    it run (stop 40's H100: a kernel failing at 2 rows ended `bench takes` before its KV part).
+    The part's graphs and caches are freed after it either way."""
     try:
         return part()
     except torch.OutOfMemoryError:
@@ -89,6 +92,11 @@ def bench_part(name: str, part: Callable[[], list[Row]], device: torch.device) -
         print(f"# {name}: skipped, out of GPU memory ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free); "
               "a smaller --slots, or `retake bench prefill` / `decode` apart, needs less", flush=True)
         return [{"bench": "skipped", "part": name, "reason": "out of GPU memory"}]
+    except Exception as error:  # noqa: BLE001 - one part's failure is reported; the others still measure
+        traceback.print_exc()
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        print(f"# {name}: failed ({reason}); the next parts run", flush=True)
+        return [{"bench": "failed", "part": name, "reason": reason}]
     finally:
         gc.collect()
         if device.type == "cuda":
@@ -179,4 +187,4 @@ def run(args: argparse.Namespace) -> int:
               + f" ({key.split('_')[0]}; <= {batched[0]['budget_window_ms']} ms for {TAKES} takes in real time)")
     if meta.get("peak_memory_gib") is not None:
         print(f"peak GPU memory {meta['peak_memory_gib']} GiB")
-    return 0
+    return 1 if any(row["bench"] == "failed" for row in rows) else 0

@@ -30,3 +30,19 @@ def test_a_part_that_runs_out_of_gpu_memory_is_skipped_and_the_next_runs() -> No
                                                                                device=device).numel()}], device)
     assert rows == [{"bench": "skipped", "part": "too big", "reason": "out of GPU memory"}]
     assert bench_part("next", lambda: [{"bench": "next"}], device) == [{"bench": "next"}]
+
+
+def test_a_part_that_fails_is_a_failed_row_and_the_next_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Stop 40's H100: a kernel that failed at 2 rows ended `bench takes` at its row buckets, and
+    its KV part never ran: a part's error is now a `failed` row, and the parts after it run."""
+    from engine.bench.drama3 import bench_part
+
+    device = torch.device("cpu")
+
+    def broken() -> list[dict[str, object]]:
+        raise AssertionError("expected size 2==2, stride 257==1 at dim=0\nError in op: retake::moe_beside")
+
+    reason = "AssertionError: expected size 2==2, stride 257==1 at dim=0"  # the error's first line
+    assert bench_part("decode rows", broken, device) == [{"bench": "failed", "part": "decode rows", "reason": reason}]
+    assert "# decode rows: failed (AssertionError" in capsys.readouterr().out
+    assert bench_part("decode by KV bucket", lambda: [{"bench": "decode_kv"}], device) == [{"bench": "decode_kv"}]
