@@ -535,7 +535,9 @@ def retake_stage(run: Run, stage: Stage, log: Path) -> Json:
             "--repeats", "1"] if run.smoke else ["--preset", "full", "--device", "cuda", "--repeats", "5"]
     # 5 repeats: a retake's first audio is ~12-17 ms, and one run's host jitter moved the 4,000 / 0 ratio
     # between 1.21x and 1.45x on one H100 with 3 (docs/perf.md, stop 34)
-    kernels = ([] if run.kernels is None else ["--kernels", *run.kernels]) + run.compile_prefill
+    # The served kernels, not --bench-kernels: the retake is measured as the server runs it (stop 40's
+    # run with `shared_beside` installed had takes after a warm 12-30 ms slower than stop 38's without).
+    kernels = run.compile_prefill
     profile = ["--profile", str(run.out / "retake-profile.txt")]  # one retake per size, its ranges and top ops
     return bench_stage(run, stage, log, [*CLI, "bench", "retake", "--random-weights", *size, *kernels, *profile,
                                          "--json", str(report)], report)
@@ -631,8 +633,8 @@ def main() -> int:
                              "serve stage runs a server and the loads for each, e.g. --serve-variant '' "
                              "--serve-variant '--prefix-cache-gib 0 RETAKE_CHECK_FINITE=1'")
     parser.add_argument("--bench-kernels", default=None, metavar="NAMES",
-                        help="`--kernels` for the takes and retake stages' benches, comma-separated, e.g. "
-                             "deltanet_step (default: the benches')")
+                        help="`--kernels` for the takes stage's bench, comma-separated, e.g. deltanet_step "
+                             "(default: the bench's; the retake stage always runs the served kernels)")
     parser.add_argument("--kernel-cases", default=None, metavar="PREFIXES",
                         help="the kernels stage's cases by name prefix, comma-separated (`bench kernels --only`), "
                              "e.g. 'personaplex ring,dense_rows' (default: every case)")
