@@ -68,17 +68,14 @@ Design choices:
   prompt holds its prefix still. `restore` copies only the chain's rows the slot does not
   hold (by the keys of the prompt it last prefilled, up to the rows that prefill reached),
   and the decoder starts a prompt in the free slot holding most of it: a retake copies the
-  DeltaNet states and only its line's rows (on 2 CPU cores a 4,000-row retake's restore
-  halved; on the H200 the restore's remaining host work hid the saving: docs/perf.md). A
-  take's first step rewrites its prompt's last row in the tower's caches, so the rows in
-  place after a take end at its line's boundary, and what a restore leaves is what a
-  fresh prefill leaves, bit for bit.
+  DeltaNet states and only its line's rows. A take's first step rewrites its prompt's last
+  row in the tower's caches, so the rows in place after a take end at its line's boundary,
+  and what a restore leaves is what a fresh prefill leaves, bit for bit.
 - Shared across sessions: keys are the exact rows, so two sessions with the same voice share
   the system message's snapshot (while their histories end in the first cell), and a
   director who reconnects finds their scene's snapshots, on the same replica. No state is
   ever used for rows that differ from its own, whoever made it. A restart starts cold.
-- Counters are plain integers kept by the engine thread, so /metrics can read them from
-  another thread without a lock.
+- Counters are plain integers kept by the engine thread: /metrics reads them without a lock.
 """
 
 from __future__ import annotations
