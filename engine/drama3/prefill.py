@@ -21,22 +21,22 @@ Design choices:
   one chunk in the 320-row graph, where the 512-row one computed 212 rows of padding: on
   the H200 a 300-row prompt took 32.5 ms in it, the experts' bytes ~9 of them, the rest
   following the rows).
-  Fewer, larger chunks: each chunk reads every expert the routing touches, which for a
-  few hundred rows is nearly all of them (32 GB in FP8 at the full size), and launches the
-  same ~2,400 kernels whatever its rows, so 300 rows cut as 256 + 32 + 8 + 4 read the
-  experts four times (95 ms on the H200, 2026-12-03) where one padded chunk reads them once.
-  By stop 36 and 38's H100 runs a chunk costs ~21 ms plus ~0.022 ms a row (93 rows in the
-  128-row graph 23.7 ms, 300 in the 320-row one 28.6, two 512-row chunks 64.2): 4,260 rows
-  in nine 512-row chunks ~300 ms, in 1,024-row chunks ~200 by that line (to measure). The
+  Fewer, larger chunks: each chunk reads every expert the routing touches, which for a few
+  hundred rows is nearly all of them (32 GB in FP8 at the full size), and launches the same
+  ~2,400 kernels whatever its rows, so 300 rows cut as 256 + 32 + 8 + 4 read the experts
+  four times (95 ms on the H200, 2026-12-03) where one padded chunk reads them once. By stop
+  36 and 38's H100 runs a chunk costs ~21 ms plus ~0.022 ms a row (93 rows in the 128-row
+  graph 23.7 ms, 300 in the 320-row one 28.6, two 512-row chunks 64.2); with 1,024-row
+  chunks 4,000 rows took 237 ms on an H100 where nine 512-row chunks took 300 (stop 40). The
   cap is what one chunk may cost: a prefill beside decoding takes runs chunks of at most
   BESIDE_ROWS (512) rows, splitting a longer one (admission.py: a step holds at least one
-  chunk, ~43 ms for 1,024 rows by that line where a frame plays 46). Padded rows sit at the positions after the chunk's
-  real rows: their cache writes land where the take's next rows will be written before
-  any row attends them, DeltaNet skips them (`valid`: no write, no decay, the conv state
-  ends at the last real row), and only the last real row's hidden is kept. Near the
-  cache's end, where a padded chunk would not fit, exact power-of-two chunks finish the
-  prompt. Without graphs (a CPU), chunks of 512 rows: the fewest launches, where a chunk's
-  cost follows its rows.
+  chunk, ~43 ms for 1,024 rows by that line where a frame plays 46). Padded rows sit at the
+  positions after the chunk's real rows: their cache writes land where the take's next rows
+  will be written before any row attends them, DeltaNet skips them (`valid`: no write, no
+  decay, the conv state ends at the last real row), and only the last real row's hidden is
+  kept. Near the cache's end, where a padded chunk would not fit, exact power-of-two chunks
+  finish the prompt. Without graphs (a CPU), chunks of 512 rows: the fewest launches, where
+  a chunk's cost follows its rows.
 - A chunk's attention reads a static number of cache rows (its KV bucket: 1,024, 4,096 or
   all of them), at least its last position + 1; rows past a query's position are masked.
   With 14 chunk sizes that is 42 graphs at the full size, captured once at warm-up, all
