@@ -299,33 +299,54 @@ def gpu_test_files() -> list[str]:
 
 
 def pytest_stage(run: Run, stage: Stage, log: Path) -> Json:
-    junit = WORK / "pytest.xml"
-    junit.unlink(missing_ok=True)
     files = run.tests or gpu_test_files()
-    # `kernel` tests run their Triton kernels on the GPU in-process (and in Triton's interpreter elsewhere)
-    rc = run.command([PY, "-m", "pytest", "-m", "gpu or kernel", "-vv", "-p", "no:cacheprovider", "-o", "timeout=240",
-                      f"--junitxml={junit}", *files], run.limit(stage), log)
-    if rc is None:
-        stage.status = "timeout"
-    elif rc not in (0, 5):  # 5: nothing collected / all deselected
-        stage.status, stage.note = "failed", f"exit code {rc}"
-    data: Json = {"files": files, "exit_code": rc}
-    text = log.read_text(errors="replace")
-    outcomes = re.findall(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", text, re.MULTILINE)
-    data["results"] = {test: outcome for test, outcome in outcomes}
-    data["counts"] = {o: sum(1 for _, x in outcomes if x == o) for o in ("PASSED", "FAILED", "SKIPPED", "ERROR")}
-    if junit.exists():  # complete once pytest ends: it replaces what the output showed
-        failures, results = [], {}
-        for case in ElementTree.parse(junit).getroot().iter("testcase"):
-            test = f"{case.get('classname')}::{case.get('name')}"
-            problems = (*case.findall("failure"), *case.findall("error"))
-            results[test] = "FAILED" if problems else "SKIPPED" if case.findall("skipped") else "PASSED"
-            for problem in problems:
-                message = (problem.get("message") or "").strip()
-                failures.append({"test": test, "message": message[:2000], "detail": (problem.text or "")[-3000:]})
-        data["results"], data["failures"] = results, failures
-        data["counts"] = {o: sum(1 for x in results.values() if x == o) for o in ("PASSED", "FAILED", "SKIPPED")}
-    return data
+    deadline = time.monotonic() + run.limit(stage)
+    results: dict[str, str] = {}
+    failures: list[Json] = []
+    codes: list[int | None] = []
+    # A process per file: a device-side assert aborts its process (stop 41 lost a whole run's
+    # reasons that way); RETAKE_REPORT_NOW prints each failure as it happens (tests/conftest.py).
+    for index, file in enumerate(files):
+        left = deadline - time.monotonic()
+        if left < 5:
+            stage.note = f"out of time before {len(files) - index} files"
+            break
+        junit = WORK / f"pytest-{index}.xml"
+        junit.unlink(missing_ok=True)
+        # `kernel` tests run their Triton kernels on the GPU in-process (and in Triton's interpreter elsewhere)
+        rc = run.command([PY, "-m", "pytest", "-m", "gpu or kernel", "-vv", "-p", "no:cacheprovider",
+                          "-o", "timeout=240", f"--junitxml={junit}", file], left, log, {"RETAKE_REPORT_NOW": "1"})
+        codes.append(rc)
+        file_results, file_failures = junit_results(junit) if junit.exists() else ({}, [])
+        if not junit.exists():  # aborted or timed out: what the output showed of this file
+            text = log.read_text(errors="replace")
+            file_results = {test: outcome for test, outcome in re.findall(
+                r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", text, re.MULTILINE)
+                if test.split("::")[0] == file}
+        results.update(file_results)
+        failures += file_failures
+        if rc is None:
+            stage.status = "timeout"
+            break
+    bad = [rc for rc in codes if rc not in (0, 5, None)]  # 5: nothing collected / all deselected
+    if bad and stage.status != "timeout":
+        stage.status, stage.note = "failed", f"exit codes {sorted(set(bad))}"
+    return {"files": files, "exit_code": bad[0] if bad else (None if None in codes else 0), "results": results,
+            "failures": failures,
+            "counts": {o: sum(1 for x in results.values() if x == o) for o in ("PASSED", "FAILED", "SKIPPED", "ERROR")}}
+
+
+def junit_results(junit: Path) -> tuple[dict[str, str], list[Json]]:
+    """Each test's outcome in a junit file, and each failure's message and traceback."""
+    failures, results = [], {}
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        test = f"{case.get('classname')}::{case.get('name')}"
+        problems = (*case.findall("failure"), *case.findall("error"))
+        results[test] = "FAILED" if problems else "SKIPPED" if case.findall("skipped") else "PASSED"
+        for problem in problems:
+            message = (problem.get("message") or "").strip()
+            failures.append({"test": test, "message": message[:2000], "detail": (problem.text or "")[-3000:]})
+    return results, failures
 
 
 def free_port() -> int:

@@ -4,7 +4,9 @@ and a real PostgreSQL server (backend/tools/postgres.py) for the store's tests."
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With RETAKE_REPORT_NOW set (scripts/gpu does): each failure's traceback as it happens.
+    Why: a device-side assert aborts the process before pytest's summary, and the stop-41 GPU
+    run lost every failure's reason that way."""
+    if report.failed and os.environ.get("RETAKE_REPORT_NOW"):
+        sys.stdout.write(f"\n----- {report.nodeid} failed ({report.when}) -----\n{report.longreprtext}\n")
+        sys.stdout.flush()
 
 
 @pytest.fixture(scope="session", autouse=True)

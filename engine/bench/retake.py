@@ -16,16 +16,19 @@ engine as served (`engine.generate`, warm-up first):
   director would read): the new line alone is prefilled (a line not in the script yet);
 - next line, written: the same with the line's text in the script, which the server warms
   too: the take restores its whole prompt.
-Printed: first audio (the prompt's building, then prefill start to the first PCM window;
-median of `--repeats`), the prompt's building (`prompt_ms`) and the prefill, the rows
-restored; the ratio of the 4,000-row retake to the retake with no history (the target on
-the H200: within 1.2x), with the cache on and off; bytes per row and per DeltaNet state,
-and what the largest scene's snapshots held.
+Printed: first audio (the prompt's building, then prefill start to the first PCM window; median
+of `--repeats`), the prompt's building (`prompt_ms`) and the prefill, the rows restored, the
+decode steps before the first window was due (`first_window_steps`: above the first window's
+frames when the sampled frames were held, as a `<|semantic:0|>` frame is; a first audio that
+grows with it is the sampler's, not the engine's); the ratio of the 4,000-row retake to the
+retake with no history (the target on the H200: within 1.2x), with the cache on and off; bytes
+per row and per DeltaNet state, and what the largest scene's snapshots held.
 
-`--profile FILE`: one more retake at each history size under torch.profiler (CPU and CUDA),
-its steps in labelled ranges (`retake: plan`, `restore`, `begin_prefill`, `step`,
-`read_status`: the engine's methods wrapped for the bench alone), written as one table of
-the ranges and the top ops per size, so what grows with the history shows side by side.
+`--profile FILE`: one more retake and one more written next line at each history size under
+torch.profiler (CPU and CUDA), its steps in labelled ranges (`retake: plan`, `restore`,
+`begin_prefill`, `step`, `read_status`: the engine's methods wrapped for the bench alone),
+written as one table of the ranges and the top ops per size, so what grows with the history
+shows side by side.
 
 Design choices:
 - One engine, the cache switched off by detaching it (`decoder.prefix = None`), so both
@@ -99,12 +102,13 @@ def measure(engine: Drama3Engine, text: str, turns: list[HistoryTurn], seed: int
     return {"prompt_rows": len(prompt.rows), "cached_rows": timings.get("cached_rows", 0),
             "prefill_chunks": timings.get("prefill_chunks", 0), "prompt_ms": timings.get("prompt_ms"),
             "prefill_ms": timings["prefill_ms"],
+            "first_window_steps": timings.get("first_window_steps"),
             "first_audio_ms": timings["first_audio_ms"], "codes": done.codes}
 
 
 def median_row(samples: list[Row], **fields: Any) -> Row:
     row = {**fields, **{key: samples[-1][key] for key in ("prompt_rows", "cached_rows", "prefill_chunks")}}
-    for key in ("prompt_ms", "prefill_ms", "first_audio_ms"):
+    for key in ("prompt_ms", "prefill_ms", "first_window_steps", "first_audio_ms"):
         values = [s[key] for s in samples if s[key] is not None]
         row[key] = round(statistics.median(values), 1) if values else None
     return row
@@ -170,12 +174,16 @@ RANGES = (("prefix", "plan"), ("prefix", "restore"), ("decoder", "begin_prefill"
 
 
 def profile_retakes(engine: Drama3Engine, scenes: dict[int, list[HistoryTurn]], frames: int) -> str:
-    """One retake per history size under torch.profiler: the ranges' CPU and CUDA times and
-    the top ops by CPU time, a section per size."""
+    """One retake and one take of a written next line (warmed whole first) per history size under
+    torch.profiler: the ranges' CPU and CUDA times and the top ops by CPU time, a section each.
+    (Stop 40's H100 gave the written line ~25 ms more first audio than the retake, both
+    restoring every row: the two side by side show where it goes.)"""
     from contextlib import ExitStack
     from unittest import mock
 
     from torch.profiler import ProfilerActivity, profile, record_function
+
+    from engine import HistoryTurn
 
     def ranged(name: str, method: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -186,22 +194,28 @@ def profile_retakes(engine: Drama3Engine, scenes: dict[int, list[HistoryTurn]], 
     owners = {"prefix": engine.decoder.prefix, "decoder": engine.decoder}
     sections = []
     for size, turns in scenes.items():
-        measure(engine, LINE, turns, 500, frames)  # the slot holds the line's history again, as for a retake
-        with ExitStack() as stack:
-            for owner, name in RANGES:
-                target = owners[owner]
-                stack.enter_context(mock.patch.object(target, name, ranged(name, getattr(target, name))))
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
-            with profile(activities=activities) as prof:
-                row = measure(engine, LINE, turns, 501, frames)
-        events = prof.key_averages()
-        ranges = "\n".join(f"  {e.key:<24} calls {e.count:>4}  cpu {e.cpu_time_total / 1000:8.3f} ms  "
-                           f"device {e.device_time_total / 1000:8.3f} ms"
-                           for e in events if e.key.startswith("retake:"))
-        top = events.table(sort_by="self_cpu_time_total", row_limit=20)
-        sections.append(f"# history {size:,} rows: prompt {row['prompt_rows']:,} rows (built in "
-                        f"{row['prompt_ms']} ms), prefill {row['prefill_ms']} ms, "
-                        f"first audio {row['first_audio_ms']} ms\n{ranges}\n{top}")
+        kept = measure(engine, LINE, turns, 500, frames)  # the slot holds the line's history again, as for a retake
+        written = [*turns, HistoryTurn(LINE, kept["codes"])]
+        cases = (("retake", LINE, turns), ("next line, written", "And the last line.", written))
+        for take, text, history_turns in cases:
+            if take != "retake":
+                warm_prefix(engine, text, history_turns, True)
+            with ExitStack() as stack:
+                for owner, name in RANGES:
+                    target = owners[owner]
+                    stack.enter_context(mock.patch.object(target, name, ranged(name, getattr(target, name))))
+                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+                with profile(activities=activities) as prof:
+                    row = measure(engine, text, history_turns, 501, frames)
+            events = prof.key_averages()
+            ranges = "\n".join(f"  {e.key:<24} calls {e.count:>4}  cpu {e.cpu_time_total / 1000:8.3f} ms  "
+                               f"device {e.device_time_total / 1000:8.3f} ms"
+                               for e in events if e.key.startswith("retake:"))
+            top = events.table(sort_by="self_cpu_time_total", row_limit=20)
+            sections.append(f"# {take}, history {size:,} rows: prompt {row['prompt_rows']:,} rows (built in "
+                            f"{row['prompt_ms']} ms, {row['cached_rows']:,} restored), prefill {row['prefill_ms']} ms, "
+                            f"first window after {row['first_window_steps']} steps, first audio "
+                            f"{row['first_audio_ms']} ms\n{ranges}\n{top}")
     return "\n\n".join(sections) + "\n"
 
 

@@ -355,10 +355,10 @@ KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention", "p
 # one launch each instead of ~9-21 (not with --compile-prefill, whose compiled layers fuse them).
 # dense_rows: on; by its H200 rows in `bench kernels` a step's dense layers take ~1.44 ms at one
 # row against cuBLAS's ~1.78 (engine/kernels/dense_rows.py), and the graphed step with it was 4.966 ms.
-# shared_beside: each MoE layer's shared expert on a side stream, beside the routed experts
-# (moe_beside.py); off until a GPU has run its tests and `bench takes --kernels ... shared_beside`
-# has timed the graphed step with it against both halves in line (`graph_inline_ms`).
-DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention", "prefill_norms", "dense_rows")
+# shared_beside: on; each MoE layer's shared expert on a side stream, beside the routed experts
+# (moe_beside.py): stop 41's H100 graphed step 5.111 ms with it, 5.437 with both halves in line,
+# every row bucket 1 ... 64 captured and run (`bench takes`), its GPU test passed.
+DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention", "prefill_norms", "dense_rows", "shared_beside")
 
 
 def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compile_prefill: bool = False,

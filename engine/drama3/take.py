@@ -45,7 +45,7 @@ from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule, Window
 from engine.drama3.vocoder import Vocoder
 
-# prompt_rows, cached_rows, prefill_chunks, prompt_ms, prefill_ms, first_audio_ms, frames, ...
+# prompt_rows, cached_rows, prefill_chunks, prompt_ms, prefill_ms, first_window_steps, first_audio_ms, frames, ...
 Timings = dict[str, float | None]
 
 
@@ -160,6 +160,8 @@ class Take:
         self.held = main == self.semantic_start
         self.committed += not self.held
         while (window := self.schedule.due(self.committed)) is not None:
+            # (decode steps before the first window: more than its frames when frames were held)
+            self.timings.setdefault("first_window_steps", self.steps)
             self.windows.submit(self.codes, window)
         if self.steps >= self.prompt.sampling.max_new_tokens:
             return "length"
