@@ -163,6 +163,44 @@ def numerics_lines(data: Json) -> list[str]:
     return lines
 
 
+def personaplex_lines(data: Json) -> list[str]:
+    """Each `bench personaplex` run of the stage (sizes, parts): a line per slot count, timed or skipped
+    (its state did not fit in this GPU's memory: the row says why)."""
+    lines: list[str] = []
+    for name, report in data.items():
+        if not isinstance(report, dict):
+            continue
+        if "rows" not in report:  # not run (out of time), or no report written
+            lines.append(f"personaplex {name}: {report.get('skipped', 'no report')}"
+                         + (f" (exit {report['exit_code']})" if "exit_code" in report else ""))
+            continue
+        timed = [r for r in report["rows"] if "skipped" not in r]
+        first = timed[0] if timed else {}
+        lines.append(f"personaplex {name} ({report.get('size', '?')}; {first.get('tick', '?')} tick, key/value ring "
+                     f"{first.get('kv_dtype', '?')}; weights {get(report, 'weights_gib', ' GiB')}, "
+                     f"{get(report, 'gib_per_conversation', ' GiB')} a conversation, "
+                     f"{get(report, 'conversations_fit')} fit in 90%; exit {report.get('exit_code')}"
+                     + (", cut short" if report.get("partial") else "") + ")")
+        if report.get("kernel_fallbacks"):
+            lines.append(f"  KERNELS THAT FELL BACK TO THEIR REFERENCE: {report['kernel_fallbacks']}")
+        for r in report["rows"]:
+            if "skipped" in r:
+                lines.append(f"  {r.get('slots')!s:>5} slots: SKIPPED: {r['skipped']}")
+                continue
+            ratios = "/".join(str(r.get(f"{part}_ratio", "?")) for part in ("encode", "model", "decode", "tick"))
+            lines.append(f"  {r.get('slots')!s:>5} slots: tick {get(r, 'gpu_ms_mean', ' ms')} (p95 "
+                         f"{get(r, 'gpu_ms_p95')}, host {get(r, 'tick_ms_mean')}; encode/model/decode "
+                         f"{get(r, 'encode_ms_mean')}/{get(r, 'model_ms_mean')}/{get(r, 'decode_ms_mean')}), "
+                         f"floor {get(r, 'floor_ms')}, moshi {get(r, 'moshi_ms')} ({get(r, 'moshi_ratio', 'x')}), "
+                         f"peak {get(r, 'peak_gib', ' GiB')}, prompt {get(r, 'prefill_ms', ' ms')}, "
+                         f"join {get(r, 'join_ms', ' ms')}, half heard {get(r, 'half_heard_ms', ' ms')}, "
+                         f"setup {get(r, 'setup_s', ' s')}"
+                         + (f"; eager / compiled encode/model/decode/tick {ratios}" if "tick_ratio" in r else ""))
+        compiles = report.get("compile_s") or []
+        lines.append(f"  compiles: {len(compiles)}, {sum(compiles):.1f} s")
+    return lines
+
+
 def other_lines(name: str) -> Callable[[Json], list[str]]:
     def lines(data: Json) -> list[str]:
         text = data.get("output")
@@ -174,8 +212,8 @@ def other_lines(name: str) -> Callable[[Json], list[str]]:
 
 BLOCKS: dict[str, Callable[[Json], list[str]]] = {
     "pytest": pytest_lines, "takes": takes_lines, "serve": serve_lines, "kernels": kernels_lines,
-    "numerics": numerics_lines,
-}  # other stages (personaplex, converse, retake): their JSON, compact
+    "numerics": numerics_lines, "personaplex": personaplex_lines,
+}  # other stages (converse, retake): their JSON, compact
 
 
 def readable(summary: Json) -> str:

@@ -38,3 +38,20 @@ def test_a_part_that_failed_or_was_skipped_is_named_with_its_reason() -> None:
     assert "PART FAILED: decode rows: AssertionError: expected size 2==2, stride 257==1" in text
     assert "PART SKIPPED: decode by KV bucket: out of GPU memory" in text
     assert "PART" not in "\n".join(summary_module().takes_lines({"rows": rows[:1], "meta": {}}))
+
+
+def test_the_personaplex_block_has_a_line_per_slot_count_and_says_why_one_was_skipped() -> None:
+    skipped = "128 PersonaPlex slots need 99.4 GiB of state (0.77 GiB each), but 60.1 GiB of the GPU are free"
+    sizes = {"bench": "personaplex", "size": "released", "weights_gib": 15.42, "gib_per_conversation": 0.7706,
+             "conversations_fit": 74, "compile_s": [30.0, 2.5], "kernel_fallbacks": {}, "exit_code": 0,
+             "rows": [{"slots": 1, "tick": "compiled", "kv_dtype": "float8_e4m3fn", "gpu_ms_mean": 10.69,
+                       "gpu_ms_p95": 11.2, "moshi_ms": 24.2, "moshi_ratio": 2.26, "peak_gib": 16.9},
+                      {"slots": 128, "skipped": skipped}]}
+    text = "\n".join(summary_module().personaplex_lines({"sizes": sizes, "parts": {"skipped": "out of time"}}))
+    assert "personaplex sizes (released; compiled tick, key/value ring float8_e4m3fn;" in text
+    assert "    1 slots: tick 10.69 ms (p95 11.2," in text and "moshi 24.2 (2.26x), peak 16.9 GiB" in text
+    assert f"  128 slots: SKIPPED: {skipped}" in text
+    assert "personaplex parts: out of time" in text and "compiles: 2, 32.5 s" in text
+    readable = summary_module().readable({"stages": [{"name": "personaplex", "status": "ok"}], "personaplex":
+                                          {"sizes": sizes}})
+    assert f"SKIPPED: {skipped}" in readable  # its own block, not the other stages' JSON cut at 3,000 characters

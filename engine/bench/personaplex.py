@@ -33,6 +33,13 @@ Design choices:
   one engine each, so one run gives the ratio side by side. Each engine's setup (its
   graphs' warm-up and capture, and any compile) is timed and printed, and so is every
   compile of the process.
+- A slot count whose state does not fit in the GPU's free memory once the weights are built
+  (engine/personaplex/memory.py `shortfall`, the sum the server refuses slots by; each size's
+  engine is freed before the next, so every size finds that memory) is not built: its row is
+  `{"slots": N, "skipped": "why"}` and the others are timed (128 conversations at the released
+  size need ~99 GiB of state: an H200 holds them, an H100 does not). `--memory-gib` caps that
+  memory (a smaller GPU; on a CPU, nothing is skipped without it). `--profile` profiles the
+  first and the last size timed.
 - Prints a table, what a conversation costs in memory and how many fit, and one JSON line
   (`--json FILE` writes it too, and after each slot count its rows so far, marked
   `partial`, so a run stopped mid-way keeps what it timed); nothing is asserted.
@@ -85,10 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
                         help="also time the parts with the compiled and with the eager tick side by side "
                              "(default: on a GPU)")
+    parser.add_argument("--memory-gib", type=float, default=None, metavar="GIB",
+                        help="the memory the slots' state may take, at most (default: what the GPU has free once "
+                             "the weights are built; no limit on a CPU); a slot count over it is skipped")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON line to this file")
     parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
-                        help="write the kernels of one tick of the first and the last slot count to FILE, part "
-                             "by part (encode, model, decode; launched without the graph), most time first")
+                        help="write the kernels of one tick of the first and the last slot count timed to FILE, "
+                             "part by part (encode, model, decode; launched without the graph), most time first")
 
 
 def tick_bytes(engine: PersonaPlex, slots: int, history: int) -> int:
@@ -124,8 +134,10 @@ def compiled_choice(choice: str) -> bool | None:
 
 
 def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: float | None,
-               compiled: bool | None = None, parts_timed: bool | None = None) -> dict[str, Any]:
-    """One slot count on its own engine, closed before returning."""
+               compiled: bool | None = None, parts_timed: bool | None = None,
+               profile: str | None = None) -> dict[str, Any]:
+    """One slot count on its own engine, closed before returning; `profile`: the mode ("w" or "a") to open
+    `--profile`'s file in for its tick's kernels (None: not profiled)."""
     import numpy as np
     import torch
 
@@ -172,8 +184,8 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
             engine.step(pcm, hearing=range(0, slots, 2))
             half.append(engine.timings["gpu_ms"])
         join_ms, join_chunks = time_join(engine, pcm)
-        if args.profile is not None and slots in (args.slots[0], args.slots[-1]):  # the two ends
-            with args.profile.open("w" if slots == args.slots[0] else "a") as file:
+        if args.profile is not None and profile is not None:
+            with args.profile.open(profile) as file:
                 file.write(profile_tick(engine, slots))
         memory = engine.memory()
         kv_dtype = str(engine.lockstep.temporal.rings()[0].keys.dtype).removeprefix("torch.")
@@ -285,11 +297,34 @@ def profile_tick(engine: PersonaPlex, slots: int) -> str:
     return "\n\n".join(out) + "\n\n"
 
 
+def too_big(args: argparse.Namespace, parts: Parts) -> dict[int, str]:
+    """The slot counts whose state does not fit (memory.py `shortfall`), and why: in the GPU's free memory
+    once the weights are built (what building them left cached freed first), and in `--memory-gib`."""
+    import torch
+
+    from engine.personaplex.engine import configure_rings
+    from engine.personaplex.memory import shortfall
+
+    dev = parts.device
+    caps = [] if args.memory_gib is None else [args.memory_gib * 2**30]
+    if dev.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+        caps.append(torch.cuda.mem_get_info(dev)[0])
+    if not caps:  # a CPU: no limit
+        return {}
+    configure_rings(parts.temporal, args.kv, not args.no_fused and dev.type == "cuda", dev)  # the ring's bytes
+    spare = int(not args.eager and dev.type == "cuda")  # the prompt reader's scratch row (PersonaPlex.build)
+    reasons = {slots: shortfall(parts.cfg, parts.temporal, slots, min(caps), spare) for slots in args.slots}
+    return {slots: reason for slots, reason in reasons.items() if reason is not None}
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from engine.bench.timing import copy_bandwidth
     from engine.device import pick_device
+    from engine.errors import RequestError
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -302,19 +337,30 @@ def run(args: argparse.Namespace) -> int:
     weights_gib = sum(p.nbytes for m in (parts.temporal, parts.depformer, parts.mimi) for p in m.parameters()) / 2**30
     bandwidth = copy_bandwidth(dev) if dev.type == "cuda" else None  # no floor on a CPU
     size = args.size if args.checkpoint is None else args.checkpoint
+    skipped = too_big(args, parts)
+    fitting = [slots for slots in args.slots if slots not in skipped]
+    if not fitting:
+        raise RequestError(f"no slot count fits: {skipped[min(args.slots)]}")
     rows: list[dict[str, Any]] = []
     compare = dev.type == "cuda" if args.compare is None else args.compare
     for slots in args.slots:
-        row = time_slots(args, parts, slots, bandwidth)
-        if compare:  # the parts with either tick, on engines of their own
-            row["compare"] = {name: time_slots(args, parts, slots, bandwidth, compiled=name == "compiled",
-                                               parts_timed=True) for name in ("compiled", "eager")}
-        rows.append(row)
+        if slots in skipped:
+            print(f"# {slots} slots: skipped: {skipped[slots]}", flush=True)
+            rows.append({"slots": slots, "skipped": skipped[slots]})
+        else:
+            profile = "w" if slots == fitting[0] else "a" if slots == fitting[-1] else None  # the two ends
+            row = time_slots(args, parts, slots, bandwidth, profile=profile)
+            if compare:  # the parts with either tick, on engines of their own
+                row["compare"] = {name: time_slots(args, parts, slots, bandwidth, compiled=name == "compiled",
+                                                   parts_timed=True) for name in ("compiled", "eager")}
+            rows.append(row)
         if args.json is not None:  # each size as it is timed: a run stopped at a later size keeps these
             args.json.write_text(json.dumps({"bench": "personaplex", "size": size, "partial": True,
                                              "rows": rows}, indent=1) + "\n")
-    print(f"personaplex {size} on {dev.type}: history {args.history}, key/value ring {rows[0]['kv_dtype']}, "
-          f"{'CUDA graphs' if rows[0]['graphs'] else 'eager'}, {rows[0]['tick']} tick"
+    timed = [r for r in rows if "skipped" not in r]
+    first = timed[0]
+    print(f"personaplex {size} on {dev.type}: history {args.history}, key/value ring {first['kv_dtype']}, "
+          f"{'CUDA graphs' if first['graphs'] else 'eager'}, {first['tick']} tick"
           f"{', demo weights' if parts.cfg.demo_weights else ''}")
     print(f"{'slots':>5} {'tick ms':>8} {'p95':>7} {'host ms':>8} {'encode':>7} {'model':>7} {'decode':>7} "
           f"{'floor':>6} {'moshi':>6} {'ratio':>6} {'RTF':>6} {'peak GiB':>8} {'prompt ms':>9} {'join ms':>8} "
@@ -324,6 +370,9 @@ def run(args: argparse.Namespace) -> int:
         return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
     for r in rows:
+        if "skipped" in r:
+            print(f"{r['slots']:>5} skipped: {r['skipped']}")
+            continue
         print(f"{r['slots']:>5} {cell(r['gpu_ms_mean'], 8)} {cell(r['gpu_ms_p95'], 7)} {cell(r['tick_ms_mean'], 8)} "
               f"{cell(r['encode_ms_mean'], 7)} {cell(r['model_ms_mean'], 7)} {cell(r['decode_ms_mean'], 7)} "
               f"{cell(r['floor_ms'], 6)} {cell(r.get('moshi_ms'), 6, 1)} {cell(r.get('moshi_ratio'), 6)} "
@@ -332,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
     if compare:
         print("parts (ms; CUDA events on a GPU), compiled vs eager tick; ratio = eager / compiled")
         print(f"{'slots':>5} {'path':>9} {'encode':>7} {'model':>7} {'decode':>7} {'tick':>7} {'setup s':>7}")
-        for r in rows:
+        for r in timed:
             for c in r["compare"].values():
                 print(f"{r['slots']:>5} {c['tick']:>9} {cell(c['encode_ms_mean'], 7)} "
                       f"{cell(c['model_ms_mean'], 7)} {cell(c['decode_ms_mean'], 7)} {cell(c['gpu_ms_mean'], 7)} "
@@ -349,10 +398,10 @@ def run(args: argparse.Namespace) -> int:
     compiles = compile_log()
     print(f"compiles: {len(compiles)}, {sum(compiles):.1f} s in all"
           + (f" ({', '.join(f'{s:.1f}' for s in compiles)})" if compiles else ""))
-    per = rows[0]["kv_gib_per_conversation"] + rows[0]["mimi_gib_per_conversation"]
+    per = first["kv_gib_per_conversation"] + first["mimi_gib_per_conversation"]
     line = (f"memory: weights {weights_gib:.2f} GiB; per conversation {per * 1024:.1f} MiB (key/value ring "
-            f"{rows[0]['kv_gib_per_conversation'] * 1024:.1f}, Mimi streams "
-            f"{rows[0]['mimi_gib_per_conversation'] * 1024:.1f})")
+            f"{first['kv_gib_per_conversation'] * 1024:.1f}, Mimi streams "
+            f"{first['mimi_gib_per_conversation'] * 1024:.1f})")
     fits = None
     if dev.type == "cuda":
         total = torch.cuda.get_device_properties(dev).total_memory / 2**30

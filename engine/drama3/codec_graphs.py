@@ -129,6 +129,12 @@ class WindowGraphs:
 
     def capture(self) -> None:
         with self.lock:
+            # Captures and timed replays run every graph on the static buffers as they are: after
+            # takes they hold real windows' counts (10 frames into a 1-frame graph gathered out of
+            # bounds: a device-side assert when the engine warmed up again, stop 41's H100).
+            for buffer in (self.codes, self.count, self.state.keys, self.state.values, self.state.tail,
+                           self.state.frames):
+                buffer.zero_()
             self.graphs.capture()
             self.firsts.pool = self.graphs.pool  # one pool for every window graph
             self.firsts.capture()

@@ -134,7 +134,7 @@ def window_pcm(codec: Codec, codes: torch.Tensor, window: Window, stream: Stream
         return torch.zeros(0, dtype=torch.int16, device=codec.device)
     stream.check(window)
     state, context = stream.state(codec), context_for(codec, window)
-    count = torch.tensor([window.frames], device=state.frames.device)
+    count = torch.full((1,), window.frames, device=state.frames.device)  # (a fill: no copy from host memory)
     audio = decode_next(codec, codes[None, :, window.emit:window.end], state, count, context)
     stream.frames = window.end
     offset = min(window.emit, context) * codec.frame_samples

@@ -7,6 +7,8 @@ Design choices:
   allocation), `stream_bytes` from the buffers (after).
 - The slots must fit in the GPU's free memory with 10% to spare (activations, graphs):
   else a RequestError says how many fit, rather than an out-of-memory error mid-setup.
+  `shortfall` is that sum and its sentence, for the engine and for the bench (which skips
+  a slot count that does not fit and times the others).
 """
 
 from __future__ import annotations
@@ -44,15 +46,23 @@ def slot_bytes(cfg: PersonaPlexConfig, temporal: Temporal) -> int:
     return kv + codec
 
 
+def shortfall(cfg: PersonaPlexConfig, temporal: Temporal, slots: int, free: float, spare: int = 0) -> str | None:
+    """None where the slots' state (and `spare` rows of it: the prompt reader's scratch row) fits in
+    `free` bytes with 10% to spare (activations, graphs); else what it needs and how many slots fit."""
+    per_slot = slot_bytes(cfg, temporal)
+    fit = int(free / 1.1 // per_slot) - spare
+    if slots <= fit:
+        return None
+    return (f"{slots} PersonaPlex slots need {(slots + spare) * per_slot / 2**30:.1f} GiB of state "
+            f"({per_slot / 2**30:.2f} GiB each), but {free / 2**30:.1f} GiB of the GPU are free: "
+            f"use at most {fit} slots")
+
+
 def check_memory(cfg: PersonaPlexConfig, temporal: Temporal, slots: int, device: torch.device, spare: int = 0) -> None:
-    """On a GPU: the slots' state (and `spare` rows of it: the prompt reader's scratch row) must fit in
-    free memory (with 10% for activations and graphs), or a RequestError says how many slots fit,
-    rather than an out-of-memory error mid-setup."""
+    """On a GPU: the slots' state must fit in free memory (`shortfall`), or a RequestError says how many
+    slots fit, rather than an out-of-memory error mid-setup."""
     if device.type != "cuda":
         return
-    free, _ = torch.cuda.mem_get_info(device)
-    per_slot = slot_bytes(cfg, temporal)
-    if (slots + spare) * per_slot * 1.1 > free:
-        raise RequestError(f"{slots} PersonaPlex slots need {(slots + spare) * per_slot / 2**30:.1f} GiB of state "
-                           f"({per_slot / 2**30:.2f} GiB each), but {free / 2**30:.1f} GiB of the GPU are free: "
-                           f"use at most {int(free / 1.1 // per_slot) - spare} slots")
+    reason = shortfall(cfg, temporal, slots, torch.cuda.mem_get_info(device)[0], spare)
+    if reason is not None:
+        raise RequestError(reason)

@@ -195,6 +195,36 @@ def test_a_bench_stopped_at_a_later_size_keeps_the_sizes_it_timed(tmp_path: Path
     assert report["rows"][0]["gpu_ms_mean"] > 0
 
 
+def test_the_bench_skips_a_slot_count_whose_state_does_not_fit_and_times_the_others(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path):
+    """As 128 conversations on an H100: a size whose state is over the memory (`--memory-gib` here, the
+    GPU's free memory on CUDA) gets a row saying why, the others are timed, and the bench exits 0."""
+    import json
+
+    from backend.cli import main
+    from engine.personaplex.random_weights import random_parts
+
+    parts = random_parts("tiny", torch.device("cpu"))
+    gib = 2.5 * 1.1 * slot_bytes(parts.cfg, parts.temporal) / 2**30  # 2 slots' state and its 10% fit, not 3
+    out, profile = tmp_path / "bench.json", tmp_path / "profile.txt"
+    assert main(["bench", "personaplex", "--slots", "1", "4", "2", "--ticks", "2", "--warmup", "1", "--greedy",
+                 "--device", "cpu", "--no-compare", "--memory-gib", str(gib), "--json", str(out),
+                 "--profile", str(profile)]) == 0
+    printed = capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["slots"] for r in rows] == [1, 4, 2]
+    assert rows[0]["gpu_ms_mean"] > 0 and rows[2]["gpu_ms_mean"] > 0
+    assert rows[1] == {"slots": 4, "skipped": rows[1]["skipped"]}
+    assert rows[1]["skipped"].startswith("4 PersonaPlex slots need ") and "use at most 2 slots" in rows[1]["skipped"]
+    assert f"    4 skipped: {rows[1]['skipped']}" in printed
+    # the first and the last size timed are profiled
+    assert re.findall(r"^# one system prompt chunk, (\d+ conversations?)", profile.read_text(), re.M) == [
+        "1 conversation", "2 conversations"]
+    # Nothing fits: refused as the server refuses slots, before any engine is built.
+    assert main(["bench", "personaplex", "--slots", "4", "--device", "cpu", "--memory-gib", str(gib)]) == 2
+    assert "no slot count fits: 4 PersonaPlex slots need" in capsys.readouterr().err
+
+
 def test_the_bench_refuses_a_slot_count_below_one_before_any_work(capsys: pytest.CaptureFixture[str]):
     from backend.cli import main
 
