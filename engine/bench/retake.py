@@ -162,11 +162,17 @@ def warmed_lines(engine: Drama3Engine, turns: list[HistoryTurn], kept_text: str,
 def warm_prefix(engine: Drama3Engine, text: str, turns: list[HistoryTurn], line: bool) -> None:
     """Prefill the prompt into the prefix cache, as the server does after a keep: up to the end
     of its history, or (`line`: the script holds its text) all of it."""
+    import torch
+
     from engine import Sampling
 
     take = engine.warm(engine.prompt(text, None, turns, Sampling(max_new_tokens=1)), line=line)
     while take is not None and not take.done:
         engine.step()
+    # The warm is done once its chunks are launched; the GPU runs them while the director reads.
+    # Without this wait the take queued behind them (stop 41's H100: a written line 36 ms, not ~12).
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
 
 
 RANGES = (("prefix", "plan"), ("prefix", "restore"), ("decoder", "begin_prefill"), ("decoder", "step"),
