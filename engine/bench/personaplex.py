@@ -299,18 +299,17 @@ def profile_tick(engine: PersonaPlex, slots: int) -> str:
 
 def too_big(args: argparse.Namespace, parts: Parts) -> dict[int, str]:
     """The slot counts whose state does not fit (memory.py `shortfall`), and why: in the GPU's free memory
-    once the weights are built (what building them left cached freed first), and in `--memory-gib`."""
-    import torch
+    once the weights are built (memory.py `free_bytes`: the allocator's unused cache counts), and in
+    `--memory-gib`."""
 
     from engine.personaplex.engine import configure_rings
-    from engine.personaplex.memory import shortfall
+    from engine.personaplex.memory import free_bytes, shortfall
 
     dev = parts.device
     caps = [] if args.memory_gib is None else [args.memory_gib * 2**30]
     if dev.type == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
-        caps.append(torch.cuda.mem_get_info(dev)[0])
+        gc.collect()  # (what the last size's engine left, freed)
+        caps.append(free_bytes(dev))
     if not caps:  # a CPU: no limit
         return {}
     configure_rings(parts.temporal, args.kv, not args.no_fused and dev.type == "cuda", dev)  # the ring's bytes

@@ -63,6 +63,14 @@ def check_memory(cfg: PersonaPlexConfig, temporal: Temporal, slots: int, device:
     slots fit, rather than an out-of-memory error mid-setup."""
     if device.type != "cuda":
         return
-    reason = shortfall(cfg, temporal, slots, torch.cuda.mem_get_info(device)[0], spare)
+    reason = shortfall(cfg, temporal, slots, free_bytes(device), spare)
     if reason is not None:
         raise RequestError(reason)
+
+
+def free_bytes(device: torch.device) -> int:
+    """The GPU memory this process can still take: the driver's free memory and what PyTorch's
+    allocator holds unused (building the released size's random weights left ~10 GiB there, and
+    the stop-41 H100 server refused 128 slots on 51.8 GiB "free")."""
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(torch.cuda.mem_get_info(device)[0] + cached)
