@@ -33,9 +33,10 @@ that fails or runs out of time is recorded and the next one runs):
   part, and a prompt chunk), then encode / model / decode
   apart (`--parts`) at 1 and 64 if time is left
 - converse: `retake serve --converse --random-weights --size released --preset tiny
-  --converse-slots 128` (Drama 3 tiny: the GPU's memory is PersonaPlex's) + `retake loadtest
-  --converse` at 127 conversations with one joining while they talk (all 128 slots), the
-  same with the microphones in phase (`--aligned`), then 64 with one joining if time is left
+  --converse-slots 128` (64 on a GPU under 120 GiB, an H100: 128 do not fit; Drama 3 tiny:
+  the GPU's memory is PersonaPlex's) + `retake loadtest --converse` at 127 conversations
+  with one joining while they talk (all the slots), the same with the microphones in phase
+  (`--aligned`), then 64 with one joining if time is left (63 / 33 on the smaller GPU)
 
 OUT gets at most 8 files: summary.json (everything measured, per stage; rewritten after
 each stage, so a run cut short keeps what it measured), summary.txt (the figures that
@@ -140,6 +141,12 @@ class Run:
         self.logs: list[str] = []
         self.current: Stage | None = None
         self.cuda = False
+        self.memory_gib: float | None = None  # the GPU's (env stage)
+
+    def conversations(self) -> int:
+        """The converse stage's PersonaPlex slots: 128 (the target) where they fit (~99 GiB of state
+        at the released size: an H200), 64 on a smaller GPU (an H100 refused 128), 2 in a smoke run."""
+        return 2 if self.smoke else 128 if (self.memory_gib or 0) >= 120 else 64
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -263,6 +270,7 @@ def env_stage(run: Run, stage: Stage, log: Path) -> Json:
     stage.commands.append("python3 -c <torch probe>")
     data: Json = json.loads(found.stdout.strip().splitlines()[-1]) if found.returncode == 0 else {"error": found.stderr}
     run.cuda = bool(data.get("cuda"))
+    run.memory_gib = data.get("memory_gib")
     versions: dict[str, str | None] = {}
     for name in ("triton", "fla-core", "numpy", "starlette", "uvicorn", "websockets", "sqlalchemy", "tokenizers",
                  "safetensors", "pytest"):
@@ -425,7 +433,7 @@ def one_server(run: Run, stage: Stage, log: Path, converse: bool = False, extra:
         # Drama 3 with one slot: its warm-up (compiling the tiny layers, a graph per row and KV bucket)
         # is not what this stage measures, and it took 165 s of the stage with 64 slots (2026-12-04).
         argv = [*CLI, "serve", "--converse", "--random-weights", "--preset", "tiny", "--size",
-                "tiny" if run.smoke else "released", "--converse-slots", "2" if run.smoke else "128",
+                "tiny" if run.smoke else "released", "--converse-slots", str(run.conversations()),
                 "--slots", "1", "--device", "cpu" if run.smoke else "cuda"]
     else:
         argv = [*CLI, "serve", "--random-weights", "--preset", "tiny" if run.smoke else "full",
@@ -456,8 +464,9 @@ def one_server(run: Run, stage: Stage, log: Path, converse: bool = False, extra:
         if converse:  # (conversations, seconds, joining while they talk, microphones in phase)
             # 127 talking + 1 joining: the 128 slots full, and a system prompt read while 127 others talk;
             # then the same with every microphone starting when its conversation listens (--aligned)
-            loads = [(127, 10.0, 1, False), (127, 8.0, 1, True), (64, 8.0, 1, False)] if not run.smoke \
-                else [(1, 3.0, 1, False)]
+            full = run.conversations() - 1
+            loads = [(full, 10.0, 1, False), (full, 8.0, 1, True), (full // 2 + 1, 8.0, 1, False)] \
+                if not run.smoke else [(1, 3.0, 1, False)]
             for sessions, seconds, joins, aligned in loads:
                 left = stage_end - time.monotonic()
                 if left < 30:
