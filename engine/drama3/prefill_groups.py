@@ -19,8 +19,10 @@ Design choices:
   past the prompt's rows, where its next rows are written before any row attends them).
 - Shapes: (8 prompts, 64 rows) and (4 prompts, 128 rows), 512 rows either way: the size of
   the largest single chunk, so a group's activations fit the memory pool the single chunks
-  already use. A chunk longer than 128 rows, or ending past the 4,096-row KV bucket,
-  runs alone (it is already a large chunk, or its attention is).
+  already use. A chunk ending past the 4,096-row KV bucket runs alone (its attention is
+  large). A chunk longer than 128 rows runs alone too, unless others wait: then its first
+  128 rows join theirs, cut likewise, where they fill the shape and prefill at least the
+  rows it would alone (`cut`: one reading of the weights for all; its rest is its next chunk).
 - On CUDA each shape is captured per KV bucket (1,024, 4,096) into the prefill's pool: 4
   more graphs at warm-up. A graph runs its shape's prompts; a group with fewer fills the
   rest with idle rows in the scratch slot (position 0, one row, nothing anyone reads).
@@ -97,9 +99,11 @@ class PrefillGroups:
         """The prefills whose next chunks run as one group: the first prefill and those after
         it (in order) whose chunks fit a shape that holds the first's, up to the shape's
         prompts, in the shape that takes the most; [] when fewer than two fit (the first runs
-        alone)."""
-        if self.most < 2 or len(prefills) < 2 or not self.groupable(prefills[0]):
+        alone; a first chunk longer than every shape: `cut`)."""
+        if self.most < 2 or len(prefills) < 2 or not prefills[0].chunks:
             return []
+        if not self.groupable(prefills[0]):
+            return self.cut(prefills)
         best: list[Prefill] = []
         for takes, rows in GROUP_SHAPES:
             group = [p for p in prefills if p.chunks and (c := p.chunks[0])[1] - c[0] <= rows and self.fits(*c, rows)]
@@ -107,6 +111,29 @@ class PrefillGroups:
             if group and group[0] is prefills[0] and len(group) > len(best):
                 best = group
         return best if len(best) >= 2 else []
+
+    def cut(self, prefills: list[Prefill]) -> list[Prefill]:
+        """`pick` when the first prefill's chunk is longer than every shape: the first prefill and
+        those after it in the shape of the most rows, each chunk cut to its rows (the rest stays the
+        prefill's next chunk), if they fill the shape and prefill at least the rows the first chunk
+        would alone (it costs about as much: the weights are read once); else [] (the first runs
+        alone: fewer would pay a chunk for little, and its rest another). Why: on stop 41's H100 at
+        64 directors a second take's ~255-row chunk ran alone, and so did its ~50-row rest, ~22 ms
+        each; 2 groups formed in 10 s."""
+        takes, rows = GROUP_SHAPES[-1]
+        group = [p for p in prefills
+                 if p.chunks and self.fits(p.chunks[0][0], min(p.chunks[0][1], p.chunks[0][0] + rows), rows)]
+        group = group[:min(takes, self.most)]
+        first, end = prefills[0].chunks[0]
+        if len(group) < takes or group[0] is not prefills[0] \
+                or sum(min(b - a, rows) for a, b in (p.chunks[0] for p in group)) < end - first:
+            return []
+        for prefill in group:
+            a, b = prefill.chunks[0]
+            if b - a > rows:  # (as prefill.py `run` cuts one beside decoding takes)
+                prefill.chunks[0] = (a, a + rows)
+                prefill.chunks.insert(1, (a + rows, b))
+        return group
 
     def fill(self, group: list[Prefill], others: list[Prefill]) -> list[Prefill]:
         """Of `others` (in order), those whose next chunks fit the rows `group` (from `pick`)

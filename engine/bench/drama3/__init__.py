@@ -12,8 +12,9 @@
   step time once fused.
 - prefill: the prompt's backbone and tower prefill for 300, 1,000 and 4,000 rows, launched
   from Python and replayed from the chunk graphs (prefill.py), beside the targets; then
-  2, 4 and 8 prompts of 40 and 100 rows waiting together, prefilled one after another and
-  in groups (`prefill_group` rows: prefill_groups.py), with the ratio.
+  2, 4 and 8 prompts of 40, 100 and 255 rows waiting together, prefilled one after another
+  and in groups (`prefill_group` rows: prefill_groups.py; 255 rows is longer than every
+  group shape: 4 and 8 such prompts run cut to 128 rows), with the ratio.
 - takes: all of the above, plus first audio (prefill start to the first PCM window on the
   host) for a 300-row prompt, vocode ms per window length, vocode ms per long window
   (320 + 64 frames) when 1, 4 or 16 takes' windows decode in one call, a take's first

@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
 
 PREFILL_ROWS = (300, 1000, 4000)
 PREFILL_TARGETS_MS = {300: 30.0, 1000: 80.0, 4000: 300.0}
-GROUP_PROMPT_ROWS = (40, 100)  # a line's own rows after a restored prefix; a short first prompt
+GROUP_PROMPT_ROWS = (40, 100, 255)  # a line's own rows after a restored prefix; a short first prompt; a second
+# take's kept take and line (longer than every group shape: cut to join, prefill_groups.py `cut`)
 GROUP_PROMPTS = (2, 4, 8)
 
 

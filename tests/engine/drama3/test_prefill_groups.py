@@ -162,6 +162,34 @@ def test_a_long_chunk_first_keeps_no_group_from_running_while_nothing_decodes(gr
         table.step()
 
 
+@torch.inference_mode()
+def test_long_chunks_cut_to_join_a_group_leave_the_state_they_leave_alone(grouped, single, monkeypatch):
+    """Prompts whose chunks are longer than every shape, waiting together: their first rows run
+    as one group, cut to its shape (prefill_groups.py `cut`), then the rest; each prompt's
+    state is the one it has prefilled alone (to float32 rounding)."""
+    decoder = grouped.decoder
+    monkeypatch.setattr(decoder, "prefix", None)  # no cache: a prompt is one chunk (512 rows at most)
+    counted = Counted(decoder)
+    monkeypatch.setattr(decoder, "prefill_group", counted)
+    rng = np.random.default_rng(11)
+    kept = [HistoryTurn("A kept take.", rng.integers(0, 1024, (10, 150 + 30 * i))) for i in range(4)]
+    takes = [grouped.prompt(f"Long {i}.", None, [turn], Sampling(max_new_tokens=4, seed=i))
+             for i, turn in enumerate(kept)]
+    prefills = [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(takes)]
+    assert all(len(p.chunks) == 1 and p.chunks[0][1] - p.chunks[0][0] > GROUP_SHAPES[-1][1] for p in prefills)
+    decoder.prefill_together(prefills)
+    assert counted.sizes and counted.sizes[0] == 4  # the four long chunks' first rows, together
+    for slot, prompt in enumerate(takes):
+        got = slot_state(decoder, slot, len(prompt.rows))
+        single.decoder.prefill(prompt, 0)
+        want = slot_state(single.decoder, 0, len(prompt.rows))
+        single.decoder.release(0)
+        for a, b in zip(got, want, strict=True):
+            error, scale = (a.double() - b.double()).abs().max(), b.double().abs().max()
+            assert error <= 1e-4 * scale + 1e-6, (error, scale)
+        decoder.release(slot)
+
+
 def test_which_chunks_join_a_group(grouped):
     groups, width = grouped.decoder.groups, grouped.config.frame_width
     limit = groups.chunked.max_rows
@@ -174,6 +202,13 @@ def test_which_chunks_join_a_group(grouped):
     assert groups.pick([waiting(0, small)] * 2) and len(groups.pick([waiting(0, 10)] * 12)) == takes
     assert groups.pick([waiting(0, 10)]) == []  # one prompt: alone
     assert groups.pick([waiting(0, large + 1), waiting(0, 10)]) == []  # the first chunk is long: alone first
+    # ...unless three others fill the shape with it and the four prefill at least its rows: long chunks cut
+    long, also_long, rest, short = waiting(0, 255), waiting(40, 300), waiting(0, 50), waiting(0, 5)
+    assert groups.pick([long, also_long, rest]) == [] and list(long.chunks) == [(0, 255)]  # 3: alone, uncut
+    assert groups.pick([long, short, short, short]) == []  # 143 rows < 255
+    assert groups.pick([long, also_long, rest, short, short]) == [long, also_long, rest, short]  # 311 >= 255
+    assert list(long.chunks) == [(0, large), (large, 255)]
+    assert list(also_long.chunks) == [(40, 40 + large), (40 + large, 300)] and list(rest.chunks) == [(0, 50)]
     # The shape that holds the first chunk and takes the most prompts; the others wait.
     first, longer, short = waiting(0, small), waiting(0, small + 1), waiting(5, 20)
     assert groups.pick([first, longer, short]) == [first, longer, short]  # 3 in the larger shape, 2 in the smaller
