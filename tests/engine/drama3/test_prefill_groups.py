@@ -190,6 +190,34 @@ def test_long_chunks_cut_to_join_a_group_leave_the_state_they_leave_alone(groupe
         decoder.release(slot)
 
 
+def test_long_chunks_waiting_beside_a_playing_take_run_cut_in_a_group_and_end_well(tiny_checkpoint, monkeypatch):
+    """The server's case (stop 41's H100, 64 directors): while a take decodes, four second takes
+    wait, each chunk longer than every shape: the step runs their first 128 rows as one group
+    (the first waiting take's too, so it is never passed over), and every take ends well."""
+    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=5, prefill_group=8,
+                                    prefix_cache_gib=0))  # no cache: a prompt is one chunk
+    decoder, table = engine.decoder, engine.slot_table
+    playing = table.start(engine.prompt("Playing.", None, [], Sampling(max_new_tokens=40, seed=1)))
+    while playing in table.prefills:
+        table.step()
+    counted = Counted(decoder)
+    monkeypatch.setattr(decoder, "prefill_group", counted)
+    monkeypatch.setattr(table, "prefill_rows", 128)  # the budget: one group's worth, whatever this machine's speed
+    rng = np.random.default_rng(12)
+    second = [engine.prompt(f"Second take {i}.", None, [HistoryTurn("Kept.", rng.integers(0, 1024, (10, 160)))],
+                            Sampling(max_new_tokens=6, seed=i)) for i in range(4)]
+    started = [table.start(prompt) for prompt in second]
+    chunks = [table.prefills[take].chunks[0] for take in started]
+    assert all(end - first > GROUP_SHAPES[-1][1] for first, end in chunks)  # each longer than every shape
+    table.step()
+    assert playing.decoding and counted.sizes[:1] == [4], counted.sizes
+    while any(not take.done for take in [playing, *started]):
+        for _, events in table.step():
+            for event in events:
+                if isinstance(event, Done):
+                    assert event.finish_reason in ("stop", "length"), event.error
+
+
 def test_which_chunks_join_a_group(grouped):
     groups, width = grouped.decoder.groups, grouped.config.frame_width
     limit = groups.chunked.max_rows
