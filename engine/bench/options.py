@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 
-def add_weights(parser: argparse.ArgumentParser, *, preset: str, checkpoint_help: str, preset_help: str) -> None:
+def add_weights(parser: argparse.ArgumentParser, *, preset: str | None, checkpoint_help: str, preset_help: str) -> None:
     """--checkpoint DIR or --random-weights, and --preset (the random weights' size)."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", type=Path, help=checkpoint_help)

@@ -199,6 +199,15 @@ def test_serve_refuses_random_weights_it_cannot_run(options: list[str], message:
     assert result.returncode == 2 and result.stderr.strip() == f"retake serve: {message}"
 
 
+@pytest.mark.parametrize("bench", ["decode", "prefill", "takes"])
+def test_bench_refuses_the_full_preset_on_a_cpu(bench: str) -> None:
+    """Its float32 random weights took a CPU machine's 24 GiB until the kernel killed the bench."""
+    result = subprocess.run([*RETAKE, "bench", bench, "--preset", "full", "--device", "cpu"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "retake bench: --random-weights --preset full needs a GPU (--device cuda); use --preset tiny on a CPU")
+
+
 def test_serve_refuses_a_missing_checkpoint(tmp_path: Path) -> None:
     result = subprocess.run([*RETAKE, "serve", "--checkpoint", str(tmp_path / "nope")],
                             capture_output=True, text=True, timeout=120)

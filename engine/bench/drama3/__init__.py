@@ -52,6 +52,7 @@ from engine.bench.drama3.takes import bench_takes
 from engine.bench.drama3.vocoder import TAKES, bench_vocoder_batch
 from engine.bench.options import add_device, add_weights
 from engine.drama3.fast import DEFAULT_KERNELS, KERNELS
+from engine.errors import RequestError
 
 HELP = "Drama 3 speed: decode step eager vs CUDA graph, prefill, first audio (see docs/perf.md)"
 TARGETS = {"decode_graph_ms": 4.0, "first_audio_ms": 60.0, "graph_speedup": 3.0}
@@ -59,8 +60,9 @@ NOTE = "random weights: routing is near-uniform, so expert reuse across tokens i
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_weights(parser, preset="full", checkpoint_help="a Drama 3 checkpoint directory",
-                preset_help="model size with --random-weights (full: the assumed 35B-A3B dimensions)")
+    add_weights(parser, preset=None, checkpoint_help="a Drama 3 checkpoint directory",
+                preset_help="model size with --random-weights (full: the assumed 35B-A3B dimensions; default: full "
+                            "on a GPU, tiny on a CPU)")
     add_device(parser, auto=False)
     parser.add_argument("--no-compile", action="store_true", help="leave decode layers uncompiled")
     parser.add_argument("--kernels", nargs="*", choices=KERNELS, metavar="NAME", default=None,
@@ -109,7 +111,12 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("retake bench: --device cuda but no CUDA GPU is available")
     if args.checkpoint is None and not args.random_weights:
-        args.random_weights, args.preset = True, args.preset
+        args.random_weights = True
+    if args.preset is None:
+        args.preset = "full" if device.type == "cuda" else "tiny"
+    if args.random_weights and args.preset == "full" and device.type != "cuda":
+        # (its float32 weights took the 24 GiB of a CPU machine until the kernel killed the bench)
+        raise RequestError("--random-weights --preset full needs a GPU (--device cuda); use --preset tiny on a CPU")
     started = time.perf_counter()
     rows: list[Row] = []
     meta: dict[str, object] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
