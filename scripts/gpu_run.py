@@ -12,9 +12,10 @@ Stages, in this order (each within its own time limit and what is left of --budg
 that fails or runs out of time is recorded and the next one runs):
 
 - env: torch, CUDA, the GPU, package versions
-- pytest: `pytest -m "gpu or kernel"` over every test file with GPU or kernel tests (verbose; junit once it ends),
-  the kernels, the decoder's and the fast path's files first (FIRST_TESTS); `--tests A,B`
-  runs those files instead
+- pytest: `pytest -m "gpu or kernel"` over every test file with GPU or kernel tests, a process per
+  file (verbose; junit once it ends; each failure printed as it happens: a device-side assert
+  aborts its process), the kernels, the decoder's and the fast path's files first
+  (FIRST_TESTS); `--tests A,B` runs those files instead
 - codec: `retake bench codec --random-weights --preset full --window`: a long window's graph with the
   decoder's Snakes in one pass and op by op and with the post transformer compiled, and the window's
   kernels (codec-profile.txt)
