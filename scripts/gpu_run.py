@@ -395,7 +395,13 @@ def load_summary(report: Json) -> Json:
             "real_time": bool(gaps) and not reasons.get("error") and (percentiles(gaps) or {}).get("p99", 1e9) <= 100.0,
             "prompt_rows_p50": statistics.median([t["prompt_rows"] for t in takes]) if takes else None,
             "cached_rows_p50": statistics.median([t.get("cached_rows", 0) for t in takes]) if takes else None,
-            "finish_reasons": reasons, "errors": errors, "failures": report.get("failures", [])}
+            "finish_reasons": reasons, "errors": errors, "failures": report.get("failures", []),
+            # a small load's takes one by one: a take's first audio beside its prompt's rows, to set
+            # beside `bench takes`' first audio at those rows
+            "each_take": [{"prompt_rows": t["prompt_rows"], "cached_rows": t.get("cached_rows", 0),
+                           "server_ms": t.get("server_first_audio_ms"),
+                           "client_ms": round(t["first_audio_s"] * 1000, 1) if t.get("first_audio_s") is not None
+                           else None} for t in takes] if len(takes) <= 8 else None}
 
 
 def stage_limit(text: str) -> tuple[str, float]:

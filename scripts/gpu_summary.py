@@ -126,6 +126,8 @@ def serve_lines(data: Json) -> list[str]:
                      + (f"  cached rows p50 {load['cached_rows_p50']}" if load.get("cached_rows_p50") else "")
                      + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
                      + (f"  exit {load['exit_code']}" if load.get("exit_code", 0) != 0 else ""))
+        lines += [f"           take: {t['prompt_rows']} rows ({t['cached_rows']} cached), first audio server "
+                  f"{t['server_ms']} ms, client {t['client_ms']} ms" for t in load.get("each_take") or []]
         lines += [f"           error x{count}: {error[:160]}" for error, count in load.get("errors", {}).items()]
         lines += [f"           FAILED {failure[:160]}" for failure in load.get("failures", [])[:3]]
     problems = [line for line in data.get("log", [])
