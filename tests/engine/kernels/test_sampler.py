@@ -46,8 +46,10 @@ def main_case(rows: int, width: int, device: str, seed: int):
     generator = torch.Generator().manual_seed(seed)
     logits = logits_like(rows, width, device, generator)
     logits[0, 0] = logits[0].max() + 1  # EOS (column 0) ranks first
-    logits[1, 0] = logits[1, 1:].max()  # EOS ties the best semantic candidate
-    logits[2, 3] = -math.inf  # a masked candidate: not finite, never drawn
+    if rows > 1:  # (the full-width case runs one row too: a decode step alone)
+        logits[1, 0] = logits[1, 1:].max()  # EOS ties the best semantic candidate
+    if rows > 2:
+        logits[2, 3] = -math.inf  # a masked candidate: not finite, never drawn
     settings = mixed_settings(rows, device, generator)
     settings.temperature[:2] = 1.0
     seed_, counter = draws_state(rows, device, generator)
