@@ -95,6 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-gib", type=float, default=None, metavar="GIB",
                         help="the memory the slots' state may take, at most (default: what the GPU has free once "
                              "the weights are built; no limit on a CPU); a slot count over it is skipped")
+    parser.add_argument("--memory-trace", type=Path, default=None, metavar="FILE",
+                        help="append each phase's largest live GPU allocations, by the line that made them, "
+                             "to FILE (each row's memory_gib has the phases' figures either way)")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON line to this file")
     parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
                         help="write the kernels of one tick of the first and the last slot count timed to FILE, "
@@ -141,6 +144,7 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
     import numpy as np
     import torch
 
+    from engine.bench.memory_trace import MemoryTrace
     from engine.personaplex.compiled_depformer import CompiledDepformer
     from engine.personaplex.compiled_mimi import CompiledMimiLayer
     from engine.personaplex.compiled_temporal import CompiledTemporal
@@ -151,18 +155,22 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
     dev = parts.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    trace = MemoryTrace(dev, args.memory_trace)
+    trace.mark(f"{slots} slots: weights")
     setup = time.perf_counter()
     engine = random_engine(parts, slots, Sampling(greedy=args.greedy), graphs=not args.eager, kv=args.kv,
                            fused=not args.no_fused, parts_timed=args.parts if parts_timed is None else parts_timed,
                            buckets=[slots],  # the one it times
                            compiled=compiled_choice(args.compile) if compiled is None else compiled)
     setup_s = time.perf_counter() - setup  # the graphs' warm-up and capture, and any compile
+    trace.mark(f"{slots} slots: engine")
     try:
         started = time.perf_counter()
         engine.open(persona=DEFAULT_PERSONA)  # and the default voice: RANDOM at the released size
         if dev.type == "cuda":
             torch.cuda.synchronize()  # the prompt's kernels run after open returns
         prefill_ms = (time.perf_counter() - started) * 1000
+        trace.mark(f"{slots} slots: open")
         lm = engine.cfg.lm
         history = int(engine.lockstep.local[0]) - 1
         if args.history == "full":  # a whole context ahead, in whole staging-ring turns: every ring is full
@@ -183,7 +191,9 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
         for _ in range(args.ticks):
             engine.step(pcm, hearing=range(0, slots, 2))
             half.append(engine.timings["gpu_ms"])
+        trace.mark(f"{slots} slots: ticks")
         join_ms, join_chunks = time_join(engine, pcm)
+        trace.mark(f"{slots} slots: join")
         if args.profile is not None and profile is not None:
             with args.profile.open(profile) as file:
                 file.write(profile_tick(engine, slots))
@@ -198,6 +208,7 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
             isinstance(mimi_layer, CompiledMimiLayer) and steps.failed is None and helium.failed is None and \
             mimi_layer.failed is None else "eager"
     finally:
+        trace.close()
         engine.close()
         del engine
         gc.collect()
@@ -221,7 +232,8 @@ def time_slots(args: argparse.Namespace, parts: Parts, slots: int, bandwidth: fl
         "kv_gib_per_conversation": round(memory["kv_gib_per_conversation"], 4),
         "mimi_gib_per_conversation": round(memory["mimi_gib_per_conversation"], 4),
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if dev.type == "cuda" else None,
-        "floor_ms": None if floor_ms is None else round(floor_ms, 2)}
+        "floor_ms": None if floor_ms is None else round(floor_ms, 2),
+        "memory_gib": trace.phases}
     row["realtime_factor"] = round(row["tick_ms_mean"] / FRAME_MS, 3)
     if args.size == "released" and args.checkpoint is None and dev.type == "cuda" and slots in MOSHI_MS:
         row["moshi_ms"] = MOSHI_MS[slots]
