@@ -15,7 +15,8 @@ Design choices:
   is the one record of which code holds a block; it is private API, so a trace that cannot
   start says so in its file and the phases' figures still come.
 - Blocks are grouped by the innermost frame inside this repository (engine/, backend/):
-  the line that asked, not torch's internals.
+  the line that asked, not torch's internals; and by the pool they are in (a CUDA graph's
+  private pool keeps what its capture allocated: stop 42's trace did not yet say which).
 - CUDA only; elsewhere every call is a no-op.
 """
 
@@ -71,13 +72,16 @@ def live_sites(snapshot: dict[str, Any]) -> list[tuple[str, tuple[int, int]]]:
     innermost frame of our code that allocated the block ("?" where none was recorded)."""
     sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for segment in snapshot.get("segments", []):
+        # a CUDA graph's private pool has an id other than (0, 0): whether a graph holds the block
+        pool = segment.get("segment_pool_id")
+        where = f" [graph pool {tuple(pool)}]" if pool is not None and tuple(pool) != (0, 0) else ""
         for block in segment.get("blocks", []):
             if block.get("state") != "active_allocated":
                 continue
             frames = block.get("frames") or []
             ours = [f for f in frames if any(part in str(f.get("filename", "")) for part in OURS)]
             frame = ours[0] if ours else None
-            site = f"{Path(frame['filename']).name}:{frame['line']} {frame.get('name', '')}" if frame else "?"
+            site = (f"{Path(frame['filename']).name}:{frame['line']} {frame.get('name', '')}" if frame else "?") + where
             sites[site][0] += int(block.get("size", 0))
             sites[site][1] += 1
     return sorted(((site, (size, count)) for site, (size, count) in sites.items()), key=lambda s: -s[1][0])

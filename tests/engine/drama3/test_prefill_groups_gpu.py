@@ -2,12 +2,13 @@
 prompt prefilled in grouped graph replays leaves the state it leaves alone (to bfloat16
 rounding), and takes started together all end well.
 
-The state comparison runs the experts on their plain path (dequantised weights, bfloat16
-activations; `w8a8 = False`, as test_fast_gpu.py and test_fuse.py do): on the served W8A8
-path a GEMM blocked otherwise in a group moves an activation across a float8 rounding
-boundary now and then (one e4m3 step is 6-12% of its element), which stop 42's H100 run
-showed as a 14% largest difference in a state after a few layers; without float8 activations
-what is left to compare is the grouping itself (padding, slots, positions, graphs)."""
+A state is compared by its relative norm, not its largest element: on the served W8A8 path a
+GEMM blocked otherwise in a group moves an activation across a float8 rounding boundary now
+and then (one e4m3 step is 6-12% of its element), and stop 42's H100 run saw a 14% largest
+difference in one state (which one, unrecorded) under a bound of 5% of the largest element. A
+flip moves a few elements; a grouping defect (a wrong slot, position or padding) moves whole
+rows, which the norm sees. The experts' plain path (`w8a8 = False`) cannot be used instead:
+it reads the host, so every prefill graph ran eagerly (stop 42, call 7)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import pytest
 import torch
 
 from engine import Done, EngineSpec, load_engine
-from engine.drama3.moe import Experts
 
 from .test_prefill_groups import Counted, prompts
 from .test_prefix import slot_state
@@ -26,9 +26,6 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def gpu(tiny_checkpoint):
     engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", slots=4))
-    for module in engine.decoder.model.modules():
-        if isinstance(module, Experts):
-            module.w8a8 = False  # before the graphs are captured: they replay the path they saw
     engine.warm_up()  # captures the graphs
     return engine
 
@@ -56,9 +53,9 @@ def test_groups_replay_as_graphs_and_leave_the_state_of_one_prompt_alone(gpu):
         want = slot_state(decoder, 0, len(prompt.rows))
         decoder.release(0)
         for index, (a, b) in enumerate(zip(got, want, strict=True)):
-            error, scale = (a.double() - b.double()).abs().max(), b.double().abs().max()
-            # bfloat16 rounding, through every layer; `index` in slot_state's order (KV rows, DeltaNet states, ...)
-            assert error <= 5e-2 * scale + 1e-3, (index, a.shape, float(error), float(scale))
+            error = ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-6)).item()
+            # bfloat16 rounding and a few float8 flips, through every layer; `index` in slot_state's order
+            assert error <= 2e-2, (index, tuple(a.shape), error)
 
 
 def test_takes_started_together_end_well(gpu):
