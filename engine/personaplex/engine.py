@@ -43,11 +43,10 @@ Design choices:
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -183,11 +182,13 @@ class PersonaPlex:
     @staticmethod
     def build(root: Path, cfg: PersonaPlexConfig, temporal: Temporal, depformer: Depformer, mimi: Mimi,
               tokenizer: TextTokenizer, device: torch.device, slots: int, sampling: Sampling, graphs: bool = True,
-              kv: str = "auto", fused: bool = True, parts: bool = False,
-              buckets: list[int] | None = None, compiled: bool | None = None) -> PersonaPlex:
-        """An engine of `slots` slots on loaded modules (their streams are set up anew); `buckets`: the batch
-        sizes a tick may run (default 1, 2, 4, ... slots); `compiled`: the compiled depformer (None: on CUDA)."""
+              kv: str = "auto", fused: bool = True, parts: bool = False, buckets: list[int] | None = None,
+              compiled: bool | None = None) -> PersonaPlex:
+        """An engine of `slots` slots on loaded modules (streams set up anew, weights frozen); `buckets`: the
+        batch sizes a tick may run (default 1, 2, 4, ... slots); `compiled`: the compiled depformer (None: CUDA)."""
         check_slots(slots)
+        for module in (temporal, depformer, mimi):
+            module.requires_grad_(False)  # no autograd history anywhere (prompt_reader.py: 59 GiB of it)
         configure_rings(temporal, kv, fused and device.type == "cuda", device)
         scratch = graphs and device.type == "cuda"  # a ring row to read prompts in by graphs (prompt_reader.py)
         check_memory(cfg, temporal, slots, device, spare=scratch)
@@ -258,7 +259,7 @@ class PersonaPlex:
         next ticks (`prefilling` until then); `seed` makes it reproducible (default: the engine's)."""
         self._check_slot(slot)
         planned = plan(self.cfg.lm, self.programme(persona, self.voice(voice)))
-        sampling = self.sampling if seed is None else dataclasses.replace(self.sampling, seed=seed).checked()
+        sampling = self.sampling if seed is None else replace(self.sampling, seed=seed).checked()
         self.release(slot)
         self.lockstep.sampling.set(slot, sampling)
         key = self.read_prompts.key(planned)

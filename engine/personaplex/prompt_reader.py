@@ -24,6 +24,10 @@ Design choices:
   is baked into a graph.
 - One prompt at a time: the engine reads the oldest waiting prompt to its end before the next
   (a prompt dropped midway is simply overwritten by the next, from position 0).
+- Its chunks run without autograd whoever calls them: with it on, the rings' in-place writes
+  chained every layer's saved activations from chunk to chunk (59 GiB held by a
+  one-conversation engine at the released size on stop 42's H100, from the captures' warm-up
+  calls alone). The engine's modules are frozen as well (engine.py `build`).
 - The engine uses it on CUDA only; a CPU reads prompts in place, bit for bit as before (a
   padded chunk's GEMMs round differently). The tests run it on the CPU too, eagerly.
 """
@@ -81,11 +85,13 @@ class PromptReader:
         self.slot.fill_(slot)
         self.copies(1)
 
+    @torch.no_grad()  # (captured at an engine's build, outside its callers' no_grad: see below)
     def _chunk(self, length: int) -> None:
         positions = (self.start + self.offsets[:length])[None]  # [1, T]
         with prompt_attention(self.lockstep.device):
             self.lockstep.temporal.trunk(self.x[None, :length], positions, self.row)
 
+    @torch.no_grad()
     def _copy(self, _: int) -> None:
         for ring in self.lockstep.temporal.rings():
             for state in (ring.keys, ring.values, ring.key_scales, ring.value_scales):

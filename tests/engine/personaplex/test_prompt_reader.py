@@ -37,3 +37,25 @@ def test_a_prompt_read_in_the_scratch_row_and_copied_equals_one_read_in_place(pe
             for state in (ring.keys, ring.values):
                 torch.testing.assert_close(state[2, :, :positions], state[0, :, :positions], rtol=1e-5, atol=1e-6)
         assert not torch.equal(rings[0].keys[1], rings[0].keys[2])  # slot 1, never read into, is untouched
+
+
+def test_reading_keeps_no_autograd_history(personaplex_checkpoint: Path) -> None:
+    """Called without a no_grad of the caller's (the reader's graphs are captured at an engine's
+    build), a read prompt leaves the rings free of autograd: the weights require gradients, so a
+    chunk run with them on made the rings' in-place writes keep every layer's saved activations
+    alive, chained from chunk to chunk. On the H100 (stop 42) a one-conversation engine at the
+    released size held 59 GiB of them after capturing the reader's four chunk graphs."""
+    engine = PersonaPlex.load(personaplex_checkpoint, device="cpu", slots=2)
+    modules = (engine.lockstep.temporal, engine.lockstep.depformer, engine.mimi)
+    assert not any(p.requires_grad for module in modules for p in module.parameters())  # the engine froze them
+    cfg = engine.cfg.lm
+    planned = plan(cfg, engine.programme("You are a test.", engine.voice()))
+    engine.lockstep.temporal.requires_grad_(True)  # (as modules built elsewhere are: the reader must not care)
+    lockstep = Lockstep(cfg, engine.lockstep.temporal, engine.lockstep.depformer, 2, engine.device, scratch=True)
+    reader = PromptReader(lockstep, graphs=False)
+    reader.capture()  # (graphs off: nothing captured, as on a CPU)
+    reader.read(planned, 0, min(max(CHUNK_LENGTHS), planned.positions))
+    reader.copy_to(1)
+    for ring in lockstep.temporal.rings():
+        for state in (ring.keys, ring.values, ring.key_scales, ring.value_scales):
+            assert not state.requires_grad and state.grad_fn is None
