@@ -197,6 +197,8 @@ def personaplex_lines(data: Json) -> list[str]:
                          f"peak {get(r, 'peak_gib', ' GiB')}, prompt {get(r, 'prefill_ms', ' ms')}, "
                          f"join {get(r, 'join_ms', ' ms')}, half heard {get(r, 'half_heard_ms', ' ms')}, "
                          f"setup {get(r, 'setup_s', ' s')}"
+                         + "".join(f"; {phase.split(': ')[-1]} {m.get('allocated_gib')} GiB"  # memory per phase
+                                   for phase, m in (r.get("memory_gib") or {}).items())
                          + (f"; eager / compiled encode/model/decode/tick {ratios}" if "tick_ratio" in r else ""))
         compiles = report.get("compile_s") or []
         lines.append(f"  compiles: {len(compiles)}, {sum(compiles):.1f} s")
