@@ -189,3 +189,19 @@ def test_the_released_size_captures_runs_and_frees_its_memory():
         gc.collect()
         torch.cuda.empty_cache()
         assert torch.cuda.memory_allocated() - before < 64 * 2**20  # every ring, stream and graph given back
+
+
+def test_an_engine_built_with_autograd_on_keeps_no_history(personaplex_checkpoint: Path):
+    """Built outside any no_grad (as `retake serve --converse` and the bench build one): the prompt
+    reader's captured chunks leave the rings without autograd history. Stop 42's H100: a released-size
+    engine of one conversation held 59 GiB of saved activations from the reader's captures."""
+    assert torch.is_grad_enabled()
+    engine = short_context(personaplex_checkpoint, 2, Sampling(seed=0))
+    assert engine.reader is not None and not engine.reader.chunks.eager  # captured, on CUDA
+    engine.start(0, persona="Hello", seed=3)
+    for pcm in audio(3, engine.slots, seed=0):
+        engine.step(pcm)
+    for ring in engine.lockstep.temporal.rings():
+        for state in (ring.keys, ring.values, ring.key_scales, ring.value_scales):
+            assert not state.requires_grad and state.grad_fn is None
+    engine.close()
