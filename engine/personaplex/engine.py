@@ -428,9 +428,8 @@ class PersonaPlex:
 
     def memory(self) -> dict[str, float]:
         """GiB of state per conversation (Helium's key/value rings, Mimi's streams) and of the weights."""
-        gib = 2 ** 30
-        kv = sum(ring.stream_bytes() for ring in self.lockstep.temporal.rings())
-        lockstep = self.lockstep
+        gib, lockstep = 2 ** 30, self.lockstep
+        kv = sum(ring.stream_bytes() for ring in lockstep.temporal.rings())
         weights = sum(p.nbytes for m in (lockstep.temporal, lockstep.depformer, self.mimi) for p in m.parameters())
         return {"kv_gib_per_conversation": kv / gib, "mimi_gib_per_conversation": stream_bytes(self.mimi) / gib,
                 "weights_gib": weights / gib}
