@@ -8,7 +8,9 @@ largest live allocations by the line of our code that made them.
 
 Why: `bench personaplex` at the released size peaked at 75.35 GiB with one conversation on
 stop 41 and 42's H100s (16.9 GiB on stop 35's H200: ~15.6 GiB of weights and 0.77 GiB a
-conversation), and a state that size is nowhere in the arithmetic of `engine.memory()`.
+conversation), a state nowhere in the arithmetic of `engine.memory()`. The trace named the
+lines (the prompt attention's dequantised rings, 680 blocks each), which were what autograd
+saves: the prompt reader's captured chunks ran with gradients on (prompt_reader.py).
 
 Design choices:
 - PyTorch's allocator history (`torch.cuda.memory._record_memory_history`, Python stacks)

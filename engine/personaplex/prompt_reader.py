@@ -85,7 +85,7 @@ class PromptReader:
         self.slot.fill_(slot)
         self.copies(1)
 
-    @torch.no_grad()  # (captured at an engine's build, outside its callers' no_grad: see below)
+    @torch.no_grad()  # (captured at an engine's build, outside any caller's no_grad: the docstring's why)
     def _chunk(self, length: int) -> None:
         positions = (self.start + self.offsets[:length])[None]  # [1, T]
         with prompt_attention(self.lockstep.device):
