@@ -45,7 +45,8 @@ class MemoryTrace:
                 torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
                 self.recording = True
             except (AttributeError, RuntimeError, TypeError) as error:
-                path.open("a").write(f"allocator history unavailable: {error}\n")
+                with path.open("a") as file:
+                    file.write(f"allocator history unavailable: {error}\n")
 
     def mark(self, phase: str) -> None:
         """The phase's allocated and peak GiB; with a file, its largest live allocation sites."""
