@@ -50,6 +50,7 @@ STEP = "decode step"  # the profiler range around a profiled step
 PREFILL_PARTS = ("deltanet", "attention", "experts", "tower")  # the mixers and the experts apart (eager prefill)
 PREFILL = "prefill"  # the profiler range around a profiled prefill
 LINE_ROWS = 40  # a line's own rows: what a take prefills after a restored prefix
+ROWS = 64  # the takes of a busy server's profiled step (`profile_rows`)
 
 
 def step_op_counts(decoder: Decoder, kv_len: int) -> dict[str, int]:
@@ -241,10 +242,32 @@ def profile_window(codec: Codec, device: torch.device, new: int = 64, context: i
                            "its graph)", device, 30))
 
 
+def profile_rows(model: Drama3Model, config: Drama3Config, device: torch.device, rows: int = ROWS) -> str:
+    """The kernels of one decode step of `rows` takes (each after a short prompt of its own),
+    launched without its graph: where a busy server's step goes (64 directors: the experts of
+    most of every layer read, the dense layers past `dense_rows`' rows)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from engine.drama3.decoder import Decoder
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    decoder = Decoder(model, LINE_ROWS + 64, rows)
+    for slot in range(rows):  # short prompts: the step's rows matter here, not their history
+        decoder.prefill(synthetic_prompt(config, LINE_ROWS, 32, seed=slot), slot)
+    decoder.step(LINE_ROWS - 1)  # a warm-up: first-call work is not the step's
+    sync(device)
+    with parts(model), profile(activities=activities) as step_profile, record_function(STEP):
+        decoder.step(LINE_ROWS)
+        sync(device)
+    return parts_line(step_profile, device, PARTS, STEP) + "\n" + kernel_table(
+        step_profile, f"one decode step of {rows} takes (launched without its graph)", device, 40)
+
+
 def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.device, codec: Codec | None = None) -> str:
-    """The kernels of one graphed decode step, one 300-row prefill and one 40-row chunk after 300
-    rows (a line's own rows after a restored prefix: what one director's take prefills), most
-    time first; with `codec`, then one vocoder window's (`profile_window`)."""
+    """The kernels of one graphed decode step, one 300-row prefill, one 40-row chunk after 300 rows
+    (a line's own rows after a restored prefix: what one director's take prefills) and one step of
+    64 takes (`profile_rows`), most time first; with `codec`, then one vocoder window's
+    (`profile_window`)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from engine.drama3.decoder import Decoder
@@ -276,6 +299,7 @@ def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.devic
         sync(device)
     out.append(kernel_table(chunk_profile, f"one {LINE_ROWS}-row chunk after 300 rows (a line after its restored "
                             "prefix)", device, 40))
+    out.append(profile_rows(model, config, device))  # last: its decoder sets the model's caches up anew
     if codec is not None:
         out.append(profile_window(codec, device))
     return "\n\n".join(out)

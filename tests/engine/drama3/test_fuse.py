@@ -142,7 +142,7 @@ def test_a_chunks_ops_count_its_norms_apart(plain_and_fused) -> None:
 
 @torch.no_grad()
 def test_the_profile_tables_name_the_step_the_prefill_and_a_line_chunk(tiny_model) -> None:
-    """`retake bench decode|takes --profile`: three tables, each under its title (on a GPU the title
+    """`retake bench decode|takes --profile`: four tables, each under its title (on a GPU the title
     says how many kernels ran and their time; here, on the CPU, the ops)."""
     from engine.bench.drama3.profiling import profile_tables
 
@@ -150,17 +150,19 @@ def test_the_profile_tables_name_the_step_the_prefill_and_a_line_chunk(tiny_mode
     text = profile_tables(model, config, torch.device("cpu"))
     titles = [line for line in text.splitlines() if line.startswith("# ")]
     tables = text.split("\n\n# ")
-    # The step's time by part first: the backbone's two mixers, the tower, the rest.
-    parts = re.fullmatch(r"# parts \(ms of CPU time\): deltanet ([\d.]+), attention ([\d.]+), tower ([\d.]+), "
-                         r"other ([\d.]+)", titles.pop(0))
-    assert parts is not None and all(float(ms) > 0 for ms in parts.groups()), text[:200]
-    # The prefill's with the experts apart from the mixers they follow.
-    parts = re.fullmatch(r"# parts \(ms of CPU time\): deltanet ([\d.]+), attention ([\d.]+), experts ([\d.]+), "
-                         r"tower ([\d.]+), other ([\d.]+)", titles.pop(1))
-    assert parts is not None and all(float(ms) > 0 for ms in parts.groups()), text[:200]
-    assert titles == ["# one decode step (the installed fast path, launched without its graph): CPU ops (no GPU here)",
-                      "# one 300-row prefill: CPU ops (no GPU here)",
-                      "# one 40-row chunk after 300 rows (a line after its restored prefix): CPU ops (no GPU here)"]
+    # Each step's time by part before its table: the backbone's two mixers, the tower, the rest;
+    # the prefill's with the experts apart from the mixers they follow.
+    step = r"# parts \(ms of CPU time\): deltanet ([\d.]+), attention ([\d.]+), tower ([\d.]+), other ([\d.]+)"
+    prefill = (r"# parts \(ms of CPU time\): deltanet ([\d.]+), attention ([\d.]+), experts ([\d.]+), "
+               r"tower ([\d.]+), other ([\d.]+)")
+    for index, pattern in ((0, step), (2, prefill), (5, step)):
+        parts = re.fullmatch(pattern, titles[index])
+        assert parts is not None and all(float(ms) > 0 for ms in parts.groups()), text[:200]
+    assert [title for title in titles if title.startswith("# one")] == [
+        "# one decode step (the installed fast path, launched without its graph): CPU ops (no GPU here)",
+        "# one 300-row prefill: CPU ops (no GPU here)",
+        "# one 40-row chunk after 300 rows (a line after its restored prefix): CPU ops (no GPU here)",
+        "# one decode step of 64 takes (launched without its graph): CPU ops (no GPU here)"]
     assert all("aten::" in table for table in tables)
 
 
