@@ -65,7 +65,6 @@ NOT_BUILT = """<!doctype html><meta charset="utf-8"><title>Retake</title>
 def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
     def load() -> Drama3Engine:
         from engine import EngineSpec, load_engine
-        from engine.drama3.admission import GROUP_WAIT_S
         from engine.drama3.codec_graphs import BATCHED_FROM, VOCODER_BATCH
 
         return load_engine(EngineSpec(checkpoint=settings.checkpoint, device=settings.device,
@@ -74,8 +73,6 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       prefix_cache_gib=settings.prefix_cache_gib,
                                       prefix_cache_host_gib=settings.prefix_cache_host_gib,
                                       prefill_group=settings.prefill_group, kernels=settings.kernels,
-                                      prefill_group_wait_s=GROUP_WAIT_S if settings.prefill_group_wait_ms is None
-                                      else settings.prefill_group_wait_ms / 1000,
                                       compile_prefill=settings.compile_prefill,
                                       vocoder_batch=VOCODER_BATCH if settings.vocoder_batch is None else
                                       settings.vocoder_batch,

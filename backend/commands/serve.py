@@ -75,9 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
                              "on a GPU, where a chunk costs about the same for 40 rows as for 93; 1, off, on a CPU, "
                              "which keeps its takes bit for bit those of one prompt at a time)")
-    parser.add_argument("--prefill-group-wait-ms", type=float, metavar="MS",
-                        help="with prefill groups on, how long a prompt that arrives while takes decode waits for "
-                             "others to share its grouped chunk, unless 4 wait (default 100; 0: none)")
     parser.add_argument("--compile-prefill", action="store_true",
                         help="on a GPU, prefill chunks through the Inductor-compiled layers too (fused kernels in each "
                              "chunk's graph; a longer warm-up; off until measured)")
@@ -166,8 +163,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise UsageError(f"--kernels: unknown {', '.join(unknown)}; choose from {', '.join(KERNELS)}")
     if args.prefill_group is not None and not 1 <= args.prefill_group <= PREFILL_GROUP:
         raise UsageError(f"--prefill-group must be a whole number from 1 (off) to {PREFILL_GROUP}")
-    if args.prefill_group_wait_ms is not None and not 0 <= args.prefill_group_wait_ms <= 10_000:
-        raise UsageError(f"--prefill-group-wait-ms must be from 0 to 10000 ms; got {args.prefill_group_wait_ms:g}")
     for name in ("prefix_cache_gib", "prefix_cache_host_gib"):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
@@ -202,8 +197,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     random_weights=random_weights, device=device, conversation_random=conversation_random,
                     first_window_frames=args.first_window_frames, vocoder_batch=args.vocoder_batch,
                     vocoder_batch_from=args.vocoder_batch_from,
-                    prefill_group=args.prefill_group, prefill_group_wait_ms=args.prefill_group_wait_ms,
-                    kernels=None if args.kernels is None else tuple(args.kernels),
+                    prefill_group=args.prefill_group, kernels=None if args.kernels is None else tuple(args.kernels),
                     compile_prefill=args.compile_prefill,
                     slots=args.slots, threads=args.threads,
                     prefix_cache_gib=args.prefix_cache_gib, prefix_cache_host_gib=args.prefix_cache_host_gib,

@@ -42,17 +42,6 @@ Design choices:
   decode step alone takes 3/4 of a frame or more (an overloaded GPU, a CPU), the limit
   would hold every new prompt until the playing takes end, so it is not applied and
   the budget is the plain one (at least `min_rows`).
-- Waiting for a group (`waits_for_group`): where prompts prefill in groups (prefill_groups.py),
-  a prompt that arrives while takes decode waits up to `GROUP_WAIT_S` (0.1 s) for others to
-  share its chunk, unless a group's worth (`prompts`) already waits. A chunk beside decoding takes costs about
-  the same for 1 prompt as for 4: on stop 42's H100 ~24 ms for one 128-row chunk, ~32 ms for
-  a (4, 128) group, ~21 ms of it fixed (it reads nearly every expert of every layer), so four
-  prompts prefilled one by one cost every playing take ~96 ms of its slack and grouped ~32.
-  Why 0.1 s and 4: a model of the slot table with those H100 costs (prompts of 210 rows, a
-  director every 50 ms, 200-frame takes) gave, at 16 / 32 directors, a longest gap p99 of 158
-  / 205 ms without it and 4 / 42 ms with it, first audio p95 221 / 764 -> 253 / 388 ms; 40 ms
-  or 2 prompts grouped too few. With no take decoding nothing waits (the step is the
-  prompt's own).
 """
 
 from __future__ import annotations
@@ -63,7 +52,6 @@ START_ROWS = 512
 SMOOTHING = 0.2  # weight of the newest step in the averages
 HAND_OUT_STEPS = 2  # steps from a window's last frame to its audio leaving: its vocode, its hand-out
 HELD_S = 2.0  # a prompt the playback limit held back this long gets `min_rows` a step anyway
-GROUP_WAIT_S = 0.1  # where prompts prefill in groups, a prompt waits this long for others while takes decode
 
 
 @dataclass
@@ -123,9 +111,3 @@ def playback_limit(playing: list[Playing]) -> float | None:
 
 def average(old: float, new: float) -> float:
     return (1 - SMOOTHING) * old + SMOOTHING * new
-
-
-def waits_for_group(waits: list[float], prompts: int, wait_s: float = GROUP_WAIT_S) -> bool:
-    """Whether the waiting prompts, each waiting `waits` seconds so far, wait another step for more
-    to share their grouped chunk: fewer than `prompts` (a group's) wait and none for `wait_s`."""
-    return 0 < len(waits) < prompts and max(waits) < wait_s

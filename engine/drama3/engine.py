@@ -58,7 +58,6 @@ from tokenizers import Tokenizer
 
 from engine.checkpoints import demo_weights, resolve_checkpoint
 from engine.device import model_dtype, pick_device
-from engine.drama3.admission import GROUP_WAIT_S
 from engine.drama3.audio import MAX_REFERENCE_SECONDS
 from engine.drama3.checkpoint import HUB_PATTERNS, load_model
 from engine.drama3.codec import Codec, load_codec
@@ -105,9 +104,6 @@ class EngineSpec:
     vocoder_batch_from: int = BATCHED_FROM  # new frames from which windows decode `vocoder_batch` a call
     # Waiting prompts whose next prefill chunks run as one (prefill_groups.py); None: 8 on CUDA, 1 (off) on a CPU.
     prefill_group: int | None = None
-    # Seconds a prompt arriving while takes decode waits for others to share its grouped chunk (admission.py
-    # `waits_for_group`; with groups on); 0: none.
-    prefill_group_wait_s: float = GROUP_WAIT_S
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
     # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels
     # in each chunk's graph. Off until the H200 measures it (the compile lengthens the warm-up).
@@ -235,7 +231,7 @@ class Drama3Engine:
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
         self.slot_table = Slots(self.decoder, codec, first_window=spec.first_window_frames, executor=self.vocoder,
-                                graphs=self.window_graphs, group_wait_s=spec.prefill_group_wait_s)
+                                graphs=self.window_graphs)
 
     # Inputs -------------------------------------------------------------------
 

@@ -10,7 +10,7 @@
 A load test says what a director felt (first audio, gaps); this says why: whether the
 steps ran long (and how many takes they carried), how many prompt rows went in beside
 them (and in how many grouped chunks), how often the playback limit held a prompt back
-(admission.py) or prompts waited for others to share a grouped chunk, and how long a
+(admission.py), and how long a
 closed window waited for its audio (the vocoder's queue and its codec calls). The server
 logs a line every `REPORT_S` seconds while takes run (backend/directing/loop.py).
 
@@ -50,7 +50,6 @@ class Pace:
         self.decoding = 0  # takes decoding, summed over the steps
         self.prefilled = 0  # prompt rows prefilled beside decoding takes
         self.held = 0  # steps in which the playback limit held back a waiting prompt
-        self.waited = 0  # steps in which waiting prompts waited for more to share a grouped chunk
         self.calls = 0  # codec calls
         self.groups = self.grouped = 0  # grouped prefill chunks, and the prompts they carried
         self.group_step_s: list[float] = []  # the steps that ran a grouped chunk (what a group costs a step)
@@ -59,8 +58,7 @@ class Pace:
         self.turn_handed_s: list[float] = []  # of it, handing the takes' events to their sessions
         self.turn_cpu = 0.0  # seconds the loop's thread ran on a CPU in those turns
 
-    def step(self, seconds: float, decoding: int, prefilled: int, held: bool, grouped: bool = False,
-             waited: bool = False) -> None:
+    def step(self, seconds: float, decoding: int, prefilled: int, held: bool, grouped: bool = False) -> None:
         with self.lock:
             self.step_s.append(seconds)
             if grouped:
@@ -68,7 +66,6 @@ class Pace:
             self.decoding += decoding
             self.prefilled += prefilled
             self.held += held
-            self.waited += waited
 
     def group(self, prompts: int) -> None:
         with self.lock:
@@ -96,7 +93,6 @@ class Pace:
             steps, windows = self.step_s, self.window_s
             seconds, self.since = time.monotonic() - self.since, time.monotonic()
             decoding, prefilled, held, calls = self.decoding, self.prefilled, self.held, self.calls
-            waited, self.waited = self.waited, 0
             groups, grouped, group_steps = self.groups, self.grouped, self.group_step_s
             turns, turn_steps, handed, turn_cpu = self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu
             self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu = [], [], [], 0.0
@@ -107,9 +103,6 @@ class Pace:
         line = (f"pace: {seconds:.1f} s: {len(steps):,} steps (p50 {percentile(steps, 0.5) * 1000:.1f} ms, p95 "
                 f"{percentile(steps, 0.95) * 1000:.1f} ms), {decoding / len(steps):.1f} takes decoding a step, "
                 f"{prefilled:,} prompt rows prefilled beside them, {held:,} steps held a prompt back for playback")
-        if waited:
-            line += f", {waited:,} waited for prompts to share a group"
-
         if groups:
             line += f"; {groups:,} grouped prefill chunks of {grouped / groups:.1f} prompts"
             if group_steps:

@@ -154,14 +154,6 @@ class PrefillGroups:
         shape = self.shape(end - first)
         return shape is not None and self.fits(first, end, shape[1])
 
-    def joinable(self, prefill: Prefill) -> bool:
-        """The prefill's next chunk can join a group, whole or cut to the roomiest shape's rows (`cut`)."""
-        if self.most < 2 or not prefill.chunks:
-            return False
-        first, end = prefill.chunks[0]
-        rows = GROUP_SHAPES[-1][1]
-        return self.fits(first, min(end, first + rows), rows)
-
     def fits(self, first: int, end: int, rows: int) -> bool:
         """A chunk [first, end) padded to `rows` stays in the cache and in the groups' KV buckets."""
         return first + rows <= self.chunked.max_rows and end <= self.buckets[-1]

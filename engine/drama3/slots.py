@@ -17,9 +17,7 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   window (admission.py's playback limit); `prefill_rows` fixes the rows per step instead. With no take decoding, a
   step runs the whole prefill at once. Prompts waiting for their prefill go in start
   order; where groups are on (prefill_groups.py), the next chunks of several waiting
-  prompts run as one batched chunk first, counted in the budget as their longest chunk,
-  and a prompt arriving while takes decode waits up to `group_wait_s` for others to share it
-  (admission.py `waits_for_group`);
+  prompts run as one batched chunk first, counted in the budget as their longest chunk;
   so do the warms' (prefill-only takes below) with what the takes leave: at 64 directors on
   the H200 the next lines' warms were most of the prompt rows prefilled beside decoding
   (6,900-9,461 per 10 s), each a chunk that read every expert alone.
@@ -47,13 +45,12 @@ from concurrent.futures import Executor
 
 import torch
 
-from engine.drama3.admission import GROUP_WAIT_S, HELD_S, Admission, playback_limit, waits_for_group
+from engine.drama3.admission import HELD_S, Admission, playback_limit
 from engine.drama3.codec import Codec
 from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.decoder import Decoder
 from engine.drama3.pace import Pace
 from engine.drama3.prefill import BESIDE_ROWS, Prefill
-from engine.drama3.prefill_groups import GROUP_SHAPES
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule
 from engine.drama3.take import AudioWindow, Done, Take
@@ -69,13 +66,11 @@ class Slots:
 
     def __init__(self, decoder: Decoder, codec: Codec, *, first_window: int | None,
                  executor: Executor | None = None, graphs: WindowGraphs | None = None,
-                 prefill_rows: int | None = None, group_wait_s: float = GROUP_WAIT_S) -> None:
+                 prefill_rows: int | None = None) -> None:
         self.decoder, self.codec = decoder, codec
         self.pace = Pace()  # steps and windows, for the server's log (pace.py)
         self.vocoder = Vocoder(codec, graphs, executor, self.pace)  # every take's windows, batched on its thread
         self.held = False  # this step's prefill was held back by the playback limit
-        self.waited = False  # this step's prompts waited for more to share a grouped chunk
-        self.group_wait_s = group_wait_s  # how long a prompt waits for others while takes decode (admission.py); 0: not
         self.beside = 0  # prompt rows this step prefilled beside decoding takes
         self.first_window = first_window
         self.prefill_rows = prefill_rows  # prompt rows per step while takes decode; None: `admission`'s
@@ -139,9 +134,6 @@ class Slots:
         this step on. Returns the rows prefilled while takes decode, as the admission budget
         counts them (a group as its longest chunk); `beside` gets the prompt rows themselves."""
         decoding = bool(self.decoding())
-        if decoding and self.wait_for_group():
-            self.waited = True
-            return 0
         step_rows = self.prefill_rows or self.admission.rows(self.playback_limit())
         if decoding and step_rows == 0:  # a playing take needs this step short: no prefill in it...
             now = time.perf_counter()
@@ -193,21 +185,6 @@ class Slots:
             if decoding and budget <= 0:
                 break
         return allowed - budget if decoding else 0
-
-    def wait_for_group(self) -> bool:
-        """Whether the takes' waiting prompts wait another step for more to share their grouped
-        chunk (admission.py `waits_for_group`): only where groups are on, and only while every one of
-        them can join a group (a whole prompt restored, or a chunk past the groups' KV buckets,
-        has nothing to wait for)."""
-        groups = self.decoder.groups
-        if self.group_wait_s <= 0 or groups.most < 2:
-            return False
-        waiting = [(take, prefill) for take, prefill in self.prefills.items() if not take.prefill_only]
-        if not all(groups.joinable(prefill) for _, prefill in waiting):
-            return False
-        now = time.perf_counter()
-        prompts = min(min(count for count, _ in GROUP_SHAPES), groups.most)
-        return waits_for_group([now - take.started for take, _ in waiting], prompts, self.group_wait_s)
 
     def run_group(self, group: list[tuple[Take, Prefill]], decoding: bool) -> int:
         """The next chunk of each prompt in `group` as one batched chunk; the rows it costs the
@@ -283,7 +260,7 @@ class Slots:
             if (reason := take.stopped()) is not None:
                 self.end(take, reason)
         started, budgeted = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
-        self.held, self.waited, self.beside, groups = False, False, 0, self.pace.groups
+        self.held, self.beside, groups = False, 0, self.pace.groups
         admitted = self.prefill() if self.prefills else 0  # prompt rows beside decoding takes, as budgeted
         stepping = self.decoding()
         if stepping:
@@ -299,7 +276,7 @@ class Slots:
                 if budgeted:  # (a step after a whole prefill says nothing of the budget)
                     self.admission.record(time.perf_counter() - started, admitted)
                 self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held,
-                               grouped=self.pace.groups > groups, waited=self.waited)
+                               grouped=self.pace.groups > groups)
                 for take in stepping:
                     if (reason := take.advance(status[take.slot], step_s)) is not None:
                         if reason == "error":  # non-finite logits: where, for whoever debugs the step

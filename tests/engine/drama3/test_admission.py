@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.drama3.admission import GROUP_WAIT_S, HAND_OUT_STEPS, Admission, Playing, playback_limit, waits_for_group
+from engine.drama3.admission import HAND_OUT_STEPS, Admission, Playing, playback_limit
 
 FRAME_S = 2048 / 44100  # 46.4 ms
 
@@ -89,12 +89,3 @@ def test_where_steps_alone_cannot_outpace_playback_the_limit_is_not_applied() ->
     # Holding the prompts back would hold them until the playing takes end: they get the
     # plain budget, a few rows a step.
     assert budget.rows(late) == budget.rows() == budget.min_rows
-
-
-def test_prompts_wait_for_a_group_until_enough_wait_or_the_first_has_waited_its_time() -> None:
-    assert waits_for_group([0.01], prompts=4)  # alone, just arrived: wait for company
-    assert waits_for_group([0.05, 0.02, 0.0], prompts=4)
-    assert not waits_for_group([0.05, 0.02, 0.0, 0.0], prompts=4)  # a group's worth: run
-    assert not waits_for_group([GROUP_WAIT_S, 0.0], prompts=4)  # the first has waited its time
-    assert not waits_for_group([], prompts=4)  # nothing waits
-    assert not waits_for_group([0.0], prompts=4, wait_s=0.0)  # waiting is off

@@ -106,7 +106,6 @@ def test_a_step_budget_counts_a_group_as_its_longest_chunk(grouped, monkeypatch)
     decoder.prefix.clear()
     playing, *waiting = prompts(grouped)
     monkeypatch.setattr(table, "prefill_rows", 128)  # the budget, whatever this machine's speed
-    monkeypatch.setattr(table, "group_wait_s", 0.0)  # three prompts: none waits for a fourth
     first = table.start(playing)
     while first in table.prefills:
         table.step()
@@ -123,36 +122,6 @@ def test_a_step_budget_counts_a_group_as_its_longest_chunk(grouped, monkeypatch)
     assert table.beside == sum(end - start for start, end in ran) > 128  # the pace line's rows: all of them
     while any(not take.done for take in [first, *started]):
         table.step()
-
-
-def test_a_prompt_arriving_while_a_take_decodes_waits_for_others_to_share_its_group(grouped, monkeypatch):
-    """While a take decodes, a waiting prompt's chunks wait (admission.py `waits_for_group`) until
-    a group's worth of prompts waits or the first has waited `group_wait_s`; then they run as
-    one group, the playing take decoding every step, and every take ends well."""
-    decoder, table = grouped.decoder, grouped.slot_table
-    decoder.prefix.clear()
-    monkeypatch.setattr(table, "prefill_rows", 512)  # the budget, whatever this machine's speed
-    monkeypatch.setattr(table, "group_wait_s", 3600.0)  # no wait ends by the clock of this machine
-    playing = table.start(grouped.prompt("Playing.", None, [], Sampling(max_new_tokens=40, seed=1)))
-    while playing in table.prefills:
-        table.step()
-    counted = Counted(decoder)
-    monkeypatch.setattr(decoder, "prefill_group", counted)
-    waiting = [table.start(prompt) for prompt in prompts(grouped, 3)]  # three: one short of a (4, 128) group
-    before = {take: list(table.prefills[take].chunks) for take in waiting}
-    steps, waited = playing.steps, table.pace.waited
-    for _ in range(2):
-        table.step()
-    assert playing.steps == steps + 2 and table.pace.waited == waited + 2
-    assert {take: list(table.prefills[take].chunks) for take in waiting} == before and counted.sizes == []
-    waiting[0].started -= 3600.0  # the first prompt has waited its time: the three run together
-    table.step()
-    assert counted.sizes[:1] == [3] and playing.steps == steps + 3
-    while any(not take.done for take in [playing, *waiting]):
-        for _, events in table.step():
-            for event in events:
-                if isinstance(event, Done):
-                    assert event.finish_reason in ("stop", "length"), event.error
 
 
 def test_a_warm_rides_in_the_rows_a_group_of_takes_leaves(grouped, monkeypatch):
@@ -275,12 +244,6 @@ def test_which_chunks_join_a_group(grouped):
     assert groups.pick([longer, short, short]) == [longer, short, short]
     assert len(groups.pick([longer, waiting(0, large)] * 4)) == GROUP_SHAPES[1][0]
     assert groups.pick([waiting(limit - 10, limit - 1)] * 2) == []  # padded, it would pass the cache's last row
-    # What may wait for a group: a chunk that joins one, whole or cut; not an empty prefill or one past the cache.
-    assert groups.joinable(waiting(0, 10)) and groups.joinable(waiting(0, 300))
-    assert not groups.joinable(waiting(limit - 10, limit - 1))
-    done = waiting(0, 10)
-    done.chunks.clear()
-    assert not groups.joinable(done)
     # Warms fill the rows a group leaves, with chunks no longer than its longest.
     pair, rider, too_long = [waiting(0, 30), waiting(0, 40)], waiting(0, 40), waiting(0, 41)
     assert groups.fill(pair, [too_long, rider, rider]) == [rider, rider]
