@@ -1,15 +1,18 @@
 """On a GPU, where prefill groups are on: every group shape is captured as a CUDA graph, a
-prompt prefilled in grouped graph replays leaves the state it leaves alone (to bfloat16
-rounding), and takes started together all end well.
+prompt prefilled in grouped graph replays is as close to the exact state as the prompt
+prefilled alone, and takes started together all end well.
 
-A state is compared by its relative norm, not its largest element: on the served W8A8 path a
-GEMM blocked otherwise in a group moves an activation across a float8 rounding boundary now
-and then (one e4m3 step is 6-12% of its element), and the Gated DeltaNet state sums every
-row's: stop 42's H100 saw a 14% largest difference in one state, stop 43's a relative norm of
-2.2% in one recurrent state. A grouping defect (a wrong slot, position or padding) moves whole
-rows: the test also measures each prompt's grouped state against the other prompts', which it
-must tell apart by several times the bound. The experts' plain path (`w8a8 = False`) cannot be
-used instead: it reads the host, so every prefill graph ran eagerly (stop 42, call 7)."""
+The exact state is the CPU's float32 prefill of the same checkpoint (where a grouped prompt
+equals the prompt alone to 6e-6: test_prefill_groups.py). On the GPU both differ from it:
+bfloat16, and on the served W8A8 path a GEMM blocked otherwise moves an activation across a
+float8 rounding boundary now and then (one e4m3 step is 6-12% of its element), which the
+layers after carry on. Bounds on the grouped-to-alone difference failed on noise three times
+(stop 42: 14% in one element; stop 43: 2.2% and then 6.1% relative norm, the last in a
+tower layer's keys, every element off by a little). So each state is compared by its
+distance from the exact one: the grouped prompt's at most twice the lone prompt's. A grouping
+defect (a wrong slot, position or padding) moves whole rows far from the exact state; noise
+moves both about alike. The experts' plain path (`w8a8 = False`) cannot be used instead: it
+reads the host, so every prefill graph ran eagerly (stop 42, call 7)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,6 @@ from .test_prefill_groups import Counted, prompts
 from .test_prefix import slot_state
 
 pytestmark = pytest.mark.gpu
-BOUND = 5e-2  # relative norm of a grouped prompt's state from its state alone
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +34,13 @@ def gpu(tiny_checkpoint):
     return engine
 
 
+@pytest.fixture(scope="module")
+def cpu(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=1))  # float32: the exact states
+
+
 @torch.inference_mode()
-def test_groups_replay_as_graphs_and_leave_the_state_of_one_prompt_alone(gpu):
+def test_groups_replay_as_graphs_and_leave_the_state_of_one_prompt_alone(gpu, cpu):
     decoder = gpu.decoder
     groups = decoder.groups
     assert groups.most > 1 and groups.graphs and all(g.graphs and not g.eager for g in groups.graphs.values())
@@ -50,25 +57,26 @@ def test_groups_replay_as_graphs_and_leave_the_state_of_one_prompt_alone(gpu):
     for slot in range(len(takes)):
         decoder.release(slot)
     decoder.prefix.clear()
-    alone = []
+    alone, exact = [], []
+    cpu.decoder.prefix.clear()
     for prompt in takes:
         decoder.prefill(prompt, 0)
         alone.append(slot_state(decoder, 0, len(prompt.rows)))
         decoder.release(0)
-    for number, (got, want) in enumerate(zip(together, alone, strict=True)):
-        for index, (a, b) in enumerate(zip(got, want, strict=True)):
-            # bfloat16 rounding and a few float8 flips, through every layer; `index` in slot_state's order
-            assert relative(a, b) <= BOUND, (number, index, tuple(a.shape), relative(a, b))
-        # The other prompts' states (those of the same shape: the recurrent and conv states) are far off
-        # (on the CPU's float32, 0.30 to 2.7 for the farthest state of the nearest prompt).
-        apart = [relative(a, b) for other in alone if other is not want
-                 for a, b in zip(got, other, strict=True) if a.shape == b.shape]
-        assert apart and max(apart) > 4 * BOUND, apart
+        cpu.decoder.prefill(prompt, 0)
+        exact.append(slot_state(cpu.decoder, 0, len(prompt.rows)))
+        cpu.decoder.release(0)
+    for number, states in enumerate(zip(together, alone, exact, strict=True)):
+        for index, (grouped, single, truth) in enumerate(zip(*states, strict=True)):
+            apart, alone_apart = distance(grouped, truth), distance(single, truth)
+            # `index` in slot_state's order
+            assert apart <= 2 * alone_apart + 1e-3, (number, index, tuple(truth.shape), apart, alone_apart)
 
 
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    """|a - b| / |b|, in float64."""
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-6)).item()
+def distance(a: torch.Tensor, truth: torch.Tensor) -> float:
+    """|a - truth| / |truth|, in float64 on the CPU."""
+    difference = a.cpu().double() - truth.double()
+    return (difference.norm() / truth.double().norm().clamp(min=1e-6)).item()
 
 
 def test_takes_started_together_end_well(gpu):
