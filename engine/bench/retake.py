@@ -17,7 +17,10 @@ engine as served (`engine.generate`, warm-up first):
 - next line, written: the same with the line's text in the script, which the server warms
   too: the take restores its whole prompt.
 Printed: first audio (the prompt's building, then prefill start to the first PCM window; median
-of `--repeats`), the prompt's building (`prompt_ms`) and the prefill, the rows restored, the
+of `--repeats`), the prompt's building (`prompt_ms`), the host's time to begin the prefill
+(`restore_ms`: the prefix cache's plan and restore, launched; stop 43's second H100 spent 10 ms
+more from start to prefilled at 4,000 rows than at 0, this says whether in it) and the prefill
+(`prefill_ms`, start to prefilled), the rows restored, the
 decode steps before the first window was due (`first_window_steps`: above the first window's
 frames when the sampled frames were held, as a `<|semantic:0|>` frame is; a first audio that
 grows with it is the sampler's, not the engine's); the ratio of the 4,000-row retake to the
@@ -101,14 +104,14 @@ def measure(engine: Drama3Engine, text: str, turns: list[HistoryTurn], seed: int
     timings = done.timings
     return {"prompt_rows": len(prompt.rows), "cached_rows": timings.get("cached_rows", 0),
             "prefill_chunks": timings.get("prefill_chunks", 0), "prompt_ms": timings.get("prompt_ms"),
-            "prefill_ms": timings["prefill_ms"],
+            "restore_ms": timings.get("restore_ms"), "prefill_ms": timings["prefill_ms"],
             "first_window_steps": timings.get("first_window_steps"),
             "first_audio_ms": timings["first_audio_ms"], "codes": done.codes}
 
 
 def median_row(samples: list[Row], **fields: Any) -> Row:
     row = {**fields, **{key: samples[-1][key] for key in ("prompt_rows", "cached_rows", "prefill_chunks")}}
-    for key in ("prompt_ms", "prefill_ms", "first_window_steps", "first_audio_ms"):
+    for key in ("prompt_ms", "restore_ms", "prefill_ms", "first_window_steps", "first_audio_ms"):
         values = [s[key] for s in samples if s[key] is not None]
         row[key] = round(statistics.median(values), 1) if values else None
     return row

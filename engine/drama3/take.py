@@ -45,7 +45,7 @@ from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule, Window
 from engine.drama3.vocoder import Vocoder
 
-# prompt_rows, cached_rows, prefill_chunks, prompt_ms, prefill_ms, first_window_steps, first_audio_ms, frames, ...
+# prompt_rows, restore_ms, cached_rows, prefill_chunks, prompt_ms, prefill_ms, first_window_steps, first_audio_ms, ...
 Timings = dict[str, float | None]
 
 
