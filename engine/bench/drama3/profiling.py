@@ -251,9 +251,10 @@ def profile_rows(model: Drama3Model, config: Drama3Config, device: torch.device,
     from engine.drama3.decoder import Decoder
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    decoder = Decoder(model, LINE_ROWS + 64, rows)
+    frames = 32  # each take's room for new frames (the cache's rows past its prompt)
+    decoder = Decoder(model, LINE_ROWS + frames, rows)
     for slot in range(rows):  # short prompts: the step's rows matter here, not their history
-        decoder.prefill(synthetic_prompt(config, LINE_ROWS, 32, seed=slot), slot)
+        decoder.prefill(synthetic_prompt(config, LINE_ROWS, frames, seed=slot), slot)
     decoder.step(LINE_ROWS - 1)  # a warm-up: first-call work is not the step's
     sync(device)
     with parts(model), profile(activities=activities) as step_profile, record_function(STEP):
