@@ -122,7 +122,8 @@ class Slots:
         try:
             begun = time.perf_counter()
             prefill = self.prefills[take] = decoder.begin_prefill(prompt, slot, stop)
-            # The host's time to begin: the prefix cache's plan and restore (launched, not awaited).
+            # The host's time to begin: the prefix cache's plan and restore launched (not awaited), the
+            # slot's rows past them zeroed.
             take.timings["restore_ms"] = round((time.perf_counter() - begun) * 1000, 2)
             take.timings["cached_rows"] = prefill.cached  # prompt rows the prefix cache restored
             take.timings["prefill_chunks"] = len(prefill.chunks)  # the chunks left to run

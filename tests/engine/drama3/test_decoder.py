@@ -47,9 +47,10 @@ def test_a_seed_reproduces_a_take(tiny):
     assert np.array_equal(pcm_of(first), tiny.vocode_take(done.codes))  # the stream is the take's render
     other = run(tiny, tiny.prompt("Once more, with feeling.", None, [], Sampling(max_new_tokens=12, seed=6)))[1]
     assert not np.array_equal(done.codes, other.codes)
-    assert set(done.timings) >= {"prompt_rows", "prompt_ms", "prefill_ms", "first_audio_ms", "frames",
+    assert set(done.timings) >= {"prompt_rows", "prompt_ms", "restore_ms", "prefill_ms", "first_audio_ms", "frames",
                                  "decode_frames_per_s", "total_ms"}
     assert done.timings["prompt_rows"] == len(prompt.rows)
+    assert 0 <= done.timings["restore_ms"] <= done.timings["prefill_ms"] + 0.05  # within start to prefilled (rounded)
 
 
 def test_cancel_ends_the_take_within_one_step(tiny):
