@@ -91,14 +91,21 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
                 kv_len: int | None, valid: torch.Tensor | None = None) -> torch.Tensor:
+        normed, x = self.mix(x, rope, input_pos, slots, kv_len, valid)
+        out: torch.Tensor = x + self.mlp(normed)
+        return out
+
+    def mix(self, x: torch.Tensor, rope: torch.Tensor, input_pos: torch.Tensor, slots: torch.Tensor,
+            kv_len: int | None, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's first half, where rows meet their slot's history: x + mixer(norm(x)) and
+        its norm, the experts' input. (The second half, `mlp`, treats each row alone: a mixed
+        step runs it once over the rows of several calls, mixed.py.)"""
         h = self.input_layernorm(x)
         if self.full_attention:  # fixed per layer by config.layer_types
             h = self.self_attn(h, rope, input_pos, slots, kv_len)
         else:
             h = self.linear_attn(h, input_pos, slots, valid)
-        normed, x = self.post_attention_layernorm.add(x, h)  # x + h, and its norm
-        out: torch.Tensor = x + self.mlp(normed)
-        return out
+        return self.post_attention_layernorm.add(x, h)  # norm(x + h), x + h
 
 
 class Backbone(nn.Module):

@@ -2,9 +2,8 @@
 
     decoder = Decoder(model, max_rows, slots=N, graphs=True)  # static state [N, ...]; the model's caches for N + 1
     decoder.capture()                             # CUDA: step and prefill graphs, before the first take
-    decoder.prefill(prompt, slot)                 # a take's prompt into a free slot; the slot turns active
-    prefill = decoder.begin_prefill(prompt, slot) # or a few chunks at a time, between steps:
-    while not decoder.prefill_more(prefill, rows=256): decoder.step(...)
+    prefill = decoder.begin_prefill(prompt, slot) # a take's prompt into a free slot, a few chunks at a time
+    while not decoder.prefill_more(prefill, rows=256): decoder.step(...)   # (the slot then turns active)
     decoder.step(max_position, rows)              # one frame for the decoding slots (graph replay or eager)
     finite, *frame = decoder.read_status()[slot]  # on CUDA: pinned copy, event polled (engine/readback.py)
     decoder.release(slot)                         # the take ended: the slot is free
@@ -27,28 +26,24 @@ Design choices:
   while the backbone, most of the step, still runs: a take's first window is vocoded that
   much sooner, and the host's work between steps no longer leaves the GPU idle.
 - One entry point, `step`, holds the graph-or-eager choice. On CUDA (graphs on) it
-  replays the graph of (the decoding rows' bucket, the KV bucket): graphs per row
-  bucket 1, 2, 4, ... 64 (and N) step the rows listed in a static index (the decoding
-  rows, padded with a row that is not decoding), so a step costs what its decoding takes
-  cost: a director alone on a 64-slot server runs the 1-row graph. On a CPU it runs
-  `advance` eagerly over the decoding rows only. A slot computes the same frame either
-  way (tests compare them), in any row of any bucket.
-- Draws are counter-based (engine/kernels/sampler.py, draws.py): a draw's noise is a
-  function of the take's seed, its frame counter, the head and the candidate, so a
-  seeded take draws the same frames alone, batched, in any row and any bucket, graphed
-  or not. Unseeded takes get a random seed at prefill. The fused sampler kernels run on
-  CUDA, their torch references elsewhere (the same tokens).
-- Graphs: one per (row bucket, KV bucket: 512, 1,024, ... the cache; only the cache when
-  every attention reads its own rows, fast.py `reads_own_rows`), captured before the first
-  take (capturing runs the step, which would advance a take), sharing one memory pool.
+  replays the graphs of (the decoding rows' bucket, the KV bucket of the furthest row:
+  512, 1,024, ... the cache; only the cache where every attention reads its own rows,
+  fast.py `reads_own_rows`): per row bucket 1, 2, 4, ... 64 (and N) they step the rows
+  listed in a static index (the decoding rows, padded with a row that is not decoding),
+  so a step costs what its decoding takes cost. On a CPU it runs `advance` eagerly over
+  the decoding rows only. A slot computes the same frame either way, in any row of any
+  bucket (tests compare them). Graphs are captured before the first take (capturing runs
+  the step), sharing one pool. `step(..., feeds)` runs a mixed step's second half
+  instead (mixed.py: a waiting prompt's chunk beside the decoding rows).
+- Draws are counter-based (engine/kernels/sampler.py, draws.py: noise of the take's seed,
+  frame counter, head and candidate), so a seeded take draws the same frames in any row and
+  bucket, graphed or not; unseeded takes get a random seed at prefill.
 - The decoder owns the model's caches: N slots plus one scratch slot (`setup_caches(N +
   1)` when it is made; one Decoder per model at a time). Every row computes, active or
   not (fixed shapes); an inactive row's results are ignored and its inputs are held
   (`where` on the active mask), so its position stays put, and its row points at the
   scratch slot (`slots[i]`), so its cache and DeltaNet writes land there: a free slot,
   or one whose prompt is being prefilled between steps, is never written by a step.
-- The KV bucket of a step is the one of the furthest active row (the host knows every
-  take's position, so choosing it needs no sync).
 - Prefill (prefill.py) runs one prompt through the backbone in chunks, teacher-forcing
   the tower with each row's next row as its label (the last row's label is a placeholder
   the first decode step overwrites); on CUDA each chunk is a graph replay. Other slots
@@ -83,6 +78,7 @@ import torch
 from engine.drama3.fast import caches_symbolic, reads_own_rows
 from engine.drama3.finite import CHECK_FINITE, FiniteChecks
 from engine.drama3.layers import KVCache
+from engine.drama3.mixed import MixedSteps
 from engine.drama3.model import Drama3Model
 from engine.drama3.prefill import ChunkedPrefill, Prefill, cuts
 from engine.drama3.prefill_groups import PREFILL_GROUP, PrefillGroups
@@ -123,7 +119,7 @@ class Decoder:
     """The static decode state of N slots and the step that advances them by one frame."""
 
     def __init__(self, model: Drama3Model, max_rows: int, slots: int = 1, *, graphs: bool = False,
-                 group: int | None = None) -> None:
+                 group: int | None = None, mixed: bool | None = None) -> None:
         config = model.config
         self.model, self.max_rows, self.num_slots = model, max_rows, slots
         self.semantic_start, self.codebook_size = config.semantic_start_token_id, config.codebook_size
@@ -165,6 +161,8 @@ class Decoder:
         # Waiting prompts' chunks batched (prefill_groups.py): up to 8 where chunks are graphs, else off.
         most = group if group is not None else PREFILL_GROUP if self.chunked.graphed else 1
         self.groups = PrefillGroups(self.chunked, scratch=N, most=most)
+        # Steps that carry a waiting prompt's chunk (mixed.py): on where chunks are graphs, unless asked.
+        self.mixed = MixedSteps(self, enabled=self.chunked.graphed if mixed is None else mixed)
         self.caches = [module for module in model.modules() if isinstance(module, KVCache)]
         self.prompts: dict[int, Prompt] = {}  # slots being prefilled, and their prompts
         self.prefix: PrefixCache | None = None  # snapshots of prompt prefixes (prefix.py), when the engine keeps them
@@ -250,16 +248,6 @@ class Decoder:
                 self.activate(prefill, prefill.hidden)  # (before the next group overwrites that view)
         return done
 
-    @torch.inference_mode()
-    def prefill_together(self, prefills: list[Prefill]) -> None:
-        """Run the prefills to their end, their next chunks in groups where they fit one, else
-        the first waiting one's chunk alone (prompts waiting at once, with nothing decoding)."""
-        while waiting := [prefill for prefill in prefills if prefill.chunks]:
-            if group := self.groups.pick(waiting):
-                self.prefill_group(group)
-            else:
-                self.prefill_more(waiting[0], rows=1)  # (one chunk: at least one runs)
-
     def after_chunk(self, prefill: Prefill) -> Callable[[int, torch.Tensor], None] | None:
         """What runs after each of the prefill's chunks: the prefix cache's snapshots, the finite check."""
         plan = self.plans.get(prefill.slot)
@@ -324,7 +312,7 @@ class Decoder:
     def captured(self) -> bool:
         """Every bucket of the step and of the prefill chunks has its graph or runs eagerly
         for a logged reason (or graphs are off)."""
-        return all(graphs.captured for graphs in (*self.graphs.values(), *self.feeds.values())) \
+        return all(graphs.captured for graphs in (*self.graphs.values(), *self.feeds.values(), *self.mixed.graphs())) \
             and self.chunked.captured and self.groups.captured
 
     def capture(self, up_to_rows: int | None = None) -> None:
@@ -348,10 +336,12 @@ class Decoder:
         started = time.perf_counter()
         self.chunked.capture(self.scratch)
         self.groups.capture()
+        self.mixed.capture()
         if self.graphed:
-            log.info("prefill chunk graphs: %d, and %d of grouped chunks, in %.1f s",
-                     sum(len(g.graphs) for g in self.chunked.graphs.values()),
-                     sum(len(g.graphs) for g in self.groups.graphs.values()), time.perf_counter() - started)
+            counts = [sum(len(g.graphs) for g in family) for family in (
+                self.chunked.graphs.values(), self.groups.graphs.values(), self.mixed.graphs())]
+            log.info("prefill chunk graphs: %d, %d of grouped chunks and %d of mixed steps, in %.1f s", *counts,
+                     time.perf_counter() - started)
 
     def graph_kv_len(self, position: int) -> int:
         """The KV bucket a graphed step whose furthest row is at `position` attends."""
@@ -360,19 +350,22 @@ class Decoder:
     def row_bucket(self, rows: int) -> int:
         return next(b for b in self.row_buckets if b >= rows)
 
-    def step(self, position: int, rows: list[int] | None = None) -> None:
+    def step(self, position: int, rows: list[int] | None = None, feeds: dict[int, StepGraphs] | None = None,
+             feed_kv: int | None = None) -> None:
         """One frame for the decoding slots `rows` (default all), the furthest at `position`
         (its input frame's): with graphs, replays of the graphs of their row bucket at
         position's KV bucket (sample, the status copied out, feed); without, an eager `advance`
-        of `rows` only."""
+        of `rows` only. `feeds` (mixed.py): the second half's graphs per row bucket instead of
+        the decoder's, at `feed_kv` (also run through their buckets on a CPU)."""
         rows = list(range(self.num_slots)) if rows is None else rows
-        if not self.graphed:
+        if not self.graphed and feeds is None:
             self.advance(self.kv_len(position), rows)
             return
         bucket = self.row_bucket(len(rows))
-        graphs = self.graphs[bucket]
-        kv_bucket = graphs.bucket_for(position + 2)
-        if not all(kv_bucket in g.graphs or kv_bucket in g.eager for g in (graphs, self.feeds[bucket])):
+        graphs, feed = self.graphs[bucket], (feeds or self.feeds)[bucket]
+        kv_bucket, feed_kv = graphs.bucket_for(position + 2), feed_kv or position + 2
+        if self.graphed and not all(kv in g.graphs or kv in g.eager
+                                    for g, kv in ((graphs, kv_bucket), (feed, feed.bucket_for(feed_kv)))):
             raise RuntimeError(f"no graph captured for {bucket} rows and {kv_bucket} cache rows; capture it before "
                                f"the take")
         if len(rows) < bucket:  # pad with a row that is not decoding: inactive, it holds its inputs
@@ -380,29 +373,28 @@ class Decoder:
             rows = rows + [pad] * (bucket - len(rows))
         copy_to(self.index[:bucket], torch.tensor(rows))
         graphs(position + 2)  # the frames sampled: a replay, or eagerly where it could not be captured
-        self.status_host.copy_(self.status, non_blocking=True)  # read by the host while the backbone runs
-        assert self.status_event is not None
-        self.status_event.record()
-        self.status_copied = True
-        self.feeds[bucket](position + 2)  # the frames through the backbone
+        if self.status_event is not None:
+            self.status_host.copy_(self.status, non_blocking=True)  # read by the host while the backbone runs
+            self.status_event.record()
+            self.status_copied = True
+        feed(feed_kv)  # the frames through the backbone
 
     def half_rows(self, half: Callable[[int | None, torch.Tensor | None], None], bucket: int, kv_len: int) -> None:
         """What a graph of `bucket` rows captures: a half of the step over the static index."""
         half(kv_len, self.index[:bucket])
 
     def advance(self, kv_len: int | None = None, rows: list[int] | None = None) -> None:
-        """One frame for the slots `rows` (None: every slot) from the static state; see
-        `advance_index`. A slot computes the same frame whatever else is stepped with it."""
-        index = None if rows is None or rows == list(range(self.num_slots)) else \
-            to_device(torch.tensor(rows), self.device)
-        self.advance_index(kv_len, index)
+        """One frame for the slots `rows` (None: every slot): `advance_index`."""
+        self.advance_index(kv_len, None if rows is None or rows == list(range(self.num_slots)) else
+                           to_device(torch.tensor(rows), self.device))
 
     def advance_index(self, kv_len: int | None, index: torch.Tensor | None) -> None:
         """The step itself: one frame for the rows in `index` (None: all) from the static
         state; writes their status and next inputs in place (inactive rows keep theirs, and
         a row listed twice writes the same values). kv_len bounds the attended cache rows
         (>= every active position + 2). Two halves, `sample` then `feed`, each its own graph
-        on CUDA, so the host reads the frames while the backbone runs."""
+        on CUDA, so the host reads the frames while the backbone runs. A slot computes the
+        same frame whatever else is stepped with it."""
         self.sample(kv_len, index)
         self.feed(kv_len, index)
 
@@ -428,14 +420,16 @@ class Decoder:
         frame = torch.stack((main, *codes), dim=-1)  # [B, 11]
         write_rows(index, ((self.sampled, frame), (self.status, torch.cat((finite.long()[:, None], frame), dim=-1))))
 
-    def feed(self, kv_len: int | None, index: torch.Tensor | None) -> None:
-        """The step's second half: the sampled frames through the backbone; the next inputs."""
+    def feed(self, kv_len: int | None, index: torch.Tensor | None,
+             backbone: Callable[..., torch.Tensor] | None = None) -> None:
+        """The step's second half: the sampled frames through the backbone (or `backbone`, a
+        call like it: mixed.py's); the next inputs."""
         model = self.model
         of = functools.partial(rows_of, index)
         hidden_in, position, frame_in, frame = of(self.hidden), of(self.position), of(self.frame), of(self.sampled)
         ras_window, counter, active = of(self.ras_window), of(self.counter), of(self.active)
-        next_hidden = model.backbone(model.embed(frame[:, None]), (position + 1)[:, None], of(self.slots),
-                                     kv_len)[:, 0]  # [B, D]
+        next_hidden = (backbone or model.backbone)(model.embed(frame[:, None]), (position + 1)[:, None],
+                                                   of(self.slots), kv_len)[:, 0]  # [B, D]
         keep = active[:, None]  # [B, 1]: inactive rows hold their inputs
         write_rows(index, (
             (self.hidden, torch.where(keep, next_hidden, hidden_in)),

@@ -104,6 +104,8 @@ class EngineSpec:
     vocoder_batch_from: int = BATCHED_FROM  # new frames from which windows decode `vocoder_batch` a call
     # Waiting prompts whose next prefill chunks run as one (prefill_groups.py); None: 8 on CUDA, 1 (off) on a CPU.
     prefill_group: int | None = None
+    # Decode steps that carry a waiting prompt's chunk (mixed.py); None: on where chunks are graphs (CUDA).
+    mixed_step: bool | None = None
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
     # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels
     # in each chunk's graph. Off until the H200 measures it (the compile lengthens the warm-up).
@@ -222,7 +224,7 @@ class Drama3Engine:
         self.fast_path = install_fast_path(model, kernels=kernels, compile_prefill=spec.compile_prefill) \
             if self.device.type == "cuda" else []
         self.decoder = Decoder(model, max_rows, self.slots, graphs=True,
-                               group=spec.prefill_group)  # allocates the caches
+                               group=spec.prefill_group, mixed=spec.mixed_step)  # allocates the caches
         self.decoder.prefix = prefix_cache(spec, model, self.device)
         # On CUDA a window decodes as a graph replay of its frame count.
         first = spec.first_window_frames

@@ -63,7 +63,7 @@ Design choices:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +76,8 @@ from engine.drama3.model import Drama3Model
 from engine.drama3.moe import SparseMoE
 from engine.drama3.tower import TowerAttention, TowerBlock
 from engine.kernels.fallback import guarded
+
+Layer = TypeVar("Layer", bound=Callable[..., Any])  # a layer's forward (or `mix`), compiled as itself
 
 
 class PackedLinear(nn.Module):
@@ -131,8 +133,7 @@ def fla_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     return out.float(), final.float()
 
 
-def layer_compiled(forward: Callable[..., torch.Tensor], prefill: bool,
-                   backend: str = "inductor") -> Callable[..., torch.Tensor]:
+def layer_compiled(forward: Layer, prefill: bool, backend: str = "inductor") -> Layer:
     """`forward` compiled for one-row calls ([B, D] or [B, 1, D]); calls over many rows
     (prefill chunks) run eagerly, or compiled with a symbolic row count if `prefill`.
     (`backend`: tests count compiles with a cheaper one; the guards are the same.)"""
@@ -144,11 +145,11 @@ def layer_compiled(forward: Callable[..., torch.Tensor], prefill: bool,
     decode = torch.compile(forward, dynamic=True, backend=backend)
     rows = torch.compile(forward, dynamic=True, backend=backend) if prefill else forward
 
-    def run(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def run(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         one_row = x.dim() == 2 or x.shape[1] == 1
         return (decode if one_row else rows)(x, *args, **kwargs)
 
-    return run
+    return cast(Layer, run)
 
 
 CACHE_DIMS = {"k": (0, 1), "v": (0, 1), "conv_state": (0,), "recurrent_state": (0,), "rope": (0,)}  # slots, rows

@@ -156,7 +156,7 @@ class ChunkedPrefill:
         self.offsets = torch.arange(largest, device=device)  # [largest]: positions from start
         self.last = torch.zeros(model.config.text.hidden_size, dtype=model.candidate_head.dtype, device=device)
         self.buckets = sorted({b for b in PREFILL_KV_ROWS if b < max_rows} | {max_rows})
-        pool = shared_pool() if graphs and device.type == "cuda" else None
+        pool = self.pool = shared_pool() if graphs and device.type == "cuda" else None
         # Only chunks that fit the cache: a prompt never has more rows, and a 512-row chunk's
         # capture in a 414-row cache would read rope rows past its end (a device-side assert).
         self.graphs = {size: StepGraphs(functools.partial(self.static_chunk, size), self.buckets, enabled=graphs,
@@ -191,11 +191,19 @@ class ChunkedPrefill:
     def static_chunk(self, size: int, kv_len: int) -> None:
         """The chunk a graph captures: the first `size` static rows, `valid` of them real; the
         last real row's hidden into `last`."""
-        positions = self.start[:, None] + self.offsets[None, :size]  # [1, T]
+        rows, labels, positions = self.static_inputs(size)
         # A one-row chunk has no padding, and runs the compiled decode layers: as a decode call (no
         # `valid`), not a new compile of them.
-        hidden = self.forward(self.rows[None, :size], self.labels[None, :size], positions, self.slot, kv_len,
-                              self.valid if size > 1 else None)
+        hidden = self.forward(rows, labels, positions, self.slot, kv_len, self.valid if size > 1 else None)
+        self.keep_last(hidden)
+
+    def static_inputs(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The static chunk of `size` rows: its rows and labels [1, T, 11] and positions [1, T]."""
+        positions = self.start[:, None] + self.offsets[None, :size]  # [1, T]
+        return self.rows[None, :size], self.labels[None, :size], positions
+
+    def keep_last(self, hidden: torch.Tensor) -> None:
+        """The static chunk's last real row of hidden [1, T, D] into `last`."""
         self.last.copy_(hidden[0].index_select(0, self.valid - 1)[0])
 
     def begin(self, rows: torch.Tensor, slot: int, start: int = 0, cuts: tuple[int, ...] = ()) -> Prefill:
@@ -243,6 +251,13 @@ class ChunkedPrefill:
             slots = to_device(torch.tensor([prefill.slot]), self.device)
             rows, labels = prefill.rows[None, first:end], prefill.labels[None, first:end]
             return self.forward(rows, labels, positions, slots, end)[0, -1]
+        self.load(prefill, first, end, size)
+        graphs(end)  # the replay of its KV bucket's graph, or the same chunk launched
+        return self.last
+
+    def load(self, prefill: Prefill, first: int, end: int, size: int) -> None:
+        """Rows [first, end) of the prefill into the static chunk of `size` rows, padded."""
+        count = end - first
         self.rows[:count].copy_(prefill.rows[first:end])
         self.labels[:count].copy_(prefill.labels[first:end])
         self.rows[count:size].zero_()  # padding: any rows would do (they change no real row); zeros, to be plain
@@ -250,5 +265,3 @@ class ChunkedPrefill:
         self.start.fill_(first)
         self.slot.fill_(prefill.slot)
         self.valid.fill_(count)
-        graphs(end)  # the replay of its KV bucket's graph, or the same chunk launched
-        return self.last

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,9 @@ import torch.nn.functional as F
 from engine.drama3.prefill import ChunkedPrefill, Prefill
 from engine.graphs import StepGraphs
 from engine.readback import to_device
+
+if TYPE_CHECKING:
+    from engine.drama3.decoder import Decoder
 
 GROUP_SHAPES = ((8, 64), (4, 128))  # (prompts, rows) of a grouped chunk, fewest rows first
 PREFILL_GROUP = 8  # the most prompts a group holds, where groups are on
@@ -74,7 +78,7 @@ class PrefillGroups:
         self.last = torch.zeros((takes, chunked.last.shape[0]), dtype=chunked.last.dtype, device=device)
         self.buckets = [b for b in chunked.buckets if b <= GROUP_KV_ROWS] or chunked.buckets[:1]
         graphed = chunked.graphed and most > 1
-        pool = next((g.pool for g in chunked.graphs.values()), None)
+        pool = chunked.pool
         self.graphs = {shape: StepGraphs(functools.partial(self.static_group, *shape), self.buckets,
                                          enabled=graphed, pool=pool, name=f"prefill group {shape[0]}x{shape[1]} rows")
                        for shape in GROUP_SHAPES if shape[1] <= chunked.max_rows} if graphed else {}
@@ -208,3 +212,14 @@ class PrefillGroups:
         hidden = self.chunked.forward(self.rows[:takes, :rows], self.labels[:takes, :rows], positions,
                                       self.slot[:takes], kv_len, self.valid[:takes])  # [B, T, D]
         self.last[:takes].copy_(hidden[self.index[:takes], self.valid[:takes] - 1])
+
+
+@torch.inference_mode()
+def prefill_together(decoder: Decoder, prefills: list[Prefill]) -> None:
+    """Run the decoder's prefills to their end, their next chunks in groups where they fit one,
+    else the first waiting one's chunk alone (prompts waiting at once, with nothing decoding)."""
+    while waiting := [prefill for prefill in prefills if prefill.chunks]:
+        if group := decoder.groups.pick(waiting):
+            decoder.prefill_group(group)
+        else:
+            decoder.prefill_more(waiting[0], rows=1)  # (one chunk: at least one runs)

@@ -190,6 +190,30 @@ class Slots:
                 break
         return allowed - budget if decoding else 0
 
+    def carried(self) -> tuple[Take, Prefill] | None:
+        """The waiting prompt whose next chunk the decode step carries (mixed.py), if mixed
+        steps are on: the first in start order (takes before warms), where its chunk has a
+        mixed size; else None, and the step's prefill runs apart (`prefill`), so a prompt that
+        has none is never passed over."""
+        if not self.decoder.mixed.enabled or not self.prefills:
+            return None
+        take, prefill = min(self.prefills.items(), key=lambda item: item[0].prefill_only)  # (stable: start order)
+        return (take, prefill) if self.decoder.mixed.size(prefill) is not None else None
+
+    def carry(self, take: Take, prefill: Prefill, position: int, rows: list[int]) -> None:
+        """One decode step of the slots `rows` carrying the prefill's next chunk; the take
+        decodes from the next step once its last chunk ran."""
+        left = sum(end - start for start, end in prefill.chunks)
+        done = self.decoder.mixed.step(position, rows, prefill)
+        self.beside += left - sum(end - start for start, end in prefill.chunks)
+        if take.prefill_only and not prefill.chunks:  # a warm: its snapshots are kept, the slot goes back
+            del self.prefills[take]
+            take.prefilled()
+            self.end(take, "prefilled")
+        elif done:
+            del self.prefills[take]
+            take.prefilled()
+
     def run_group(self, group: list[tuple[Take, Prefill]], decoding: bool) -> int:
         """The next chunk of each prompt in `group` as one batched chunk; the rows it costs the
         step's budget. A group costs about what its longest chunk costs alone (on the H200 a
@@ -265,19 +289,24 @@ class Slots:
                 self.end(take, reason)
         started, budgeted = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
         self.held, self.beside, groups = False, 0, self.pace.groups
-        admitted = self.prefill() if self.prefills else 0  # prompt rows beside decoding takes, as budgeted
+        carried = self.carried() if budgeted else None  # a prompt's chunk in the step itself (mixed.py)
+        admitted = self.prefill() if self.prefills and carried is None else 0  # rows beside decoding, budgeted
         stepping = self.decoding()
         if stepping:
             timer = time.perf_counter()
             try:
-                self.decoder.step(max(take.position for take in stepping), [take.slot for take in stepping])
+                position, rows = max(take.position for take in stepping), [take.slot for take in stepping]
+                if carried is None:
+                    self.decoder.step(position, rows)
+                else:
+                    self.carry(*carried, position, rows)
                 status = self.decoder.read_status()  # [N][finite, main, code0..9]: the host reads once
             except Exception as exc:  # noqa: BLE001 - the shared step failed: its takes end, the others go on
-                for take in stepping:
+                for take in stepping + ([carried[0]] if carried is not None else []):
                     self.end(take, "error", f"{type(exc).__name__}: {exc}")
             else:
                 step_s = time.perf_counter() - timer
-                if budgeted:  # (a step after a whole prefill says nothing of the budget)
+                if budgeted and carried is None:  # (a step after a whole prefill says nothing of the budget)
                     self.admission.record(time.perf_counter() - started, admitted)
                 self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held,
                                grouped=self.pace.groups > groups)

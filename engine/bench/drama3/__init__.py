@@ -178,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"targets: a director alone on {by_rows[0]['slots']} slots {alone} ms per frame "
               f"(<= 1.1x the 1-slot step {decode['graph_ms'] if decode else '?'} ms); with "
               + ", ".join(f"{r['rows']}: {r['graph_ms']} ms" for r in by_rows[1:]))
+        print("mixed steps (a prompt's 64 / 256 rows carried by the step, against the step and the chunk apart): "
+              + ", ".join(f"{r['rows']} rows {r['mixed_64_ms']} / {r['mixed_256_ms']} ms against "
+                          f"{r['apart_64_ms']} / {r['apart_256_ms']}" for r in by_rows))
     prefill = [r for r in rows if r["bench"] == "prefill"]
     if prefill:
         print("targets: prefill " + ", ".join(f"{r['rows']} rows {r['graph_ms']} ms (<= {r['target_ms']}, eager "

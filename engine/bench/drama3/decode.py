@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -150,28 +150,55 @@ def graphed_step(model: Drama3Model, prompt: Prompt, max_rows: int, position: in
 def bench_rows(model: Drama3Model, config: Drama3Config, device: torch.device, steps: int,
                slots: int = 64) -> list[Row]:
     """The graphed step of a `slots`-slot decoder with 1, 2, 4, ... of its takes decoding
-    (the row-bucket graphs): what a director alone, or a few, pay on a server of many slots."""
-    from engine.drama3.decoder import Decoder
+    (the row-bucket graphs): what a director alone, or a few, pay on a server of many slots.
+    Beside each, a step carrying a prompt's chunk of 64 and 256 rows (mixed.py) against the
+    step and that chunk's own graph one after the other (`mixed_<rows>_ms`, `apart_<rows>_ms`;
+    the last slot holds the chunk, so the last bucket steps one row fewer)."""
+    from engine.drama3.decoder import ROW_BUCKETS, Decoder
+    from engine.drama3.mixed import MIXED_ROWS
+    from engine.readback import to_device
 
-    prompt_rows, max_rows = 300, 300 + 10 * steps + 64
-    decoder = Decoder(model, max_rows, slots, graphs=True)
+    mixed_steps = min(steps, 30)
+    prompt_rows = 300
+    new_rows = 10 * steps + 2 * len(MIXED_ROWS) * (mixed_steps + 3) * len(ROW_BUCKETS)
+    max_rows = prompt_rows + new_rows + 64
+    decoder = Decoder(model, max_rows, slots, graphs=True, mixed=True)
     decoder.capture(up_to_rows=max_rows)
-    for slot in range(slots):
-        decoder.prefill(synthetic_prompt(config, prompt_rows, 10 * steps, seed=slot), slot)
+    for slot in range(slots - 1):
+        decoder.prefill(synthetic_prompt(config, prompt_rows, new_rows, seed=slot), slot)
+    chunk = decoder.chunked.begin(to_device(synthetic_prompt(config, max(MIXED_ROWS), 1, seed=slots).rows, device),
+                                  slots - 1)
     out: list[Row] = []
     position = prompt_rows - 1
-    for rows in decoder.row_buckets:
-        stepping = list(range(rows))
+
+    def timed(call: Callable[[int], object], count: int) -> float:
+        nonlocal position
         for _ in range(3):
-            decoder.step(position, stepping)
+            call(position)
             position += 1
-        positions = iter(range(position, position + steps))
-        step = functools.partial(lambda positions, stepping: decoder.step(next(positions), stepping), positions,
-                                 stepping)
-        ms = statistics.median(timed_ms(step, device, steps))
-        position += steps
-        out.append({"bench": "decode_rows", "slots": slots, "rows": rows, "graph_ms": round(ms, 3),
-                    "frames_per_s": round(rows * 1000 / ms, 1), "graphs": decoder.graphed})
+        positions = iter(range(position, position + count))
+        ms = statistics.median(timed_ms(lambda: call(next(positions)), device, count))
+        position += count
+        return round(ms, 3)
+
+    def mixed(stepping: list[int], size: int, at: int) -> None:  # the step carrying the loaded chunk
+        feeds = decoder.mixed.feeds[size]
+        decoder.step(at, stepping, feeds, feeds[decoder.row_bucket(len(stepping))].bucket_for(max(size, at + 2)))
+
+    def apart(stepping: list[int], size: int, at: int) -> None:  # the step, then the chunk's own graph
+        decoder.step(at, stepping)
+        decoder.chunked.chunk(chunk, 0, size)
+
+    for rows in decoder.row_buckets:
+        stepping = list(range(min(rows, slots - 1)))
+        row: Row = {"bench": "decode_rows", "slots": slots, "rows": rows, "graphs": decoder.graphed}
+        row["graph_ms"] = timed(functools.partial(decoder.step, rows=stepping), steps)
+        row["frames_per_s"] = round(rows * 1000 / row["graph_ms"], 1)
+        for size in MIXED_ROWS:
+            decoder.chunked.load(chunk, 0, size, size)
+            row[f"mixed_{size}_ms"] = timed(functools.partial(mixed, stepping, size), mixed_steps)
+            row[f"apart_{size}_ms"] = timed(functools.partial(apart, stepping, size), mixed_steps)
+        out.append(row)
     return out
 
 

@@ -1,0 +1,108 @@
+"""Decode steps that carry a waiting prompt's chunk (mixed.py), on the tiny checkpoint in float32
+on the CPU, where they are off unless asked for: each mixed step samples the frames a plain step
+samples and leaves the decoding rows' state it leaves, the carried prompt's slot ends in the
+state its chunks leave alone (to float32 rounding: the experts' GEMMs see more rows), and takes
+started while others play go through the slot table in mixed steps and end well."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Done, EngineSpec, load_engine
+from engine.drama3.mixed import MIXED_ROWS
+
+from .test_prefill_groups import prompts
+from .test_prefix import slot_state
+
+
+@pytest.fixture(scope="module")
+def mixed(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=3, mixed_step=True))
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=3))
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    error, scale = (got.double() - want.double()).abs().max(), want.double().abs().max()
+    assert error <= 1e-4 * scale + 1e-6, (error, scale)  # float32 rounding, through every layer
+
+
+def test_mixed_steps_are_on_only_where_asked_on_a_cpu(mixed, plain):
+    assert mixed.decoder.mixed.enabled and mixed.decoder.mixed.sizes == list(MIXED_ROWS)
+    assert not plain.decoder.mixed.enabled
+
+
+@torch.inference_mode()
+def test_a_step_carrying_a_chunk_is_the_step_and_the_chunk_apart(mixed, plain):
+    first, second, third = prompts(mixed, 3)  # the third: a history of two turns, several chunks
+    for engine in (mixed, plain):
+        engine.decoder.prefix.clear()
+        engine.decoder.prefill(first, 0)
+        engine.decoder.prefill(second, 1)
+    carried = mixed.decoder.begin_prefill(third, 2)
+    alone = plain.decoder.begin_prefill(third, 2)
+    assert list(carried.chunks) == list(alone.chunks) and len(carried.chunks) > 1
+    steps = 0
+    while True:
+        rows = [0, 1]
+        position = max(int(mixed.decoder.position[row]) for row in rows)
+        done = mixed.decoder.mixed.step(position, rows, carried)
+        plain.decoder.step(position, rows)
+        plain.decoder.prefill_more(alone, rows=1, largest=max(MIXED_ROWS))  # the same chunk, alone
+        steps += 1
+        got, want = mixed.decoder.read_status(), plain.decoder.read_status()
+        assert got[:2] == want[:2]  # the frames sampled: the same
+        for name in ("hidden", "position", "frame", "ras_window"):  # the decoding rows' next inputs
+            close(getattr(mixed.decoder, name)[:2], getattr(plain.decoder, name)[:2])
+        assert list(carried.chunks) == list(alone.chunks)
+        if done:
+            break
+    assert steps > 1 and not alone.chunks and bool(mixed.decoder.active[2]) and bool(plain.decoder.active[2])
+    for got_state, want_state in zip(slot_state(mixed.decoder, 2, len(third.rows)),
+                                     slot_state(plain.decoder, 2, len(third.rows)), strict=True):
+        close(got_state, want_state)
+    for engine in (mixed, plain):
+        for slot in range(3):
+            engine.decoder.release(slot)
+
+
+class Carried:
+    """The mixed steps the slot table runs, counted (each call still runs)."""
+
+    def __init__(self, decoder) -> None:
+        self.run, self.rows = decoder.mixed.step, []
+
+    def __call__(self, position, rows, prefill) -> bool:
+        self.rows.append(len(rows))
+        return self.run(position, rows, prefill)
+
+
+def test_takes_started_while_others_play_are_prefilled_in_mixed_steps(mixed, monkeypatch):
+    decoder, table = mixed.decoder, mixed.slot_table
+    decoder.prefix.clear()
+    carried = Carried(decoder)
+    monkeypatch.setattr(decoder.mixed, "step", carried)
+    chunks_apart = []
+    monkeypatch.setattr(decoder, "prefill_more", lambda *args, run=decoder.prefill_more, **kwargs:
+                        chunks_apart.append(bool(table.decoding())) or run(*args, **kwargs))
+    first, *later = prompts(mixed, 3)
+    started = [table.start(first)]
+    events: dict[int, list] = {}
+    while len(events.get(started[0].slot, [])) < 2:  # the first take plays
+        for take, new in table.step():
+            events.setdefault(take.slot, []).extend(new)
+    assert not carried.rows  # nothing waited beside it: plain steps
+    started += [table.start(prompt) for prompt in later]
+    while any(not take.done for take in started):
+        for take, new in table.step():
+            events.setdefault(take.slot, []).extend(new)
+    assert carried.rows and min(carried.rows) >= 1  # their chunks rode in the playing takes' steps...
+    assert True not in chunks_apart  # ...never run apart while a take decoded
+    for take in started:
+        done = events[take.slot][-1]
+        assert isinstance(done, Done) and done.finish_reason in ("stop", "length") and done.codes.shape[1] > 0

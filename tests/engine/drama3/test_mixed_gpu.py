@@ -1,0 +1,81 @@
+"""On a GPU, where mixed steps are on: every (row bucket, chunk size) is captured as CUDA graphs,
+a prompt carried by the steps of two playing takes ends as close to the exact state as the
+prompt prefilled alone (the exact state: the CPU's float32 prefill; the distance posed as in
+test_prefill_groups_gpu.py, where its reason is), and takes started while another plays ride
+its steps and end well."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Done, EngineSpec, load_engine
+
+from .test_mixed import Carried
+from .test_prefill_groups import prompts
+from .test_prefill_groups_gpu import distance
+from .test_prefix import slot_state
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu(tiny_checkpoint):
+    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", slots=3))
+    engine.warm_up()  # captures the graphs
+    return engine
+
+
+@pytest.fixture(scope="module")
+def cpu(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=1))  # float32: the exact states
+
+
+@torch.inference_mode()
+def test_a_carried_prompt_replays_as_graphs_and_ends_as_close_as_alone(gpu, cpu):
+    decoder = gpu.decoder
+    graphs = decoder.mixed.graphs()
+    assert decoder.mixed.enabled and graphs and all(g.graphs and not g.eager for g in graphs)
+    decoder.prefix.clear()
+    first, second, third = prompts(gpu, 3)
+    decoder.prefill(first, 0)
+    decoder.prefill(second, 1)
+    carried = decoder.begin_prefill(third, 2)
+    steps = 0
+    while not decoder.mixed.step(max(int(decoder.position[row]) for row in (0, 1)), [0, 1], carried):
+        steps += 1
+        assert all(row[0] == 1 for row in decoder.read_status()[:2])  # the playing rows' logits finite
+    mixed_state = slot_state(decoder, 2, len(third.rows))
+    for slot in range(3):
+        decoder.release(slot)
+    decoder.prefix.clear()
+    decoder.prefill(third, 0)
+    alone = slot_state(decoder, 0, len(third.rows))
+    decoder.release(0)
+    cpu.decoder.prefix.clear()
+    cpu.decoder.prefill(third, 0)
+    exact = slot_state(cpu.decoder, 0, len(third.rows))
+    cpu.decoder.release(0)
+    assert steps >= 1
+    for index, (got, single, truth) in enumerate(zip(mixed_state, alone, exact, strict=True)):
+        apart, alone_apart = distance(got, truth), distance(single, truth)
+        assert apart <= 2 * alone_apart + 1e-3, (index, tuple(truth.shape), apart, alone_apart)
+
+
+def test_takes_started_while_one_plays_ride_its_steps_and_end_well(gpu, monkeypatch):
+    decoder, table = gpu.decoder, gpu.slot_table
+    decoder.prefix.clear()
+    carried = Carried(decoder)
+    monkeypatch.setattr(decoder.mixed, "step", carried)
+    first, *later = prompts(gpu, 3)
+    started = [table.start(first)]
+    ended: dict[int, Done] = {}
+    while not started[0].decoding and not started[0].done:
+        table.step()
+    started += [table.start(prompt) for prompt in later]
+    while any(not take.done for take in started):
+        for take, events in table.step():
+            ended.update((take.slot, event) for event in events if isinstance(event, Done))
+    assert carried.rows
+    assert len(ended) == len(started)
+    assert all(done.finish_reason in ("stop", "length") and done.codes.shape[1] > 0 for done in ended.values())
