@@ -72,7 +72,8 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       threads=settings.threads, random_weights=settings.random_weights,
                                       prefix_cache_gib=settings.prefix_cache_gib,
                                       prefix_cache_host_gib=settings.prefix_cache_host_gib,
-                                      prefill_group=settings.prefill_group, kernels=settings.kernels,
+                                      prefill_group=settings.prefill_group, mixed_step=settings.mixed_step,
+                                      kernels=settings.kernels,
                                       compile_prefill=settings.compile_prefill,
                                       vocoder_batch=VOCODER_BATCH if settings.vocoder_batch is None else
                                       settings.vocoder_batch,
@@ -154,6 +155,9 @@ def log_ready(engine_loop: EngineLoop) -> None:
     group = engine.prefill_group
     log.info("prefill groups: %s", f"the next chunks of up to {group} waiting prompts run as one" if group > 1
              else "off; each waiting prompt's chunks run alone (--prefill-group)")
+    carried = engine.mixed_step
+    log.info("mixed steps: %s", f"a waiting prompt's next {carried} rows ride each decode step" if carried
+             else "off; a prompt's chunks run between the decode steps (--mixed-step)")
     if isinstance(fast := warm.get("fast_path"), list) and fast:  # on CUDA: what runs fused or compiled (fast.py)
         log.info("fast path: %s", ", ".join(fast))
     if engine.demo_weights:

@@ -68,7 +68,7 @@ def takes_lines(data: Json) -> list[str]:
         lines.append(f"  graphed step of {by_rows[0].get('slots')} slots, by decoding rows: "
                      + ", ".join(f"{r.get('rows')}: {r.get('graph_ms')} ms ({r.get('frames_per_s')} frames/s)"
                                  for r in by_rows))
-        lines.append("  a step carrying a prompt's chunk (mixed) against the step and the chunk apart, by decoding rows: "
+        lines.append("  a step carrying a prompt's chunk (mixed) against the step and the chunk apart, by rows: "
                      + ", ".join(f"{r.get('rows')}: 64 rows {r.get('mixed_64_ms')} vs {r.get('apart_64_ms')}, "
                                  f"256 rows {r.get('mixed_256_ms')} vs {r.get('apart_256_ms')} ms" for r in by_rows))
     by_kv = rows_of(data, "decode_kv")

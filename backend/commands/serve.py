@@ -75,6 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
                              "on a GPU, where a chunk costs about the same for 40 rows as for 93; 1, off, on a CPU, "
                              "which keeps its takes bit for bit those of one prompt at a time)")
+    parser.add_argument("--mixed-step", choices=("on", "off"),
+                        help="decode steps carry a waiting prompt's next chunk (up to 256 rows), the experts read "
+                             "once for both, instead of running it between the steps (default: on on a GPU; off on "
+                             "a CPU, which keeps its takes bit for bit those of one prompt at a time)")
     parser.add_argument("--compile-prefill", action="store_true",
                         help="on a GPU, prefill chunks through the Inductor-compiled layers too (fused kernels in each "
                              "chunk's graph; a longer warm-up; off until measured)")
@@ -197,7 +201,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     random_weights=random_weights, device=device, conversation_random=conversation_random,
                     first_window_frames=args.first_window_frames, vocoder_batch=args.vocoder_batch,
                     vocoder_batch_from=args.vocoder_batch_from,
-                    prefill_group=args.prefill_group, kernels=None if args.kernels is None else tuple(args.kernels),
+                    prefill_group=args.prefill_group,
+                    mixed_step=None if args.mixed_step is None else args.mixed_step == "on",
+                    kernels=None if args.kernels is None else tuple(args.kernels),
                     compile_prefill=args.compile_prefill,
                     slots=args.slots, threads=args.threads,
                     prefix_cache_gib=args.prefix_cache_gib, prefix_cache_host_gib=args.prefix_cache_host_gib,

@@ -267,6 +267,10 @@ class Drama3Engine:
         """The most waiting prompts whose next prefill chunks run as one (1: off; prefill_groups.py)."""
         return self.decoder.groups.most
 
+    @property
+    def mixed_step(self) -> int:
+        return max(self.decoder.mixed.sizes, default=0)  # the most prompt rows a step carries (0: off; mixed.py)
+
     def prefix_cache_stats(self) -> dict[str, int] | None:
         """The prefix cache's counters (hits, misses, rows saved, bytes held), None when it is
         off; plain integers, safe to read from another thread."""

@@ -243,25 +243,27 @@ def test_serve_refuses_a_port_in_use_before_loading(tmp_path: Path) -> None:
     assert "loading" not in result.stdout + result.stderr  # refused before the engine loaded
 
 
-def test_directors_starting_together_with_prefill_groups(tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """`retake serve --prefill-group 4` on a CPU (where groups are off by default): the log says
-    so, and three directors starting at once get every take (`--compile-prefill`, a GPU's option,
-    changes nothing here)."""
+def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`retake serve --prefill-group 4 --mixed-step on` on a CPU (where both are off by default):
+    the log says so, and three directors starting at once, then retaking while the others play,
+    get every take (`--compile-prefill`, a GPU's option, changes nothing here)."""
     log = tmp_path / "server.log"
-    process, port, _ = serve(["--prefill-group", "4", "--slots", "3", "--compile-prefill"], tmp_path, log=log)
+    process, port, _ = serve(["--prefill-group", "4", "--mixed-step", "on", "--slots", "3", "--compile-prefill"],
+                             tmp_path, log=log)
     try:
         parser = argparse.ArgumentParser()
         loadtest.add_arguments(parser)
-        args = parser.parse_args(["--url", f"ws://127.0.0.1:{port}/ws", "--sessions", "3", "--takes", "1",
+        args = parser.parse_args(["--url", f"ws://127.0.0.1:{port}/ws", "--sessions", "3", "--takes", "2",
                                   "--max-new-tokens", "8", "--stagger-ms", "0", "--no-keep"])
         assert loadtest.run(args) == 0
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=60)
     printed = capsys.readouterr().out
-    assert "3 sessions x 1 takes" in printed
+    assert "3 sessions x 2 takes" in printed
     reasons = next(line for line in printed.splitlines() if line.startswith("finish reasons:"))
     assert set(reasons.split()[2::2]) <= {"stop", "length"}, reasons  # e.g. "finish reasons: length 3"
     output = log.read_text()
     assert "prefill groups: the next chunks of up to 4 waiting prompts run as one" in output, output[-2000:]
+    assert "mixed steps: a waiting prompt's next 256 rows ride each decode step" in output, output[-2000:]
