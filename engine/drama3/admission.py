@@ -1,4 +1,5 @@
-"""How many prompt rows a step may prefill while takes decode, so admission never stalls them.
+"""How many prompt rows a step may prefill while takes decode, so admission never stalls them;
+which chunk a decode step may carry (`Carrying`: mixed.py) by the same limits.
 
     budget = Admission(frame_s=2048 / 44100)
     rows = budget.rows()                  # prompt rows to prefill before this step's frame
@@ -46,7 +47,8 @@ Design choices:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 START_ROWS = 512
 SMOOTHING = 0.2  # weight of the newest step in the averages
@@ -88,6 +90,41 @@ class Admission:
         elif self.decode_s is not None:
             per_row = max(0.0, step_s - self.decode_s) / rows
             self.row_s = per_row if self.row_s is None else average(self.row_s, per_row)
+
+
+@dataclass
+class Carrying:
+    """Which chunk a decode step may carry (mixed.py), under the same limits as `Admission.rows`.
+
+    A carried chunk's cost hardly follows its rows (on an H100 beside 64 decoding rows a
+    64-row chunk added 12.5 ms to the step, a 256-row one 16.6: its own ~2,000 kernels,
+    not its rows), so each chunk size's cost beyond the step alone is measured apart
+    (`extra_s`, an exponential average) instead of a cost per row. Without a playing take's
+    limit the largest size rides every step: a step with a chunk still beats the step and
+    the chunk apart. Under one, the largest size whose step fits it; an unmeasured size
+    fits where any time is left (which measures it); none fits: the prompt waits a step
+    (the slot table's HELD_S still applies)."""
+
+    admission: Admission  # its `decode_s`, the step alone, and its share of a frame
+    extra_s: dict[int, float] = field(default_factory=dict)  # by chunk size
+
+    def record(self, size: int, step_s: float) -> None:
+        """A step of `step_s` seconds that carried a chunk of `size` rows."""
+        if self.admission.decode_s is None:
+            return
+        extra = max(0.0, step_s - self.admission.decode_s)
+        self.extra_s[size] = average(self.extra_s[size], extra) if size in self.extra_s else extra
+
+    def size(self, sizes: Sequence[int], limit_s: float | None = None) -> int | None:
+        """The largest of `sizes` the next step may carry; None: none (the prompt waits)."""
+        admission = self.admission
+        decode_s = admission.decode_s or 0.0
+        gaining = admission.decode_s is None or decode_s < admission.share * admission.frame_s
+        if limit_s is None or limit_s >= admission.share * admission.frame_s or not gaining:
+            return max(sizes)
+        spare = limit_s - decode_s
+        fits = [size for size in sizes if (self.extra_s[size] <= spare if size in self.extra_s else spare > 0)]
+        return max(fits, default=None)
 
 
 @dataclass(frozen=True)

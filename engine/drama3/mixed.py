@@ -106,27 +106,29 @@ class MixedSteps:
         for graphs in self.graphs():
             graphs.capture()
 
-    def size(self, prefill: Prefill) -> int | None:
-        """The chunk size that carries the prefill's next chunk (its first rows if longer); None
-        where none fits the cache (or mixed steps are off)."""
+    def size(self, prefill: Prefill, largest: int | None = None) -> int | None:
+        """The chunk size that carries the prefill's next chunk (its first `largest` rows, by
+        default the largest size's, if longer); None where none fits the cache (or mixed
+        steps are off)."""
         if not self.sizes or not prefill.chunks:
             return None
         first, end = prefill.chunks[0]
-        rows = min(end - first, self.sizes[-1])
+        rows = min(end - first, largest or self.sizes[-1])
         return next((size for size in self.sizes if size >= rows and first + size <= self.decoder.max_rows), None)
 
-    def step(self, position: int, rows: list[int], prefill: Prefill) -> bool:
+    def step(self, position: int, rows: list[int], prefill: Prefill, largest: int | None = None) -> bool:
         """One frame for the decoding slots `rows` (the furthest at `position`), with the
-        prefill's next chunk (up to the largest size: the rest stays its next chunk) beside
-        them; True once its last chunk has run and its slot is active."""
-        size = self.size(prefill)
+        prefill's next chunk (its first `largest` rows, by default the largest size's: the
+        rest stays its next chunk) beside them; True once its last chunk has run and its
+        slot is active."""
+        size = self.size(prefill, largest)
         if size is None:
             raise ValueError("the prefill's next chunk has no mixed step here: run it alone")
-        first, end = prefill.chunks.popleft()
-        if end - first > size:
-            prefill.chunks.appendleft((first + size, end))
-            end = first + size
         chunked, decoder = self.chunked, self.decoder
+        first, end = prefill.chunks.popleft()
+        if end > (cut := first + min(size, largest or size)):  # the rest: its next chunks, laid out to fit the cache
+            prefill.chunks.extendleft(reversed(chunked.chunks(cut, end)))
+            end = cut
         chunked.load(prefill, first, end, size)
         kv = self.feeds[size][decoder.row_buckets[0]].bucket_for(max(end, position + 2))
         decoder.step(position, rows, self.feeds[size], kv)

@@ -45,7 +45,7 @@ from concurrent.futures import Executor
 
 import torch
 
-from engine.drama3.admission import HELD_S, Admission, playback_limit
+from engine.drama3.admission import HELD_S, Admission, Carrying, playback_limit
 from engine.drama3.codec import Codec
 from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.decoder import Decoder
@@ -75,6 +75,7 @@ class Slots:
         self.first_window = first_window
         self.prefill_rows = prefill_rows  # prompt rows per step while takes decode; None: `admission`'s
         self.admission = Admission(frame_s=codec.frame_samples / codec.sample_rate)
+        self.carrying = Carrying(self.admission)  # which chunk a step may carry (mixed steps on)
         self.takes: list[Take | None] = [None] * decoder.num_slots  # the take of each slot (prefilling or decoding)
         self.prefills: dict[Take, Prefill] = {}  # takes whose prompt is not all prefilled yet, in start order
         self.closing: list[Take] = []  # ended, slot free, last windows still to hand out
@@ -190,21 +191,32 @@ class Slots:
                 break
         return allowed - budget if decoding else 0
 
-    def carried(self) -> tuple[Take, Prefill] | None:
+    def carried(self) -> tuple[Take, Prefill, int, int] | None:
         """The waiting prompt whose next chunk the decode step carries (mixed.py), if mixed
         steps are on: the first in start order (takes before warms), where its chunk has a
         mixed size; else None, and the step's prefill runs apart (`prefill`), so a prompt that
-        has none is never passed over."""
-        if not self.decoder.mixed.enabled or not self.prefills:
+        has none is never passed over. With it, the most rows the step carries and their
+        chunk size, by what the playing takes allow (admission.py `Carrying`): 0 holds the
+        prompt back this step, unless it waited HELD_S (then the smallest size). A fixed
+        `prefill_rows` is the most rows every step carries."""
+        mixed = self.decoder.mixed
+        if not mixed.enabled or not self.prefills:
             return None
         take, prefill = min(self.prefills.items(), key=lambda item: item[0].prefill_only)  # (stable: start order)
-        return (take, prefill) if self.decoder.mixed.size(prefill) is not None else None
+        if mixed.size(prefill) is None:
+            return None
+        largest = self.prefill_rows or self.carrying.size(mixed.sizes, self.playback_limit())
+        if largest is None and not take.prefill_only and time.perf_counter() - take.started >= HELD_S:
+            largest = mixed.sizes[0]
+        size = None if largest is None else mixed.size(prefill, largest)
+        return take, prefill, largest or 0, size or 0
 
-    def carry(self, take: Take, prefill: Prefill, position: int, rows: list[int]) -> None:
-        """One decode step of the slots `rows` carrying the prefill's next chunk; the take
-        decodes from the next step once its last chunk ran."""
+    def carry(self, take: Take, prefill: Prefill, largest: int, size: int, position: int, rows: list[int]) -> None:
+        """One decode step of the slots `rows` carrying the prefill's next chunk (its first
+        `largest` rows, in the mixed step of `size`); the take decodes from the next step
+        once its last chunk ran."""
         left = sum(end - start for start, end in prefill.chunks)
-        done = self.decoder.mixed.step(position, rows, prefill)
+        done = self.decoder.mixed.step(position, rows, prefill, largest)
         self.beside += left - sum(end - start for start, end in prefill.chunks)
         if take.prefill_only and not prefill.chunks:  # a warm: its snapshots are kept, the slot goes back
             del self.prefills[take]
@@ -289,8 +301,10 @@ class Slots:
                 self.end(take, reason)
         started, budgeted = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
         self.held, self.beside, groups = False, 0, self.pace.groups
-        carried = self.carried() if budgeted else None  # a prompt's chunk in the step itself (mixed.py)
-        admitted = self.prefill() if self.prefills and carried is None else 0  # rows beside decoding, budgeted
+        plan = self.carried() if budgeted else None  # a prompt's chunk in the step itself (mixed.py)
+        carried = plan if plan is not None and plan[2] else None  # (0 rows: held back this step)
+        self.held = plan is not None and not plan[2] and not plan[0].prefill_only
+        admitted = self.prefill() if self.prefills and plan is None else 0  # rows beside decoding, budgeted
         stepping = self.decoding()
         if stepping:
             timer = time.perf_counter()
@@ -308,6 +322,8 @@ class Slots:
                 step_s = time.perf_counter() - timer
                 if budgeted and carried is None:  # (a step after a whole prefill says nothing of the budget)
                     self.admission.record(time.perf_counter() - started, admitted)
+                elif carried is not None:
+                    self.carrying.record(carried[3], time.perf_counter() - started)
                 self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held,
                                grouped=self.pace.groups > groups)
                 for take in stepping:

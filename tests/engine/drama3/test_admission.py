@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.drama3.admission import HAND_OUT_STEPS, Admission, Playing, playback_limit
+from engine.drama3.admission import HAND_OUT_STEPS, Admission, Carrying, Playing, playback_limit
 
 FRAME_S = 2048 / 44100  # 46.4 ms
 
@@ -89,3 +89,23 @@ def test_where_steps_alone_cannot_outpace_playback_the_limit_is_not_applied() ->
     # Holding the prompts back would hold them until the playing takes end: they get the
     # plain budget, a few rows a step.
     assert budget.rows(late) == budget.rows() == budget.min_rows
+
+
+def test_a_step_carries_the_largest_chunk_the_playing_takes_allow() -> None:
+    budget = Admission(FRAME_S)
+    carrying = Carrying(budget)
+    assert carrying.size((64, 256)) == 256  # nothing measured, nobody playing: the largest
+    carrying.record(256, 0.030)  # before a plain step is measured: nothing to compare it with
+    assert carrying.extra_s == {}
+    budget.record(0.010, 0)  # the takes alone: 10 ms
+    carrying.record(256, 0.027)  # 17 ms more with 256 rows
+    assert carrying.extra_s == {256: pytest.approx(0.017)}
+    assert carrying.size((64, 256), limit_s=0.030) == 256  # 20 ms spare: it fits
+    assert carrying.size((64, 256), limit_s=0.020) == 64  # 10 ms spare: only the unmeasured size, which measures it
+    carrying.record(64, 0.0225)  # 12.5 ms more with 64 rows
+    assert carrying.size((64, 256), limit_s=0.020) is None  # neither fits: the prompt waits a step
+    assert carrying.size((64, 256), limit_s=0.025) == 64
+    assert carrying.size((64, 256), limit_s=None) == 256  # nobody playing
+    budget.record(0.040, 0)  # an overloaded step: waiting would not let the takes gain, so no limit applies
+    budget.decode_s = 0.040
+    assert carrying.size((64, 256), limit_s=0.020) == 256
