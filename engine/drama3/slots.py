@@ -196,18 +196,20 @@ class Slots:
         steps are on: the first in start order (takes before warms), where its chunk has a
         mixed size; else None, and the step's prefill runs apart (`prefill`), so a prompt that
         has none is never passed over. With it, the most rows the step carries and their
-        chunk size, by what the playing takes allow (admission.py `Carrying`): 0 holds the
-        prompt back this step, unless it waited HELD_S (then the smallest size). A fixed
-        `prefill_rows` is the most rows every step carries."""
+        chunk size (0: the prompt waits this step): a take's prompt rides every step, the
+        largest size (a director waits for first audio, and one chunk of a prompt costs the
+        playing takes ~12-17 ms once, on an H100); a warm's only what the playing takes allow
+        (admission.py `Carrying`: with every step carrying a warm, the 32 directors of stop
+        44's H100 run lost real time, gap p99 748 ms). A fixed `prefill_rows` is the most
+        rows every step carries."""
         mixed = self.decoder.mixed
         if not mixed.enabled or not self.prefills:
             return None
         take, prefill = min(self.prefills.items(), key=lambda item: item[0].prefill_only)  # (stable: start order)
         if mixed.size(prefill) is None:
             return None
-        largest = self.prefill_rows or self.carrying.size(mixed.sizes, self.playback_limit())
-        if largest is None and not take.prefill_only and time.perf_counter() - take.started >= HELD_S:
-            largest = mixed.sizes[0]
+        largest = self.prefill_rows or (self.carrying.size(mixed.sizes, self.playback_limit()) if take.prefill_only
+                                        else max(mixed.sizes))
         size = None if largest is None else mixed.size(prefill, largest)
         return take, prefill, largest or 0, size or 0
 
