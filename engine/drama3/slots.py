@@ -34,6 +34,11 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   snapshots, then ends "prefilled" with no frames and frees its slot. It never delays a
   take: the takes' prompts are prefilled first, and its own chunks are budgeted even with
   nothing decoding, so a take started next waits one step's chunks at most.
+- Mixed steps (mixed.py, on where chunks are graphs): while takes decode, the step itself
+  carries the next chunk of the first waiting prompt instead (`carried`), its experts read
+  once with the decoding rows'; a take's prompt rides every step, a warm's what the playing
+  takes allow (admission.py `Carrying`). Where its chunk has no mixed size (near the
+  cache's end) the step's prefill runs apart as above.
 """
 
 from __future__ import annotations
