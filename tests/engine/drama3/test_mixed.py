@@ -107,3 +107,33 @@ def test_takes_started_while_others_play_are_prefilled_in_mixed_steps(mixed, mon
     for take in started:
         done = events[take.slot][-1]
         assert isinstance(done, Done) and done.finish_reason in ("stop", "length") and done.codes.shape[1] > 0
+
+
+def test_a_failed_mixed_step_ends_its_takes_and_the_carried_one_and_the_table_goes_on(mixed, monkeypatch):
+    decoder, table = mixed.decoder, mixed.slot_table
+    decoder.prefix.clear()
+    monkeypatch.setattr(table, "prefill_rows", 256)
+    first, second, third = prompts(mixed, 3)
+    playing = table.start(first)
+    while playing not in table.decoding():
+        table.step()
+    carried = table.start(second)
+    run = decoder.mixed.step
+
+    def failing(*args, **kwargs) -> bool:
+        monkeypatch.setattr(decoder.mixed, "step", run)  # once
+        raise RuntimeError("a kernel failed")
+
+    monkeypatch.setattr(decoder.mixed, "step", failing)
+    events = {id(take): [] for take in (playing, carried)}
+    for take, new in table.step():
+        events[id(take)] += new
+    for take in (playing, carried):
+        while not take.done:
+            for other, new in table.step():
+                events[id(other)] += new
+        done = events[id(take)][-1]
+        assert isinstance(done, Done) and done.finish_reason == "error" and "a kernel failed" in done.error
+    assert table.free_slots == decoder.num_slots  # both slots back
+    after = list(mixed.generate(third))[-1]  # the table goes on
+    assert isinstance(after, Done) and after.finish_reason in ("stop", "length") and after.codes.shape[1] > 0
