@@ -53,6 +53,8 @@ class Pace:
         self.calls = 0  # codec calls
         self.groups = self.grouped = 0  # grouped prefill chunks, and the prompts they carried
         self.group_step_s: list[float] = []  # the steps that ran a grouped chunk (what a group costs a step)
+        self.carried_s: list[float] = []  # the steps that carried a prompt's chunk (mixed.py)
+        self.carried_rows = self.warm_rows = 0  # the rows they carried, and of those the warms'
         self.turn_s: list[float] = []  # the server's engine loop: each turn's wall time
         self.turn_step_s: list[float] = []  # of it, the engine's step (prefill, decode, windows out)
         self.turn_handed_s: list[float] = []  # of it, handing the takes' events to their sessions
@@ -66,6 +68,13 @@ class Pace:
             self.decoding += decoding
             self.prefilled += prefilled
             self.held += held
+
+    def carried(self, seconds: float, rows: int, warm: bool) -> None:
+        """A step that carried `rows` of a prompt (a warm's: a prefill-only take's)."""
+        with self.lock:
+            self.carried_s.append(seconds)
+            self.carried_rows += rows
+            self.warm_rows += rows if warm else 0
 
     def group(self, prompts: int) -> None:
         with self.lock:
@@ -94,6 +103,8 @@ class Pace:
             seconds, self.since = time.monotonic() - self.since, time.monotonic()
             decoding, prefilled, held, calls = self.decoding, self.prefilled, self.held, self.calls
             groups, grouped, group_steps = self.groups, self.grouped, self.group_step_s
+            carried, carried_rows, warm_rows = self.carried_s, self.carried_rows, self.warm_rows
+            self.carried_s, self.carried_rows, self.warm_rows = [], 0, 0
             turns, turn_steps, handed, turn_cpu = self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu
             self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu = [], [], [], 0.0
             self.step_s, self.window_s, self.group_step_s = [], [], []
@@ -107,6 +118,9 @@ class Pace:
             line += f"; {groups:,} grouped prefill chunks of {grouped / groups:.1f} prompts"
             if group_steps:
                 line += f" (steps with one p50 {percentile(group_steps, 0.5) * 1000:.1f} ms)"
+        if carried:
+            line += (f"; {len(carried):,} steps carried a prompt's chunk (p50 {percentile(carried, 0.5) * 1000:.1f} "
+                     f"ms; {carried_rows:,} rows, {warm_rows:,} of them warms')")
         if windows:
             line += (f"; {len(windows):,} windows in {calls:,} codec calls, closed to audio p50 "
                      f"{percentile(windows, 0.5) * 1000:.1f} ms, p95 {percentile(windows, 0.95) * 1000:.1f} ms")

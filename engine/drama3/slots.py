@@ -331,6 +331,7 @@ class Slots:
                     self.admission.record(time.perf_counter() - started, admitted)
                 elif carried is not None:
                     self.carrying.record(carried[3], time.perf_counter() - started)
+                    self.pace.carried(time.perf_counter() - started, self.beside, carried[0].prefill_only)
                 self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held,
                                grouped=self.pace.groups > groups)
                 for take in stepping:

@@ -245,23 +245,36 @@ def profile_window(codec: Codec, device: torch.device, new: int = 64, context: i
 def profile_rows(model: Drama3Model, config: Drama3Config, device: torch.device, rows: int = ROWS) -> str:
     """The kernels of one decode step of `rows` takes (each after a short prompt of its own),
     launched without its graph: where a busy server's step goes (64 directors: the experts of
-    most of every layer read, the dense layers past `dense_rows`' rows)."""
+    most of every layer read, the dense layers past `dense_rows`' rows). Then the same step
+    carrying a prompt's 256-row chunk (mixed.py): what a carried chunk adds."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from engine.drama3.decoder import Decoder
+    from engine.drama3.mixed import MIXED_ROWS
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     frames = 32  # each take's room for new frames (the cache's rows past its prompt)
-    decoder = Decoder(model, LINE_ROWS + frames, rows)
-    for slot in range(rows):  # short prompts: the step's rows matter here, not their history
+    chunk = max(MIXED_ROWS)
+    decoder = Decoder(model, chunk + 1 + frames, rows + 1, mixed=True)  # (the last slot: the carried prompt's)
+    stepping = list(range(rows))
+    for slot in stepping:  # short prompts: the step's rows matter here, not their history
         decoder.prefill(synthetic_prompt(config, LINE_ROWS, frames, seed=slot), slot)
-    decoder.step(LINE_ROWS - 1)  # a warm-up: first-call work is not the step's
+    decoder.step(LINE_ROWS - 1, stepping)  # a warm-up: first-call work is not the step's
     sync(device)
     with parts(model), profile(activities=activities) as step_profile, record_function(STEP):
-        decoder.step(LINE_ROWS)
+        decoder.step(LINE_ROWS, stepping)
         sync(device)
-    return parts_line(step_profile, device, PARTS, STEP) + "\n" + kernel_table(
-        step_profile, f"one decode step of {rows} takes (launched without its graph)", device, 40)
+    carried = synthetic_prompt(config, chunk + 1, frames, seed=rows)  # one chunk of `chunk` rows, then one row
+    decoder.mixed.step(LINE_ROWS + 1, stepping, decoder.begin_prefill(carried, rows))  # the warm-up
+    sync(device)
+    with parts(model), profile(activities=activities) as mixed_profile, record_function(STEP):
+        decoder.mixed.step(LINE_ROWS + 2, stepping, decoder.begin_prefill(carried, rows))
+        sync(device)
+    return "\n\n".join(parts_line(profiled, device, PARTS, STEP) + "\n" + kernel_table(profiled, title, device, 40)
+                       for profiled, title in (
+                           (step_profile, f"one decode step of {rows} takes (launched without its graph)"),
+                           (mixed_profile, f"one decode step of {rows} takes carrying a {chunk}-row chunk (mixed.py, "
+                                           "launched without its graph)")))
 
 
 def profile_tables(model: Drama3Model, config: Drama3Config, device: torch.device, codec: Codec | None = None) -> str:

@@ -18,16 +18,20 @@ def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> No
     pace.call()
     pace.group(prompts=8)
     pace.group(prompts=3)
+    pace.carried(0.020, rows=256, warm=False)
+    pace.carried(0.030, rows=64, warm=True)
     line = pace.report()
     assert line is not None
     assert re.search(r"5 steps \(p50 7\.0 ms, p95 40\.0 ms\), 4\.0 takes decoding a step, 32 prompt rows "
                      r"prefilled beside them, 1 steps held a prompt back for playback; 2 grouped prefill chunks "
-                     r"of 5\.5 prompts \(steps with one p50 40\.0 ms\); 3 windows in 2 codec "
+                     r"of 5\.5 prompts \(steps with one p50 40\.0 ms\); 2 steps carried a prompt's chunk \(p50 "
+                     r"30\.0 ms; 320 rows, 64 of them warms'\); 3 windows in 2 codec "
                      r"calls, closed to audio p50 4\.0 ms, p95 30\.0 ms", line), line
     assert pace.report() is None  # reset: the next line covers only what follows
     pace.step(0.010, decoding=1, prefilled=0, held=False)
     line = pace.report()
     assert line is not None and "1 steps (p50 10.0 ms" in line and "windows" not in line and "grouped" not in line
+    assert "carried" not in line
 
 
 def test_a_report_says_what_the_engine_loops_turns_took_and_how_much_of_them_it_ran() -> None:
