@@ -44,18 +44,14 @@ Design choices:
   (`where` on the active mask), so its position stays put, and its row points at the
   scratch slot (`slots[i]`), so its cache and DeltaNet writes land there: a free slot,
   or one whose prompt is being prefilled between steps, is never written by a step.
-- Prefill (prefill.py) runs one prompt through the backbone in chunks, teacher-forcing
-  the tower with each row's next row as its label (the last row's label is a placeholder
-  the first decode step overwrites); on CUDA each chunk is a graph replay. Other slots
-  are untouched. `begin_prefill` and `prefill_more` run it a few chunks at a time, so
-  the slot table interleaves a new prompt with the steps of the takes playing; the slot
-  turns active when its last chunk has run. `prefill_group` runs the next chunk of
-  several waiting prompts as one batched chunk (prefill_groups.py; on where chunks are
-  graphs, or with `group`).
-- With a prefix cache (`decoder.prefix`, prefix.py), a prefill first restores the slot's
-  state at the longest prefix of the prompt an earlier prefill left a snapshot of, runs
-  only the rows after it, and leaves snapshots at the prompt's cuts (prefill.py `cuts`) as
-  its chunks pass them; a whole-prompt hit runs no chunk at all.
+- Prefill (prefill.py) runs one prompt through the backbone in chunks (graph replays on
+  CUDA), teacher-forcing the tower with each row's next row (the last row's label a
+  placeholder the first step overwrites); other slots are untouched. `begin_prefill` and
+  `prefill_more` run a few chunks at a time between the steps (the slot turns active after
+  its last chunk); `prefill_group` runs several prompts' next chunks as one (prefill_groups.py).
+- With a prefix cache (`decoder.prefix`, prefix.py), a prefill restores the slot's state at
+  the longest prefix an earlier prefill left a snapshot of, runs only the rows after it,
+  and leaves snapshots at the prompt's cuts (prefill.py `cuts`).
 - A take starts in a clean slot: its KV rows past the restored prefix are zeroed (a few
   memsets). Attention masks the rows past a query's position, but a masked row still
   enters the weighted sum with weight 0, and 0 * NaN is NaN: without it, one take that
@@ -247,6 +243,16 @@ class Decoder:
                 assert prefill.hidden is not None, "a prefill that ran its last chunk has its hidden state"
                 self.activate(prefill, prefill.hidden)  # (before the next group overwrites that view)
         return done
+
+    @torch.inference_mode()
+    def prefill_together(self, prefills: list[Prefill]) -> None:
+        """Run the prefills to their end, their next chunks in groups where they fit one, else
+        the first waiting one's chunk alone (prompts waiting at once, with nothing decoding)."""
+        while waiting := [prefill for prefill in prefills if prefill.chunks]:
+            if group := self.groups.pick(waiting):
+                self.prefill_group(group)
+            else:
+                self.prefill_more(waiting[0], rows=1)  # (one chunk: at least one runs)
 
     def after_chunk(self, prefill: Prefill) -> Callable[[int, torch.Tensor], None] | None:
         """What runs after each of the prefill's chunks: the prefix cache's snapshots, the finite check."""

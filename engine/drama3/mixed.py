@@ -41,19 +41,39 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import torch
 
 from engine.drama3.backbone import Backbone, DecoderLayer
 from engine.drama3.fast import layer_compiled
-from engine.drama3.prefill import Prefill
+from engine.drama3.model import Drama3Model
+from engine.drama3.prefill import ChunkedPrefill, Prefill
 from engine.graphs import StepGraphs
 
-if TYPE_CHECKING:
-    from engine.drama3.decoder import Decoder
-
 MIXED_ROWS = (64, 256)  # the chunk sizes a step carries, each a graph per row bucket
+
+
+class Decoder(Protocol):
+    """What mixed steps use of their decoder (decoder.py's, which owns them: typed here by its
+    shape, so the two modules import in one direction)."""
+
+    model: Drama3Model
+    chunked: ChunkedPrefill
+    max_rows: int
+    scratch: int
+    row_buckets: list[int]
+    index: torch.Tensor
+
+    def step(self, position: int, rows: list[int] | None = None, feeds: dict[int, StepGraphs] | None = None,
+             feed_kv: int | None = None) -> None: ...
+
+    def feed(self, kv_len: int | None, index: torch.Tensor | None,
+             backbone: Callable[..., torch.Tensor] | None = None) -> None: ...
+
+    def after_chunk(self, prefill: Prefill) -> Callable[[int, torch.Tensor], None] | None: ...
+
+    def activate(self, prefill: Prefill, hidden: torch.Tensor) -> None: ...
 
 
 def mixed_backbone(backbone: Backbone, mixes: Sequence[Callable[..., tuple[torch.Tensor, torch.Tensor]]],

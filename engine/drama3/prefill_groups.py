@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -52,9 +51,6 @@ import torch.nn.functional as F
 from engine.drama3.prefill import ChunkedPrefill, Prefill
 from engine.graphs import StepGraphs
 from engine.readback import to_device
-
-if TYPE_CHECKING:
-    from engine.drama3.decoder import Decoder
 
 GROUP_SHAPES = ((8, 64), (4, 128))  # (prompts, rows) of a grouped chunk, fewest rows first
 PREFILL_GROUP = 8  # the most prompts a group holds, where groups are on
@@ -212,14 +208,3 @@ class PrefillGroups:
         hidden = self.chunked.forward(self.rows[:takes, :rows], self.labels[:takes, :rows], positions,
                                       self.slot[:takes], kv_len, self.valid[:takes])  # [B, T, D]
         self.last[:takes].copy_(hidden[self.index[:takes], self.valid[:takes] - 1])
-
-
-@torch.inference_mode()
-def prefill_together(decoder: Decoder, prefills: list[Prefill]) -> None:
-    """Run the decoder's prefills to their end, their next chunks in groups where they fit one,
-    else the first waiting one's chunk alone (prompts waiting at once, with nothing decoding)."""
-    while waiting := [prefill for prefill in prefills if prefill.chunks]:
-        if group := decoder.groups.pick(waiting):
-            decoder.prefill_group(group)
-        else:
-            decoder.prefill_more(waiting[0], rows=1)  # (one chunk: at least one runs)

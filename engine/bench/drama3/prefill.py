@@ -62,7 +62,7 @@ def bench_prefill_groups(model: Drama3Model, config: Drama3Config, device: torch
     and as groups (prefill_groups.py): graphs on CUDA, groups asked for on a CPU too. Median
     of 3 after a warm-up; each prompt in its own slot."""
     from engine.drama3.decoder import Decoder
-    from engine.drama3.prefill_groups import PREFILL_GROUP, prefill_together
+    from engine.drama3.prefill_groups import PREFILL_GROUP
 
     decoder = Decoder(model, max(GROUP_PROMPT_ROWS) + 64, slots=max(GROUP_PROMPTS), graphs=True, group=PREFILL_GROUP)
     started = time.perf_counter()
@@ -75,7 +75,7 @@ def bench_prefill_groups(model: Drama3Model, config: Drama3Config, device: torch
             decoder.prefill(prompt, slot)
 
     def grouped(prompts: list[Prompt]) -> None:
-        prefill_together(decoder, [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(prompts)])
+        decoder.prefill_together([decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(prompts)])
 
     out: list[Row] = []
     for rows in GROUP_PROMPT_ROWS:

@@ -14,7 +14,7 @@ import torch
 
 from engine import Done, EngineSpec, HistoryTurn, Sampling, load_engine
 from engine.drama3.prefill import Prefill
-from engine.drama3.prefill_groups import GROUP_SHAPES, prefill_together
+from engine.drama3.prefill_groups import GROUP_SHAPES
 
 from .test_prefix import slot_state
 
@@ -59,7 +59,7 @@ def test_a_prompt_prefilled_in_groups_leaves_the_state_it_leaves_alone(grouped, 
     counted = Counted(decoder)
     monkeypatch.setattr(decoder, "prefill_group", counted)
     takes = prompts(grouped)
-    prefill_together(decoder, [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(takes)])
+    decoder.prefill_together([decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(takes)])
     sizes = counted.sizes
     assert max(sizes) == len(takes) and len(sizes) > 1  # all four at once, over several chunks each
     for slot, prompt in enumerate(takes):
@@ -177,7 +177,7 @@ def test_long_chunks_cut_to_join_a_group_leave_the_state_they_leave_alone(groupe
              for i, turn in enumerate(kept)]
     prefills = [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(takes)]
     assert all(len(p.chunks) == 1 and p.chunks[0][1] - p.chunks[0][0] > GROUP_SHAPES[-1][1] for p in prefills)
-    prefill_together(decoder, prefills)
+    decoder.prefill_together(prefills)
     assert counted.sizes and counted.sizes[0] == 4  # the four long chunks' first rows, together
     for slot, prompt in enumerate(takes):
         got = slot_state(decoder, slot, len(prompt.rows))

@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from engine import Done, EngineSpec, load_engine
-from engine.drama3.prefill_groups import prefill_together
 
 from .test_prefill_groups import Counted, prompts
 from .test_prefix import slot_state
@@ -50,7 +49,7 @@ def test_groups_replay_as_graphs_and_leave_the_state_of_one_prompt_alone(gpu, cp
     counted = Counted(decoder)
     decoder.prefill_group = counted  # (counted, each call still runs; put back below)
     try:
-        prefill_together(decoder, [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(takes)])
+        decoder.prefill_together([decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(takes)])
     finally:
         del decoder.prefill_group
     assert max(counted.sizes) == len(takes)
