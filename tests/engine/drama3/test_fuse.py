@@ -142,7 +142,7 @@ def test_a_chunks_ops_count_its_norms_apart(plain_and_fused) -> None:
 
 @torch.no_grad()
 def test_the_profile_tables_name_the_step_the_prefill_and_a_line_chunk(tiny_model) -> None:
-    """`retake bench decode|takes --profile`: four tables, each under its title (on a GPU the title
+    """`retake bench decode|takes --profile`: five tables, each under its title (on a GPU the title
     says how many kernels ran and their time; here, on the CPU, the ops)."""
     from engine.bench.drama3.profiling import profile_tables
 
@@ -162,7 +162,9 @@ def test_the_profile_tables_name_the_step_the_prefill_and_a_line_chunk(tiny_mode
         "# one decode step (the installed fast path, launched without its graph): CPU ops (no GPU here)",
         "# one 300-row prefill: CPU ops (no GPU here)",
         "# one 40-row chunk after 300 rows (a line after its restored prefix): CPU ops (no GPU here)",
-        "# one decode step of 64 takes (launched without its graph): CPU ops (no GPU here)"]
+        "# one decode step of 64 takes (launched without its graph): CPU ops (no GPU here)",
+        "# one decode step of 64 takes carrying a 256-row chunk (mixed.py, launched without its graph): CPU ops (no "
+        "GPU here)"]
     assert all("aten::" in table for table in tables)
 
 
