@@ -182,13 +182,7 @@ class Slots:
             except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the others
                 self.end(take, "error", f"{type(exc).__name__}: {exc}")
                 continue
-            if take.prefill_only and not prefill.chunks:  # its snapshots are kept: the slot goes back
-                del self.prefills[take]
-                take.prefilled()
-                self.end(take, "prefilled")
-            elif done:
-                del self.prefills[take]
-                take.prefilled()
+            self.prefilled(take, prefill, done)
             ran = left - sum(end - start for start, end in prefill.chunks)
             budget -= ran
             self.beside += ran if decoding else 0
@@ -225,7 +219,13 @@ class Slots:
         left = sum(end - start for start, end in prefill.chunks)
         done = self.decoder.mixed.step(position, rows, prefill, largest)
         self.beside += left - sum(end - start for start, end in prefill.chunks)
-        if take.prefill_only and not prefill.chunks:  # a warm: its snapshots are kept, the slot goes back
+        self.prefilled(take, prefill, done)
+
+    def prefilled(self, take: Take, prefill: Prefill, done: bool) -> None:
+        """After chunks of the take's prefill: a warm whose chunks all ran ends (its snapshots
+        are kept, the slot goes back); a take whose last chunk ran (`done`) decodes from the
+        next step."""
+        if take.prefill_only and not prefill.chunks:
             del self.prefills[take]
             take.prefilled()
             self.end(take, "prefilled")
@@ -248,12 +248,8 @@ class Slots:
             for take, _ in group:
                 self.end(take, "error", f"{type(exc).__name__}: {exc}")
             return max(chunk_rows)
-        for (take, _), finished in zip(group, ended, strict=True):
-            if finished:
-                del self.prefills[take]
-                take.prefilled()
-                if take.prefill_only:  # a warm: its snapshots are kept, the slot goes back
-                    self.end(take, "prefilled")
+        for (take, prefill), finished in zip(group, ended, strict=True):
+            self.prefilled(take, prefill, finished)
         return max(chunk_rows)
 
     def warm_group(self) -> list[tuple[Take, Prefill]]:

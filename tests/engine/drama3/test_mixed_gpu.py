@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import Done, EngineSpec, load_engine
+from engine import Done
 
 from .test_mixed import Carried
 from .test_prefill_groups import prompts
@@ -19,25 +19,13 @@ from .test_prefix import slot_state
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def gpu(tiny_checkpoint):
-    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", slots=3))
-    engine.warm_up()  # captures the graphs
-    return engine
-
-
-@pytest.fixture(scope="module")
-def cpu(tiny_checkpoint):
-    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=1))  # float32: the exact states
-
-
 @torch.inference_mode()
-def test_a_carried_prompt_replays_as_graphs_and_ends_as_close_as_alone(gpu, cpu):
-    decoder = gpu.decoder
+def test_a_carried_prompt_replays_as_graphs_and_ends_as_close_as_alone(gpu_engine, cpu_exact):
+    decoder = gpu_engine.decoder
     graphs = decoder.mixed.graphs()
     assert decoder.mixed.enabled and graphs and all(g.graphs and not g.eager for g in graphs)
     decoder.prefix.clear()
-    first, second, third = prompts(gpu, 3)
+    first, second, third = prompts(gpu_engine, 3)
     decoder.prefill(first, 0)
     decoder.prefill(second, 1)
     carried = decoder.begin_prefill(third, 2)
@@ -52,23 +40,23 @@ def test_a_carried_prompt_replays_as_graphs_and_ends_as_close_as_alone(gpu, cpu)
     decoder.prefill(third, 0)
     alone = slot_state(decoder, 0, len(third.rows))
     decoder.release(0)
-    cpu.decoder.prefix.clear()
-    cpu.decoder.prefill(third, 0)
-    exact = slot_state(cpu.decoder, 0, len(third.rows))
-    cpu.decoder.release(0)
+    cpu_exact.decoder.prefix.clear()
+    cpu_exact.decoder.prefill(third, 0)
+    exact = slot_state(cpu_exact.decoder, 0, len(third.rows))
+    cpu_exact.decoder.release(0)
     assert steps >= 1
     for index, (got, single, truth) in enumerate(zip(mixed_state, alone, exact, strict=True)):
         apart, alone_apart = distance(got, truth), distance(single, truth)
         assert apart <= 2 * alone_apart + 1e-3, (index, tuple(truth.shape), apart, alone_apart)
 
 
-def test_takes_started_while_one_plays_ride_its_steps_and_end_well(gpu, monkeypatch):
-    decoder, table = gpu.decoder, gpu.slot_table
+def test_takes_started_while_one_plays_ride_its_steps_and_end_well(gpu_engine, monkeypatch):
+    decoder, table = gpu_engine.decoder, gpu_engine.slot_table
     decoder.prefix.clear()
     carried = Carried(decoder)
     monkeypatch.setattr(decoder.mixed, "step", carried)
     monkeypatch.setattr(table, "prefill_rows", 256)  # every step carries (not what playback allows: a test of the ride)
-    first, *later = prompts(gpu, 3)
+    first, *later = prompts(gpu_engine, 3)
     started = [table.start(first)]
     ended: dict[int, Done] = {}
     while started[0] not in table.decoding():  # its prompt prefilled alone: nothing decodes yet

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import Done, EngineSpec, load_engine
+from engine import Done
 
 from .test_prefill_groups import Counted, prompts
 from .test_prefix import slot_state
@@ -27,25 +27,13 @@ from .test_prefix import slot_state
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def gpu(tiny_checkpoint):
-    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", slots=4))
-    engine.warm_up()  # captures the graphs
-    return engine
-
-
-@pytest.fixture(scope="module")
-def cpu(tiny_checkpoint):
-    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=1))  # float32: the exact states
-
-
 @torch.inference_mode()
-def test_groups_replay_as_graphs_and_leave_the_state_of_one_prompt_alone(gpu, cpu):
-    decoder = gpu.decoder
+def test_groups_replay_as_graphs_and_leave_the_state_of_one_prompt_alone(gpu_engine, cpu_exact):
+    decoder = gpu_engine.decoder
     groups = decoder.groups
     assert groups.most > 1 and groups.graphs and all(g.graphs and not g.eager for g in groups.graphs.values())
     decoder.prefix.clear()
-    takes = prompts(gpu)
+    takes = prompts(gpu_engine)
     counted = Counted(decoder)
     decoder.prefill_group = counted  # (counted, each call still runs; put back below)
     try:
@@ -58,14 +46,14 @@ def test_groups_replay_as_graphs_and_leave_the_state_of_one_prompt_alone(gpu, cp
         decoder.release(slot)
     decoder.prefix.clear()
     alone, exact = [], []
-    cpu.decoder.prefix.clear()
+    cpu_exact.decoder.prefix.clear()
     for prompt in takes:
         decoder.prefill(prompt, 0)
         alone.append(slot_state(decoder, 0, len(prompt.rows)))
         decoder.release(0)
-        cpu.decoder.prefill(prompt, 0)
-        exact.append(slot_state(cpu.decoder, 0, len(prompt.rows)))
-        cpu.decoder.release(0)
+        cpu_exact.decoder.prefill(prompt, 0)
+        exact.append(slot_state(cpu_exact.decoder, 0, len(prompt.rows)))
+        cpu_exact.decoder.release(0)
     for number, states in enumerate(zip(together, alone, exact, strict=True)):
         for index, (grouped, single, truth) in enumerate(zip(*states, strict=True)):
             apart, alone_apart = distance(grouped, truth), distance(single, truth)
@@ -79,10 +67,10 @@ def distance(a: torch.Tensor, truth: torch.Tensor) -> float:
     return (difference.norm() / truth.double().norm().clamp(min=1e-6)).item()
 
 
-def test_takes_started_together_end_well(gpu):
-    gpu.decoder.prefix.clear()
-    table = gpu.slot_table
-    started = [table.start(prompt) for prompt in prompts(gpu)]
+def test_takes_started_together_end_well(gpu_engine):
+    gpu_engine.decoder.prefix.clear()
+    table = gpu_engine.slot_table
+    started = [table.start(prompt) for prompt in prompts(gpu_engine)]
     ended: dict[int, Done] = {}
     while any(not take.done for take in started):
         for take, events in table.step():
