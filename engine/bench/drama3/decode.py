@@ -138,7 +138,7 @@ def graphed_step(model: Drama3Model, prompt: Prompt, max_rows: int, position: in
     steps on a CPU). `bench_decode` runs it with the shared experts beside and in line."""
     from engine.drama3.decoder import Decoder
 
-    graphed = Decoder(model, max_rows, graphs=True)
+    graphed = Decoder(model, max_rows, graphs=True, mixed=False)  # one take: nothing to carry
     graphed.capture()
     graphed.prefill(prompt)
     positions = iter(range(position, position + 10 * steps))
@@ -210,7 +210,7 @@ def bench_kv(model: Drama3Model, config: Drama3Config, device: torch.device, ste
     the step at that position, reading its own rows. Beside each: its floor."""
     from engine.drama3.decoder import Decoder, graph_kv_buckets
 
-    decoder = Decoder(model, min(max_rows, config.text.max_position_embeddings), graphs=True)
+    decoder = Decoder(model, min(max_rows, config.text.max_position_embeddings), graphs=True, mixed=False)
     decoder.capture()
     decoder.prefill(synthetic_prompt(config, 300, steps + 32))
     bandwidth = copy_bandwidth(device)

@@ -39,7 +39,7 @@ def bench_prefill(model: Drama3Model, config: Drama3Config, device: torch.device
     rows_out = []
     max_rows = max(sizes) + 64
     eager = Decoder(model, max_rows)
-    graphed = Decoder(model, max_rows, graphs=True)
+    graphed = Decoder(model, max_rows, graphs=True, mixed=False)  # (no take decodes beside it)
     started = time.perf_counter()
     graphed.chunked.capture()
     capture_s = round(time.perf_counter() - started, 1)

@@ -44,7 +44,7 @@ def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: 
 
     out: list[Row] = []
     max_rows = prompt_rows + 200 + 64
-    decoder = Decoder(model, max_rows, graphs=True)
+    decoder = Decoder(model, max_rows, graphs=True, mixed=False)  # one take at a time
     decoder.capture()
     settings = (FIRST_WINDOW_FRAMES, 4, None)  # the server's default, then 4, then the seed's 10
     graphs = WindowGraphs(codec, [first_frames(f) for f in settings], [n for f in settings for n in window_frames(f)])
