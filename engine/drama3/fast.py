@@ -1,8 +1,7 @@
 """The GPU fast path of Drama 3: kernels installed into a built model.
 
     fuse_projections(model)                      # one GEMM per group of linears over one input (any device)
-    install_fast_path(model)                     # fused projections; fla DeltaNet prefill; the DeltaNet
-                                                 # decode-step and MoE routing kernels; compiled decode layers
+    install_fast_path(model)                     # fused projections, fla prefill, the kernels, compiled layers
     install_fast_path(model, kernels=("deltanet_step", "add_rms_norm"))   # kernels picked (KERNELS)
 
 The decode step's CUDA graphs are the Decoder's (decoder.py, engine/graphs.py).
@@ -35,33 +34,29 @@ Design choices:
   router softmax, top-8 and renormalisation as one launch (engine/kernels/moe_routing.py)
   instead of ~6 (torch.topk alone is a gather and a sort). `cache_attention` (on by
   default) runs the one-row attention of each backbone full-attention layer and each tower
-  layer (10 + 13 a step at the full size) as a split-K kernel that reads each row's own
-  rows up to its position straight from the cache (engine/kernels/cache_attention.py)
-  instead of gathering the step's KV bucket and masking it: on the H200 (stop 31's `bench
-  kernels`) 0.0064 against 0.0313 ms a layer at 512 rows, 0.0193 against 0.0421 at 4,096,
-  so ~0.5 ms of a 5.7 ms step, and a row's cost follows its own history, not the bucket.
-  The block-FP8 W8A8 experts always run their kernel on CUDA (moe.py): it is the release's
-  arithmetic, and without host syncs.
+  layer as a split-K kernel reading each row's own rows straight from the cache
+  (engine/kernels/cache_attention.py) instead of gathering the KV bucket and masking it (on
+  the H200 ~0.5 ms of a 5.7 ms step; a row's cost follows its own history, not the bucket).
+  The block-FP8 W8A8 experts always run their kernel on CUDA (moe.py).
 - `dense_rows` (on by default) runs every bias-free dense layer through
   engine/kernels/dense_rows.py's operator: a decode step's 1..16 rows stream each weight
-  once through a Triton kernel (on the H200 ~1.44 ms of dense layers a one-row step against
-  cuBLAS's ~1.78: its one-row GEMMs were ~2.6 ms of a 5.6 ms step in stop 34's H100
-  profile); more rows, and the router's narrow weight, stay cuBLAS's. PackedLinear takes its
+  once through a Triton kernel (on the H200 ~1.44 ms of a one-row step's dense layers
+  against cuBLAS's ~1.78); more rows, and the router's narrow weight, stay cuBLAS's. PackedLinear takes its
   GEMM as `matmul`, each other Linear's forward and the candidate head are shadowed.
-- Prefill chunks run their layers eagerly inside a CUDA graph, where every small op is a
-  kernel of a few microseconds: `prefill_norms` (on by default, not with compiled prefill
-  layers) makes each norm of a chunk one launch of norm.py's kernel (the residual add, an
-  attention layer's rope, DeltaNet's gate with it), and each DeltaNet layer's rule inputs
-  one launch of engine/kernels/deltanet_inputs.py; decode calls keep the module's code.
+- Prefill chunks run their layers eagerly inside a CUDA graph (every small op a kernel of a
+  few microseconds): `prefill_norms` (on by default, not with compiled prefill layers) makes
+  each norm of a chunk one launch of norm.py's kernel (with the residual add, a rope, a
+  gate), and each DeltaNet layer's rule inputs one of engine/kernels/deltanet_inputs.py.
 - Decode calls (one row per slot) of every backbone and tower layer run torch.compile'd
   code (Inductor fuses the norms, rope, gates and the DeltaNet step into a few kernels),
   compiled with symbolic sizes from the start (one compile serves every row and KV bucket);
-  calls over many rows (prefill) stay eager, so prompts of any length never recompile.
-  The block-FP8 experts keep their own Triton kernel (moe.py).
+  calls over many rows (prefill) stay eager, so prompts of any length never recompile. A
+  mixed step (mixed.py) runs each backbone layer's two halves apart: `mix_of` its first.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
@@ -150,6 +145,16 @@ def layer_compiled(forward: Layer, prefill: bool, backend: str = "inductor") -> 
         return (decode if one_row else rows)(x, *args, **kwargs)
 
     return cast(Layer, run)
+
+
+Mix = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # a backbone layer's first half (DecoderLayer.mix)
+MIXES: weakref.WeakKeyDictionary[DecoderLayer, Mix] = weakref.WeakKeyDictionary()
+
+
+def mix_of(layer: DecoderLayer) -> Mix:
+    """`layer.mix` as the fast path runs the layer: compiled where it compiled the layers (many
+    rows only with `compile_prefill`), else the layer's own."""
+    return MIXES.get(layer, layer.mix)
 
 
 CACHE_DIMS = {"k": (0, 1), "v": (0, 1), "conv_state": (0,), "recurrent_state": (0,), "rope": (0,)}  # slots, rows
@@ -347,18 +352,14 @@ def routing_kernel(moe: SparseMoE) -> Callable[[torch.Tensor], tuple[torch.Tenso
 KERNELS = ("deltanet_step", "add_rms_norm", "moe_routing", "cache_attention", "prefill_norms",  # Triton kernels
            "dense_rows", "shared_beside")
 # cache_attention: on, from the kernel's own H200 figures (above). moe_routing: on; one launch where
-# the reference makes ~6 in each of the 40 MoE layers (~0.75 ms of a step in stop 27's profile). Its
-# first H200 run (a `torch.compiler.disable` break in every MoE layer then) warmed up 3.7x as long; as
-# the three kernels are now torch operators they add no graph break (test_compiles.py). The step with
-# and without each: `retake bench decode --kernels ...` on the H200 (docs/perf.md, to measure).
+# the reference makes ~6 in each of the 40 MoE layers (~0.75 ms of a step in stop 27's profile); as a
+# torch operator it adds no graph break (test_compiles.py).
 # add_rms_norm: Inductor fuses the compiled layers' norms already. prefill_norms: the eager prefill
 # chunk's ~220 norms (full size; 30 of them DeltaNet's gated ones, 46 q/k norms with their rope)
 # one launch each instead of ~9-21 (not with --compile-prefill, whose compiled layers fuse them).
-# dense_rows: on; by its H200 rows in `bench kernels` a step's dense layers take ~1.44 ms at one
-# row against cuBLAS's ~1.78 (engine/kernels/dense_rows.py), and the graphed step with it was 4.966 ms.
-# shared_beside: on; each MoE layer's shared expert on a side stream, beside the routed experts
-# (moe_beside.py): stop 41's H100 graphed step 5.111 ms with it, 5.437 with both halves in line,
-# every row bucket 1 ... 64 captured and run (`bench takes`), its GPU test passed.
+# dense_rows: on (above; the graphed H200 step with it 4.966 ms). shared_beside: on; each MoE layer's
+# shared expert on a side stream beside the routed experts (moe_beside.py): stop 41's H100 graphed
+# step 5.111 ms with it, 5.437 with both halves in line.
 DEFAULT_KERNELS = ("deltanet_step", "moe_routing", "cache_attention", "prefill_norms", "dense_rows", "shared_beside")
 
 
@@ -439,6 +440,8 @@ def install_fast_path(model: Drama3Model, *, compile_layers: bool = True, compil
         tower = model.tower
         for layer in (*model.backbone.layers, *tower.shared_layers, *tower.residual_layers):
             layer.forward = layer_compiled(layer.forward, compile_prefill)
+        for layer in cast(list[DecoderLayer], list(model.backbone.layers)):  # a mixed step's halves (mixed.py)
+            MIXES[layer] = layer_compiled(layer.mix, compile_prefill)
         installed.append("compiled_decode_layers")
         if compile_prefill:
             installed.append("compiled_prefill_layers")

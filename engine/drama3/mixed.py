@@ -46,7 +46,7 @@ from typing import Protocol, cast
 import torch
 
 from engine.drama3.backbone import Backbone, DecoderLayer
-from engine.drama3.fast import layer_compiled
+from engine.drama3.fast import mix_of
 from engine.drama3.model import Drama3Model
 from engine.drama3.prefill import ChunkedPrefill, Prefill
 from engine.graphs import StepGraphs
@@ -82,13 +82,14 @@ def mixed_backbone(backbone: Backbone, mixes: Sequence[Callable[..., tuple[torch
                    kv_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The backbone over decoding rows embeds [B, 1, D] at positions [B, 1] of slots [B] and a
     chunk [1, T, D] at chunk_positions [1, T] of chunk_slot [1] (valid [1]: its real rows) ->
-    the final-normed hidden of both, [B, 1, D] and [1, T, D]. `mixes`: each layer's `mix` for
-    the decoding rows (compiled, or the layer's own)."""
+    the final-normed hidden of both, [B, 1, D] and [1, T, D]. `mixes`: each layer's `mix` as
+    the fast path runs it (fast.py `mix_of`: the decoding rows' call compiled, the chunk's
+    compiled only with `--compile-prefill`)."""
     rope, chunk_rope = backbone.rope[positions], backbone.rope[chunk_positions]  # [B, 1, 2, r], [1, T, 2, r]
     x, rows = embeds, embeds.shape[0]
     for layer, mix in zip(cast(list[DecoderLayer], list(backbone.layers)), mixes, strict=True):
         normed, x = mix(x, rope, positions, slots, kv_len)  # [B, 1, D] each
-        chunk_normed, chunk = layer.mix(chunk, chunk_rope, chunk_positions, chunk_slot, kv_len, valid)  # [1, T, D]
+        chunk_normed, chunk = mix(chunk, chunk_rope, chunk_positions, chunk_slot, kv_len, valid)  # [1, T, D]
         out = layer.mlp(torch.cat((normed[:, 0], chunk_normed[0])))  # [B + T, D]: each expert read once for both
         x, chunk = x + out[:rows, None], chunk + out[None, rows:]
     return backbone.norm(x), backbone.norm(chunk)
@@ -100,9 +101,7 @@ class MixedSteps:
     def __init__(self, decoder: Decoder, *, enabled: bool) -> None:
         self.decoder = decoder
         chunked = self.chunked = decoder.chunked
-        layers = cast(list[DecoderLayer], list(decoder.model.backbone.layers))
-        compiled = "forward" in vars(layers[0])  # the fast path compiled the decode layers (fast.py)
-        self.mixes = [layer_compiled(layer.mix, prefill=False) if compiled else layer.mix for layer in layers]
+        self.mixes = [mix_of(layer) for layer in cast(list[DecoderLayer], list(decoder.model.backbone.layers))]
         self.sizes = [size for size in MIXED_ROWS if size <= decoder.max_rows] if enabled else []
         self.feeds = {size: {rows: StepGraphs(functools.partial(self.static_feed, rows, size), chunked.buckets,
                                               enabled=chunked.graphed, pool=chunked.pool,
