@@ -137,3 +137,47 @@ def test_a_failed_mixed_step_ends_its_takes_and_the_carried_one_and_the_table_go
     assert table.free_slots == decoder.num_slots  # both slots back
     after = list(mixed.generate(third))[-1]  # the table goes on
     assert isinstance(after, Done) and after.finish_reason in ("stop", "length") and after.codes.shape[1] > 0
+
+
+@torch.inference_mode()
+def carried_states(decoder, prompts) -> list[torch.Tensor]:
+    """Two prompts decoding in slots 0 and 1 while mixed steps carry the third into slot 2: the
+    decoding rows' hidden states, then slot 2's state."""
+    first, second, third = prompts
+    decoder.prefill(first, 0)
+    decoder.prefill(second, 1)
+    carried = decoder.begin_prefill(third, 2)
+    steps = 1
+    while not decoder.mixed.step(max(int(decoder.position[row]) for row in (0, 1)), [0, 1], carried):
+        steps += 1
+    assert steps == 2  # 256 rows, then the rest
+    return [decoder.hidden[:2].clone(), *slot_state(decoder, 2, len(third.rows))]
+
+
+def test_the_decoding_rows_of_a_mixed_step_run_the_layers_compiled_mix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the fast path compiles each layer's `mix` (fast.py `mix_of`), which the mixed
+    step runs for its decoding rows: the same state as the eager halves, and one compile per
+    kind of mixer (attention, DeltaNet), not per layer. Counted with `aot_eager` (test_compiles.py)."""
+    from torch._dynamo.utils import counters
+
+    from engine.bench.drama3.model import synthetic_prompt
+    from engine.drama3.config import Drama3Config
+    from engine.drama3.decoder import Decoder
+    from engine.drama3.fast import MIXES, layer_compiled
+    from engine.drama3.random_weights import random_model
+    from engine.drama3.tiny import tiny_config
+
+    monkeypatch.setattr(torch._dynamo.config, "force_parameter_static_shapes", False)  # as install_fast_path sets
+    model = random_model(Drama3Config.from_dict(tiny_config()), "cpu", torch.float32).eval()
+    prompts = [synthetic_prompt(model.config, rows, 16, seed) for seed, rows in enumerate((40, 60, 300))]
+    eager = carried_states(Decoder(model, 1024, slots=3, mixed=True), prompts)
+    torch._dynamo.reset()
+    counters.clear()
+    for layer in model.backbone.layers:
+        monkeypatch.setitem(MIXES, layer, layer_compiled(layer.mix, False, backend="aot_eager"))
+    compiled = carried_states(Decoder(model, 1024, slots=3, mixed=True), prompts)
+    graphs = counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert graphs == 2, graphs  # one symbolic compile per kind of mixer, for the 2 decoding rows
+    for got, want in zip(compiled, eager, strict=True):
+        close(got, want)
