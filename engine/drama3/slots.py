@@ -199,14 +199,17 @@ class Slots:
         largest size (a director waits for first audio, and one chunk of a prompt costs the
         playing takes ~12-17 ms once, on an H100); a warm's only what the playing takes allow
         (admission.py `Carrying`: with every step carrying a warm, the 32 directors of stop
-        44's H100 run lost real time, gap p99 748 ms). A fixed `prefill_rows` is the most
-        rows every step carries."""
+        44's H100 run lost real time, gap p99 748 ms), and never while a take awaits its first
+        audio (a warm is a guess: backend/directing/warming.py). A fixed `prefill_rows` is the
+        most rows every step carries."""
         mixed = self.decoder.mixed
         if not mixed.enabled or not self.prefills:
             return None
         take, prefill = min(self.prefills.items(), key=lambda item: item[0].prefill_only)  # (stable: start order)
         if mixed.size(prefill) is None:
             return None
+        if take.prefill_only and any(other.playing_until is None for other in self.decoding()):
+            return take, prefill, 0, 0
         largest = self.prefill_rows or (self.carrying.size(mixed.sizes, self.playback_limit()) if take.prefill_only
                                         else max(mixed.sizes))
         size = None if largest is None else mixed.size(prefill, largest)

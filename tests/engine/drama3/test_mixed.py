@@ -6,6 +6,8 @@ started while others play go through the slot table in mixed steps and end well.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -181,3 +183,22 @@ def test_the_decoding_rows_of_a_mixed_step_run_the_layers_compiled_mix(monkeypat
     assert graphs == 2, graphs  # one symbolic compile per kind of mixer, for the 2 decoding rows
     for got, want in zip(compiled, eager, strict=True):
         close(got, want)
+
+
+def test_a_warm_rides_no_step_while_a_take_awaits_its_first_audio(mixed, monkeypatch):
+    decoder, table = mixed.decoder, mixed.slot_table
+    decoder.prefix.clear()
+    monkeypatch.setattr(table, "prefill_rows", 256)
+    first, second = prompts(mixed, 2)
+    playing = table.start(first)
+    while playing not in table.decoding():
+        table.step()
+    warm = table.start(second, stop=len(second.rows))  # a prefill-only take: the next line's warm
+    assert warm.prefill_only
+    monkeypatch.setattr(playing, "playing_until", None)  # its first audio not out yet
+    assert table.carried() == (warm, table.prefills[warm], 0, 0)  # the warm waits
+    monkeypatch.setattr(playing, "playing_until", time.perf_counter() + 1.0)  # a second of audio ahead
+    carried = table.carried()
+    assert carried is not None and carried[0] is warm and carried[2] == 256
+    table.drop(warm)
+    table.drop(playing)
