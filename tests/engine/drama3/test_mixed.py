@@ -142,18 +142,25 @@ def test_a_failed_mixed_step_ends_its_takes_and_the_carried_one_and_the_table_go
 
 
 @torch.inference_mode()
-def carried_states(decoder, prompts) -> list[torch.Tensor]:
-    """Two prompts decoding in slots 0 and 1 while mixed steps carry the third into slot 2: the
-    decoding rows' hidden states, then slot 2's state."""
+def carry_third(decoder, prompts) -> int:
+    """Two prompts decoding in slots 0 and 1 while mixed steps carry the third into slot 2 (the
+    playing rows' logits finite at every step): the mixed steps it took."""
     first, second, third = prompts
     decoder.prefill(first, 0)
     decoder.prefill(second, 1)
     carried = decoder.begin_prefill(third, 2)
-    steps = 1
-    while not decoder.mixed.step(max(int(decoder.position[row]) for row in (0, 1)), [0, 1], carried):
+    steps, done = 0, False
+    while not done:
+        done = decoder.mixed.step(max(int(decoder.position[row]) for row in (0, 1)), [0, 1], carried)
         steps += 1
-    assert steps == 2  # 256 rows, then the rest
-    return [decoder.hidden[:2].clone(), *slot_state(decoder, 2, len(third.rows))]
+        assert all(row[0] == 1 for row in decoder.read_status()[:2])
+    return steps
+
+
+def carried_states(decoder, prompts) -> list[torch.Tensor]:
+    """`carry_third`'s decoding rows' hidden states, then slot 2's state."""
+    assert carry_third(decoder, prompts) == 2  # 256 rows, then the rest
+    return [decoder.hidden[:2].clone(), *slot_state(decoder, 2, len(prompts[2].rows))]
 
 
 def test_the_decoding_rows_of_a_mixed_step_run_the_layers_compiled_mix(monkeypatch: pytest.MonkeyPatch) -> None:
