@@ -71,7 +71,7 @@ import collections
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -303,9 +303,10 @@ def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None
 
 
 def render_take(codec: Codec, codes: torch.Tensor, first_window: int | None = None,
-                graphs: WindowGraphs | None = None) -> NDArray[np.int16]:
+                graphs: WindowGraphs | None = None, cuts: Sequence[int] = ()) -> NDArray[np.int16]:
     """int16 PCM [frames * frame_samples]: exactly what the stream of a take with these
-    final codes [num_codebooks, frames] carried, with the same settings and graphs."""
+    final codes [num_codebooks, frames] carried, with the same settings and graphs and its
+    early windows' `cuts` (Done.cuts)."""
     stream = StreamState()
-    windows = take_windows(codes.shape[1], first_window)
+    windows = take_windows(codes.shape[1], first_window, cuts)
     return np.concatenate([decode_window(codec, codes, window, stream, graphs) for window in windows])

@@ -13,9 +13,8 @@ Design choices:
   the codec, the tokenizer and `slots` decode slots whose caches are allocated once,
   each sized for the longest prompt plus the longest take, so a take never allocates
   cache memory. Those lengths come from the checkpoint's `max_position_embeddings`
-  (`take_rows`: 8,192 + 1,200 rows where it reaches them, shared below that), and the
-  engine's `limits` say them to the server. Inside, one worker thread vocodes windows while the loop decodes the
-  next frames, the due windows of every take together (vocoder.py); callers never see it.
+  (`take_rows`: 8,192 + 1,200 rows where it reaches them, shared below that), and the engine's `limits` say
+  them to the server. A worker thread vocodes every take's due windows while the loop decodes (vocoder.py).
 - Takes in different slots decode together, one frame each per step (slots.py). On a
   GPU the slots are sized at load from the free memory (`sized_slots`: caches for the
   longest prompt plus the longest take each, 0.47 GiB at full size, 15% of the GPU kept
@@ -46,7 +45,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -106,17 +105,17 @@ class EngineSpec:
     prefill_group: int | None = None
     # Decode steps that carry a waiting prompt's chunk (mixed.py); None: on where chunks are graphs (CUDA).
     mixed_step: bool | None = None
+    early_windows: bool | None = None  # windows close early where a client runs short (take.py); None: on CUDA
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
     # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels
     # in each chunk's graph. Off until the H200 measures it (the compile lengthens the warm-up).
     compile_prefill: bool = False
 
 
-# The first window: 1 frame (46 ms of audio), then 2, 4 and the seed's 10, 20, ... (stream.py's
-# ramp). The seed starts at 10; 4 frames gave first audio p50 232 ms against 336 on 2 CPU cores
-# (`retake loadtest --sessions 1 --takes 6 --max-new-tokens 120`) and 232 against 303 ms on the
-# H200 (`retake bench takes`); 1 frame against 4 through the H200's server, one director who
-# pauses 1 s: 66.2 / 71.9 ms against 77.5 / 81.7 at the client (p50 / p95; docs/perf.md).
+# The first window: 1 frame (46 ms of audio), then 2, 4 and the seed's 10, 20, ... (stream.py). The seed
+# starts at 10; 4 frames gave first audio p50 232 ms against 336 on 2 CPU cores (`retake loadtest --sessions
+# 1 --takes 6 --max-new-tokens 120`), 232 against 303 ms on the H200 (`retake bench takes`); 1 frame against
+# 4 through the H200's server, one director who pauses 1 s: 66.2 / 71.9 ms against 77.5 / 81.7 at the client.
 FIRST_WINDOW_FRAMES = 1
 
 
@@ -232,8 +231,9 @@ class Drama3Engine:
                                           batched_from=spec.vocoder_batch_from) if self.device.type == "cuda" else None
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
+        self.early_windows = self.device.type == "cuda" if spec.early_windows is None else spec.early_windows
         self.slot_table = Slots(self.decoder, codec, first_window=spec.first_window_frames, executor=self.vocoder,
-                                graphs=self.window_graphs)
+                                graphs=self.window_graphs, early_windows=self.early_windows)
 
     # Inputs -------------------------------------------------------------------
 
@@ -353,12 +353,12 @@ class Drama3Engine:
             raise RuntimeError("generate runs one take alone, but takes are in flight; use start and step")
         yield from self.slot_table.generate(self.start(prompt, deadline, cancelled))
 
-    def vocode_take(self, codes: Codes) -> NDArray[np.int16]:
+    def vocode_take(self, codes: Codes, cuts: Sequence[int] = ()) -> NDArray[np.int16]:
         """PCM16: exactly the samples the stream of a take with these codes [num_codebooks,
-        frames] carried."""
+        frames] carried (and its early windows, Done.cuts; without them, up to rounding)."""
         frames = torch.tensor(checked_codes(codes, "take", self.config, empty=True))  # a copy: may be read-only
         with torch.inference_mode():
-            return render_take(self.codec, frames, self.spec.first_window_frames, self.window_graphs)
+            return render_take(self.codec, frames, self.spec.first_window_frames, self.window_graphs, cuts)
 
     def fit_prefix_cache(self) -> float:
         """The prefix cache's budget from the GPU memory free now (after warm-up, and again once

@@ -39,10 +39,13 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   once with the decoding rows'; a take's prompt rides every step, a warm's what the playing
   takes allow (admission.py `Carrying`). Where its chunk has no mixed size (near the
   cache's end) the step's prefill runs apart as above.
+- Early windows (take.py, `early_windows`): each take plans its windows with the longest of
+  the last PACE_STEPS steps' wall times (a step carrying a chunk, not the average one).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -64,6 +67,7 @@ from engine.drama3.vocoder import Vocoder
 Events = list[AudioWindow | Done]
 
 log = logging.getLogger("retake.engine")
+PACE_STEPS = 8  # steps whose longest wall time early windows plan with (take.py)
 
 
 class Slots:
@@ -71,13 +75,15 @@ class Slots:
 
     def __init__(self, decoder: Decoder, codec: Codec, *, first_window: int | None,
                  executor: Executor | None = None, graphs: WindowGraphs | None = None,
-                 prefill_rows: int | None = None) -> None:
+                 prefill_rows: int | None = None, early_windows: bool = False) -> None:
         self.decoder, self.codec = decoder, codec
         self.pace = Pace()  # steps and windows, for the server's log (pace.py)
         self.vocoder = Vocoder(codec, graphs, executor, self.pace)  # every take's windows, batched on its thread
         self.held = False  # this step's prefill was held back by the playback limit
         self.beside = 0  # prompt rows this step prefilled beside decoding takes
         self.first_window = first_window
+        self.early_windows = early_windows  # take.py: windows close early where a client would run out
+        self.recent: collections.deque[float] = collections.deque(maxlen=PACE_STEPS)  # the last steps' wall times
         self.prefill_rows = prefill_rows  # prompt rows per step while takes decode; None: `admission`'s
         self.admission = Admission(frame_s=codec.frame_samples / codec.sample_rate)
         self.carrying = Carrying(self.admission)  # which chunk a step may carry (mixed steps on)
@@ -119,7 +125,7 @@ class Slots:
         slot = decoder.pick_slot(prompt, [slot for slot, held in enumerate(self.takes) if held is None])
         take = Take(prompt, slot, self.vocoder, StreamSchedule(self.first_window),
                     deadline, cancelled, eos=decoder.eos, semantic_start=decoder.semantic_start,
-                    stop=stop)
+                    stop=stop, early=self.early_windows)
         if (reason := take.stopped()) is not None:
             take.close(reason)
             self.closing.append(take)
@@ -333,8 +339,10 @@ class Slots:
                     self.pace.carried(time.perf_counter() - started, self.beside, carried[0].prefill_only)
                 self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held,
                                grouped=self.pace.groups > groups)
+                self.recent.append(time.perf_counter() - started)
+                pace_s = max(self.recent)  # what the next steps may take: a step carrying a chunk, not the average
                 for take in stepping:
-                    if (reason := take.advance(status[take.slot], step_s)) is not None:
+                    if (reason := take.advance(status[take.slot], step_s, pace_s)) is not None:
                         if reason == "error":  # non-finite logits: where, for whoever debugs the step
                             log.warning("slot %d: non-finite logits at position %d after %d steps (a prompt of %d "
                                         "rows, %d restored from the prefix cache; a step of %d decoding rows: "

@@ -29,7 +29,7 @@ Design choices:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from engine.errors import RequestError
@@ -84,8 +84,9 @@ class StreamSchedule:
     """The windows of one take, as its frames arrive.
 
     After each new frame, the generation loop asks `while (w := schedule.due(frames))`
-    for the windows that closed; when the take ends (any reason), `final(frames)` gives
-    the closing window (marked last; empty if the last window closed exactly there).
+    for the windows that closed, then maybe `cut(frames)` for one closed early; when the
+    take ends (any reason), `final(frames)` gives the closing window (marked last; empty if
+    the last window closed exactly there).
     """
 
     def __init__(self, first_window: int | None = None) -> None:
@@ -93,6 +94,7 @@ class StreamSchedule:
         self.emitted = 0
         self.ends = window_ends(first_window)
         self.next_end = next(self.ends)
+        self.cuts: list[int] = []  # frame counts where a window closed early
 
     def due(self, frames: int) -> Window | None:
         """The next scheduled window, if `frames` frames reach its end; else None."""
@@ -101,6 +103,14 @@ class StreamSchedule:
         window = self.window(self.next_end, last=False)
         self.next_end = next(self.ends)
         return window
+
+    def cut(self, frames: int) -> Window | None:
+        """A window closed early: the frames [emitted, frames) now, before the next end (which
+        stays); None where none is new or `frames` reaches the next end (`due`'s)."""
+        if frames <= self.emitted or frames >= self.next_end:
+            return None
+        self.cuts.append(frames)
+        return self.window(frames, last=False)
 
     def final(self, frames: int) -> Window:
         """The last window of a take of `frames` frames: what is not yet emitted."""
@@ -114,14 +124,19 @@ class StreamSchedule:
         return window
 
 
-def take_windows(frames: int, first_window: int | None = None) -> list[Window]:
-    """Every window a stream of a take of `frames` frames sends, the closing one included."""
+def take_windows(frames: int, first_window: int | None = None, cuts: Sequence[int] = ()) -> list[Window]:
+    """Every window a stream of a take of `frames` frames sends, the closing one included,
+    with the windows it closed early at `cuts` (its Done's)."""
     schedule = StreamSchedule(first_window)
-    windows = []
+    windows: list[Window | None] = []
+    for count in sorted(set(count for count in cuts if count <= frames)):  # each after the windows due there, as a take
+        while (window := schedule.due(count)) is not None:
+            windows.append(window)
+        windows.append(schedule.cut(count))
     while (window := schedule.due(frames)) is not None:
         windows.append(window)
     windows.append(schedule.final(frames))
-    return windows
+    return [window for window in windows if window is not None]
 
 
 def first_frames(first_window: int | None = None) -> int:

@@ -2,7 +2,7 @@
 
     take = Take(prompt, slot, codec, graphs, schedule, executor, deadline, cancelled)
     reason = take.stopped()              # before each step: cancelled / deadline
-    reason = take.advance(status_row)    # after each step: the slot's status row
+    reason = take.advance(status_row, step_s, pace_s)   # after each step: the slot's status row
     take.close(reason)                   # the slot is free; the rest of the frames go out
     events = take.ready(wait)            # AudioWindow ... then Done once everything is out
 
@@ -26,6 +26,13 @@ Design choices:
   The final window (marked last, possibly empty) flushes the rest whatever the finish
   reason, so the stream always carries exactly the take's committed codes. A closed
   take no longer holds its slot while its last windows vocode; Done follows them.
+- Early windows (`early`): where the audio its client has yet to play (as loadtest's player
+  plays it: `playing_until`) would run out before a window closed one step later could be
+  heard (that step, then HAND_OUT_STEPS to vocode and hand it out, at `pace_s`, the slot
+  table's recent longest step), the frames it has go out now (stream.py `cut`). On a loaded
+  GPU the schedule's long windows otherwise stall the client: at 30 ms a step a 32-frame
+  window takes ~1 s while the 0.56 s before it play. Before the first audio, nothing is cut:
+  the first window is the schedule's.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from engine.drama3.admission import Playing
+from engine.drama3.admission import HAND_OUT_STEPS, Playing
 from engine.drama3.codec_stream import StreamState
 from engine.drama3.prompt import Prompt
 from engine.drama3.stream import StreamSchedule, Window
@@ -64,6 +71,7 @@ class Done:
     timings: Timings
     codes: NDArray[np.int64]  # [num_codebooks, frames]: exactly what the stream carried
     error: str | None = None
+    cuts: tuple[int, ...] = ()  # frame counts where its stream closed a window early (stream.py `cut`)
 
 
 class Windows:
@@ -99,7 +107,7 @@ class Take:
 
     def __init__(self, prompt: Prompt, slot: int, vocoder: Vocoder, schedule: StreamSchedule,
                  deadline: float | None, cancelled: Callable[[], bool] | None,
-                 eos: int, semantic_start: int, stop: int | None = None) -> None:
+                 eos: int, semantic_start: int, stop: int | None = None, early: bool = False) -> None:
         self.started = time.perf_counter()
         # A prefill for the prefix cache alone, of the rows before `stop`: ends "prefilled", no frames.
         self.stop = stop
@@ -108,6 +116,7 @@ class Take:
         self.deadline, self.cancelled = deadline, cancelled
         self.eos, self.semantic_start = eos, semantic_start
         self.schedule, self.windows = schedule, Windows(vocoder)
+        self.early = early  # windows close early where its client would run out of audio
         self.position = len(prompt.rows) - 1  # of the next step's input frame
         self.codes = np.zeros((vocoder.codec.num_codebooks, prompt.sampling.max_new_tokens), dtype=np.int64)
         self.committed, self.held, self.steps, self.step_s = 0, False, 0, 0.0  # held: a <|semantic:0|> frame
@@ -142,9 +151,10 @@ class Take:
             return "deadline"
         return None
 
-    def advance(self, status: list[int], step_s: float) -> str | None:
-        """Take one step's status row (finite, main token, codes 0..9); returns a finish reason
-        when the take ends with it."""
+    def advance(self, status: list[int], step_s: float, pace_s: float = 0.0) -> str | None:
+        """Take one step's status row (finite, main token, codes 0..9) after a step whose decode
+        took `step_s` (its timings), `pace_s` the longest the next steps are expected to take
+        (early windows); returns a finish reason when the take ends with it."""
         finite, main, *codes = status
         self.steps += 1
         self.step_s += step_s
@@ -163,6 +173,9 @@ class Take:
             # (decode steps before the first window: more than its frames when frames were held)
             self.timings.setdefault("first_window_steps", self.steps)
             self.windows.submit(self.codes, window)
+        if self.early and (playing := self.playing(time.perf_counter())) is not None \
+                and playing.ahead_s < (1 + HAND_OUT_STEPS) * pace_s and (window := self.schedule.cut(self.committed)):
+            self.windows.submit(self.codes, window)
         if self.steps >= self.prompt.sampling.max_new_tokens:
             return "length"
         return None
@@ -170,11 +183,13 @@ class Take:
     def playing(self, now: float) -> Playing | None:
         """Where its stream stands against the audio playing at its client (admission.py); None
         before its first audio is out or once it stopped decoding. The windows vocoding count
-        as sent; a client that ran out of audio restarts with the next window."""
+        as sent; a client that ran out of audio restarts with the next window. With early
+        windows its next window can close after the next step whatever the schedule."""
         if self.playing_until is None or not self.decoding:
             return None
         vocoding_s = (self.schedule.emitted - self.handed_out) * self.frame_s
-        return Playing(max(0.0, self.playing_until - now) + vocoding_s, self.schedule.next_end - self.committed)
+        frames = 1 if self.early else self.schedule.next_end - self.committed
+        return Playing(max(0.0, self.playing_until - now) + vocoding_s, frames)
 
     def close(self, reason: str, error: str | None = None) -> None:
         """End the decoding (any reason): commit a held frame, send the final window."""
@@ -227,5 +242,6 @@ class Take:
         self.timings.update(frames=self.committed, total_ms=self.since_start_ms(),
                             decode_frames_per_s=round(self.steps / self.step_s, 1) if self.step_s else None)
         events.append(Done(finish_reason=self.finish or "error", timings=self.timings,
-                           codes=self.codes[:, :self.committed].copy(), error=self.error))
+                           codes=self.codes[:, :self.committed].copy(), error=self.error,
+                           cuts=tuple(self.schedule.cuts)))
         return events

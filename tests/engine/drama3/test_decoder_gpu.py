@@ -28,8 +28,10 @@ def test_take_on_gpu_reproduces_from_a_seed(gpu):
         takes.append((np.concatenate([e.pcm for e in events[:-1]]), events[-1]))
     (pcm, done), (pcm_again, done_again) = takes
     assert done.finish_reason in ("stop", "length") and done.error is None
-    assert np.array_equal(done.codes, done_again.codes) and np.array_equal(pcm, pcm_again)
-    assert np.array_equal(pcm, gpu.vocode_take(done.codes))
+    assert np.array_equal(done.codes, done_again.codes)
+    # (early windows: a window may close early where steps run long, cuts the export replays)
+    assert np.array_equal(pcm, gpu.vocode_take(done.codes, done.cuts))
+    assert np.array_equal(pcm_again, gpu.vocode_take(done.codes, done_again.cuts))
 
 
 def test_decode_step_replays_as_a_cuda_graph(gpu):
@@ -185,7 +187,7 @@ def test_takes_vocoded_together_stream_what_they_export(tiny_checkpoint, batch_f
     vocoder decodes them in calls of up to 4 windows, each through its take's codec state, and
     each take's stream equals its export (vocode_take, one window per call) and the take alone."""
     engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", slots=4, vocoder_batch=4,
-                                    vocoder_batch_from=batch_from))
+                                    vocoder_batch_from=batch_from, early_windows=False))  # the schedule's windows
     engine.warm_up()
     graphs = engine.window_graphs
     context = engine.codec.conv_context

@@ -161,10 +161,29 @@ def test_a_window_decodes_once_and_in_order(codec, take) -> None:
     assert state.frames == third.emit
 
 
-@pytest.mark.parametrize(("first_window", "first_starts"), [(3, [0, 3, 10]), (1, [0, 1, 2, 4, 10])])
-def test_render_take_is_what_the_stream_carried(codec, first_window: int, first_starts: list[int]) -> None:
+def test_a_window_cut_early_leaves_the_schedule_s_ends() -> None:
+    schedule = StreamSchedule(first_window=1)
+    assert schedule.due(1) == Window(0, 1) and schedule.due(2) == Window(1, 2)
+    assert schedule.cut(2) is None  # nothing new
+    assert schedule.cut(3) == Window(2, 3) and schedule.next_end == 4  # the next end stays
+    assert schedule.cut(4) is None and schedule.due(4) == Window(3, 4)  # an end is `due`'s
+    assert schedule.cut(7) == Window(4, 7) and schedule.due(10) == Window(7, 10)
+    assert schedule.cuts == [3, 7]
+    assert take_windows(12, 1, cuts=[3, 7]) == [Window(0, 1), Window(1, 2), Window(2, 3), Window(3, 4),
+                                                Window(4, 7), Window(7, 10), Window(10, 12, last=True)]
+    assert take_windows(5, 1, cuts=[3, 7]) == [Window(0, 1), Window(1, 2), Window(2, 3), Window(3, 4),
+                                               Window(4, 5, last=True)]  # (a cut past the take's end: none)
+
+
+@pytest.mark.parametrize(("first_window", "first_starts", "cuts"), [
+    (3, [0, 3, 10], []), (1, [0, 1, 2, 4, 10], []),
+    (1, [0, 1, 2, 3, 4, 6, 9, 10, 13], [3, 6, 9, 13, 33, 34, 90]),  # windows closed early (take.py)
+])
+def test_render_take_is_what_the_stream_carried(codec, first_window: int, first_starts: list[int],
+                                                cuts: list[int]) -> None:
     """A stream driven frame by frame from a growing codes buffer, with a small first
-    window, and the export of the final codes: the same PCM16, sample for sample."""
+    window (and windows cut early, as a take whose client runs short does), and the export
+    of the final codes (with those cuts): the same PCM16, sample for sample."""
     frames = 150
     codes = random_codes(codec, frames, seed=12)
     schedule, buffer, streamed, starts = StreamSchedule(first_window=first_window), codes[:, :0], [], []
@@ -174,12 +193,16 @@ def test_render_take_is_what_the_stream_carried(codec, first_window: int, first_
         while (window := schedule.due(produced)) is not None:
             streamed.append(window_pcm(codec, buffer, window, state).numpy())
             starts.append(window.emit * 2048)
+        if produced in cuts and (window := schedule.cut(produced)) is not None:
+            streamed.append(window_pcm(codec, buffer, window, state).numpy())
+            starts.append(window.emit * 2048)
     final = schedule.final(frames)
     streamed.append(decode_window(codec, buffer, final, state))
     starts.append(final.emit * 2048)
     assert starts[:len(first_starts)] == [frame * 2048 for frame in first_starts]
     assert [s + p.size for s, p in zip(starts, streamed)][:-1] == starts[1:]
-    exported = render_take(codec, codes, first_window=first_window)
+    assert schedule.cuts == [cut for cut in cuts if cut not in (4, 10, 20, 32, 64, 128)]
+    exported = render_take(codec, codes, first_window=first_window, cuts=schedule.cuts)
     assert np.array_equal(np.concatenate(streamed), exported)
     whole = pcm16(codec.decode(codes)).numpy()
     assert exported.shape == whole.shape
