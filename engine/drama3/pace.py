@@ -51,6 +51,7 @@ class Pace:
         self.prefilled = 0  # prompt rows prefilled beside decoding takes
         self.held = 0  # steps in which the playback limit held back a waiting prompt
         self.calls = 0  # codec calls
+        self.cuts = 0  # windows closed early (take.py: a client short of audio)
         self.groups = self.grouped = 0  # grouped prefill chunks, and the prompts they carried
         self.group_step_s: list[float] = []  # the steps that ran a grouped chunk (what a group costs a step)
         self.carried_s: list[float] = []  # the steps that carried a prompt's chunk (mixed.py)
@@ -89,6 +90,10 @@ class Pace:
         with self.lock:
             self.calls += 1
 
+    def cut(self, windows: int) -> None:
+        with self.lock:
+            self.cuts += windows
+
     def turn(self, seconds: float, cpu: float, step: float, handed: float) -> None:
         with self.lock:
             self.turn_s.append(seconds)
@@ -101,14 +106,14 @@ class Pace:
         with self.lock:
             steps, windows = self.step_s, self.window_s
             seconds, self.since = time.monotonic() - self.since, time.monotonic()
-            decoding, prefilled, held, calls = self.decoding, self.prefilled, self.held, self.calls
+            decoding, prefilled, held, calls, cuts = self.decoding, self.prefilled, self.held, self.calls, self.cuts
             groups, grouped, group_steps = self.groups, self.grouped, self.group_step_s
             carried, carried_rows, warm_rows = self.carried_s, self.carried_rows, self.warm_rows
             self.carried_s, self.carried_rows, self.warm_rows = [], 0, 0
             turns, turn_steps, handed, turn_cpu = self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu
             self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu = [], [], [], 0.0
             self.step_s, self.window_s, self.group_step_s = [], [], []
-            self.decoding = self.prefilled = self.held = self.calls = self.groups = self.grouped = 0
+            self.decoding = self.prefilled = self.held = self.calls = self.groups = self.grouped = self.cuts = 0
         if not steps:
             return None
         line = (f"pace: {seconds:.1f} s: {len(steps):,} steps (p50 {percentile(steps, 0.5) * 1000:.1f} ms, p95 "
@@ -122,8 +127,8 @@ class Pace:
             line += (f"; {len(carried):,} steps carried a prompt's chunk (p50 {percentile(carried, 0.5) * 1000:.1f} "
                      f"ms; {carried_rows:,} rows, {warm_rows:,} of them warms')")
         if windows:
-            line += (f"; {len(windows):,} windows in {calls:,} codec calls, closed to audio p50 "
-                     f"{percentile(windows, 0.5) * 1000:.1f} ms, p95 {percentile(windows, 0.95) * 1000:.1f} ms")
+            line += (f"; {len(windows):,} windows ({cuts:,} closed early) in {calls:,} codec calls, closed to audio "
+                     f"p50 {percentile(windows, 0.5) * 1000:.1f} ms, p95 {percentile(windows, 0.95) * 1000:.1f} ms")
         if turns:
             line += (f"; {len(turns):,} turns of the engine loop (p50 {percentile(turns, 0.5) * 1000:.1f} ms, p95 "
                      f"{percentile(turns, 0.95) * 1000:.1f} ms; engine step p50 "

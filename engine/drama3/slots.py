@@ -341,6 +341,7 @@ class Slots:
                                grouped=self.pace.groups > groups)
                 self.recent.append(time.perf_counter() - started)
                 pace_s = max(self.recent)  # what the next steps may take: a step carrying a chunk, not the average
+                cuts = sum(len(take.schedule.cuts) for take in stepping)
                 for take in stepping:
                     if (reason := take.advance(status[take.slot], step_s, pace_s)) is not None:
                         if reason == "error":  # non-finite logits: where, for whoever debugs the step
@@ -351,6 +352,7 @@ class Slots:
                                         [t.slot for t in stepping][:16],
                                         self.decoder.finite.diagnose(take.slot, take.position - 1))
                         self.end(take, reason)
+                self.pace.cut(sum(len(take.schedule.cuts) for take in stepping) - cuts)
         wait = not self.started()  # nothing to step next: wait for the closing takes' windows
         out: list[tuple[Take, Events]] = []
         for take in self.decoding() + self.closing:

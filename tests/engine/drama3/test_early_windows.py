@@ -56,6 +56,7 @@ def test_early_windows_are_off_on_a_cpu_unless_asked(early, scheduled):
 
 def test_a_client_short_of_audio_gets_the_frames_there_are(early, scheduled, monkeypatch):
     before_window = slow_steps(early, monkeypatch)
+    early.pace_report()  # (from here on)
     windows, done = take(early)
     assert done.finish_reason == "length" and done.codes.shape[1] == 24
     frames = [w.frames for w in windows]
@@ -66,6 +67,7 @@ def test_a_client_short_of_audio_gets_the_frames_there_are(early, scheduled, mon
     assert list(done.cuts) == [end for end in ends[:-1] if end not in (1, 2, 4, 10, 20)]
     assert [w.frames for w in take_windows(24, 1, done.cuts)] == frames  # the export's windows: the stream's
     assert np.array_equal(np.concatenate([w.pcm for w in windows]), early.vocode_take(done.codes, done.cuts))
+    assert f"({len(done.cuts)} closed early)" in (early.pace_report() or "")  # the server's pace line counts them
     # A take that can close a window after any step: the admission's limit plans one step ahead, not to its next end.
     assert before_window and set(before_window) == {1}
 

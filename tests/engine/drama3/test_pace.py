@@ -16,6 +16,7 @@ def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> No
         pace.window(ms / 1000)
     pace.call()
     pace.call()
+    pace.cut(2)
     pace.group(prompts=8)
     pace.group(prompts=3)
     pace.carried(0.020, rows=256, warm=False)
@@ -25,7 +26,7 @@ def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> No
     assert re.search(r"5 steps \(p50 7\.0 ms, p95 40\.0 ms\), 4\.0 takes decoding a step, 32 prompt rows "
                      r"prefilled beside them, 1 steps held a prompt back for playback; 2 grouped prefill chunks "
                      r"of 5\.5 prompts \(steps with one p50 40\.0 ms\); 2 steps carried a prompt's chunk \(p50 "
-                     r"30\.0 ms; 320 rows, 64 of them warms'\); 3 windows in 2 codec "
+                     r"30\.0 ms; 320 rows, 64 of them warms'\); 3 windows \(2 closed early\) in 2 codec "
                      r"calls, closed to audio p50 4\.0 ms, p95 30\.0 ms", line), line
     assert pace.report() is None  # reset: the next line covers only what follows
     pace.step(0.010, decoding=1, prefilled=0, held=False)
