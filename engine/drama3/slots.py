@@ -339,8 +339,9 @@ class Slots:
                     self.pace.carried(time.perf_counter() - started, self.beside, carried[0].prefill_only)
                 self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held,
                                grouped=self.pace.groups > groups)
-                self.recent.append(time.perf_counter() - started)
-                pace_s = max(self.recent)  # what the next steps may take: a step carrying a chunk, not the average
+                if budgeted:  # (a step that ran a whole prefill, nothing decoding before it, says nothing of the next)
+                    self.recent.append(time.perf_counter() - started)
+                pace_s = max(self.recent, default=step_s)  # the next steps': one carrying a chunk, not the average
                 cuts = sum(len(take.schedule.cuts) for take in stepping)
                 for take in stepping:
                     if (reason := take.advance(status[take.slot], step_s, pace_s)) is not None:
