@@ -392,6 +392,8 @@ def load_summary(report: Json) -> Json:
             "queued_ms": percentiles(queued), "first_audio_client_ms": percentiles(first),
             "first_audio_server_ms": percentiles(server),
             "longest_gap_ms": percentiles(gaps), "gaps_over_100ms": sum(g > 0.1 for g in gaps),
+            # the client's event loop: how late a 5 ms sleep woke (a lag near the gaps' tail is the client's)
+            "client_loop_lag_ms": {k: round(v * 1000, 1) for k, v in (report.get("client_loop_lag_s") or {}).items()},
             "real_time": bool(gaps) and not reasons.get("error") and (percentiles(gaps) or {}).get("p99", 1e9) <= 100.0,
             "prompt_rows_p50": statistics.median([t["prompt_rows"] for t in takes]) if takes else None,
             "cached_rows_p50": statistics.median([t.get("cached_rows", 0) for t in takes]) if takes else None,

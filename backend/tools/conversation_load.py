@@ -61,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backend.tools.loadtest import longest_stall, percentiles
+from backend.tools.loadtest import longest_stall, percentiles, probe_loop
 from backend.transport import unpack_audio_frame
 
 
@@ -201,7 +201,6 @@ class Part:
     wall_s: float
 
 
-LAG_PROBE_S = 0.005
 CONVERSATIONS_PER_PROCESS = 32
 
 
@@ -220,7 +219,6 @@ async def run_conversations(plan: Plan, indices: list[int], joining: list[int],
     lags: list[float] = []
     listening = {index: asyncio.Event() for index in indices}
     everyone = asyncio.Event()  # every first conversation of every process listens
-    ended = asyncio.Event()
 
     async def all_listen() -> None:
         await asyncio.gather(*(event.wait() for event in listening.values()))
@@ -230,10 +228,7 @@ async def run_conversations(plan: Plan, indices: list[int], joining: list[int],
 
     async def probe() -> None:  # the client's own lateness: a busy loop delays every frame it handles
         await everyone.wait()
-        while not ended.is_set():
-            asked = time.monotonic()
-            await asyncio.sleep(LAG_PROBE_S)
-            lags.append(max(0.0, time.monotonic() - asked - LAG_PROBE_S))
+        await probe_loop(lags)
 
     async def one(index: int, joined: bool = False) -> None:
         try:
@@ -253,8 +248,8 @@ async def run_conversations(plan: Plan, indices: list[int], joining: list[int],
     started = time.monotonic()
     tasks = [asyncio.ensure_future(all_listen()), asyncio.ensure_future(probe())]
     await asyncio.gather(*(one(i) for i in indices), *(one(j, joined=True) for j in joining))
-    ended.set()
-    everyone.set()  # (no first conversation here: the probe ends too)
+    everyone.set()  # (no first conversation here)
+    tasks[1].cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     return Part(results, failures, lags, time.monotonic() - started)
 

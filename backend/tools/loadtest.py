@@ -27,7 +27,9 @@ Design choices:
 - Measured on the client, through the server, as a director would hear it; the server's own
   first-audio figure is printed beside it.
 - Sessions run concurrently in one event loop; a failing session is reported and the others
-  go on (exit 1 at the end).
+  go on (exit 1 at the end). The loop probes itself while they run (a 5 ms sleep: how late it
+  wakes, `client event loop lag`): every arrival it stamps is late by as much, so a lag near
+  the gaps' or first audio's tail says the client, not the server, made it.
 - The conversation load test (backend/tools/conversation_load.py) measures the same way
   (`longest_stall`, `percentiles`), so the two reports read alike.
 """
@@ -45,6 +47,7 @@ import numpy as np
 
 from backend.tools.client import Director
 
+LAG_PROBE_S = 0.005  # the event loop probe's sleep (the conversation load test's too)
 LINES = ("Places, everyone.", "Who left the lamp burning?", "Not me. I was asleep.", "Then light it again.")
 
 
@@ -124,6 +127,22 @@ async def run_session(index: int, plan: LoadTest, results: list[TakeStats], fail
         failures.append(f"session {index}: {type(error).__name__}: {error}")
 
 
+async def probe_loop(lags: list[float]) -> None:
+    """Until cancelled: how late each LAG_PROBE_S sleep of this event loop wakes, into `lags` (s)."""
+    while True:
+        asked = time.monotonic()
+        await asyncio.sleep(LAG_PROBE_S)
+        lags.append(max(0.0, time.monotonic() - asked - LAG_PROBE_S))
+
+
+def percentile_values(values: list[float]) -> dict[str, float] | None:
+    """p50, p95, p99 and max of values (s), None without any."""
+    if not values:
+        return None
+    p50, p95, p99 = np.percentile(np.array(values), [50, 95, 99])
+    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "max": max(values)}
+
+
 def percentiles(values: list[float]) -> str:
     if not values:
         return "-"
@@ -135,10 +154,13 @@ def run(plan: LoadTest) -> int:
     """Run the sessions, print the report; 1 if any session failed."""
     results: list[TakeStats] = []
     failures: list[str] = []
+    lags: list[float] = []
 
     async def main() -> float:
         started = time.monotonic()
+        probe = asyncio.ensure_future(probe_loop(lags))
         await asyncio.gather(*(run_session(i, plan, results, failures) for i in range(plan.sessions)))
+        probe.cancel()
         return time.monotonic() - started
 
     wall = asyncio.run(main())
@@ -157,6 +179,7 @@ def run(plan: LoadTest) -> int:
     print(f"{'first audio (client)':28} {percentiles(first)}")
     print(f"{'first audio (server)':28} {percentiles(server_first)}")
     print(f"{'longest gap vs playback':28} {percentiles(gaps)}")
+    print(f"{'client event loop lag':28} {percentiles(lags)}")
     print(f"takes with a gap above 100 ms: {sum(g > 0.1 for g in gaps)} of {len(gaps)}")
     rows, cached = sum(r.prompt_rows for r in results), sum(r.cached_rows for r in results)
     print(f"prompt rows restored from the prefix cache: {cached:,} of {rows:,}"
@@ -166,5 +189,7 @@ def run(plan: LoadTest) -> int:
         print(f"FAILED {failure}")
     if plan.json:
         plan.json.write_text(json.dumps({"sessions": plan.sessions, "takes_per_session": plan.takes, "wall_s": wall,
-                                         "failures": failures, "takes": [asdict(r) for r in results]}, indent=1))
+                                         "failures": failures,
+                                         "client_loop_lag_s": percentile_values(lags),
+                                         "takes": [asdict(r) for r in results]}, indent=1))
     return 1 if failures else 0

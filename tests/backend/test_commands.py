@@ -43,6 +43,10 @@ def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys:
     assert "prompt rows restored from the prefix cache: " in printed and "(a 50 ms pause before each take)" in printed
     report = json.loads(out.read_text())
     assert report["failures"] == [] and len(report["takes"]) == 4
+    # The client's own event loop, probed every 5 ms while the takes ran: many probes, ordered percentiles.
+    assert "client event loop lag" in printed
+    lag = report["client_loop_lag_s"]
+    assert 0 <= lag["p50"] <= lag["p95"] <= lag["p99"] <= lag["max"]
     for take in report["takes"]:
         assert take["finish_reason"] in ("stop", "length")
         assert take["first_audio_s"] > 0 and take["longest_gap_s"] >= 0 and take["audio_s"] > 0
