@@ -30,7 +30,7 @@ class Settings:
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA; None: the engine's
     prefill_group: int | None = None  # prompts per prefill chunk (engine/drama3/prefill_groups.py); None: the engine's
     mixed_step: bool | None = None  # decode steps carry a prompt's chunk (engine/drama3/mixed.py); None: the engine's
-    early_windows: bool | None = None  # windows close early where a client runs short (engine/drama3/take.py)
+    early_windows: bool = False  # windows close early where a client runs short (engine/drama3/take.py)
     compile_prefill: bool = False  # prefill chunks through compiled layers on CUDA (engine/drama3/fast.py)
     slots: int | None = None  # takes decoding together; None: the engine's default for the device
     threads: int | None = None  # CPU threads for torch; None: the engine's default (half the cores)

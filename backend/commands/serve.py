@@ -79,12 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode steps carry a waiting prompt's next chunk (up to 256 rows), the experts read "
                              "once for both, instead of running it between the steps (default: on on a GPU; off on "
                              "a CPU, which keeps its takes bit for bit those of one prompt at a time)")
-    parser.add_argument("--early-windows", choices=("on", "off"),
+    parser.add_argument("--early-windows", choices=("on", "off"), default="off",
                         help="a take's window closes early, with the frames it has, where its client would otherwise "
-                             "run out of audio before the next scheduled window (default: on on a GPU; off on a CPU, "
-                             "whose takes' samples stay bit for bit the same from run to run; off: windows close at "
-                             "1, 2, 4, 10, 20, 32, 64, ... frames only, which stalls playback where steps take over "
-                             "half a frame, 23 ms)")
+                             "run out of audio before the next scheduled window (default off: on an H100 the extra "
+                             "windows' vocoding delayed every take's windows and lost more than it saved, docs/perf.md; "
+                             "off: windows close at 1, 2, 4, 10, 20, 32, 64, ... frames only)")
     parser.add_argument("--compile-prefill", action="store_true",
                         help="on a GPU, prefill chunks through the Inductor-compiled layers too (fused kernels in each "
                              "chunk's graph; a longer warm-up; off until measured)")
@@ -209,7 +208,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     vocoder_batch_from=args.vocoder_batch_from,
                     prefill_group=args.prefill_group,
                     mixed_step=None if args.mixed_step is None else args.mixed_step == "on",
-                    early_windows=None if args.early_windows is None else args.early_windows == "on",
+                    early_windows=args.early_windows == "on",
                     kernels=None if args.kernels is None else tuple(args.kernels),
                     compile_prefill=args.compile_prefill,
                     slots=args.slots, threads=args.threads,

@@ -105,7 +105,7 @@ class EngineSpec:
     prefill_group: int | None = None
     # Decode steps that carry a waiting prompt's chunk (mixed.py); None: on where chunks are graphs (CUDA).
     mixed_step: bool | None = None
-    early_windows: bool | None = None  # windows close early where a client runs short (take.py); None: on CUDA
+    early_windows: bool = False  # windows close early where a client runs short (take.py); off: stop 46's H100 A/B
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
     # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels
     # in each chunk's graph. Off until the H200 measures it (the compile lengthens the warm-up).
@@ -231,7 +231,7 @@ class Drama3Engine:
                                           batched_from=spec.vocoder_batch_from) if self.device.type == "cuda" else None
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
-        self.early_windows = self.device.type == "cuda" if spec.early_windows is None else spec.early_windows
+        self.early_windows = spec.early_windows
         self.slot_table = Slots(self.decoder, codec, first_window=spec.first_window_frames, executor=self.vocoder,
                                 graphs=self.window_graphs, early_windows=self.early_windows)
 
