@@ -82,8 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--early-windows", choices=("on", "off"), default="off",
                         help="a take's window closes early, with the frames it has, where its client would otherwise "
                              "run out of audio before the next scheduled window (default off: on an H100 the extra "
-                             "windows' vocoding delayed every take's windows and lost more than it saved, docs/perf.md; "
-                             "off: windows close at 1, 2, 4, 10, 20, 32, 64, ... frames only)")
+                             "windows' vocoding delayed every take's windows and lost more than it saved, "
+                             "docs/perf.md; off: windows close at 1, 2, 4, 10, 20, 32, 64, ... frames only)")
     parser.add_argument("--compile-prefill", action="store_true",
                         help="on a GPU, prefill chunks through the Inductor-compiled layers too (fused kernels in each "
                              "chunk's graph; a longer warm-up; off until measured)")
