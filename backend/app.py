@@ -73,7 +73,7 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       prefix_cache_gib=settings.prefix_cache_gib,
                                       prefix_cache_host_gib=settings.prefix_cache_host_gib,
                                       prefill_group=settings.prefill_group, mixed_step=settings.mixed_step,
-                                      early_windows=settings.early_windows,
+                                      early_windows=settings.early_windows, vocoder_order=settings.vocoder_order,
                                       kernels=settings.kernels,
                                       compile_prefill=settings.compile_prefill,
                                       vocoder_batch=VOCODER_BATCH if settings.vocoder_batch is None else
@@ -161,6 +161,8 @@ def log_ready(engine_loop: EngineLoop) -> None:
              else "off; a prompt's chunks run between the decode steps (--mixed-step)")
     log.info("early windows: %s", "on; a window closes early where a take's client would run out of audio"
              if engine.early_windows else "off; windows close at the schedule's ends only (--early-windows)")
+    log.info("vocoder order: %s", "deadline; the windows whose clients run out of audio soonest first, 8 a drain"
+             if engine.vocoder_order == "deadline" else "arrival; first windows first, then as they came")
     if isinstance(fast := warm.get("fast_path"), list) and fast:  # on CUDA: what runs fused or compiled (fast.py)
         log.info("fast path: %s", ", ".join(fast))
     if engine.demo_weights:

@@ -31,6 +31,7 @@ class Settings:
     prefill_group: int | None = None  # prompts per prefill chunk (engine/drama3/prefill_groups.py); None: the engine's
     mixed_step: bool | None = None  # decode steps carry a prompt's chunk (engine/drama3/mixed.py); None: the engine's
     early_windows: bool = False  # windows close early where a client runs short (engine/drama3/take.py)
+    vocoder_order: str = "deadline"  # which queued windows vocode first (engine/drama3/vocoder.py)
     compile_prefill: bool = False  # prefill chunks through compiled layers on CUDA (engine/drama3/fast.py)
     slots: int | None = None  # takes decoding together; None: the engine's default for the device
     threads: int | None = None  # CPU threads for torch; None: the engine's default (half the cores)

@@ -71,6 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --vocoder-batch, the new frames from which windows batch (default 64: a take's "
                              "short windows decode alone; 1: every window but a take's first, each paying for the "
                              "batch's rows)")
+    parser.add_argument("--vocoder-order", choices=("deadline", "arrival"), default="deadline",
+                        help="which queued windows the vocoder decodes first (default deadline: those whose "
+                             "takes' clients run out of audio soonest, at most 8 a drain; arrival: first windows "
+                             "first, then as they came, every queued window in one drain)")
     parser.add_argument("--prefill-group", type=int,
                         help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
                              "on a GPU, where a chunk costs about the same for 40 rows as for 93; 1, off, on a CPU, "
@@ -208,7 +212,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     vocoder_batch_from=args.vocoder_batch_from,
                     prefill_group=args.prefill_group,
                     mixed_step=None if args.mixed_step is None else args.mixed_step == "on",
-                    early_windows=args.early_windows == "on",
+                    early_windows=args.early_windows == "on", vocoder_order=args.vocoder_order,
                     kernels=None if args.kernels is None else tuple(args.kernels),
                     compile_prefill=args.compile_prefill,
                     slots=args.slots, threads=args.threads,

@@ -27,7 +27,7 @@ Design choices:
   export (`render_take`) still runs each window in the graph the stream ran it in.
 - The state is copied into the graph's static rows before a replay and back out to the take
   after it, on the same stream: a take's windows decode in order, one call each (a drain's
-  windows go in rounds: each take's first pending window, then its second, ...), and a window
+  windows go in the order given, a call never holding two of one take), and a window
   that does not start where its take's state ends is refused (codec_stream.py).
 - The 64-frame windows (`batched_from`, where a take spends most of its codec time) decode
   `batch` windows of several takes in one call: their graph has `batch` rows, the others one
@@ -72,6 +72,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 import torch
@@ -249,12 +250,12 @@ def decode_window(codec: Codec, codes: torch.Tensor, window: Window, stream: Str
 
 def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None = None,
                    ready: Callable[[int, NDArray[np.int16]], None] | None = None) -> list[NDArray[np.int16]]:
-    """Each window's new samples (numpy int16, on the host), in the order given, a take's windows
-    in its order. In rounds (each take's first window here, then its second, ...); in a round
-    the windows of one graph decode together, `rows` to a call, first windows first (a take's
-    first audio does not wait behind long windows); the others eagerly, one by one. `ready(index,
-    pcm)` is called as each window's samples exist, before the next call runs: a vocoder hands a
-    window out then, not after every window of its drain."""
+    """Each window's new samples (numpy int16, on the host), decoded in the order given (the
+    vocoder's: the most urgent first), a take's windows in its order: a window of a graph joins
+    the call before it where that call is of the same graph, has a row free and holds no window
+    of its take (`rows` to a call); the others eagerly, one by one. `ready(index, pcm)` is
+    called as each window's samples exist, before the next call runs: a vocoder hands a window
+    out then, not after every window of its drain."""
     out: list[NDArray[np.int16] | None] = [None] * len(windows)
 
     def put(index: int, pcm: NDArray[np.int16]) -> None:
@@ -262,13 +263,15 @@ def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None
         if ready is not None:
             ready(index, pcm)
 
-    rounds: list[list[int]] = []
-    seen: collections.Counter[int] = collections.Counter()
-    for index, (_, _, stream) in enumerate(windows):
-        if seen[id(stream)] == len(rounds):
-            rounds.append([])
-        rounds[seen[id(stream)]].append(index)
-        seen[id(stream)] += 1
+    calls: list[tuple[Key | None, list[int]]] = []  # each call's graph (None: eager) and windows, in order
+    for index, (_, window, stream) in enumerate(windows):
+        key = graphs.key_for(window) if graphs is not None else None
+        last = calls[-1] if calls else (None, [])
+        if key is not None and last[0] == key and len(last[1]) < cast(WindowGraphs, graphs).rows(key) \
+                and all(windows[other][2] is not stream for other in last[1]):
+            last[1].append(index)
+        else:
+            calls.append((key, [index]))
     launched: collections.deque[tuple[list[int], Launched]] = collections.deque()
 
     def hand_out(wait: bool) -> None:  # the calls whose samples are on the host, in launch order
@@ -279,21 +282,14 @@ def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None
 
     with graphs.lock if graphs is not None else contextlib.nullcontext():
         try:  # every call launched before the first is read: the GPU runs them back to back
-            for indices in rounds:
-                groups: dict[Key, list[int]] = {}
-                for index in indices:
-                    codes, window, stream = windows[index]
-                    key = graphs.key_for(window) if graphs is not None else None
-                    if key is None:
-                        put(index, to_host(window_pcm(codec, codes, window, stream)).numpy())
-                    else:
-                        groups.setdefault(key, []).append(index)
-                for key, members in sorted(groups.items()):
-                    assert graphs is not None  # (a window has a graph's key only with graphs)
-                    rows = graphs.rows(key)
-                    for chunk in (members[i:i + rows] for i in range(0, len(members), rows)):
-                        launched.append((chunk, graphs.launch([windows[i] for i in chunk])))
-                        hand_out(wait=False)
+            for key, members in calls:
+                if key is None:
+                    codes, window, stream = windows[members[0]]
+                    put(members[0], to_host(window_pcm(codec, codes, window, stream)).numpy())
+                    continue
+                assert graphs is not None  # (a window has a graph's key only with graphs)
+                launched.append((members, graphs.launch([windows[i] for i in members])))
+                hand_out(wait=False)
             hand_out(wait=True)
         except BaseException:  # the calls launched before the failure: their takes' states moved on past them
             with contextlib.suppress(Exception):

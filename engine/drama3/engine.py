@@ -96,16 +96,15 @@ class EngineSpec:
     slots: int | None = None  # takes that decode together; None: as many as the GPU's memory holds (sized_slots)
     threads: int | None = None  # CPU threads for torch; None: default_threads() on a CPU, untouched on a GPU
     random_weights: str | None = None  # a preset ("full", "tiny") with random weights made on the device
-    # Prefix cache (prefix.py) budget in GiB; 0: off; None: half the GPU memory free after warm-up, 1 GiB on a CPU.
-    prefix_cache_gib: float | None = None
+    prefix_cache_gib: float | None = None  # prefix.py's budget (GiB); 0: off; None: half the GPU's free, 1 on a CPU
     prefix_cache_host_gib: float = 0.0  # pinned host memory for snapshots evicted from the GPU (0: dropped)
-    vocoder_batch: int = VOCODER_BATCH  # long windows (64 new frames) decoded per codec call on CUDA (codec_graphs.py)
-    vocoder_batch_from: int = BATCHED_FROM  # new frames from which windows decode `vocoder_batch` a call
+    vocoder_batch: int = VOCODER_BATCH  # long windows decoded per codec call on CUDA (codec_graphs.py)
+    vocoder_batch_from: int = BATCHED_FROM  # their new frames (and more)
     # Waiting prompts whose next prefill chunks run as one (prefill_groups.py); None: 8 on CUDA, 1 (off) on a CPU.
     prefill_group: int | None = None
-    # Decode steps that carry a waiting prompt's chunk (mixed.py); None: on where chunks are graphs (CUDA).
-    mixed_step: bool | None = None
+    mixed_step: bool | None = None  # decode steps carry a waiting prompt's chunk (mixed.py); None: on CUDA
     early_windows: bool = False  # windows close early where a client runs short (take.py); off: stop 46's H100 A/B
+    vocoder_order: str = "deadline"  # which queued windows vocode first (vocoder.py ORDERS)
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
     # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels
     # in each chunk's graph. Off until the H200 measures it (the compile lengthens the warm-up).
@@ -231,9 +230,10 @@ class Drama3Engine:
                                           batched_from=spec.vocoder_batch_from) if self.device.type == "cuda" else None
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
-        self.early_windows = spec.early_windows
-        self.slot_table = Slots(self.decoder, codec, first_window=spec.first_window_frames, executor=self.vocoder,
-                                graphs=self.window_graphs, early_windows=self.early_windows)
+        self.early_windows, self.vocoder_order = spec.early_windows, spec.vocoder_order
+        self.slot_table = Slots(self.decoder, codec, first_window=first, executor=self.vocoder,
+                                graphs=self.window_graphs, early_windows=self.early_windows,
+                                vocoder_order=self.vocoder_order)
 
     # Inputs -------------------------------------------------------------------
 

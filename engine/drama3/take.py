@@ -23,6 +23,8 @@ Design choices:
 - Windows (stream.py's schedule) go to the vocoder as soon as their frames are
   committed: on its worker thread, with every other take's due windows (vocoder.py), so
   the codec runs while the next frames decode; each take hands its windows out in order.
+  Each goes with the time its client runs out of the audio before it (`runs_dry`): the
+  vocoder decodes the soonest first.
   The final window (marked last, possibly empty) flushes the rest whatever the finish
   reason, so the stream always carries exactly the take's committed codes. A closed
   take no longer holds its slot while its last windows vocode; Done follows them.
@@ -88,10 +90,12 @@ class Windows:
         self.sample = 0  # the take's samples handed out so far
         self.state = StreamState()  # the take's codec state between its windows (codec_stream.py)
 
-    def submit(self, codes: NDArray[np.int64], window: Window) -> None:
+    def submit(self, codes: NDArray[np.int64], window: Window, deadline: float | None = None) -> None:
+        """`window` of the take's codes to the vocoder; `deadline`: when its client runs out of the
+        audio before it (perf_counter: the vocoder decodes the soonest first)."""
         frames = codes[:, :window.end].copy()  # [num_codebooks, end]; a copy: later steps write after them
         new = frames[:, window.emit:]  # [num_codebooks, window.frames]
-        self.pending.append((window, new, self.vocoder.submit(frames, window, self.state)))
+        self.pending.append((window, new, self.vocoder.submit(frames, window, self.state, deadline)))
 
     def ready(self, wait: bool = False) -> Iterator[AudioWindow]:
         """The decoded windows at the head of the queue (all of them if `wait`)."""
@@ -172,13 +176,23 @@ class Take:
         while (window := self.schedule.due(self.committed)) is not None:
             # (decode steps before the first window: more than its frames when frames were held)
             self.timings.setdefault("first_window_steps", self.steps)
-            self.windows.submit(self.codes, window)
+            self.submit(window)
         if self.early and (playing := self.playing(time.perf_counter())) is not None \
                 and playing.ahead_s < (1 + HAND_OUT_STEPS) * pace_s and (window := self.schedule.cut(self.committed)):
-            self.windows.submit(self.codes, window)
+            self.submit(window)
         if self.steps >= self.prompt.sampling.max_new_tokens:
             return "length"
         return None
+
+    def submit(self, window: Window) -> None:
+        self.windows.submit(self.codes, window, self.runs_dry(window))
+
+    def runs_dry(self, window: Window) -> float:
+        """When its client runs out of the audio before `window` (perf_counter), as loadtest's
+        player plays it: the audio handed out and playing, then the windows before it still
+        vocoding; now before its first audio."""
+        now = time.perf_counter()
+        return max(now, self.playing_until or now) + (window.emit - self.handed_out) * self.frame_s
 
     def playing(self, now: float) -> Playing | None:
         """Where its stream stands against the audio playing at its client (admission.py); None
@@ -201,7 +215,7 @@ class Take:
             self.end_stream()
             return
         try:
-            self.windows.submit(self.codes, self.schedule.final(self.committed))
+            self.submit(self.schedule.final(self.committed))
         except Exception as exc:  # noqa: BLE001 - the vocoder failed: report it, the codes stand
             self.vocoder_failed(exc)
 

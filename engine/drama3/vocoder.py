@@ -6,14 +6,21 @@
     pcm = future.result()                          # int16 [window.frames * frame_samples]
 
 Design choices:
-- One queue for the windows of every take. The worker drains it: it takes every window
-  queued by then, across all takes, and decodes them with `decode_windows`
-  (codec_graphs.py: each take's windows in its order through its codec state; the windows of
-  one graph in one call, first windows first).
-  Windows that arrive during a drain go to the next one, which starts at once: a lone
-  take's first window waits at most for the call in progress, never for a batch to fill.
-  At 64 takes many long windows come due while a call runs, so the calls fill up by
-  themselves.
+- One queue for the windows of every take. The worker drains it: it takes the most urgent
+  windows queued by then (`order`), across all takes, and decodes them with `decode_windows`
+  (codec_graphs.py: each take's windows in its order through its codec state, in the order
+  given). Windows that arrive during a drain go to the next one, which starts at once: a
+  lone take's first window waits at most for the drain in progress, never for a batch to fill.
+- Urgent first (`order="deadline"`, the default): each window comes with the time its take's
+  client runs out of the audio before it (take.py `runs_dry`: now for a first window, seconds
+  ahead for a long window of a take well ahead), a drain decodes the DRAIN_WINDOWS soonest,
+  and the rest wait for the next drain with whatever came meanwhile. On an H100 each window is
+  a codec call of 3.6-7.7 ms whatever its frames, and at 32 to 64 directors a drain held tens
+  of windows (stop 46: windows waited p50 87-505 ms to be vocoded): a take's 2-frame second
+  window, due in 46 ms, waited behind 64-frame windows of takes with seconds of audio ahead.
+  A take's windows keep their order (each is keyed no sooner than the one before it).
+  `order="arrival"`: first windows first, the rest as they came, every queued window in one
+  drain (before stop 46).
 - Each window has its own future, set as soon as its codec call's samples are on the host
   (not after every window of the drain: at 64 takes a drain held tens of windows, and a
   take's first window, decoded first, waited for all of them); a drain's calls are launched
@@ -50,8 +57,11 @@ from engine.drama3.pace import Pace
 from engine.drama3.stream import Window
 from engine.readback import to_device
 
-# A take's frames, its window, its codec state, the PCM to come, when it was submitted (perf_counter)
-Job = tuple[NDArray[np.int64], Window, StreamState, "Future[NDArray[np.int16]]", float]
+# A take's frames, its window, its codec state, the PCM to come, when it was submitted and when its
+# take's client runs out of the audio before it (perf_counter)
+Job = tuple[NDArray[np.int64], Window, StreamState, "Future[NDArray[np.int16]]", float, float]
+ORDERS = ("deadline", "arrival")
+DRAIN_WINDOWS = 8  # the most windows a drain takes, urgent first (~30-60 ms of codec calls on an H100)
 
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -79,8 +89,10 @@ class Vocoder:
     """Windows of every take, vocoded together on one worker thread (or inline)."""
 
     def __init__(self, codec: Codec, graphs: WindowGraphs | None, executor: Executor | None,
-                 pace: Pace | None = None) -> None:
-        self.codec, self.graphs, self.executor = codec, graphs, executor
+                 pace: Pace | None = None, order: str = "deadline") -> None:
+        if order not in ORDERS:
+            raise ValueError(f"the vocoder's order is one of {', '.join(ORDERS)}; got {order!r}")
+        self.codec, self.graphs, self.executor, self.order = codec, graphs, executor, order
         self.pace = pace  # each window's time from submitted to PCM, each codec call (pace.py)
         self.lock = threading.Lock()
         self.queue: list[Job] = []  # submitted, not yet taken by a drain
@@ -88,12 +100,15 @@ class Vocoder:
         self.calls = 0  # decode calls: one per drain (or inline window), plus a failed drain's retries
         self.windows = 0  # windows decoded (a failed drain's counted again in its retries)
 
-    def submit(self, frames: NDArray[np.int64], window: Window, state: StreamState) -> Future[NDArray[np.int16]]:
+    def submit(self, frames: NDArray[np.int64], window: Window, state: StreamState,
+               deadline: float | None = None) -> Future[NDArray[np.int16]]:
         """The future PCM16 of `window` of a take whose frames so far are `frames` (not written
         to afterwards: the caller hands over a copy) and whose codec state is `state` (a take
-        submits its windows in order)."""
+        submits its windows in order); `deadline`: when its client runs out of the audio before
+        it (perf_counter; None: now)."""
         future: Future[NDArray[np.int16]] = Future()
-        job = (frames, window, state, future, time.perf_counter())
+        submitted = time.perf_counter()
+        job = (frames, window, state, future, submitted, submitted if deadline is None else deadline)
         if self.executor is None:
             self.decode([job])
             return future
@@ -115,11 +130,27 @@ class Vocoder:
         """Decode every queued window, again until the queue is empty (on the worker thread)."""
         while True:
             with self.lock:
-                jobs, self.queue = self.queue, []
+                jobs = self.next_jobs()
                 if not jobs:
                     self.draining = False
                     return
             self.decode(jobs)
+
+    def next_jobs(self) -> list[Job]:
+        """The next drain's windows, taken off the queue (`order`; with the lock held)."""
+        queue = self.queue
+        if self.order == "arrival":
+            self.queue = []
+            return sorted(queue, key=lambda job: job[1].emit != 0)  # first windows first
+        keys: list[tuple[float, int]] = []
+        latest: dict[int, float] = {}  # a take's windows keep their order: none keyed sooner than the one before
+        for number, (_, _, state, _, _, deadline) in enumerate(queue):
+            latest[id(state)] = max(deadline, latest.get(id(state), deadline))
+            keys.append((latest[id(state)], number))
+        chosen = [number for _, number in sorted(keys)[:DRAIN_WINDOWS]]
+        left = set(range(len(queue))) - set(chosen)
+        self.queue = [job for number, job in enumerate(queue) if number in left]
+        return [queue[number] for number in chosen]
 
     def decode(self, jobs: list[Job]) -> None:
         self.calls += 1
@@ -128,13 +159,13 @@ class Vocoder:
             self.pace.call()
 
         def ready(index: int, pcm: NDArray[np.int16]) -> None:  # each window handed out as it is decoded
-            _, _, _, future, submitted = jobs[index]
+            _, _, _, future, submitted, _ = jobs[index]
             future.set_result(pcm)
             if self.pace is not None:
                 self.pace.window(time.perf_counter() - submitted)
 
         try:
-            vocode(self.codec, self.graphs, [(frames, window, state) for frames, window, state, _, _ in jobs], ready)
+            vocode(self.codec, self.graphs, [(frames, window, state) for frames, window, state, *_ in jobs], ready)
         except Exception as exc:  # noqa: BLE001 - find the windows that fail; the others stand
             left = [job for job in jobs if not job[3].done()]  # (those decoded before the failure are out)
             if len(left) == 1:

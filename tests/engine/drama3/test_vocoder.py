@@ -1,12 +1,13 @@
 """The batched vocoder on a CPU in float32: the codec's batch decode against each clip alone,
 windows of several takes decoded in one call (WindowGraphs' rows, run eagerly) against each
-take's windows alone, the vocoder's queue (every due window in one drain, a take's windows
-in order through its codec state, a failing window failing its own take only), and takes in
+take's windows alone, the vocoder's queue (every due window drained, the most urgent first, a take's
+windows in order through its codec state, a failing window failing its own take only), and takes in
 flight together against the same takes alone."""
 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -18,7 +19,7 @@ from engine.drama3.codec_graphs import Launched, WindowGraphs, decode_window, de
 from engine.drama3.codec_stream import StreamState
 from engine.drama3.slots import Slots
 from engine.drama3.stream import Window, first_frames, take_windows, window_frames
-from engine.drama3.vocoder import Vocoder
+from engine.drama3.vocoder import DRAIN_WINDOWS, Vocoder
 
 FIRST_WINDOW = 4
 BATCHED_FROM = 10  # frames: low enough that the tiny takes' windows decode batched
@@ -94,21 +95,24 @@ def test_windows_of_several_takes_in_one_call_equal_each_alone(codec, graphs) ->
 
 
 def test_a_take_s_windows_in_one_drain_decode_in_order_one_call_each(codec, graphs, monkeypatch) -> None:
-    """A drain holding several windows of one take (a vocoder behind) decodes them in rounds:
-    each in a call of its own, after the one before it, so each follows its take's state; two
-    windows of one take in one call, or a window whose state is elsewhere, are refused."""
+    """A drain holding several windows of one take (a vocoder behind) decodes them in the order
+    given: each in a call of its own, after the one before it, so each follows its take's state;
+    windows of other takes next to each other in the order share a call where their graph has
+    rows. Two windows of one take in one call, or a window whose state is elsewhere, are refused."""
     takes = [random_codes(codec, 80, seed=50 + k) for k in range(2)]
-    jobs = [job for codes in takes for job in take_jobs(codes)]  # take 0's windows, then take 1's
-    expected = alone(codec, graphs, jobs)
     calls: list[list[int]] = []
     launch = graphs.launch
     monkeypatch.setattr(graphs, "launch", lambda batch: calls.append([w.emit for _, w, _ in batch]) or launch(batch))
-    out = decode_windows(codec, jobs, graphs)
-    assert all(np.array_equal(pcm, pcm_alone) for pcm, pcm_alone in zip(out, expected))
     emits = [w.emit for _, w, _ in take_jobs(takes[0]) if w.frames]
-    assert [call for call in calls if len(call) == 2] and all(len(set(call)) == 1 for call in calls)
-    assert [call[0] for call in calls] == sorted(call[0] for call in calls)  # round by round, in order
-    assert sorted({call[0] for call in calls}) == emits
+    by_take = [job for codes in takes for job in take_jobs(codes)]  # take 0's windows, then take 1's
+    by_window = [job for pair in zip(*(take_jobs(codes) for codes in takes)) for job in pair]  # in turns
+    for jobs, shared in ((by_take, False), (by_window, True)):
+        expected = alone(codec, graphs, jobs)
+        calls.clear()
+        out = decode_windows(codec, jobs, graphs)
+        assert all(np.array_equal(pcm, pcm_alone) for pcm, pcm_alone in zip(out, expected))
+        assert bool([call for call in calls if len(call) == 2]) == shared and all(len(set(call)) == 1 for call in calls)
+        assert [call[0] for call in calls] == (emits + emits if not shared else sorted(call[0] for call in calls))
     state = StreamState()
     first, second = take_windows(80, FIRST_WINDOW)[4:6]  # 32..64 and 64..80: one graph's rows
     with pytest.raises(ValueError, match="one call each"):
@@ -117,38 +121,86 @@ def test_a_take_s_windows_in_one_drain_decode_in_order_one_call_each(codec, grap
         graphs.pcm_batch([(takes[0], first, state)])
 
 
-def test_the_queue_drains_every_due_window_in_one_go(codec, graphs) -> None:
-    """Windows of three takes submitted while the worker is busy are decoded in one drain,
-    each as alone; a window that cannot decode fails its own future only."""
+def submitted_while_busy(vocoder: Vocoder, executor: ThreadPoolExecutor,
+                         jobs: list[tuple[np.ndarray, Window, StreamState, float | None]]) -> list[Future[np.ndarray]]:
+    """Submit every job while the vocoder's worker is busy (so all of them queue), then let it drain."""
+    release = threading.Event()
+    executor.submit(release.wait)
+    futures = [vocoder.submit(frames, window, state, deadline) for frames, window, state, deadline in jobs]
+    release.set()
+    for future in futures:
+        future.exception(timeout=600)
+    return futures
+
+
+@pytest.mark.parametrize(("order", "drains"), [("arrival", 1), ("deadline", 2)])
+def test_the_queue_drains_every_due_window(codec, graphs, order: str, drains: int) -> None:
+    """Windows of three takes submitted while the worker is busy are decoded, each as alone: in
+    one drain by arrival, DRAIN_WINDOWS a drain by deadline; a window that cannot decode fails
+    its own future only."""
     executor = ThreadPoolExecutor(max_workers=1)
-    vocoder = Vocoder(codec, graphs, executor)
-
-    def submitted_while_busy(jobs: list[tuple[np.ndarray, Window, StreamState]]) -> list[Future[np.ndarray]]:
-        release = threading.Event()
-        executor.submit(release.wait)  # the worker is busy: everything below queues
-        futures = [vocoder.submit(frames, window, state) for frames, window, state in jobs]
-        release.set()
-        for future in futures:
-            future.exception(timeout=600)
-        return futures
-
+    vocoder = Vocoder(codec, graphs, executor, order=order)
     takes = [random_codes(codec, 40, seed=30 + k) for k in range(3)]
     states = [StreamState() for _ in takes]
-    jobs = [(codes.numpy()[:, :window.end].copy(), window, state)
+    jobs = [(codes.numpy()[:, :window.end].copy(), window, state, None)
             for window in take_windows(40, FIRST_WINDOW) for codes, state in zip(takes, states)]
-    futures = submitted_while_busy(jobs)
-    assert (vocoder.calls, vocoder.windows) == (1, len(jobs))  # one drain took them all
-    expected = alone(codec, graphs, [(torch.from_numpy(frames), window, state) for frames, window, state in jobs])
+    assert DRAIN_WINDOWS < len(jobs) <= 2 * DRAIN_WINDOWS
+    futures = submitted_while_busy(vocoder, executor, jobs)
+    assert (vocoder.calls, vocoder.windows) == (drains, len(jobs))
+    expected = alone(codec, graphs, [(torch.from_numpy(frames), window, state) for frames, window, state, _ in jobs])
     for future, pcm in zip(futures, expected):
         assert np.array_equal(future.result(), pcm)
     more = random_codes(codec, 30, seed=39)
-    good = (more.numpy(), take_windows(30, FIRST_WINDOW)[0], StreamState())
-    broken = (np.zeros((3, 20), dtype=np.int64), take_windows(20, None)[0], StreamState())  # 3 codebooks, not 10
-    good_future, bad = submitted_while_busy([good, broken])
+    good = (more.numpy(), take_windows(30, FIRST_WINDOW)[0], StreamState(), None)
+    broken = (np.zeros((3, 20), dtype=np.int64), take_windows(20, None)[0], StreamState(), None)  # 3 codebooks, not 10
+    good_future, bad = submitted_while_busy(vocoder, executor, [good, broken])
     assert np.array_equal(good_future.result(), decode_window(codec, more, good[1], StreamState(), graphs))
     with pytest.raises(ValueError, match=r"codes \[batch, 10, frames\]; got \(1, 3, 10\)"):
         bad.result()
     executor.shutdown()
+    with pytest.raises(ValueError, match="the vocoder's order is one of deadline, arrival; got 'fifo'"):
+        Vocoder(codec, graphs, None, order="fifo")
+
+
+def test_the_windows_whose_clients_run_dry_soonest_decode_first(codec, graphs) -> None:
+    """By deadline: a take far ahead of its client (its windows due in seconds) waits while a take
+    whose client is about to run out has its windows decoded, whatever came first; a take whose
+    later window is due sooner than its earlier one still decodes them in order (each window
+    follows its take's codec state), and every window has the samples it has alone."""
+    executor = ThreadPoolExecutor(max_workers=1)
+    vocoder = Vocoder(codec, graphs, executor)
+    now = time.perf_counter()
+    ahead, short, odd = (random_codes(codec, frames, seed=70 + k) for k, frames in enumerate((120, 40, 40)))
+    plans = [(ahead, [now + 10 + k for k in range(8)]),  # submitted first, due last
+             (short, [now + 0.05 * k for k in range(8)]),
+             (odd, [now + 20, now + 1] + [now + 2 + k for k in range(6)])]  # its second due before its first
+    jobs, owner = [], []
+    for number, (codes, deadlines) in enumerate(plans):
+        state = StreamState()
+        for window, deadline in zip(take_windows(codes.shape[1], FIRST_WINDOW), deadlines):
+            jobs.append((codes.numpy()[:, :window.end].copy(), window, state, deadline))
+            owner.append(number)
+    finished: list[int] = []  # the jobs in the order their samples came out
+    release = threading.Event()
+    executor.submit(release.wait)
+    futures = [vocoder.submit(frames, window, state, deadline) for frames, window, state, deadline in jobs]
+    for index, future in enumerate(futures):
+        future.add_done_callback(lambda _, index=index: finished.append(index))
+    release.set()
+    for future in futures:
+        future.result(timeout=600)
+    executor.shutdown()
+    assert len(jobs) > DRAIN_WINDOWS and vocoder.calls == -(-len(jobs) // DRAIN_WINDOWS)
+    takes_out = [owner[index] for index in finished]
+    assert takes_out[:owner.count(1)] == [1] * owner.count(1)  # the short take's windows before any other
+    # The odd take's second window (due in 1 s) waits for its first (due in 20 s): after the take 10-17 s ahead.
+    assert max(place for place, number in enumerate(takes_out) if number == 0) < takes_out.index(2)
+    for number in range(3):
+        mine = [index for index in finished if owner[index] == number]
+        assert mine == sorted(mine)  # each take's windows in its order
+    expected = alone(codec, graphs, [(torch.from_numpy(frames), window, state) for frames, window, state, _ in jobs])
+    for future, pcm in zip(futures, expected):
+        assert np.array_equal(future.result(), pcm)
 
 
 def test_a_drain_hands_each_window_out_as_it_is_decoded(codec, graphs, monkeypatch) -> None:
@@ -165,7 +217,7 @@ def test_a_drain_hands_each_window_out_as_it_is_decoded(codec, graphs, monkeypat
     takes = [random_codes(codec, 40, seed=40 + k).numpy() for k in range(3)]
     states = [StreamState() for _ in takes]
     jobs = [(codes[:, :window.end].copy(), window, state)
-            for window in take_windows(40, FIRST_WINDOW) for codes, state in zip(takes, states)]
+            for window in take_windows(40, FIRST_WINDOW) for codes, state in zip(takes, states)][:DRAIN_WINDOWS]
     handed: list[int] = []  # the codec calls done when each window's future was set
     futures = [vocoder.submit(frames, window, state) for frames, window, state in jobs]
     for future in futures:
