@@ -34,7 +34,9 @@ Design choices:
   table's recent longest step), the frames it has go out now (stream.py `cut`). On a loaded
   GPU the schedule's long windows otherwise stall the client: at 30 ms a step a 32-frame
   window takes ~1 s while the 0.56 s before it play. Before the first audio, nothing is cut:
-  the first window is the schedule's.
+  the first window is the schedule's. Off by default (engine.py): on an H100 (stop 46) the
+  extra windows' codec calls delayed every take's windows, and 32 and 64 directors lost more
+  than the schedule's stalls.
 """
 
 from __future__ import annotations
