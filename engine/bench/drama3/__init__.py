@@ -190,10 +190,10 @@ def run(args: argparse.Namespace) -> int:
         print("targets: first audio " + ", ".join(f"{r['first_audio_ms']} ms (first window "
                                                  f"{r['first_window_frames']}, {r['vocoder']})" for r in first)
               + f" (<= {TARGETS['first_audio_ms']})")
-    batched = [r for r in rows if r["bench"] == "vocode_batch"]
-    if batched:
+    for frames in dict.fromkeys(r["frames"] for r in rows if r["bench"] == "vocode_batch"):  # each window size
+        batched = [r for r in rows if r["bench"] == "vocode_batch" and r["frames"] == frames]
         key = "graph_window_ms" if "graph_window_ms" in batched[0] else "eager_window_ms"
-        print(f"targets: vocode per {batched[0]['frames']}-frame window after {batched[0]['context_frames']} "
+        print(f"targets: vocode per {frames}-frame window after {batched[0]['context_frames']} "
               + ", ".join(f"batch {r['batch']} {r.get(key)} ms" for r in batched)
               + f" ({key.split('_')[0]}; <= {batched[0]['budget_window_ms']} ms for {TAKES} takes in real time)")
     if meta.get("peak_memory_gib") is not None:

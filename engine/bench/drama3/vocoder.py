@@ -1,7 +1,13 @@
 """The vocoder's batched windows: codec time per window when 1, 4 or 16 takes' long windows
 (64 new frames after the take's codec state: every window of a take after its first ~3
 seconds) decode in one call, replayed from the window graph of that many rows, and launched
-from Python.
+from Python; and the same for short windows (2 and 10 new frames), 1 or 8 to a call.
+
+Why the short ones: on an H100 a window costs 3.6-7.7 ms whatever its frames (stop 46), so at
+32 to 64 directors the vocoder was the queue, and a short window's call is bound by its
+kernels' count, not its frames: if 8 short windows in one call cost about one, the engine's
+short windows should share calls (`--vocoder-batch-from`, which batches every window from its
+frames up, long ones too: these rows say what each size gains).
 
 Design choices:
 - Each batch size gets a window graph of its own, captured, timed and freed before the
@@ -30,10 +36,11 @@ from engine.bench.timing import timed_ms
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.codec import Codec
-    from engine.drama3.codec_stream import StreamState
+    from engine.drama3.codec_stream import CodecState, StreamState
 
-BATCHES = (1, 4, 16)
-SHORT_BATCHES = (1, 8)
+BATCHES = (1, 4, 16)  # long windows' rows
+SHORT_WINDOWS = (2, 10)  # new frames of the short windows timed
+SHORT_BATCHES = (1, 8)  # their rows
 TAKES = 64  # takes playing at once, for the budget
 
 
@@ -58,30 +65,40 @@ def streams_at(codec: Codec, codes: torch.Tensor, frames: int) -> Callable[[], S
 
 def bench_vocoder_batch(codec: Codec, device: torch.device, batches: tuple[int, ...] = BATCHES,
                         repeats: int = 5) -> list[Row]:
-    """Per batch size: ms per call and per window of the long windows decoded together, from
-    graphs and eagerly, beside the real-time budget per window at 64 takes."""
-    from engine.drama3.codec_graphs import WindowGraphs, decode_windows
-    from engine.drama3.codec_stream import decode_next, new_state
-    from engine.drama3.stream import STREAM_FOLLOWUP_STRIDE, Window
+    """Per window size and batch size: ms per call and per window of the windows decoded
+    together, from graphs and eagerly, beside the real-time budget per window at 64 takes
+    (each sending windows of that size back to back)."""
+    from engine.drama3.stream import STREAM_FOLLOWUP_STRIDE
 
-    new, context = STREAM_FOLLOWUP_STRIDE, 320
-    length = new + context
-    window = Window(emit=context, end=length, last=False)
+    context = 320
+    sizes = [(STREAM_FOLLOWUP_STRIDE, batches), *((new, SHORT_BATCHES) for new in SHORT_WINDOWS)]
     frame_ms = codec.frame_samples / codec.sample_rate * 1000
-    budget = round(frame_ms * new / TAKES, 1)  # ms of codec time per window at TAKES takes in real time
     generator = torch.Generator().manual_seed(0)
-    takes = [torch.stack([torch.randint(0, n, (length,), generator=generator) for n in codec.codebook_sizes])
-             .to(device) for _ in range(max(batches))]  # [num_codebooks, length] each: one take's frames
+    longest = context + max(new for new, _ in sizes)
+    takes = [torch.stack([torch.randint(0, n, (longest,), generator=generator) for n in codec.codebook_sizes])
+             .to(device) for _ in range(max(batches + SHORT_BATCHES))]  # [num_codebooks, longest]: a take's frames
     stream = streams_at(codec, takes[0], context)  # every take from this state: the times do not depend on it
     base = stream().state(codec)
+    return [row for new, rows in sizes for row in bench_windows(codec, device, takes, new, context, rows, repeats,
+                                                               stream, base, round(frame_ms * new / TAKES, 1))]
 
+
+def bench_windows(codec: Codec, device: torch.device, takes: list[torch.Tensor], new: int, context: int,
+                  batches: tuple[int, ...], repeats: int, stream: Callable[[], StreamState], base: CodecState,
+                  budget: float) -> list[Row]:
+    """bench_vocoder_batch's rows for windows of `new` frames after `context`, `budget` ms each."""
+    from engine.drama3.codec_graphs import WindowGraphs, decode_windows
+    from engine.drama3.codec_stream import decode_next, new_state
+    from engine.drama3.stream import Window
+
+    window = Window(emit=context, end=context + new, last=False)
     out: list[Row] = []
     for batch in batches:
         row: Row = {"bench": "vocode_batch", "frames": new, "context_frames": context, "batch": batch}
         state, count = new_state(codec, batch), torch.full((batch,), new, device=device)
         for take in range(batch):
             state.copy_(base, into=take, row=0)
-        codes = torch.stack([take[:, context:] for take in takes[:batch]])  # [B, N, new]
+        codes = torch.stack([take[:, context:context + new] for take in takes[:batch]])  # [B, N, new]
         eager = functools.partial(torch.inference_mode()(decode_next), codec, codes, state, count, codec.conv_context)
         eager()
         eager_ms = statistics.median(timed_ms(eager, device, repeats))
