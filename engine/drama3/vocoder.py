@@ -1,8 +1,9 @@
-"""The vocoder: every take's due windows, decoded on one worker thread, a call per graph length.
+"""The vocoder: every take's due windows, decoded on one worker thread, the most urgent first.
 
     vocoder = Vocoder(codec, graphs, executor)     # executor: one worker thread, or None (inline)
-    future = vocoder.submit(frames, window, state) # frames [num_codebooks, >= window.end], on the host;
-                                                   # state: the take's StreamState (codec_stream.py)
+    future = vocoder.submit(frames, window, state, deadline)  # frames [num_codebooks, >= window.end],
+                                                   # on the host; state: the take's StreamState
+                                                   # (codec_stream.py); deadline: when its client runs dry
     pcm = future.result()                          # int16 [window.frames * frame_samples]
 
 Design choices:
