@@ -72,7 +72,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import cast
 
 import numpy as np
 import torch
@@ -267,7 +266,8 @@ def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None
     for index, (_, window, stream) in enumerate(windows):
         key = graphs.key_for(window) if graphs is not None else None
         last = calls[-1] if calls else (None, [])
-        if key is not None and last[0] == key and len(last[1]) < cast(WindowGraphs, graphs).rows(key) \
+        rows = graphs.rows(key) if graphs is not None and key is not None else 1
+        if key is not None and last[0] == key and len(last[1]) < rows \
                 and all(windows[other][2] is not stream for other in last[1]):
             last[1].append(index)
         else:

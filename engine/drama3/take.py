@@ -92,7 +92,7 @@ class Windows:
         self.sample = 0  # the take's samples handed out so far
         self.state = StreamState()  # the take's codec state between its windows (codec_stream.py)
 
-    def submit(self, codes: NDArray[np.int64], window: Window, deadline: float | None = None) -> None:
+    def submit(self, codes: NDArray[np.int64], window: Window, deadline: float) -> None:
         """`window` of the take's codes to the vocoder; `deadline`: when its client runs out of the
         audio before it (perf_counter: the vocoder decodes the soonest first)."""
         frames = codes[:, :window.end].copy()  # [num_codebooks, end]; a copy: later steps write after them
