@@ -138,7 +138,7 @@ def serve_lines(data: Json) -> list[str]:
                 if any(word in line for word in ("Traceback", "Error", "eagerly", "failed"))]
     lines += [f"  log: {line[:200]}" for line in problems[:8]]
     lines += [f"  non-finite: {line[:300]}" for line in data.get("non_finite", [])[:3]]
-    lines += [f"  pace: {line[:330]}" for line in data.get("pace", [])[-6:]]  # the engine's, every 10 s under load
+    lines += [f"  pace: {line[:900]}" for line in data.get("pace", [])[-6:]]  # the engine's, every 10 s under load
     for variant in data.get("variants", []):  # further servers (--serve-variant)
         skipped = f"skipped: {variant['skipped']}" if "skipped" in variant else ""
         lines += ["", f"  variant {variant.get('variant')!r}: {skipped}"]

@@ -3,7 +3,8 @@
     pace = Pace()                                   # the slot table's (slots.py)
     pace.step(seconds, decoding=12, prefilled=64, held=False, grouped=True)   # after each step (engine thread)
     pace.group(prompts=8)                           # a grouped prefill chunk (prefill_groups.py)
-    pace.window(seconds)                            # each window's due-to-PCM time (vocoder thread)
+    pace.window(seconds, late=False, dry=False)     # each window's closed-to-PCM time (vocoder thread)
+    pace.drain(seconds)                             # each of the vocoder's drains: how busy it was
     pace.turn(seconds, cpu, step=..., handed=...)   # each turn of the server's engine loop (its thread)
     line = pace.report()                            # the numbers since the last report, then reset
 
@@ -11,7 +12,11 @@ A load test says what a director felt (first audio, gaps); this says why: whethe
 steps ran long (and how many takes they carried), how many prompt rows went in beside
 them (and in how many grouped chunks), how often the playback limit held a prompt back
 (admission.py), and how long a
-closed window waited for its audio (the vocoder's queue and its codec calls). The server
+closed window waited for its audio (the vocoder's queue and its codec calls), how many the
+vocoder made late (closed before their take's client would run dry, out after: a gap that is
+the vocoder's), how many closed after it had (a gap that is the decode's), and how much of the period the
+vocoder's worker spent decoding (near 100%: the vocoder is the queue; low: its windows wait on
+the GPU or on being handed out). The server
 logs a line every `REPORT_S` seconds while takes run (backend/directing/loop.py).
 
 Design choices:
@@ -50,7 +55,9 @@ class Pace:
         self.decoding = 0  # takes decoding, summed over the steps
         self.prefilled = 0  # prompt rows prefilled beside decoding takes
         self.held = 0  # steps in which the playback limit held back a waiting prompt
-        self.calls = 0  # codec calls
+        self.drain_s: list[float] = []  # the vocoder's drains, each from its first launch to its last PCM
+        self.late = 0  # windows closed before their take's client would run dry, their PCM out after
+        self.dry = 0  # windows closed after their take's client had run dry (the decode was late)
         self.cuts = 0  # windows closed early (take.py: a client short of audio)
         self.groups = self.grouped = 0  # grouped prefill chunks, and the prompts they carried
         self.group_step_s: list[float] = []  # the steps that ran a grouped chunk (what a group costs a step)
@@ -82,13 +89,15 @@ class Pace:
             self.groups += 1
             self.grouped += prompts
 
-    def window(self, seconds: float) -> None:
+    def window(self, seconds: float, late: bool = False, dry: bool = False) -> None:
         with self.lock:
             self.window_s.append(seconds)
+            self.late += late
+            self.dry += dry
 
-    def call(self) -> None:
+    def drain(self, seconds: float) -> None:
         with self.lock:
-            self.calls += 1
+            self.drain_s.append(seconds)
 
     def cut(self, windows: int) -> None:
         with self.lock:
@@ -106,14 +115,17 @@ class Pace:
         with self.lock:
             steps, windows = self.step_s, self.window_s
             seconds, self.since = time.monotonic() - self.since, time.monotonic()
-            decoding, prefilled, held, calls, cuts = self.decoding, self.prefilled, self.held, self.calls, self.cuts
+            decoding, prefilled, held, cuts, late, dry = (self.decoding, self.prefilled, self.held, self.cuts,
+                                                          self.late, self.dry)
+            drains, self.drain_s = self.drain_s, []
             groups, grouped, group_steps = self.groups, self.grouped, self.group_step_s
             carried, carried_rows, warm_rows = self.carried_s, self.carried_rows, self.warm_rows
             self.carried_s, self.carried_rows, self.warm_rows = [], 0, 0
             turns, turn_steps, handed, turn_cpu = self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu
             self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu = [], [], [], 0.0
             self.step_s, self.window_s, self.group_step_s = [], [], []
-            self.decoding = self.prefilled = self.held = self.calls = self.groups = self.grouped = self.cuts = 0
+            self.decoding = self.prefilled = self.held = self.groups = self.grouped = 0
+            self.cuts = self.late = self.dry = 0
         if not steps:
             return None
         line = (f"pace: {seconds:.1f} s: {len(steps):,} steps (p50 {percentile(steps, 0.5) * 1000:.1f} ms, p95 "
@@ -127,8 +139,12 @@ class Pace:
             line += (f"; {len(carried):,} steps carried a prompt's chunk (p50 {percentile(carried, 0.5) * 1000:.1f} "
                      f"ms; {carried_rows:,} rows, {warm_rows:,} of them warms')")
         if windows:
-            line += (f"; {len(windows):,} windows ({cuts:,} closed early) in {calls:,} codec calls, closed to audio "
-                     f"p50 {percentile(windows, 0.5) * 1000:.1f} ms, p95 {percentile(windows, 0.95) * 1000:.1f} ms")
+            line += (f"; {len(windows):,} windows ({cuts:,} closed early) in {len(drains):,} drains, closed to audio "
+                     f"p50 {percentile(windows, 0.5) * 1000:.1f} ms, p95 {percentile(windows, 0.95) * 1000:.1f} ms, "
+                     f"{late:,} made late by the vocoder, {dry:,} closed after their client ran dry")
+        if drains:
+            line += (f"; vocoder busy {100 * sum(drains) / max(seconds, 1e-9):.0f}% (drain p50 "
+                     f"{percentile(drains, 0.5) * 1000:.1f} ms, p95 {percentile(drains, 0.95) * 1000:.1f} ms)")
         if turns:
             line += (f"; {len(turns):,} turns of the engine loop (p50 {percentile(turns, 0.5) * 1000:.1f} ms, p95 "
                      f"{percentile(turns, 0.95) * 1000:.1f} ms; engine step p50 "

@@ -94,7 +94,7 @@ class Vocoder:
         if order not in ORDERS:
             raise ValueError(f"the vocoder's order is one of {', '.join(ORDERS)}; got {order!r}")
         self.codec, self.graphs, self.executor, self.order = codec, graphs, executor, order
-        self.pace = pace  # each window's time from submitted to PCM, each codec call (pace.py)
+        self.pace = pace  # each window's time from submitted to PCM and whether late, each drain's (pace.py)
         self.lock = threading.Lock()
         self.queue: list[Job] = []  # submitted, not yet taken by a drain
         self.draining = False  # a drain is scheduled or running on the executor
@@ -156,17 +156,20 @@ class Vocoder:
     def decode(self, jobs: list[Job]) -> None:
         self.calls += 1
         self.windows += len(jobs)
-        if self.pace is not None:
-            self.pace.call()
+        started = time.perf_counter()
 
         def ready(index: int, pcm: NDArray[np.int16]) -> None:  # each window handed out as it is decoded
-            _, _, _, future, submitted, _ = jobs[index]
+            _, window, _, future, submitted, deadline = jobs[index]
             future.set_result(pcm)
-            if self.pace is not None:
-                self.pace.window(time.perf_counter() - submitted)
+            if self.pace is not None:  # (a first window is neither: its wait is first audio's)
+                now, later = time.perf_counter(), window.emit > 0
+                dry = later and deadline <= submitted  # its client had run dry when it closed: the decode's gap
+                self.pace.window(now - submitted, late=later and not dry and now > deadline, dry=dry)
 
         try:
             vocode(self.codec, self.graphs, [(frames, window, state) for frames, window, state, *_ in jobs], ready)
+            if self.pace is not None:
+                self.pace.drain(time.perf_counter() - started)
         except Exception as exc:  # noqa: BLE001 - find the windows that fail; the others stand
             left = [job for job in jobs if not job[3].done()]  # (those decoded before the failure are out)
             if len(left) == 1:

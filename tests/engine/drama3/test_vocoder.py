@@ -17,6 +17,7 @@ import torch
 from engine import Done, EngineSpec, Sampling, load_engine
 from engine.drama3.codec_graphs import Launched, WindowGraphs, decode_window, decode_windows, render_take
 from engine.drama3.codec_stream import StreamState
+from engine.drama3.pace import Pace
 from engine.drama3.slots import Slots
 from engine.drama3.stream import Window, first_frames, take_windows, window_frames
 from engine.drama3.vocoder import DRAIN_WINDOWS, Vocoder
@@ -201,6 +202,35 @@ def test_the_windows_whose_clients_run_dry_soonest_decode_first(codec, graphs) -
     expected = alone(codec, graphs, [(torch.from_numpy(frames), window, state) for frames, window, state, _ in jobs])
     for future, pcm in zip(futures, expected):
         assert np.array_equal(future.result(), pcm)
+
+
+def test_the_pace_counts_windows_out_after_their_client_ran_dry_and_each_drain(codec, graphs) -> None:
+    """A window after a take's first that closed before its client would run dry and came out
+    after is the vocoder's gap (late); one that closed after its client ran dry is the decode's
+    (dry); a first window is neither (its wait is first audio's); each drain is timed."""
+    pace = Pace()
+    executor = ThreadPoolExecutor(max_workers=1)
+    vocoder = Vocoder(codec, graphs, executor, pace)
+    codes = random_codes(codec, 40, seed=90)
+    windows = take_windows(40, FIRST_WINDOW)[:4]
+    state, now = StreamState(), time.perf_counter()
+    due = now + 1.0  # the third window's client runs dry in a second; the worker starts after that
+    executor.submit(lambda: time.sleep(max(0.0, due - time.perf_counter()) + 0.05))
+    # closed with its client dry (due before it closed), due in a second (out after it), due in an hour
+    futures = [vocoder.submit(codes.numpy()[:, :window.end].copy(), window, state, deadline)
+               for window, deadline in zip(windows, (now - 1, now - 1, due, now + 3600))]
+    for future in futures:
+        future.result(timeout=600)
+    executor.shutdown()
+    assert (pace.dry, pace.late, len(pace.window_s)) == (1, 1, 4) and len(pace.drain_s) == vocoder.calls
+    assert all(seconds > 0 for seconds in pace.drain_s)
+    line = pace.report() or ""
+    assert "3 windows" not in line  # no step ran: no line
+    pace.step(0.01, decoding=1, prefilled=0, held=False)
+    pace.window(0.01, late=True)
+    pace.drain(0.01)
+    assert "1 windows (0 closed early) in 1 drains, closed to audio p50 10.0 ms, p95 10.0 ms, 1 made late" in (
+        pace.report() or "")
 
 
 def test_a_drain_hands_each_window_out_as_it_is_decoded(codec, graphs, monkeypatch) -> None:
