@@ -76,6 +76,7 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       early_windows=settings.early_windows, vocoder_order=settings.vocoder_order,
                                       kernels=settings.kernels,
                                       compile_prefill=settings.compile_prefill,
+                                      vocoder_compile=settings.vocoder_compile,
                                       vocoder_batch=VOCODER_BATCH if settings.vocoder_batch is None else
                                       settings.vocoder_batch,
                                       vocoder_batch_from=BATCHED_FROM if settings.vocoder_batch_from is None else
@@ -163,6 +164,8 @@ def log_ready(engine_loop: EngineLoop) -> None:
              if engine.early_windows else "off; windows close at the schedule's ends only (--early-windows)")
     log.info("vocoder order: %s", "deadline; the windows whose clients run out of audio soonest first, 8 a drain"
              if engine.vocoder_order == "deadline" else "arrival; first windows first, then as they came")
+    if engine.window_graphs is not None and engine.window_graphs.compiled:
+        log.info("vocoder compiled: the window graphs replay an Inductor-compiled decode (--vocoder-compile)")
     if isinstance(fast := warm.get("fast_path"), list) and fast:  # on CUDA: what runs fused or compiled (fast.py)
         log.info("fast path: %s", ", ".join(fast))
     if engine.demo_weights:

@@ -1,24 +1,27 @@
-"""`retake bench codec --window`: a long window's graph with the decoder's Snakes in one pass and op by op.
+"""`retake bench codec --window`: a window's graph with the decoder's Snakes in one pass, op by
+op, and the whole decode compiled by Inductor.
 
 A long window (64 new frames after a take's first 320, through the take's codec state:
 every window of a take after its first seconds) decodes from its graph with the Snakes as
 `ready` leaves them (one Triton pass each on a GPU: engine/kernels/snake.py) and launched op
-by op (the layer's own arithmetic), and on a GPU once more with the quantiser's post
-transformer compiled by Inductor (an experiment: its ~45 kernels a layer, norms, rope and
-scales in float32 around four GEMMs, are most of a short window's launches; the engine does
-not compile it), each with the largest PCM16 difference from the first; `--profile FILE`
-adds the kernels of that window launched without its graph.
+by op (the layer's own arithmetic); on a GPU also from the graph of the window's decode
+compiled by Inductor (`retake serve --vocoder-compile`: codec_graphs.py `compiled`), and the
+short windows (10 and 1 new frames, whose calls are bound by their kernels' count) both ways.
+Each row has the largest PCM16 difference from the first row of its frame count;
+`--profile FILE` adds the kernels of the long window launched without its graph.
 
 Design choices:
-- The window graph is the one the engine captures for 64 frames (one row), built afresh per
-  form: a graph holds the kernels of its capture. Each call starts from the same state (the
-  take's after 320 frames), copied in as a take's is.
-- On a CPU no Snake is fused: both rows run the same code (the graphs are off too), and the
-  compiled row is left out (Inductor's CPU build takes minutes on 2 cores).
-- The compiled module takes any window length (`dynamic=True`): one compile serves every
-  graph length, as the engine would need.
+- The window graph is the one the engine captures for the frame count (one row), built
+  afresh per form: a graph holds the kernels of its capture. Each call starts from the same
+  state (the take's after 320 frames), copied in as a take's is.
+- On a CPU no Snake is fused: the long window's two rows run the same code (the graphs are
+  off too), and the compiled rows are left out (Inductor's CPU build takes minutes on 2 cores).
+- One compiled decode serves every form's graph, as in the engine (`dynamic=True`; one-frame
+  windows compile apart).
 - Kept from stop 37's forms bench, which also timed every convolution folded and as a matrix
-  product (dropped: cuDNN's were as fast or faster, docs/perf.md).
+  product (dropped: cuDNN's were as fast or faster, docs/perf.md); stop 38's form with only the
+  post transformer compiled (7.08 -> 6.65 ms on an H100, without `emulate_precision_casts`:
+  PCM16 differences of 152) gave way to the whole decode compiled.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import functools
 import gc
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,25 +43,23 @@ Row = dict[str, Any]
 
 
 def bench_window(codec: Codec, device: torch.device, repeats: int = 10, profile: Path | None = None) -> list[Row]:
-    """A long window's graph with the Snakes fused (as `ready` leaves them) and launched op by op."""
+    """Windows' graphs with the Snakes fused (as `ready` leaves them), op by op, and compiled."""
     import numpy as np
 
     from engine.drama3.codec_graphs import WindowGraphs
     from engine.drama3.codec_layers import Snake
     from engine.drama3.codec_stream import StreamState, new_state, window_pcm
-    from engine.drama3.codec_transformer import WindowLimitedTransformer
     from engine.drama3.stream import STREAM_FOLLOWUP_STRIDE, Window
 
-    new, context = STREAM_FOLLOWUP_STRIDE, 320
-    window = Window(emit=context, end=context + new, last=False)
+    long, context = STREAM_FOLLOWUP_STRIDE, 320
     generator = torch.Generator().manual_seed(0)
-    codes = torch.stack([torch.randint(0, n, (context + new,), generator=generator)
+    codes = torch.stack([torch.randint(0, n, (context + long,), generator=generator)
                          for n in codec.codebook_sizes]).to(device)  # [num_codebooks, frames]
     before = StreamState()
     with torch.inference_mode():
         window_pcm(codec, codes, Window(0, context), before)  # the take's first 320 frames
 
-    def call(graphs: WindowGraphs) -> np.ndarray:  # the window, from the state after those frames
+    def call(graphs: WindowGraphs, window: Window) -> np.ndarray:  # the window, from the state after those frames
         stream = StreamState()
         stream.codec, stream.frames = new_state(codec, 1), context
         stream.codec.copy_(before.state(codec))
@@ -66,46 +67,44 @@ def bench_window(codec: Codec, device: torch.device, repeats: int = 10, profile:
 
     snakes = [m for m in codec.decoder.modules() if isinstance(m, Snake)]
     inverses = [m.inverse for m in snakes]  # (None on a CPU: nothing fused)
+    cuda = device.type == "cuda"
+    forms = [(long, "fused", True, False), (long, "op by op", False, False)]
+    forms += [(long, "fused", True, True)] if cuda else []
+    forms += [(new, "fused", True, compiled) for new in (10, 1) for compiled in ((False, True) if cuda else (False,))]
     rows: list[Row] = []
-    first: np.ndarray | None = None
-    quantizer, transformer = codec.quantizer, codec.quantizer.post_module
-    forms = [("fused", True, "eager"), ("op by op", False, "eager")]
-    forms += [("fused", True, "compiled")] if device.type == "cuda" else []
+    firsts: dict[int, np.ndarray] = {}
     try:
-        for name, keep, post in forms:
+        for new, name, keep, compiled in forms:
             for m, inverse in zip(snakes, inverses):
                 m.inverse = inverse if keep else None
-            quantizer.post_module = cast(WindowLimitedTransformer, torch.compile(transformer, dynamic=True)) \
-                if post == "compiled" else transformer
-            graphs = WindowGraphs(codec, [1], [new])
+            window = Window(emit=context, end=context + new, last=False)
+            graphs = WindowGraphs(codec, [1], [new], compiled=compiled)
             graphs.capture()
             with torch.inference_mode():
-                pcm = call(graphs)
-                first = pcm if first is None else first
-                ms = statistics.median(timed_ms(functools.partial(call, graphs), device, repeats))
+                pcm = call(graphs, window)
+                first = firsts.setdefault(new, pcm)
+                ms = statistics.median(timed_ms(functools.partial(call, graphs, window), device, repeats))
             rows.append({"bench": "codec_window", "snakes": name, "fused": sum(m.inverse is not None for m in snakes),
-                         "post": post, "frames": new, "context_frames": context, "graph": graphs.runs(window),
-                         "window_ms": round(ms, 2),
+                         "post": "compiled" if compiled else "eager", "frames": new, "context_frames": context,
+                         "graph": graphs.runs(window), "window_ms": round(ms, 2),
                          "max_pcm_difference": int(np.abs(pcm.astype(np.int32) - first.astype(np.int32)).max())})
             del graphs
             gc.collect()
     finally:
         for m, inverse in zip(snakes, inverses):
             m.inverse = inverse
-        quantizer.post_module = transformer
     if profile is not None:
         from engine.bench.drama3.profiling import profile_window
 
-        profile.write_text(profile_window(codec, device, new, context) + "\n", encoding="utf-8")
+        profile.write_text(profile_window(codec, device, long, context) + "\n", encoding="utf-8")
     return rows
 
 
 def print_window(rows: list[Row]) -> None:
     if not rows:
         return
-    w = rows[0]
-    print(f"a {w['frames']}-frame window after {w['context_frames']} frames, from its graph:")
-    print(f"{'snakes':>9} {'fused':>6} {'post':>9} {'ms':>8} {'graph':>6} {'max PCM16 diff':>15}")
+    print(f"windows after {rows[0]['context_frames']} frames, from their graphs ('compiled': the whole decode):")
+    print(f"{'frames':>7} {'snakes':>9} {'fused':>6} {'decode':>9} {'ms':>8} {'graph':>6} {'max PCM16 diff':>15}")
     for r in rows:
-        print(f"{r['snakes']:>9} {r['fused']:>6} {r['post']:>9} {r['window_ms']:>8.2f} {r['graph']!s:>6} "
-              f"{r['max_pcm_difference']:>15}")
+        print(f"{r['frames']:>7} {r['snakes']:>9} {r['fused']:>6} {r['post']:>9} {r['window_ms']:>8.2f} "
+              f"{r['graph']!s:>6} {r['max_pcm_difference']:>15}")

@@ -60,6 +60,19 @@ Design choices:
   WindowGraphs on a CPU run their padded, batched code eagerly (the tests' way to the
   batched path).
 - The graphs share one memory pool of their own (they may run while the decode graphs do).
+- `compiled` (`retake serve --vocoder-compile on`, off by default until a GPU says it pays):
+  the graphs capture the window's decode through Inductor (`compiled_decode`) instead of op by
+  op. A replay still runs every kernel of the window, ~685 on an H100 (stop 38's profile: the
+  post transformer's ~37 a layer in float32, the casts, adds and norms around the convolutions),
+  most of a short window's 3-4 ms; Inductor fuses the elementwise ones. One compile serves
+  every frame count and row count (`dynamic=True`; a take's first windows, without context,
+  and calls of one frame or one row are compiled apart), the Snakes go to Inductor as the
+  reference (it fuses them as the Triton pass does: float32, rounded once), and
+  `emulate_precision_casts` keeps the release's roundings (the rope's bfloat16 cos and sin, the
+  scale's cast): without it Inductor skips a float32 -> bfloat16 -> float32 round trip and the
+  post transformer's output moved by 3e-4 of its scale. The samples differ from the op-by-op
+  window's in float16 rounding only, and the export replays the same graphs, so it is still
+  the stream sample for sample.
 - cuDNN's own heuristics pick the convolutions' algorithms. Autotuning at capture
   (`torch.backends.cudnn.benchmark` for the warm-up call) was tried (stop 36): on an H100 a
   10 + 320-frame window replayed in 14.6 ms either way, so it is not done.
@@ -72,9 +85,11 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 import torch
+import torch.fx.experimental._config as fx_config
 from numpy.typing import NDArray
 
 from engine.drama3.codec import Codec
@@ -95,15 +110,32 @@ Job = tuple[torch.Tensor, Window, StreamState]
 Key = tuple[int, int]  # a graph: (frames of context, 0 for first windows; its frame count)
 
 
+DecodeNext = Callable[[Codec, torch.Tensor, CodecState, torch.Tensor, int], torch.Tensor]
+
+
+def compiled_decode() -> DecodeNext:
+    """`decode_next` through Inductor, any window and row count (see the design choices)."""
+    compiled = cast(DecodeNext, torch.compile(decode_next, dynamic=True, fullgraph=True,
+                                              options={"emulate_precision_casts": True}))
+
+    def decode(codec: Codec, codes: torch.Tensor, state: CodecState, count: torch.Tensor, context: int) -> torch.Tensor:
+        # Not duck-shaped: a window of 64 frames would share a symbol with the heads' 64 dims and compile apart.
+        with fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]  # (set up at import)
+            return compiled(codec, codes, state, count, context)
+    return decode
+
+
 class WindowGraphs:
     """Windows' PCM16 from the graph of their frame count (padded up), `batch` windows to a call
-    from `batched_from` frames, for one codec."""
+    from `batched_from` frames, for one codec; `compiled`: the window's decode through Inductor."""
 
     def __init__(self, codec: Codec, firsts: list[int], frames: list[int], *, batch: int = 1,
-                 batched_from: int = BATCHED_FROM, enabled: bool = True) -> None:
+                 batched_from: int = BATCHED_FROM, enabled: bool = True, compiled: bool = False) -> None:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"the vocoder's batch must be a whole number of windows >= 1; got {batch!r}")
         self.codec, self.frames = codec, sorted(set(frames))
+        self.compiled = compiled
+        self.decode_next = compiled_decode() if compiled else decode_next
         self.batch, self.batched_from = batch, batched_from
         longest, device = max(*firsts, *self.frames), codec.device
         self.codes = torch.zeros((batch, codec.num_codebooks, longest), dtype=torch.long, device=device)
@@ -154,7 +186,7 @@ class WindowGraphs:
         rows = self.rows((context, frames))
         state = CodecState(self.state.keys[:, :rows], self.state.values[:, :rows], self.state.tail[:rows],
                            self.state.frames[:rows])
-        audio = decode_next(self.codec, self.codes[:rows, :, :frames], state, self.count[:rows], context)
+        audio = self.decode_next(self.codec, self.codes[:rows, :, :frames], state, self.count[:rows], context)
         self.out[:rows, :audio.shape[1]].copy_(pcm16(audio))  # [rows, (context + frames) * fs]
 
     def key_for(self, window: Window) -> Key | None:

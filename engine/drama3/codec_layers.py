@@ -52,7 +52,7 @@ class Snake(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
         # In float32 with float32 alphas, rounded once, as SGLang Omni's float16 decoder
         # computes it (a Triton kernel); per-op float16 loses ~1 dB against float32.
-        if self.inverse is not None:
+        if self.inverse is not None and not torch.compiler.is_compiling():  # (compiled: Inductor fuses the reference)
             return guarded("codec snake", snake_kernel, snake_reference, x, self.alpha, self.inverse)
         return snake_reference(x, self.alpha)
 

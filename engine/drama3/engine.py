@@ -105,6 +105,7 @@ class EngineSpec:
     mixed_step: bool | None = None  # decode steps carry a waiting prompt's chunk (mixed.py); None: on CUDA
     early_windows: bool = False  # windows close early where a client runs short (take.py); off: stop 46's H100 A/B
     vocoder_order: str = "deadline"  # which queued windows vocode first (vocoder.py ORDERS)
+    vocoder_compile: bool = False  # on CUDA, the window graphs capture an Inductor-compiled decode (codec_graphs.py)
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
     # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels
     # in each chunk's graph. Off until the H200 measures it (the compile lengthens the warm-up).
@@ -224,10 +225,10 @@ class Drama3Engine:
         self.decoder = Decoder(model, max_rows, self.slots, graphs=True,
                                group=spec.prefill_group, mixed=spec.mixed_step)  # allocates the caches
         self.decoder.prefix = prefix_cache(spec, model, self.device)
-        # On CUDA a window decodes as a graph replay of its frame count.
-        first = spec.first_window_frames
+        first = spec.first_window_frames  # on CUDA a window decodes as a graph replay of its frame count
         self.window_graphs = WindowGraphs(codec, [first_frames(first)], window_frames(first), batch=spec.vocoder_batch,
-                                          batched_from=spec.vocoder_batch_from) if self.device.type == "cuda" else None
+                                          batched_from=spec.vocoder_batch_from, compiled=spec.vocoder_compile) \
+            if self.device.type == "cuda" else None
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
         self.early_windows, self.vocoder_order = spec.early_windows, spec.vocoder_order
