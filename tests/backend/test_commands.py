@@ -251,10 +251,11 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """`retake serve --prefill-group 4 --mixed-step on --early-windows on` on a CPU (where all three
     are off by default): the log says so, and three directors starting at once, then retaking while
-    the others play, get every take (`--compile-prefill`, a GPU's option, changes nothing here)."""
+    the others play, get every take (`--compile-prefill` and `--vocoder-compile`, a GPU's options,
+    change nothing here)."""
     log = tmp_path / "server.log"
     process, port, _ = serve(["--prefill-group", "4", "--mixed-step", "on", "--early-windows", "on", "--slots", "3",
-                              "--compile-prefill"],
+                              "--compile-prefill", "--vocoder-compile"],
                              tmp_path, log=log)
     try:
         parser = argparse.ArgumentParser()
@@ -273,3 +274,4 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
     assert "prefill groups: the next chunks of up to 4 waiting prompts run as one" in output, output[-2000:]
     assert "mixed steps: a waiting prompt's next 256 rows ride each decode step" in output, output[-2000:]
     assert "early windows: on; a window closes early where a take's client would run out of audio" in output
+    assert "vocoder compiled" not in output  # (ignored on a CPU: its windows decode eagerly)
