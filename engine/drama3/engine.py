@@ -100,7 +100,7 @@ class EngineSpec:
     prefix_cache_host_gib: float = 0.0  # pinned host memory for snapshots evicted from the GPU (0: dropped)
     vocoder_batch: int = VOCODER_BATCH  # long windows decoded per codec call on CUDA (codec_graphs.py)
     vocoder_batch_from: int = BATCHED_FROM  # their new frames (and more)
-    prefill_group: int | None = None  # prompts whose next prefill chunks run as one (prefill_groups.py); None: 8, CUDA
+    prefill_group: int | None = None  # prompts whose chunks prefill as one (prefill_groups.py); None: 8 CUDA, 1 CPU
     mixed_step: bool | None = None  # decode steps carry a waiting prompt's chunk (mixed.py); None: on CUDA
     early_windows: bool = False  # windows close early where a client runs short (take.py); off: stop 46's H100 A/B
     vocoder_order: str = "deadline"  # which queued windows vocode first (vocoder.py ORDERS)
