@@ -15,13 +15,10 @@ from engine.drama3.codec_stream import StreamState
 from engine.drama3.codec_tiny import random_codec
 from engine.drama3.stream import first_frames, take_windows, window_frames
 
+from .test_codec_graphs_gpu import snr_db
+
 pytestmark = pytest.mark.gpu
 FIRST_WINDOW = 1  # the server's: windows of 1, 2, 4, 10, 20, 32, 64, ... frames
-
-
-def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
-    reference, other = reference.astype(np.float64), other.astype(np.float64)
-    return float(10 * np.log10((reference**2).sum() / max(((reference - other) ** 2).sum(), 1e-12)))
 
 
 def test_compiled_window_graphs_stream_as_the_op_by_op_ones() -> None:

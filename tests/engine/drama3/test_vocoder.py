@@ -224,8 +224,7 @@ def test_the_pace_counts_windows_out_after_their_client_ran_dry_and_each_drain(c
     executor.shutdown()
     assert (pace.dry, pace.late, len(pace.window_s)) == (1, 1, 4) and len(pace.drain_s) == vocoder.calls
     assert all(seconds > 0 for seconds in pace.drain_s)
-    line = pace.report() or ""
-    assert "3 windows" not in line  # no step ran: no line
+    assert pace.report() is None  # no step ran: no line, and the counts start again
     pace.step(0.01, decoding=1, prefilled=0, held=False)
     pace.window(0.01, late=True)
     pace.drain(0.01)
