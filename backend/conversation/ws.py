@@ -2,7 +2,8 @@
 
 Design choices:
 - Admission as on `/ws` (backend/transport.py: origin, token), then `converse.open` until one
-  succeeds: a bad persona or an unknown voice is an `error` and the client may try again; a
+  succeeds (a `ping` meanwhile gets its `pong`: a client may keep the socket alive while it
+  reads a clip): a bad persona or an unknown voice is an `error` and the client may try again; a
   server with every slot in use answers `busy` and closes with 1013. Until `converse.ready`
   is sent the handler writes to the socket itself, so `converse.ready` always comes before
   what the engine thread has already put in the outbox (`converse.listening`).
@@ -109,6 +110,9 @@ async def open_conversation(websocket: WebSocket, conversations: ConversationLoo
             if text is None:
                 raise cp.ConversationError("bad_field", "send converse.open (a text frame) before any audio")
             message = cp.parse_client_message(text)
+            if isinstance(message, cp.Ping):  # a keepalive while the client gets its clip ready
+                await send(cp.Pong())
+                continue
             if not isinstance(message, cp.ConversationOpen):
                 raise cp.ConversationError("bad_field", 'the first message must be {"type": "converse.open"}')
             clip = None

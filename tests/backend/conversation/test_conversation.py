@@ -150,6 +150,22 @@ def test_a_bad_open_says_what_to_change_and_the_socket_stays(talk_server: LiveSe
     run(main())
 
 
+def test_a_ping_before_the_open_gets_its_pong_and_the_open_still_works(talk_server: LiveServer) -> None:
+    async def main() -> None:
+        socket = await websockets.connect(talk_server.converse, max_size=None)
+        for _ in range(2):
+            await socket.send(json.dumps({"type": "ping"}))
+            assert json.loads(await socket.recv()) == {"type": "pong"}
+        await socket.send(b"\x00\x01")  # audio before the open is still refused
+        reply = json.loads(await socket.recv())
+        assert reply["code"] == "bad_field" and "converse.open" in reply["message"], reply
+        await socket.send(json.dumps({"type": "converse.open"}))
+        assert json.loads(await socket.recv())["type"] == "converse.ready"
+        await socket.close()
+
+    run(main())
+
+
 def test_a_persona_too_long_for_the_context_is_refused(talk_server: LiveServer) -> None:
     async def main() -> None:
         socket, reply = await open_talk(talk_server.converse, persona="word " * 790)
