@@ -162,10 +162,12 @@ def log_ready(engine_loop: EngineLoop) -> None:
              else "off; a prompt's chunks run between the decode steps (--mixed-step)")
     log.info("early windows: %s", "on; a window closes early where a take's client would run out of audio"
              if engine.early_windows else "off; windows close at the schedule's ends only (--early-windows)")
-    log.info("vocoder order: %s", "deadline; the windows whose clients run out of audio soonest first, 8 a drain"
+    log.info("vocoder order: %s", "deadline; first windows, then the windows whose clients run out of audio soonest, "
+             "8 a drain"
              if engine.vocoder_order == "deadline" else "arrival; first windows first, then as they came")
     if engine.window_graphs is not None and engine.window_graphs.compiled:
-        log.info("vocoder compiled: the window graphs replay an Inductor-compiled decode (--vocoder-compile)")
+        log.info("vocoder compiled: the window graphs replay an Inductor-compiled decode (--vocoder-compile off: "
+                 "op by op)")
     if isinstance(fast := warm.get("fast_path"), list) and fast:  # on CUDA: what runs fused or compiled (fast.py)
         log.info("fast path: %s", ", ".join(fast))
     if engine.demo_weights:

@@ -33,7 +33,7 @@ class Settings:
     early_windows: bool = False  # windows close early where a client runs short (engine/drama3/take.py)
     vocoder_order: str = "deadline"  # which queued windows vocode first (engine/drama3/vocoder.py)
     compile_prefill: bool = False  # prefill chunks through compiled layers on CUDA (engine/drama3/fast.py)
-    vocoder_compile: bool = False  # the window graphs through Inductor on CUDA (engine/drama3/codec_graphs.py)
+    vocoder_compile: bool = True  # the window graphs through Inductor on CUDA (engine/drama3/codec_graphs.py)
     slots: int | None = None  # takes decoding together; None: the engine's default for the device
     threads: int | None = None  # CPU threads for torch; None: the engine's default (half the cores)
     prefix_cache_gib: float | None = None  # prefix snapshots (engine/drama3/prefix.py); None: the engine's default

@@ -255,7 +255,7 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
     change nothing here)."""
     log = tmp_path / "server.log"
     process, port, _ = serve(["--prefill-group", "4", "--mixed-step", "on", "--early-windows", "on", "--slots", "3",
-                              "--compile-prefill", "--vocoder-compile"],
+                              "--compile-prefill", "--vocoder-compile", "on"],
                              tmp_path, log=log)
     try:
         parser = argparse.ArgumentParser()

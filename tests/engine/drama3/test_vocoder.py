@@ -164,17 +164,18 @@ def test_the_queue_drains_every_due_window(codec, graphs, order: str, drains: in
 
 
 def test_the_windows_whose_clients_run_dry_soonest_decode_first(codec, graphs) -> None:
-    """By deadline: a take far ahead of its client (its windows due in seconds) waits while a take
-    whose client is about to run out has its windows decoded, whatever came first; a take whose
-    later window is due sooner than its earlier one still decodes them in order (each window
-    follows its take's codec state), and every window has the samples it has alone."""
+    """By deadline: every take's first window first (first audio), then a take far ahead of its
+    client (its windows due in seconds) waits while a take whose client is about to run out has
+    its windows decoded, whatever came first; a take whose later window is due sooner than its
+    earlier one still decodes them in order (each window follows its take's codec state), and
+    every window has the samples it has alone."""
     executor = ThreadPoolExecutor(max_workers=1)
     vocoder = Vocoder(codec, graphs, executor)
     now = time.perf_counter()
     ahead, short, odd = (random_codes(codec, frames, seed=70 + k) for k, frames in enumerate((120, 40, 40)))
     plans = [(ahead, [now + 10 + k for k in range(8)]),  # submitted first, due last
              (short, [now + 0.05 * k for k in range(8)]),
-             (odd, [now + 20, now + 1] + [now + 2 + k for k in range(6)])]  # its second due before its first
+             (odd, [now + 20, now + 30, now + 1] + [now + 2 + k for k in range(5)])]  # its third due before its second
     jobs, owner = [], []
     for number, (codes, deadlines) in enumerate(plans):
         state = StreamState()
@@ -192,9 +193,11 @@ def test_the_windows_whose_clients_run_dry_soonest_decode_first(codec, graphs) -
         future.result(timeout=600)
     executor.shutdown()
     assert len(jobs) > DRAIN_WINDOWS and vocoder.calls == -(-len(jobs) // DRAIN_WINDOWS)
-    takes_out = [owner[index] for index in finished]
-    assert takes_out[:owner.count(1)] == [1] * owner.count(1)  # the short take's windows before any other
-    # The odd take's second window (due in 1 s) waits for its first (due in 20 s): after the take 10-17 s ahead.
+    assert [owner[index] for index in finished[:3]] == [1, 0, 2]  # the first windows, soonest due first
+    assert all(jobs[index][1].emit == 0 for index in finished[:3])
+    takes_out = [owner[index] for index in finished[3:]]
+    assert takes_out[:owner.count(1) - 1] == [1] * (owner.count(1) - 1)  # the short take's before any other
+    # The odd take's third window (due in 1 s) waits for its second (due in 30 s): after the take 10-17 s ahead.
     assert max(place for place, number in enumerate(takes_out) if number == 0) < takes_out.index(2)
     for number in range(3):
         mine = [index for index in finished if owner[index] == number]
