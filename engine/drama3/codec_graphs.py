@@ -60,9 +60,9 @@ Design choices:
   WindowGraphs on a CPU run their padded, batched code eagerly (the tests' way to the
   batched path).
 - The graphs share one memory pool of their own (they may run while the decode graphs do).
-- `compiled` (`retake serve --vocoder-compile`; on an H100 14-18% off a window's replay, 6.13
-  against 7.46 ms for 64 frames, 2.67 against 3.22 for one: off by default until the server says
-  it pays beside the warm-up's compiles):
+- `compiled` (`retake serve --vocoder-compile`, on by default; on an H100 14-18% off a window's
+  replay, 6.13 against 7.46 ms for 64 frames, 2.67 against 3.22 for one; through the server on
+  the H200, stop 48, 32 directors' longest gap p99 39 ms against 77, for a warm-up ~90 s longer):
   the graphs capture the window's decode through Inductor (`compiled_decode`) instead of op by
   op. A replay still runs every kernel of the window, ~685 on an H100 (stop 38's profile: the
   post transformer's ~37 a layer in float32, the casts, adds and norms around the convolutions),
