@@ -25,12 +25,13 @@ Design choices:
   `call_soon_threadsafe` (the sink's callbacks).
 - Audio a user sends before `listening` is dropped: the agent is not listening yet, and
   keeping it would put the user's words late for the whole conversation.
-- Joins start on this thread between ticks, at most STARTS_PER_TICK between two: on the H200
-  (stop 48) 127 conversations opened at once were all started before the next tick, the
-  ones already listening meanwhile piled up frames, and the first second's frames waited
-  (tick latency p99 1.1 s while the ticks themselves took p95 27 ms; the pace line heard
-  19,425 frames in 10 s where the users sent 15,875). A start (its programme planned, a
-  read prompt copied in) is a few launches; eight of them hold a tick back for little.
+- Joins start on this thread between ticks, at most STARTS_PER_TICK between two (every join
+  queued was started before the next tick): on the H200 (stop 48) with 127 conversations
+  opened at once, those already listening piled up frames, most likely while the others
+  started, and the first second's frames waited (tick latency p99 1.1 s while the ticks took
+  p95 27 ms; the pace line heard 19,425 frames in 10 s where the users sent 15,875). A start
+  (its programme planned, a read prompt copied in) is a few launches; eight of them hold a
+  tick back for little. The pace line now says what the starts and the backlog were.
 - Idle slots wait (no tick moves them); a conversation that ends releases its slot
   (engine.release) and a new one recycles it (engine.start), which forgets the slot's
   history. A tick runs only up to the highest slot in use (the engine's batch buckets),
