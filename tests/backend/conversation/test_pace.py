@@ -86,4 +86,4 @@ def test_a_conversation_fills_the_pace_line(personaplex_checkpoint: Path) -> Non
     assert 0 < heard < 1 and 0 < prompting < 1  # one conversation: reading its prompt, then listening
     assert float(found[2]) > 0
     assert int(found[9]) >= 1  # the ticks that read its system prompt
-    assert int(found[12]) == 1 and float(found[13]) > 0  # the join, started between ticks
+    assert int(found[12]) == 1  # the join, started between ticks
