@@ -18,7 +18,7 @@ that fails or runs out of time is recorded and the next one runs):
   (FIRST_TESTS); `--tests A,B` runs those files instead
 - codec: `retake bench codec --random-weights --preset full --window`: a long window's graph with the
   decoder's Snakes in one pass and op by op, and 64-, 10- and 1-frame windows with the whole decode
-  compiled (`retake serve --vocoder-compile`) and not, and the long window's kernels (codec-profile.txt)
+  compiled (`retake serve --vocoder-compile on`, the default) and not, and the long window's kernels (codec-profile.txt)
 - takes: `retake bench takes --random-weights --preset full --device cuda --profile FILE`:
   decode (graph, floor), first audio, prefill, the step with 1..64 of 64 slots decoding,
   vocode (the bench writes its JSON after each part: a timeout keeps what was measured)

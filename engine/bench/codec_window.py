@@ -5,7 +5,7 @@ A long window (64 new frames after a take's first 320, through the take's codec 
 every window of a take after its first seconds) decodes from its graph with the Snakes as
 `ready` leaves them (one Triton pass each on a GPU: engine/kernels/snake.py) and launched op
 by op (the layer's own arithmetic); on a GPU also from the graph of the window's decode
-compiled by Inductor (`retake serve --vocoder-compile`: codec_graphs.py `compiled`), and the
+compiled by Inductor (`retake serve --vocoder-compile on`, the default: codec_graphs.py `compiled`), and the
 short windows (10 and 1 new frames, whose calls are bound by their kernels' count) both ways.
 Each row has the largest PCM16 difference from the first row of its frame count;
 `--profile FILE` adds the kernels of the long window launched without its graph.

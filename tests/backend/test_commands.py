@@ -251,7 +251,7 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """`retake serve --prefill-group 4 --mixed-step on --early-windows on` on a CPU (where all three
     are off by default): the log says so, and three directors starting at once, then retaking while
-    the others play, get every take (`--compile-prefill` and `--vocoder-compile`, a GPU's options,
+    the others play, get every take (`--compile-prefill` and `--vocoder-compile on`, a GPU's options,
     change nothing here)."""
     log = tmp_path / "server.log"
     process, port, _ = serve(["--prefill-group", "4", "--mixed-step", "on", "--early-windows", "on", "--slots", "3",

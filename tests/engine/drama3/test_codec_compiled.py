@@ -1,5 +1,5 @@
 """The window graphs' decode through Inductor (codec_graphs.py `compiled`, `retake serve
---vocoder-compile`) against the same graphs op by op, on a CPU with the tiny codec in
+--vocoder-compile on`, the default) against the same graphs op by op, on a CPU with the tiny codec in
 float32: a take's 10-frame windows after its first, each from its take's codec state, to one
 PCM16 step. One compile (~1 minute on 2 cores); other frame counts, a take's first window,
 calls of several rows and the export replaying a compiled stream run on the GPU

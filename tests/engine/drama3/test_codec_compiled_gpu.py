@@ -1,5 +1,5 @@
 """On a GPU, a random codec of the release's size: the window graphs capturing the decode
-compiled by Inductor (`retake serve --vocoder-compile`) stream a take as the op-by-op graphs
+compiled by Inductor (`retake serve --vocoder-compile on`, the default) stream a take as the op-by-op graphs
 do, to float16 rounding, and the export replays the compiled stream sample for sample. Its own
 file: the compiles take minutes (scripts/gpu runs a process per file)."""
 
