@@ -74,6 +74,7 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       prefix_cache_host_gib=settings.prefix_cache_host_gib,
                                       prefill_group=settings.prefill_group, mixed_step=settings.mixed_step,
                                       early_windows=settings.early_windows, vocoder_order=settings.vocoder_order,
+                                      vocoder_join=settings.vocoder_join,
                                       kernels=settings.kernels,
                                       compile_prefill=settings.compile_prefill,
                                       vocoder_compile=settings.vocoder_compile,
@@ -165,6 +166,8 @@ def log_ready(engine_loop: EngineLoop) -> None:
     log.info("vocoder order: %s", "deadline; first windows, then the windows whose clients run out of audio soonest, "
              "8 a drain"
              if engine.vocoder_order == "deadline" else "arrival; first windows first, then as they came")
+    log.info("vocoder joins: %s", "on; a take's queued windows decode in one call" if engine.spec.vocoder_join
+             else "off; each window its own call (--vocoder-join)")
     if engine.window_graphs is not None and engine.window_graphs.compiled:
         log.info("vocoder compiled: the window graphs replay an Inductor-compiled decode (--vocoder-compile off: "
                  "op by op)")

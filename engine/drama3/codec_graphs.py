@@ -96,7 +96,7 @@ from numpy.typing import NDArray
 
 from engine.drama3.codec import Codec
 from engine.drama3.codec_stream import CodecState, StreamState, context_for, decode_next, new_state, window_pcm
-from engine.drama3.stream import Window, take_windows
+from engine.drama3.stream import Window, join_windows, take_windows
 from engine.graphs import StepGraphs
 from engine.pcm import pcm16
 from engine.readback import pinned_like, to_host, wait_for
@@ -333,10 +333,11 @@ def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None
 
 
 def render_take(codec: Codec, codes: torch.Tensor, first_window: int | None = None,
-                graphs: WindowGraphs | None = None, cuts: Sequence[int] = ()) -> NDArray[np.int16]:
+                graphs: WindowGraphs | None = None, cuts: Sequence[int] = (),
+                joined: Sequence[int] = ()) -> NDArray[np.int16]:
     """int16 PCM [frames * frame_samples]: exactly what the stream of a take with these
-    final codes [num_codebooks, frames] carried, with the same settings and graphs and its
-    early windows' `cuts` (Done.cuts)."""
+    final codes [num_codebooks, frames] carried, with the same settings and graphs, its
+    early windows' `cuts` (Done.cuts) and the windows its vocoder joined (Done.joined)."""
     stream = StreamState()
-    windows = take_windows(codes.shape[1], first_window, cuts)
+    windows = join_windows(take_windows(codes.shape[1], first_window, cuts), joined)
     return np.concatenate([decode_window(codec, codes, window, stream, graphs) for window in windows])

@@ -110,6 +110,7 @@ class StreamState:
     def __init__(self) -> None:
         self.codec: CodecState | None = None
         self.frames = 0
+        self.joined: list[int] = []  # frame counts where a window decoded with the one after it (vocoder.py)
 
     def check(self, window: Window) -> None:
         if window.emit != self.frames:

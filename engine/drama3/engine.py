@@ -104,11 +104,11 @@ class EngineSpec:
     mixed_step: bool | None = None  # decode steps carry a waiting prompt's chunk (mixed.py); None: on CUDA
     early_windows: bool = False  # windows close early where a client runs short (take.py); off: stop 46's H100 A/B
     vocoder_order: str = "deadline"  # which queued windows vocode first (vocoder.py ORDERS)
+    vocoder_join: bool = False  # a take's queued windows vocode in one call (vocoder.py `join`)
     vocoder_compile: bool = False  # on CUDA, the window graphs capture an Inductor-compiled decode (codec_graphs.py)
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
-    # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels
-    # in each chunk's graph. Off until the H200 measures it (the compile lengthens the warm-up).
-    compile_prefill: bool = False
+    # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels in
+    compile_prefill: bool = False  # each chunk's graph. Off until the H200 measures it (a longer warm-up).
 
 
 # The first window: 1 frame (46 ms of audio), then 2, 4 and the seed's 10, 20, ... (stream.py). The seed
@@ -233,7 +233,7 @@ class Drama3Engine:
         self.early_windows, self.vocoder_order = spec.early_windows, spec.vocoder_order
         self.slot_table = Slots(self.decoder, codec, first_window=first, executor=self.vocoder,
                                 graphs=self.window_graphs, early_windows=self.early_windows,
-                                vocoder_order=self.vocoder_order)
+                                vocoder_order=self.vocoder_order, vocoder_join=spec.vocoder_join)
 
     # Inputs -------------------------------------------------------------------
 
@@ -353,12 +353,12 @@ class Drama3Engine:
             raise RuntimeError("generate runs one take alone, but takes are in flight; use start and step")
         yield from self.slot_table.generate(self.start(prompt, deadline, cancelled))
 
-    def vocode_take(self, codes: Codes, cuts: Sequence[int] = ()) -> NDArray[np.int16]:
-        """PCM16: exactly the samples the stream of a take with these codes [num_codebooks,
-        frames] carried (and its early windows, Done.cuts; without them, up to rounding)."""
+    def vocode_take(self, codes: Codes, cuts: Sequence[int] = (), joined: Sequence[int] = ()) -> NDArray[np.int16]:
+        """PCM16: exactly the samples the stream of a take with these codes [num_codebooks, frames] carried
+        (with its early windows and joined ones, Done.cuts and Done.joined; without them, up to rounding)."""
         frames = torch.tensor(checked_codes(codes, "take", self.config, empty=True))  # a copy: may be read-only
         with torch.inference_mode():
-            return render_take(self.codec, frames, self.spec.first_window_frames, self.window_graphs, cuts)
+            return render_take(self.codec, frames, self.spec.first_window_frames, self.window_graphs, cuts, joined)
 
     def fit_prefix_cache(self) -> float:
         """The prefix cache's budget from the GPU memory free now (after warm-up, and again once

@@ -76,6 +76,7 @@ class Done:
     codes: NDArray[np.int64]  # [num_codebooks, frames]: exactly what the stream carried
     error: str | None = None
     cuts: tuple[int, ...] = ()  # frame counts where its stream closed a window early (stream.py `cut`)
+    joined: tuple[int, ...] = ()  # frame counts where a window was vocoded with the one after it (vocoder.py)
 
 
 class Windows:
@@ -259,5 +260,5 @@ class Take:
                             decode_frames_per_s=round(self.steps / self.step_s, 1) if self.step_s else None)
         events.append(Done(finish_reason=self.finish or "error", timings=self.timings,
                            codes=self.codes[:, :self.committed].copy(), error=self.error,
-                           cuts=tuple(self.schedule.cuts)))
+                           cuts=tuple(self.schedule.cuts), joined=tuple(self.windows.state.joined)))
         return events

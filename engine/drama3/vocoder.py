@@ -28,6 +28,17 @@ Design choices:
   playing lose little.
   `order="arrival"`: first windows first, the rest as they came, every queued window in one
   drain (before stop 46).
+- Joined windows (`join`, `retake serve --vocoder-join on`; off by default until the H200
+  measures it): a drain that takes a take's window takes that take's windows queued after it
+  too and decodes them as one window, up to JOIN_FRAMES frames, in one call. A call costs
+  about the same for 2 frames as for 32 (stop 48's H200: 3.8 ms for 2 frames after 320, 6.2
+  for 10, 7.1 for 64), and at 64 directors the vocoder was busy 92-97% with ~114 windows a
+  second, most of them the schedule's short ramp (1, 2, 4, 10, 20, 32): a take's windows queue
+  together exactly when the vocoder is behind. Each window still gets its own samples (the
+  call's, split by frames); never a first window (first audio's call stays short). The take's
+  state lists where windows joined (Done.joined): the joined window runs in the graph of its
+  own frame count, so the export (render_take with them) replays the stream sample for sample;
+  without them it differs by rounding only.
 - Each window has its own future, set as soon as its codec call's samples are on the host
   (not after every window of the drain: at 64 takes a drain held tens of windows, and a
   take's first window, decoded first, waited for all of them); a drain's calls are launched
@@ -61,7 +72,7 @@ from engine.drama3.codec import Codec
 from engine.drama3.codec_graphs import WindowGraphs, decode_windows
 from engine.drama3.codec_stream import StreamState
 from engine.drama3.pace import Pace
-from engine.drama3.stream import Window
+from engine.drama3.stream import STREAM_FOLLOWUP_STRIDE, Window
 from engine.readback import to_device
 
 # A take's frames, its window, its codec state, the PCM to come, when it was submitted and when its
@@ -69,6 +80,7 @@ from engine.readback import to_device
 Job = tuple[NDArray[np.int64], Window, StreamState, "Future[NDArray[np.int16]]", float, float]
 ORDERS = ("deadline", "arrival")
 DRAIN_WINDOWS = 8  # the most windows a drain takes, urgent first (~30-60 ms of codec calls on an H100)
+JOIN_FRAMES = STREAM_FOLLOWUP_STRIDE  # the most frames a joined window has (the longest window graph's)
 
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -96,10 +108,11 @@ class Vocoder:
     """Windows of every take, vocoded together on one worker thread (or inline)."""
 
     def __init__(self, codec: Codec, graphs: WindowGraphs | None, executor: Executor | None,
-                 pace: Pace | None = None, order: str = "deadline") -> None:
+                 pace: Pace | None = None, order: str = "deadline", join: bool = False) -> None:
         if order not in ORDERS:
             raise ValueError(f"the vocoder's order is one of {', '.join(ORDERS)}; got {order!r}")
         self.codec, self.graphs, self.executor, self.order = codec, graphs, executor, order
+        self.join = join  # a take's queued windows decode in one call (`joinable`)
         self.pace = pace  # each window's time from submitted to PCM and whether late, each drain's (pace.py)
         self.lock = threading.Lock()
         self.queue: list[Job] = []  # submitted, not yet taken by a drain
@@ -117,7 +130,7 @@ class Vocoder:
         submitted = time.perf_counter()
         job = (frames, window, state, future, submitted, submitted if deadline is None else deadline)
         if self.executor is None:
-            self.decode([job])
+            self.decode([[job]])
             return future
         with self.lock:
             self.queue.append(job)
@@ -143,37 +156,65 @@ class Vocoder:
                     return
             self.decode(jobs)
 
-    def next_jobs(self) -> list[Job]:
-        """The next drain's windows, taken off the queue (`order`; with the lock held)."""
+    def next_jobs(self) -> list[list[Job]]:
+        """The next drain's calls, taken off the queue (`order`; with the lock held): each a
+        window, or a take's windows joined (`join`)."""
         queue = self.queue
         if self.order == "arrival":
-            self.queue = []
-            return sorted(queue, key=lambda job: job[1].emit != 0)  # first windows first
-        keys: list[tuple[bool, float, int]] = []
-        latest: dict[int, float] = {}  # a take's windows keep their order: none keyed sooner than the one before
-        for number, (_, window, state, _, _, deadline) in enumerate(queue):
-            latest[id(state)] = max(deadline, latest.get(id(state), deadline))
-            keys.append((window.emit != 0, latest[id(state)], number))  # first windows first (design choices)
-        chosen = [number for *_, number in sorted(keys)[:DRAIN_WINDOWS]]
-        left = set(range(len(queue))) - set(chosen)
-        self.queue = [job for number, job in enumerate(queue) if number in left]
-        return [queue[number] for number in chosen]
+            chosen = sorted(range(len(queue)), key=lambda number: queue[number][1].emit != 0)  # first windows first
+        else:
+            keys: list[tuple[bool, float, int]] = []
+            latest: dict[int, float] = {}  # a take's windows keep their order: none keyed sooner than the one before
+            for number, (_, window, state, _, _, deadline) in enumerate(queue):
+                latest[id(state)] = max(deadline, latest.get(id(state), deadline))
+                keys.append((window.emit != 0, latest[id(state)], number))  # first windows first (design choices)
+            chosen = [number for *_, number in sorted(keys)[:DRAIN_WINDOWS]]
+        taken: set[int] = set()
+        calls: list[list[Job]] = []
+        for number in chosen:
+            if number in taken:
+                continue
+            taken.add(number)
+            calls.append([queue[number]])
+            for other in range(number + 1, len(queue)) if self.join else ():  # its take's next windows, queued in order
+                if queue[other][2] is queue[number][2]:
+                    if not self.joinable(calls[-1], queue[other][1]):
+                        break
+                    taken.add(other)
+                    calls[-1].append(queue[other])
+        self.queue = [job for number, job in enumerate(queue) if number not in taken]
+        return calls
 
-    def decode(self, jobs: list[Job]) -> None:
+    def joinable(self, call: list[Job], window: Window) -> bool:
+        """Whether `window` decodes in one call with a take's windows `call` (the window before it
+        last): not after a first window (first audio's call stays short), at most JOIN_FRAMES
+        frames together, in a graph where the vocoder has graphs."""
+        joined = Window(call[0][1].emit, window.end, window.last)
+        return call[0][1].emit > 0 and joined.frames <= JOIN_FRAMES and (
+            self.graphs is None or self.graphs.key_for(joined) is not None)
+
+    def decode(self, calls: list[list[Job]]) -> None:
+        jobs = [job for call in calls for job in call]
         self.calls += 1
         self.windows += len(jobs)
         started = time.perf_counter()
+        samples = self.codec.frame_samples
 
-        def ready(index: int, pcm: NDArray[np.int16]) -> None:  # each window handed out as it is decoded
-            _, window, _, future, submitted, deadline = jobs[index]
-            future.set_result(pcm)
-            if self.pace is not None:  # (a first window is neither: its wait is first audio's)
-                now, later = time.perf_counter(), window.emit > 0
-                dry = later and deadline <= submitted  # its client had run dry when it closed: the decode's gap
-                self.pace.window(now - submitted, late=later and not dry and now > deadline, dry=dry)
+        def ready(index: int, pcm: NDArray[np.int16]) -> None:  # each call's windows handed out as it is decoded
+            call = calls[index]
+            call[0][2].joined.extend(window.end for _, window, *_ in call[:-1])  # before a Done reads them
+            for _, window, _, future, submitted, deadline in call:
+                future.set_result(pcm[:window.frames * samples])
+                pcm = pcm[window.frames * samples:]
+                if self.pace is not None:  # (a first window is neither: its wait is first audio's)
+                    now, later = time.perf_counter(), window.emit > 0
+                    dry = later and deadline <= submitted  # its client had run dry when it closed: the decode's gap
+                    self.pace.window(now - submitted, late=later and not dry and now > deadline, dry=dry,
+                                     joined=window is not call[-1][1])
 
         try:
-            vocode(self.codec, self.graphs, [(frames, window, state) for frames, window, state, *_ in jobs], ready)
+            vocode(self.codec, self.graphs, [(call[-1][0], Window(call[0][1].emit, call[-1][1].end, call[-1][1].last),
+                                              call[0][2]) for call in calls], ready)
             if self.pace is not None:
                 self.pace.drain(time.perf_counter() - started)
         except Exception as exc:  # noqa: BLE001 - find the windows that fail; the others stand
@@ -182,4 +223,4 @@ class Vocoder:
                 left[0][3].set_exception(exc)
                 return
             for job in left:
-                self.decode([job])
+                self.decode([[job]])

@@ -249,13 +249,13 @@ def test_serve_refuses_a_port_in_use_before_loading(tmp_path: Path) -> None:
 
 def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """`retake serve --prefill-group 4 --mixed-step on --early-windows on` on a CPU (where all three
-    are off by default): the log says so, and three directors starting at once, then retaking while
+    """`retake serve --prefill-group 4 --mixed-step on --early-windows on --vocoder-join on` on a CPU
+    (where all four are off by default): the log says so, and three directors starting at once, then retaking while
     the others play, get every take (`--compile-prefill` and `--vocoder-compile on`, a GPU's options,
     change nothing here)."""
     log = tmp_path / "server.log"
     process, port, _ = serve(["--prefill-group", "4", "--mixed-step", "on", "--early-windows", "on", "--slots", "3",
-                              "--compile-prefill", "--vocoder-compile", "on"],
+                              "--compile-prefill", "--vocoder-compile", "on", "--vocoder-join", "on"],
                              tmp_path, log=log)
     try:
         parser = argparse.ArgumentParser()
@@ -275,3 +275,4 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
     assert "mixed steps: a waiting prompt's next 256 rows ride each decode step" in output, output[-2000:]
     assert "early windows: on; a window closes early where a take's client would run out of audio" in output
     assert "vocoder compiled" not in output  # (ignored on a CPU: its windows decode eagerly)
+    assert "vocoder joins: on; a take's queued windows decode in one call" in output

@@ -14,7 +14,15 @@ from engine.drama3.codec import load_codec
 from engine.drama3.codec_graphs import WindowGraphs, decode_window, render_take
 from engine.drama3.codec_stream import StreamState, window_pcm
 from engine.drama3.codec_tiny import write_tiny_codec
-from engine.drama3.stream import StreamSchedule, Window, first_frames, take_windows, window_ends, window_frames
+from engine.drama3.stream import (
+    StreamSchedule,
+    Window,
+    first_frames,
+    join_windows,
+    take_windows,
+    window_ends,
+    window_frames,
+)
 from engine.errors import RequestError
 from engine.pcm import pcm16
 
@@ -173,6 +181,12 @@ def test_a_window_cut_early_leaves_the_schedule_s_ends() -> None:
                                                 Window(4, 7), Window(7, 10), Window(10, 12, last=True)]
     assert take_windows(5, 1, cuts=[3, 7]) == [Window(0, 1), Window(1, 2), Window(2, 3), Window(3, 4),
                                                Window(4, 5, last=True)]  # (a cut past the take's end: none)
+
+
+def test_joined_windows_are_one_window_from_the_first_s_start_to_the_last_s_end() -> None:
+    windows = take_windows(30, 1)  # 0-1, 1-2, 2-4, 4-10, 10-20, 20-30 (last)
+    assert join_windows(windows, [2, 4, 20]) == [Window(0, 1), Window(1, 10), Window(10, 30, last=True)]
+    assert join_windows(windows) == windows
 
 
 @pytest.mark.parametrize(("first_window", "first_starts", "cuts"), [

@@ -20,7 +20,7 @@ from engine.drama3.codec_stream import StreamState
 from engine.drama3.pace import Pace
 from engine.drama3.slots import Slots
 from engine.drama3.stream import Window, first_frames, take_windows, window_frames
-from engine.drama3.vocoder import DRAIN_WINDOWS, Vocoder
+from engine.drama3.vocoder import DRAIN_WINDOWS, JOIN_FRAMES, Vocoder
 
 FIRST_WINDOW = 4
 BATCHED_FROM = 10  # frames: low enough that the tiny takes' windows decode batched
@@ -231,8 +231,8 @@ def test_the_pace_counts_windows_out_after_their_client_ran_dry_and_each_drain(c
     pace.step(0.01, decoding=1, prefilled=0, held=False)
     pace.window(0.01, late=True)
     pace.drain(0.01)
-    assert "1 windows (0 closed early) in 1 drains, closed to audio p50 10.0 ms, p95 10.0 ms, 1 made late" in (
-        pace.report() or "")
+    assert ("1 windows (0 closed early, 0 joined to the next) in 1 drains, closed to audio p50 10.0 ms, p95 10.0 ms, "
+            "1 made late") in (pace.report() or "")
 
 
 def test_a_drain_hands_each_window_out_as_it_is_decoded(codec, graphs, monkeypatch) -> None:
@@ -334,4 +334,62 @@ def test_takes_in_flight_together_get_their_pcm_alone(engine, codec, graphs) -> 
         pcm = np.concatenate([w.pcm for w in windows])
         assert np.array_equal(pcm, alone[k])
         exported = render_take(codec, torch.from_numpy(done.codes), FIRST_WINDOW, graphs)
+        assert np.array_equal(pcm, exported)
+
+
+def test_a_take_s_queued_windows_join_in_one_call_and_its_export_replays_them(codec, graphs, monkeypatch) -> None:
+    """With `join`, a take's windows queued together (a vocoder behind) decode in one codec call,
+    up to JOIN_FRAMES frames, never with the take's first window: each window still gets exactly
+    its own samples, the take's state records where windows joined, and the export with those
+    `joined` ends is the stream sample for sample (without them, the same to rounding)."""
+    calls: list[int] = []
+    launch = graphs.launch
+    monkeypatch.setattr(graphs, "launch",
+                        lambda batch: calls.append(sum(w.frames for _, w, _ in batch)) or launch(batch))
+    codes = random_codes(codec, 150, seed=95)
+    windows = take_windows(150, FIRST_WINDOW)  # 4, 4, 2, 10, 12, 32, 64, 22 frames
+    state, pace = StreamState(), Pace()
+    executor = ThreadPoolExecutor(max_workers=1)
+    vocoder = Vocoder(codec, graphs, executor, pace, join=True)
+    futures = submitted_while_busy(vocoder, executor, [(codes.numpy()[:, :w.end].copy(), w, state, None)
+                                                       for w in windows])
+    executor.shutdown()
+    assert vocoder.windows == len(windows) and calls[0] == FIRST_WINDOW  # the first window alone
+    assert len(calls) < len(windows) and max(calls) <= JOIN_FRAMES
+    assert state.joined and all(end in [w.end for w in windows] for end in state.joined)
+    assert pace.joined == len(windows) - len(calls)
+    pcm = [future.result() for future in futures]
+    assert [len(p) for p in pcm] == [w.frames * codec.frame_samples for w in windows]
+    stream = np.concatenate(pcm)
+    assert np.array_equal(stream, render_take(codec, codes, FIRST_WINDOW, graphs, joined=state.joined))
+    apart = render_take(codec, codes, FIRST_WINDOW, graphs).astype(np.int32)
+    assert np.abs(stream.astype(np.int32) - apart).max() <= 2  # float32 rounding, in int16 steps
+
+
+def test_takes_with_joined_windows_report_them_and_export_as_streamed(engine, codec, graphs) -> None:
+    """Takes decoding while the vocoder's worker is held up: their windows queue and join; each
+    take's Done lists where (`joined`), and the export of its codes with them is its stream
+    sample for sample."""
+    executor = ThreadPoolExecutor(max_workers=1)
+    slots = Slots(engine.decoder, codec, first_window=FIRST_WINDOW, executor=executor, graphs=graphs,
+                  vocoder_join=True)
+    release = threading.Event()
+    executor.submit(release.wait)
+    prompts = [engine.prompt(text, None, [], Sampling(max_new_tokens=40, seed=k))
+               for k, text in enumerate(["Again, slower.", "Who is there?"])]
+    takes = {slots.start(prompt): k for k, prompt in enumerate(prompts)}
+    streams: dict[int, list] = {k: [] for k in takes.values()}
+    steps = 0
+    while slots.in_flight:
+        steps += 1
+        if steps == 30:  # every take's windows of the first 30 steps queued meanwhile
+            release.set()
+        for take, events in slots.step():
+            streams[takes[take]] += events
+    executor.shutdown()
+    for events in streams.values():
+        windows, done = events[:-1], events[-1]
+        assert isinstance(done, Done) and done.joined
+        pcm = np.concatenate([w.pcm for w in windows])
+        exported = render_take(codec, torch.from_numpy(done.codes), FIRST_WINDOW, graphs, done.cuts, done.joined)
         assert np.array_equal(pcm, exported)
