@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -103,8 +104,9 @@ from engine.readback import pinned_like, to_host, wait_for
 
 log = logging.getLogger("retake.engine")
 
-VOCODER_BATCH = 1  # rows of the 64-frame windows' graph (engine default; 8 once the H200 shows it pays: docs/perf.md)
-BATCHED_FROM = 64  # frames: windows with this many new frames decode `batch` to a call
+VOCODER_BATCH = 1  # the most windows a call decodes (engine default; more once the H200 shows it pays: docs/perf.md)
+BATCHED_FROM = 64  # frames: windows with this many new frames decode up to `batch` to a call
+ROW_COUNTS = (1, 2, 4, 8, 16, 32)  # a call's rows: the least of these (or `batch`) that holds its windows
 
 # A window of a take: its take's codes [num_codebooks, >= window.end] (on the codec's device), the
 # window, the take's codec state.
@@ -139,6 +141,7 @@ class WindowGraphs:
         self.compiled = compiled
         self.decode_next = compiled_decode() if compiled else decode_next
         self.batch, self.batched_from = batch, batched_from
+        self.row_counts = [rows for rows in ROW_COUNTS if rows < batch] + [batch]  # a graph set each
         longest, device = max(*firsts, *self.frames), codec.device
         self.codes = torch.zeros((batch, codec.num_codebooks, longest), dtype=torch.long, device=device)
         self.count = torch.zeros(batch, dtype=torch.long, device=device)  # real frames per row
@@ -146,20 +149,23 @@ class WindowGraphs:
         self.out = torch.zeros((batch, (codec.conv_context + longest) * codec.frame_samples), dtype=torch.int16,
                                device=device)
         enabled = enabled and device.type == "cuda"
-        self.graphs = StepGraphs(lambda n: self.static_window(n, codec.conv_context), self.frames,
-                                 enabled=enabled, name="codec window")
-        self.firsts = StepGraphs(lambda n: self.static_window(n, 0), firsts, enabled=enabled,
+        # By rows: every frame count in one row, those from `batched_from` in more (their own graphs).
+        self.batched = {rows: StepGraphs(functools.partial(self.static_window, context=codec.conv_context, rows=rows),
+                                         [n for n in self.frames if rows == 1 or n >= batched_from],
+                                         enabled=enabled, name=f"codec window x{rows}") for rows in self.row_counts}
+        self.graphs = self.batched[1]  # (the routing: `fastest_for`)
+        self.firsts = StepGraphs(functools.partial(self.static_window, context=0, rows=1), firsts, enabled=enabled,
                                  name="codec first window")
         self.lock = threading.Lock()
 
     @property
     def captured(self) -> bool:
-        return self.graphs.captured and self.firsts.captured
+        return all(graphs.captured for graphs in self.batched.values()) and self.firsts.captured
 
     @property
     def count_captured(self) -> int:
         """Graphs captured."""
-        return len(self.graphs.graphs) + len(self.firsts.graphs)
+        return sum(len(graphs.graphs) for graphs in self.batched.values()) + len(self.firsts.graphs)
 
     def capture(self) -> None:
         with self.lock:
@@ -169,8 +175,10 @@ class WindowGraphs:
             for buffer in (self.codes, self.count, self.state.keys, self.state.values, self.state.tail,
                            self.state.frames):
                 buffer.zero_()
-            self.graphs.capture()
-            self.firsts.pool = self.graphs.pool  # one pool for every window graph
+            for rows in sorted(self.batched, reverse=True):  # the widest first: the pool is sized once
+                self.batched[rows].pool = self.firsts.pool  # one pool for every window graph
+                self.batched[rows].capture()
+                self.firsts.pool = self.batched[rows].pool
             self.firsts.capture()
             if self.graphs.graphs:
                 self.graphs.time_replays()
@@ -179,13 +187,18 @@ class WindowGraphs:
                          [self.graphs.fastest_for(n) for n in self.frames])
 
     def rows(self, key: Key) -> int:
-        """Windows decoded per call by the graph of `key`."""
+        """The most windows a call of the graphs of `key` decodes."""
         context, frames = key
         return self.batch if context and frames >= self.batched_from else 1
 
-    def static_window(self, frames: int, context: int) -> None:
-        """What a graph captures: PCM16 of its rows' next `frames` static frames after their state."""
-        rows = self.rows((context, frames))
+    def rows_for(self, key: Key, windows: int) -> int:
+        """The rows of the call that decodes `windows` windows of `key` (the least that hold them)."""
+        if not 0 < windows <= self.rows(key):
+            raise ValueError(f"one call decodes windows of one graph, at most {self.rows(key)}")
+        return next(rows for rows in self.row_counts if rows >= windows)
+
+    def static_window(self, frames: int, context: int, rows: int) -> None:
+        """What a graph captures: PCM16 of `rows` rows' next `frames` static frames after their state."""
         state = CodecState(self.state.keys[:, :rows], self.state.values[:, :rows], self.state.tail[:rows],
                            self.state.frames[:rows])
         audio = self.decode_next(self.codec, self.codes[:rows, :, :frames], state, self.count[:rows], context)
@@ -207,20 +220,22 @@ class WindowGraphs:
         graphs = self.firsts if window.emit == 0 else self.graphs
         return graphs.enabled and key is not None and key[1] in graphs.graphs
 
-    def pcm_batch(self, windows: list[Job]) -> list[NDArray[np.int16]]:
+    def pcm_batch(self, windows: list[Job], rows: int | None = None) -> list[NDArray[np.int16]]:
         """Each window's new samples as int16 (on the host), decoded in one call: windows of one
-        graph, at most `rows` of them, of different takes."""
+        graph, at most `rows(key)` of them, of different takes, in a call of `rows` rows (default
+        the least that hold them)."""
         with self.lock:
-            return self.launch(windows).result()
+            return self.launch(windows, rows).result()
 
-    def launch(self, windows: list[Job]) -> Launched:
+    def launch(self, windows: list[Job], rows: int | None = None) -> Launched:
         """pcm_batch's call, launched: its samples on their way to the host (`result()` waits),
         each take's state moved on. With `lock` held until every launched call's result is read:
         the static buffers serve the next launch in stream order, and another thread's call would not be."""
         keys = {self.key_for(window) for _, window, _ in windows}
         key = keys.pop() if len(keys) == 1 else None
-        if key is None or len(windows) > self.rows(key):
-            raise ValueError(f"one call decodes windows of one graph, at most {self.rows(key) if key else 1}")
+        if key is None:
+            raise ValueError("one call decodes windows of one graph, at most 1 without a graph")
+        rows = self.rows_for(key, max(len(windows), rows or 0))
         if len({id(stream) for _, _, stream in windows}) < len(windows):
             raise ValueError("a take's windows decode one call each, in order")
         context, frames = key
@@ -235,11 +250,13 @@ class WindowGraphs:
                     part.zero_()
             else:
                 self.state.copy_(stream.codec, into=row, row=0)
-        self.count[len(windows):self.rows(key)].zero_()  # unused rows: their states stay where they are
-        (self.graphs if context else self.firsts)(frames)
+        self.count[len(windows):rows].zero_()  # unused rows: their states stay where they are
+        (self.batched[rows] if context else self.firsts)(frames)
         for row, (_, window, stream) in enumerate(windows):
             stream.state(self.codec).copy_(self.state, into=0, row=row)
             stream.frames = window.end
+            if rows > 1:  # the export decodes it in a call of as many rows: the same kernels, the same samples
+                stream.rows.append((window.end, rows))
         out = self.out[:len(windows), :(context + frames) * self.codec.frame_samples]  # [windows, kept * fs]
         return Launched(out, [(min(window.emit, context), min(window.emit, context) + window.frames)
                               for _, window, _ in windows], self.codec.frame_samples)
@@ -275,9 +292,12 @@ class Launched:
 
 
 def decode_window(codec: Codec, codes: torch.Tensor, window: Window, stream: StreamState,
-                  graphs: WindowGraphs | None = None) -> NDArray[np.int16]:
+                  graphs: WindowGraphs | None = None, rows: int = 1) -> NDArray[np.int16]:
     """A window's new samples as numpy int16 on the host (read without blocking other threads'
-    launches); replayed from `graphs` when one of them runs it, else decoded eagerly."""
+    launches); replayed from `graphs` when one of them runs it (in a call of `rows` rows), else
+    decoded eagerly."""
+    if rows > 1 and graphs is not None:
+        return graphs.pcm_batch([(codes, window, stream)], rows)[0]
     return decode_windows(codec, [(codes, window, stream)], graphs)[0]
 
 
@@ -285,8 +305,8 @@ def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None
                    ready: Callable[[int, NDArray[np.int16]], None] | None = None) -> list[NDArray[np.int16]]:
     """Each window's new samples (numpy int16, on the host), decoded in the order given (the
     vocoder's: the most urgent first), a take's windows in its order: a window of a graph joins
-    the call before it where that call is of the same graph, has a row free and holds no window
-    of its take (`rows` to a call); the others eagerly, one by one. `ready(index, pcm)` is
+    the first call of the same graph with a row free after the call of its take's window
+    before it (`rows` to a call); the others eagerly, one by one. `ready(index, pcm)` is
     called as each window's samples exist, before the next call runs: a vocoder hands a window
     out then, not after every window of its drain."""
     out: list[NDArray[np.int16] | None] = [None] * len(windows)
@@ -297,15 +317,18 @@ def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None
             ready(index, pcm)
 
     calls: list[tuple[Key | None, list[int]]] = []  # each call's graph (None: eager) and windows, in order
+    latest: dict[int, int] = {}  # a take's call of its latest window so far: its next goes in a later one
     for index, (_, window, stream) in enumerate(windows):
         key = graphs.key_for(window) if graphs is not None else None
-        last = calls[-1] if calls else (None, [])
         rows = graphs.rows(key) if graphs is not None and key is not None else 1
-        if key is not None and last[0] == key and len(last[1]) < rows \
-                and all(windows[other][2] is not stream for other in last[1]):
-            last[1].append(index)
-        else:
-            calls.append((key, [index]))
+        after = latest.get(id(stream), -1)
+        call = next((number for number in range(after + 1, len(calls))
+                     if key is not None and calls[number][0] == key and len(calls[number][1]) < rows), None)
+        if call is None:
+            calls.append((key, []))
+            call = len(calls) - 1
+        calls[call][1].append(index)
+        latest[id(stream)] = call
     launched: collections.deque[tuple[list[int], Launched]] = collections.deque()
 
     def hand_out(wait: bool) -> None:  # the calls whose samples are on the host, in launch order
@@ -334,10 +357,12 @@ def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None
 
 def render_take(codec: Codec, codes: torch.Tensor, first_window: int | None = None,
                 graphs: WindowGraphs | None = None, cuts: Sequence[int] = (),
-                joined: Sequence[int] = ()) -> NDArray[np.int16]:
+                joined: Sequence[int] = (), rows: Sequence[tuple[int, int]] = ()) -> NDArray[np.int16]:
     """int16 PCM [frames * frame_samples]: exactly what the stream of a take with these
     final codes [num_codebooks, frames] carried, with the same settings and graphs, its
-    early windows' `cuts` (Done.cuts) and the windows its vocoder joined (Done.joined)."""
-    stream = StreamState()
+    early windows' `cuts` (Done.cuts), the windows its vocoder joined (Done.joined) and the
+    rows of the calls that decoded several windows (Done.rows: (end, rows))."""
+    stream, wide = StreamState(), dict(rows)
     windows = join_windows(take_windows(codes.shape[1], first_window, cuts), joined)
-    return np.concatenate([decode_window(codec, codes, window, stream, graphs) for window in windows])
+    return np.concatenate([decode_window(codec, codes, window, stream, graphs, wide.get(window.end, 1))
+                           for window in windows])

@@ -23,15 +23,13 @@ Design choices:
   (64 pairs); on a CPU the default is 2.
 - `prompt` does everything that can refuse a request (text, codes, character, sampling,
   the row limit) before the accelerator is touched; `generate` only fails on the model.
-- Codes and PCM cross this API as numpy arrays (codes int64 [num_codebooks, frames], PCM
-  int16): what a server stores and sends. Torch stays inside the engine.
+- Codes and PCM cross this API as numpy (codes int64 [num_codebooks, frames], PCM int16); torch stays inside.
 - No checkpoint means the tiny demo (tiny.py), written on first use; a checkpoint whose
   config.json flags `demo_weights` has random weights and its audio is noise, and the UI
   and logs say so (engine/checkpoints.py). `random_weights` names a preset whose random
   weights are made on the device instead (random_weights.py: the full size on a GPU, for
   measuring the serving path without real weights); those are demo weights too.
-- The model runs in bfloat16 on CUDA and float32 on CPU (engine/device.py); the codec as
-  codec.py loads it.
+- The model runs in bfloat16 on CUDA and float32 on CPU (engine/device.py); the codec as codec.py loads it.
 - A prefix cache (prefix.py) keeps snapshots of prompt prefixes, so a retake prefills only
   what is new: `prefix_cache_gib` (0: off; by default half the GPU memory free after
   warm-up, 1 GiB on a CPU), `prefix_cache_stats` for the server's metrics and log. `warm`
@@ -353,12 +351,14 @@ class Drama3Engine:
             raise RuntimeError("generate runs one take alone, but takes are in flight; use start and step")
         yield from self.slot_table.generate(self.start(prompt, deadline, cancelled))
 
-    def vocode_take(self, codes: Codes, cuts: Sequence[int] = (), joined: Sequence[int] = ()) -> NDArray[np.int16]:
-        """PCM16: exactly the samples the stream of a take with these codes [num_codebooks, frames] carried
-        (with its early windows and joined ones, Done.cuts and Done.joined; without them, up to rounding)."""
+    def vocode_take(self, codes: Codes, cuts: Sequence[int] = (), joined: Sequence[int] = (),
+                    rows: Sequence[tuple[int, int]] = ()) -> NDArray[np.int16]:
+        """PCM16: exactly the samples the stream of a take with these codes [num_codebooks, frames] carried (with
+        its Done's cuts, joined and rows: its windows as vocoded; without them, up to rounding)."""
         frames = torch.tensor(checked_codes(codes, "take", self.config, empty=True))  # a copy: may be read-only
         with torch.inference_mode():
-            return render_take(self.codec, frames, self.spec.first_window_frames, self.window_graphs, cuts, joined)
+            return render_take(self.codec, frames, self.spec.first_window_frames, self.window_graphs,
+                               cuts, joined, rows)
 
     def fit_prefix_cache(self) -> float:
         """The prefix cache's budget from the GPU memory free now (after warm-up, and again once

@@ -77,6 +77,7 @@ class Done:
     error: str | None = None
     cuts: tuple[int, ...] = ()  # frame counts where its stream closed a window early (stream.py `cut`)
     joined: tuple[int, ...] = ()  # frame counts where a window was vocoded with the one after it (vocoder.py)
+    rows: tuple[tuple[int, int], ...] = ()  # (end, rows) of its windows vocoded in calls of several rows
 
 
 class Windows:
@@ -260,5 +261,6 @@ class Take:
                             decode_frames_per_s=round(self.steps / self.step_s, 1) if self.step_s else None)
         events.append(Done(finish_reason=self.finish or "error", timings=self.timings,
                            codes=self.codes[:, :self.committed].copy(), error=self.error,
-                           cuts=tuple(self.schedule.cuts), joined=tuple(self.windows.state.joined)))
+                           cuts=tuple(self.schedule.cuts), joined=tuple(self.windows.state.joined),
+                           rows=tuple(self.windows.state.rows)))
         return events

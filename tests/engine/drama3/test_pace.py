@@ -26,9 +26,9 @@ def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> No
     assert re.search(r"5 steps \(p50 7\.0 ms, p95 40\.0 ms\), 4\.0 takes decoding a step, 32 prompt rows "
                      r"prefilled beside them, 1 steps held a prompt back for playback; 2 grouped prefill chunks "
                      r"of 5\.5 prompts \(steps with one p50 40\.0 ms\); 2 steps carried a prompt's chunk \(p50 "
-                     r"30\.0 ms; 320 rows, 64 of them warms'\); 3 windows \(2 closed early, 1 joined to the next\) in 2 "
-                     r"drains, closed to audio p50 4\.0 ms, p95 30\.0 ms, 1 made late by the vocoder, 1 closed after "
-                     r"their client ran dry; vocoder busy \d+% \(drain p50 "
+                     r"30\.0 ms; 320 rows, 64 of them warms'\); 3 windows \(2 closed early, 1 joined to the next\) "
+                     r"in 2 drains, closed to audio p50 4\.0 ms, p95 30\.0 ms, 1 made late by the vocoder, 1 "
+                     r"closed after their client ran dry; vocoder busy \d+% \(drain p50 "
                      r"30\.0 ms, p95 30\.0 ms\)", line), line
     assert pace.report() is None  # reset: the next line covers only what follows
     pace.step(0.010, decoding=1, prefilled=0, held=False)
