@@ -41,11 +41,12 @@ def random_takes(codec, count: int, frames: int, seed: int) -> list[torch.Tensor
 
 def padded_eagerly(codec, graphs: WindowGraphs, jobs: list) -> list[np.ndarray]:
     """What the graph of the jobs' key computes, eagerly: their codes padded to its frame count
-    in its rows (the others zero), from copies of their takes' states; each window's new samples."""
+    in the rows of their call (the others zero), from copies of their takes' states; each
+    window's new samples."""
     key = graphs.key_for(jobs[0][1])
     assert key is not None
     context, frames = key
-    rows = graphs.rows(key)
+    rows = graphs.rows_for(key, len(jobs))
     codes = torch.zeros((rows, codec.num_codebooks, frames), dtype=torch.long, device=DEVICE)
     count = torch.zeros(rows, dtype=torch.long, device=DEVICE)
     state = new_state(codec, rows)
@@ -92,10 +93,11 @@ def test_window_graphs_equal_eager_windows_and_the_stream_the_whole_take(tiny_ch
 
 @pytest.mark.parametrize("size", ["tiny", "release"])
 def test_batched_window_graphs_equal_each_window_alone(tiny_checkpoint, size: str) -> None:
-    """Windows of five takes decoded together in the graphs of 4 rows (the 10-frame windows and
-    longer): each row equals the same window decoded alone in that graph from a copy of its
-    take's state (other rows zero) sample for sample, whatever its row and its neighbours (so
-    render_take reproduces a batched stream), and equals the padded batch decoded eagerly."""
+    """Windows of five takes decoded together in calls of up to 4 rows (the 10-frame windows and
+    longer; 2 or 4 rows, the fewest that hold them): each row equals the same window decoded alone
+    in a call of as many rows from a copy of its take's state (other rows zero) sample for
+    sample, whatever its row and its neighbours (so render_take, given the rows, reproduces a
+    batched stream), and equals the padded batch decoded eagerly."""
     codec = load(tiny_checkpoint, size)
     graphs = WindowGraphs(codec, [first_frames(4)], window_frames(4), batch=4, batched_from=10)
     takes = random_takes(codec, 5, 500, seed=5)
@@ -124,7 +126,7 @@ def test_batched_window_graphs_equal_each_window_alone(tiny_checkpoint, size: st
                         if stream.codec is not None:
                             copied.codec = new_state(codec, 1)
                             copied.codec.copy_(stream.codec)
-                        alone.append(graphs.pcm_batch([(codes, window, copied)])[0])
+                        alone.append(graphs.pcm_batch([(codes, window, copied)], len(members))[0])
                     together = graphs.pcm_batch(members)
                     for row, (pcm, pcm_alone, pcm_eager) in enumerate(zip(together, alone, eager)):
                         assert np.array_equal(pcm, pcm_alone), (key, row)
