@@ -29,18 +29,24 @@ Design choices:
   after it, on the same stream: a take's windows decode in order, one call each (a drain's
   windows go in the order given, a call never holding two of one take), and a window
   that does not start where its take's state ends is refused (codec_stream.py).
-- The 64-frame windows (`batched_from`, where a take spends most of its codec time) decode
-  `batch` windows of several takes in one call: their graph has `batch` rows, the others one
-  row, so a lone first window never pays for a batch. A group of fewer windows leaves the
-  other rows' frames at 0 (their results unused).
-- Each count has exactly one graph, of one row count, so a window decodes through the same
-  kernels whichever other windows share its call: the clips of a batch never mix
-  (codec_layers.py), and a row's samples do not depend on its place in the batch or on the
-  other rows (tested on a CPU, and on the GPU by the gpu tests). So `render_take` (the WAV
-  export, one window per call) still reproduces a stream sample for sample. A graph per
-  (rows, count), picked by how many windows are due, would let a lone window pay less, but a
-  window would then decode through different kernels (convolution algorithms change with
-  the batch size), up to rounding: the export would no longer be the stream.
+- Windows from `batched_from` frames decode up to `batch` of several takes in one call, in
+  a graph of the fewest rows that hold them (1, 2, 4, ... `batch`: `rows_for`; a graph per
+  row count and frame count), so a lone window never pays for a batch (one graph of `batch`
+  rows for every call made each lone window pay for all of them: on the H200, stop 48,
+  `--vocoder-batch 8 --vocoder-batch-from 2` made 32 directors' gap p99 1,831 ms against
+  77). A call of fewer windows than rows leaves the other rows' frames at 0 (their results
+  unused). In a drain a window joins the first call of its graph with a row free after the
+  call of its take's window before it, not only the call just before it: in deadline order
+  windows of one graph are rarely next to each other. On the H200 (stop 48, `bench takes`)
+  8 windows of 2 frames cost 1.68 ms each in one call against 3.8 alone, of 10 frames 2.54
+  against 6.26.
+- The clips of a batch never mix (codec_layers.py), and a row's samples do not depend on its
+  place in the batch or on the other rows (tested on a CPU, and on the GPU by the gpu
+  tests), but they do depend on the call's row count: convolution algorithms change with the
+  batch size (cuDNN, and oneDNN on a CPU), up to rounding. So each window decoded in a call
+  of several rows is listed with its row count in its take's state (Done.rows), and
+  `render_take` (the WAV export from codes, one window per call) decodes it in a call of as
+  many rows: the stream sample for sample.
 - The graph converts to PCM16 on the device; only the int16 rows come to the host,
   pinned and event-polled (engine/readback.py).
 - The static buffers serve one caller at a time: the vocoder thread and an export on the
