@@ -65,12 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="frames in a take's first audio window (default 1: windows close at 1, 2, 4, 10, 20, "
                              "... frames; the seed's first is 10; smaller: earlier first audio)")
     parser.add_argument("--vocoder-batch", type=int,
-                        help="on a GPU, the long windows (64 new frames) of different takes decoded in one codec call "
-                             "(default 1: one window per call; 8 measured worse under load on the H200)")
+                        help="on a GPU, the most windows of different takes one codec call decodes, each call in the "
+                             "fewest rows that hold its windows (default 1: one window per call)")
     parser.add_argument("--vocoder-batch-from", type=int, metavar="FRAMES",
                         help="with --vocoder-batch, the new frames from which windows batch (default 64: a take's "
-                             "short windows decode alone; 1: every window but a take's first, each paying for the "
-                             "batch's rows)")
+                             "short windows decode alone; 1: every window but a take's first)")
     parser.add_argument("--vocoder-order", choices=("deadline", "arrival"), default="deadline",
                         help="which queued windows the vocoder decodes first (default deadline: those whose "
                              "takes' clients run out of audio soonest, at most 8 a drain; arrival: first windows "
