@@ -19,7 +19,7 @@ Design choices:
   each tick, while the slot waits and the others keep their tick (on CUDA by graphs into a
   scratch ring row, then copied into the slot: prompt_reader.py). Once read the slot takes
   the planned staging ring, its Mimi streams restart (as the reference's) and it is live.
-  A prompt read before (the same persona and voice) is copied in instead (read_prompts.py).
+  A prompt read (or planned) before, the same persona and voice, is copied in (read_prompts.py, plans.py).
 - `open` reads one system prompt into every slot, OPEN_ROWS slots at a time, with no tick.
 - `step(pcm, hearing)` moves on the live slots in `hearing` only (default: all): the others
   keep their place (the lockstep's `active` rows, and Mimi's streams held on the same mask,
@@ -27,18 +27,16 @@ Design choices:
   (backend/conversation/loop.py). A slot whose prompt is read in a tick is live from that
   tick on; with `hearing` it moves when it is heard. A tick that moves nobody (a system
   prompt's chunk while nobody has audio) runs no model: it would change no state.
-- Sampling settings and seeds are per slot (sampling.py): counter-based draws, so a seeded
-  conversation is reproducible whatever shares the batch.
-- Text pieces: EPAD (0), PAD (3), SentencePiece's control pieces and the persona's
-  `<system>` tag (a piece the model can sample, never says) are hidden; "▁" is a space.
+- Sampling settings and seeds are per slot (sampling.py): a seeded conversation is reproducible.
+- Text pieces: EPAD (0), PAD (3), SentencePiece's control pieces and the persona's `<system>` tag
+  (a piece the model can sample, never says) are hidden; "▁" is a space.
 - `record_voice` makes a voice bundle from a clip as the reference saves one (voices.py).
 - The key/value ring is float8 on CUDA by default (`kv`, ring.py): 128 conversations of full
   context fit on one H200; the Triton kernels run on CUDA unless `fused=False`, the compiled
   depformer, Helium and Mimi layers (compiled_*.py) unless `compiled=False`. `memory()` says
   what a conversation costs.
-- No checkpoint: the tiny demo (tiny.py). Device and dtype are engine/device.py's.
-- Audio and codes cross the engine's boundary as numpy (PCM in, `Frame.pcm` and `.tokens` out);
-  torch stays inside. A `Voice` is the engine's: callers get one from `voice` / `clip_voice`.
+- No checkpoint: the tiny demo (tiny.py). Device and dtype are engine/device.py's. Audio and codes
+  cross the boundary as numpy; a `Voice` is the engine's (from `voice` / `clip_voice`).
 """
 
 from __future__ import annotations
@@ -64,6 +62,7 @@ from engine.personaplex.depformer import Depformer
 from engine.personaplex.lockstep import Lockstep
 from engine.personaplex.memory import check_memory, stream_bytes
 from engine.personaplex.mimi import LayerFn, Mimi, run_layer
+from engine.personaplex.plans import Plans
 from engine.personaplex.prompt import (
     SYSTEM_TAG,
     Plan,
@@ -152,6 +151,8 @@ class PersonaPlex:
         self.sampling = sampling.checked()
         self.prompts: dict[int, _Prompt] = {}  # slot -> its system prompt being read
         self.read_prompts = ReadPrompts(lockstep.temporal)  # prompts read before: a new conversation copies them
+        self.plans = Plans(lambda persona, voice: plan(cfg.lm, self.programme(persona, self.voice(voice))),
+                           self.read_prompts.key)  # system prompts planned before, by persona and voice
         self.live: set[int] = set()  # slots in a conversation past their system prompt
         # the rows a tick moves on (the live ones it hears), copied into the lockstep's `active` before it
         self.moving_host = torch.zeros(self.slots, dtype=torch.bool, pin_memory=device.type == "cuda")
@@ -246,7 +247,7 @@ class PersonaPlex:
 
     def open(self, persona: str | None = None, voice: str | Voice | object | None = _DEFAULT) -> None:
         """Restart every slot with the same system prompt, read into all of them at once (no tick)."""
-        planned = plan(self.cfg.lm, self.programme(persona, self.voice(voice)))
+        planned = self.plans.get(persona, voice)[0]
         self.prompts.clear()
         self.live.clear()
         self.lockstep.sampling.set(slice(None), self.sampling)
@@ -258,11 +259,10 @@ class PersonaPlex:
         """A new conversation in `slot`: its history is forgotten and its system prompt is read before the
         next ticks (`prefilling` until then); `seed` makes it reproducible (default: the engine's)."""
         self._check_slot(slot)
-        planned = plan(self.cfg.lm, self.programme(persona, self.voice(voice)))
+        planned, key = self.plans.get(persona, voice)  # (kept for a persona and voice seen before: plans.py)
         sampling = self.sampling if seed is None else replace(self.sampling, seed=seed).checked()
         self.release(slot)
         self.lockstep.sampling.set(slot, sampling)
-        key = self.read_prompts.key(planned)
         if self.read_prompts.restore(key, planned, slot):  # read before: copied in, it listens at once
             self._listen(slice(slot, slot + 1), planned)
         else:

@@ -148,3 +148,28 @@ def test_a_tick_that_moves_nobody_runs_only_the_prompt_chunk(personaplex_checkpo
     assert chunks >= 1 and ran == [] and served.timings["bucket"] == 0
     out = served.step(np.zeros((2, 1920), np.float32), {0})
     assert out[0] is not None and ran == [1]  # heard: a tick of the smallest bucket holding slot 0
+
+
+@torch.no_grad()
+def test_a_persona_and_voice_seen_before_are_not_planned_again(personaplex_checkpoint: Path,
+                                                               monkeypatch: pytest.MonkeyPatch):
+    """plans.py: a second conversation with a persona and voice takes the first's plan and key (the
+    staging ring is not stepped again: prompt.py `plan` is not called), a clip's voice is planned
+    each time, and at most `most` plans are kept, the least recently used dropped."""
+    from engine.personaplex import engine as engine_module
+
+    planned: list[int] = []
+    real = engine_module.plan
+    monkeypatch.setattr(engine_module, "plan", lambda *args: planned.append(1) or real(*args))
+    served = engine(personaplex_checkpoint)
+    served.start(0, PERSONA, "NATF2")
+    served.start(1, PERSONA, "NATF2")
+    assert len(planned) == 1 and (served.plans.misses, served.plans.hits) == (1, 1)
+    assert served.prompts[0].plan is served.prompts[1].plan and served.prompts[0].key == served.prompts[1].key
+    clip = served.clip_voice(wav_bytes(np.random.default_rng(3).uniform(-0.3, 0.3, 24000), 24000))
+    served.start(1, PERSONA, clip)
+    served.start(1, PERSONA, clip)
+    assert len(planned) == 3 and len(served.plans.kept) == 1  # a clip's: planned each time, never kept
+    served.plans.most = 1
+    served.start(1, PERSONA + " Briefly.", "NATF2")
+    assert list(served.plans.kept) == [(PERSONA + " Briefly.", "NATF2")]
