@@ -60,7 +60,7 @@ from backend.conversation.pace import TickPace
 from backend.engine_thread import EngineThread, post
 from engine.drama3.pace import REPORT_S
 from engine.errors import RequestError
-from engine.personaplex import DEFAULT_PERSONA, PersonaPlex, Voice
+from engine.personaplex import DEFAULT_PERSONA, PersonaPlex
 
 log = logging.getLogger("retake.conversation")
 MAX_QUEUED_SECONDS = 60.0  # user audio waiting to be heard; past it the client sends faster than we tick
@@ -292,13 +292,13 @@ class ConversationLoop(EngineThread[PersonaPlex]):
         try:
             if join.voice is not None and join.voice not in self.voices:  # a name, never a path on the server
                 raise RequestError(f"unknown voice {join.voice!r}; the voices are {', '.join(self.voices) or 'none'}")
-            voice: Voice | None
             if join.clip is not None:
                 voice = engine.clip_voice(join.clip)
-            else:
-                voice = engine.voice() if join.voice is None else engine.voice(join.voice)
-            engine.start(talk.slot, join.persona, voice, seed=join.seed)
-            talk.voice = None if voice is None else voice.name
+                engine.start(talk.slot, join.persona, voice, seed=join.seed)
+                talk.voice = voice.name
+            else:  # by name (None: no voice in the checkpoint): a persona and voice seen before are not planned again
+                talk.voice = self.default_voice if join.voice is None else join.voice
+                engine.start(talk.slot, join.persona, talk.voice, seed=join.seed)
         except RequestError as error:
             return error
         except Exception as error:  # a fault of ours: logged; the client gets a line, not internals

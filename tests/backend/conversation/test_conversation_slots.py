@@ -1,5 +1,6 @@
 """The conversation loop gives each conversation its own slot, also when one joins while the engine
-thread is still starting another (the tiny PersonaPlex engine, paused inside its `start`)."""
+thread is still starting another (the tiny PersonaPlex engine, paused inside its `start`), and
+starts a named voice by its name, so the engine plans a persona and voice once."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_a_join_while_another_is_starting_gets_another_slot(personaplex_checkpoi
     conversations = ConversationLoop(lambda: engine)
     conversations.start()
 
-    async def main() -> tuple[int, int, str]:
+    async def main() -> tuple[int, int, str, list[str | None]]:
         first = asyncio.create_task(conversations.join(None, None, 1, Sink()))
         assert await asyncio.to_thread(starting.wait, 60)
         second = asyncio.create_task(conversations.join(None, None, 2, Sink()))
@@ -54,12 +55,14 @@ def test_a_join_while_another_is_starting_gets_another_slot(personaplex_checkpoi
         talks = await asyncio.gather(first, second)
         for talk in talks:
             conversations.leave(talk)
-        return talks[0].slot, talks[1].slot, refused
+        return talks[0].slot, talks[1].slot, refused, [talk.voice for talk in talks]
 
     try:
-        one, two, refused = run(main())
+        one, two, refused, voices = run(main())
     finally:
         go_on.set()
         conversations.stop()
     assert {one, two} == {0, 1}
     assert refused == "all 2 conversation slots are in use; try again later"
+    # Both with the default persona and voice: one plan (engine/personaplex/plans.py), the second taken from it.
+    assert voices == ["NATF2", "NATF2"] and (engine.plans.misses, engine.plans.hits) == (1, 1)
