@@ -14,7 +14,7 @@ Design choices:
   (tick latency p99 1.1 s while the ticks took p95 27 ms). With the plan kept, a start is
   the read prompt's copy (read_prompts.py), the slot's reset and its streams'.
 - Keyed by the persona and the voice as asked: the same arguments plan the same prompt (a
-  voice bundle is read once, at its first use; `forget` drops every plan). A `Voice` object
+  voice bundle is read once, at its first use). A `Voice` object
   (a clip's) is planned each time: its codes are the clip's.
 - At most `most` plans, the least recently used dropped; a plan holds its voice's embeddings
   (views of one tensor a voice, on the device: a few MB).
@@ -59,6 +59,3 @@ class Plans:
     def planned(self, persona: str | None, voice: object) -> Planned:
         made = self.make(persona, voice)
         return made, self.key(made)
-
-    def forget(self) -> None:
-        self.kept.clear()
