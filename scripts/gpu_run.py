@@ -440,10 +440,11 @@ def one_server(run: Run, stage: Stage, log: Path, converse: bool = False, extra:
     data_dir = WORK / f"data-{port}"
     if converse:  # Drama 3 tiny: the GPU's memory is for PersonaPlex's rings
         # Drama 3 with one slot: its warm-up (compiling the tiny layers, a graph per row and KV bucket)
-        # is not what this stage measures, and it took 165 s of the stage with 64 slots (2026-12-04).
+        # is not what this stage measures, and it took 165 s of the stage with 64 slots (2026-12-04);
+        # nor its compiled vocoder: on an H100's cold cache it held the stage past its 190 s (stop 50).
         argv = [*CLI, "serve", "--converse", "--random-weights", "--preset", "tiny", "--size",
                 "tiny" if run.smoke else "released", "--converse-slots", str(run.conversations()),
-                "--slots", "1", "--device", "cpu" if run.smoke else "cuda"]
+                "--slots", "1", "--vocoder-compile", "off", "--device", "cpu" if run.smoke else "cuda"]
     else:
         argv = [*CLI, "serve", "--random-weights", "--preset", "tiny" if run.smoke else "full",
                 "--device", "cpu" if run.smoke else "cuda"]
