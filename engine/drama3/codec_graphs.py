@@ -245,6 +245,10 @@ class WindowGraphs:
         if len({id(stream) for _, _, stream in windows}) < len(windows):
             raise ValueError("a take's windows decode one call each, in order")
         context, frames = key
+        started = None
+        if self.codes.is_cuda:  # the call's time on the GPU: from here to its samples' copy (Launched.gpu_ms)
+            started = torch.cuda.Event(enable_timing=True)
+            started.record()
         for row, (codes, window, stream) in enumerate(windows):
             stream.check(window)
             self.codes[row, :, :window.frames].copy_(codes[:, window.emit:window.end])
@@ -265,19 +269,21 @@ class WindowGraphs:
                 stream.rows.append((window.end, rows))
         out = self.out[:len(windows), :(context + frames) * self.codec.frame_samples]  # [windows, kept * fs]
         return Launched(out, [(min(window.emit, context), min(window.emit, context) + window.frames)
-                              for _, window, _ in windows], self.codec.frame_samples)
+                              for _, window, _ in windows], self.codec.frame_samples, started)
 
 class Launched:
     """A graph call's samples on their way to the host: pinned, non-blocking, an event behind the
     copy (engine/readback.py), so a vocoder launches its next call before this one's samples
     are read; on a CPU a copy made at once (the static buffer is the next call's)."""
 
-    def __init__(self, pcm: torch.Tensor, spans: list[tuple[int, int]], frame_samples: int) -> None:
+    def __init__(self, pcm: torch.Tensor, spans: list[tuple[int, int]], frame_samples: int,
+                 started: torch.cuda.Event | None = None) -> None:
         self.spans, self.frame_samples = spans, frame_samples  # each row's new frames, from the first kept
+        self.started = started  # recorded before the call's copies (timing), or None
         self.event: torch.cuda.Event | None = None
         if pcm.is_cuda:
             self.host = pinned_like(pcm).copy_(pcm, non_blocking=True)
-            self.event = torch.cuda.Event()
+            self.event = torch.cuda.Event(enable_timing=started is not None)
             self.event.record()
         else:
             self.host = pcm.clone()
@@ -289,6 +295,12 @@ class Launched:
         """Until the samples are on the host (polling: no blocking driver call)."""
         if self.event is not None:
             wait_for(self.event)
+
+    def gpu_ms(self) -> float | None:
+        """The call's time on the GPU, copies in and out included, once its samples are on the host."""
+        if self.started is None or self.event is None or not self.done():
+            return None
+        return float(self.started.elapsed_time(self.event))
 
     def result(self) -> list[NDArray[np.int16]]:
         """Each row's new samples (waits for the copy)."""
@@ -308,13 +320,14 @@ def decode_window(codec: Codec, codes: torch.Tensor, window: Window, stream: Str
 
 
 def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None = None,
-                   ready: Callable[[int, NDArray[np.int16]], None] | None = None) -> list[NDArray[np.int16]]:
+                   ready: Callable[[int, NDArray[np.int16]], None] | None = None,
+                   timed: Callable[[float], None] | None = None) -> list[NDArray[np.int16]]:
     """Each window's new samples (numpy int16, on the host), decoded in the order given (the
     vocoder's: the most urgent first), a take's windows in its order: a window of a graph joins
     the first call of the same graph with a row free after the call of its take's window
     before it (`rows` to a call); the others eagerly, one by one. `ready(index, pcm)` is
     called as each window's samples exist, before the next call runs: a vocoder hands a window
-    out then, not after every window of its drain."""
+    out then, not after every window of its drain. `timed(ms)`: each graph call's time on the GPU."""
     out: list[NDArray[np.int16] | None] = [None] * len(windows)
 
     def put(index: int, pcm: NDArray[np.int16]) -> None:
@@ -340,7 +353,10 @@ def decode_windows(codec: Codec, windows: list[Job], graphs: WindowGraphs | None
     def hand_out(wait: bool) -> None:  # the calls whose samples are on the host, in launch order
         while launched and (wait or launched[0][1].done()):
             indices, call = launched.popleft()
-            for index, pcm in zip(indices, call.result()):
+            pcms = call.result()
+            if timed is not None and (ms := call.gpu_ms()) is not None:
+                timed(ms)
+            for index, pcm in zip(indices, pcms):
                 put(index, pcm)
 
     with graphs.lock if graphs is not None else contextlib.nullcontext():

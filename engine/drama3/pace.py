@@ -4,7 +4,8 @@
     pace.step(seconds, decoding=12, prefilled=64, held=False, grouped=True)   # after each step (engine thread)
     pace.group(prompts=8)                           # a grouped prefill chunk (prefill_groups.py)
     pace.window(seconds, late=False, dry=False)     # each window's closed-to-PCM time (vocoder thread)
-    pace.drain(seconds)                             # each of the vocoder's drains: how busy it was
+    pace.drain(seconds, cpu)                        # each of the vocoder's drains: how busy it was
+    pace.call(ms)                                   # each codec call's time on the GPU (CUDA events)
     pace.turn(seconds, cpu, step=..., handed=...)   # each turn of the server's engine loop (its thread)
     line = pace.report()                            # the numbers since the last report, then reset
 
@@ -29,6 +30,12 @@ Design choices:
   CPU (`time.thread_time`). At 64 directors on an H100 (stop 38) 358 steps took 10 s, ~28 ms
   a turn, while a step (its prefill and decode) took 14.7 ms p50: the turn says where the rest
   goes, and a low CPU share says the thread waited (the GIL, the GPU) rather than worked.
+- The vocoder's drains say the same of its worker (its CPU share), and each codec call its
+  time on the GPU, from an event before its copies to the event after its samples' copy on
+  the vocoder's stream: against the graphs' replays alone (the server logs them at warm-up)
+  it says how much the decode steps beside it slow it down. At 64 directors on an H100 (stop
+  50) the vocoder was busy 94% for ~9.7 ms a window against 2.2-7.7 ms a replay alone, and
+  nothing said whether the GPU or the host made the rest.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ class Pace:
         self.prefilled = 0  # prompt rows prefilled beside decoding takes
         self.held = 0  # steps in which the playback limit held back a waiting prompt
         self.drain_s: list[float] = []  # the vocoder's drains, each from its first launch to its last PCM
+        self.drain_cpu = 0.0  # seconds the vocoder's worker ran on a CPU in those drains
+        self.call_ms: list[float] = []  # each codec call's time on the GPU (none on a CPU)
         self.late = 0  # windows closed before their take's client would run dry, their PCM out after
         self.dry = 0  # windows closed after their take's client had run dry (the decode was late)
         self.cuts = 0  # windows closed early (take.py: a client short of audio)
@@ -97,9 +106,14 @@ class Pace:
             self.dry += dry
             self.joined += joined
 
-    def drain(self, seconds: float) -> None:
+    def drain(self, seconds: float, cpu: float = 0.0) -> None:
         with self.lock:
             self.drain_s.append(seconds)
+            self.drain_cpu += cpu
+
+    def call(self, ms: float) -> None:
+        with self.lock:
+            self.call_ms.append(ms)
 
     def cut(self, windows: int) -> None:
         with self.lock:
@@ -119,7 +133,8 @@ class Pace:
             seconds, self.since = time.monotonic() - self.since, time.monotonic()
             decoding, prefilled, held, cuts, joined, late, dry = (self.decoding, self.prefilled, self.held,
                                                                   self.cuts, self.joined, self.late, self.dry)
-            drains, self.drain_s = self.drain_s, []
+            drains, drain_cpu, calls = self.drain_s, self.drain_cpu, self.call_ms
+            self.drain_s, self.drain_cpu, self.call_ms = [], 0.0, []
             groups, grouped, group_steps = self.groups, self.grouped, self.group_step_s
             carried, carried_rows, warm_rows = self.carried_s, self.carried_rows, self.warm_rows
             self.carried_s, self.carried_rows, self.warm_rows = [], 0, 0
@@ -147,7 +162,11 @@ class Pace:
                      f"{late:,} made late by the vocoder, {dry:,} closed after their client ran dry")
         if drains:
             line += (f"; vocoder busy {100 * sum(drains) / max(seconds, 1e-9):.0f}% (drain p50 "
-                     f"{percentile(drains, 0.5) * 1000:.1f} ms, p95 {percentile(drains, 0.95) * 1000:.1f} ms)")
+                     f"{percentile(drains, 0.5) * 1000:.1f} ms, p95 {percentile(drains, 0.95) * 1000:.1f} ms; "
+                     f"its thread on a CPU {100 * drain_cpu / max(sum(drains), 1e-9):.0f}% of them)")
+            if calls:
+                line += (f"; {len(calls):,} codec calls on the GPU p50 {percentile(calls, 0.5):.1f} ms, "
+                         f"p95 {percentile(calls, 0.95):.1f} ms")
         if turns:
             line += (f"; {len(turns):,} turns of the engine loop (p50 {percentile(turns, 0.5) * 1000:.1f} ms, p95 "
                      f"{percentile(turns, 0.95) * 1000:.1f} ms; engine step p50 "

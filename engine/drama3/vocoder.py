@@ -87,21 +87,22 @@ _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 def vocode(codec: Codec, graphs: WindowGraphs | None,
            windows: list[tuple[NDArray[np.int64], Window, StreamState]],
-           ready: Callable[[int, NDArray[np.int16]], None] | None = None) -> list[NDArray[np.int16]]:
+           ready: Callable[[int, NDArray[np.int16]], None] | None = None,
+          timed: Callable[[float], None] | None = None) -> list[NDArray[np.int16]]:
     """Each window's PCM16 from its take's frames [num_codebooks, >= end] on the host and its
-    take's codec state, in order; `ready(index, pcm)` as each is decoded (codec_graphs.py
-    `decode_windows`)."""
+    take's codec state, in order; `ready(index, pcm)` as each is decoded, `timed(ms)` each
+    graph call's time on the GPU (codec_graphs.py `decode_windows`)."""
     with torch.inference_mode():  # on the worker thread too: the graphs' buffers may be inference tensors
         if codec.device.type != "cuda":
             return decode_windows(codec, [(torch.from_numpy(frames), window, state)
-                                          for frames, window, state in windows], graphs, ready)
+                                          for frames, window, state in windows], graphs, ready, timed)
         stream = _side_streams.get(codec.device)
         if stream is None:  # (setdefault would make a stream on every call to keep the first)
             # High priority: its kernels go before the decode step's when both wait for an SM.
             stream = _side_streams[codec.device] = torch.cuda.Stream(device=codec.device, priority=-1)
         with torch.cuda.stream(stream):
             on_device = [(to_device(frames, codec.device), window, state) for frames, window, state in windows]
-            return decode_windows(codec, on_device, graphs, ready)
+            return decode_windows(codec, on_device, graphs, ready, timed)
 
 
 class Vocoder:
@@ -197,7 +198,7 @@ class Vocoder:
         jobs = [job for call in calls for job in call]
         self.calls += 1
         self.windows += len(jobs)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         samples = self.codec.frame_samples
 
         def ready(index: int, pcm: NDArray[np.int16]) -> None:  # each call's windows handed out as it is decoded
@@ -214,9 +215,10 @@ class Vocoder:
 
         try:
             vocode(self.codec, self.graphs, [(call[-1][0], Window(call[0][1].emit, call[-1][1].end, call[-1][1].last),
-                                              call[0][2]) for call in calls], ready)
+                                              call[0][2]) for call in calls],
+                   ready, None if self.pace is None else self.pace.call)
             if self.pace is not None:
-                self.pace.drain(time.perf_counter() - started)
+                self.pace.drain(time.perf_counter() - started, time.thread_time() - cpu)
         except Exception as exc:  # noqa: BLE001 - find the windows that fail; the others stand
             left = [job for job in jobs if not job[3].done()]  # (those decoded before the failure are out)
             if len(left) == 1:

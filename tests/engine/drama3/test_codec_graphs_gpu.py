@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.drama3.codec import CodecConfig, load_codec, ready
-from engine.drama3.codec_graphs import WindowGraphs, render_take
+from engine.drama3.codec_graphs import WindowGraphs, decode_windows, render_take
 from engine.drama3.codec_stream import StreamState, context_for, decode_next, new_state
 from engine.drama3.codec_tiny import random_codec
 from engine.drama3.stream import first_frames, take_windows, window_frames
@@ -157,3 +157,22 @@ def test_the_decoders_snakes_in_one_pass_match_the_layer_at_the_release_size() -
 
     assert "codec snake" not in failures()
     assert snr_db(plain, fused) > 40, snr_db(plain, fused)
+
+
+def test_each_graph_call_reports_its_time_on_the_gpu(tiny_checkpoint) -> None:
+    """`decode_windows(..., timed=)` (the vocoder's pace line): one time per graph call, from its
+    copies in to its samples' copy out, as long as the replay at least; the samples the same."""
+    codec = load(tiny_checkpoint, "tiny")
+    codes = random_takes(codec, 1, 120, seed=6)[0]
+    graphs = WindowGraphs(codec, [first_frames(1)], window_frames(1))
+    times: list[float] = []
+    with torch.inference_mode():
+        graphs.capture()
+        windows = [(codes, window, StreamState()) for window in take_windows(100, 1)[:1]]
+        stream = windows[0][2]
+        windows += [(codes, window, stream) for window in take_windows(100, 1)[1:] if window.frames]
+        timed = decode_windows(codec, windows, graphs, timed=times.append)
+        again = StreamState()
+        plain = decode_windows(codec, [(c, w, again) for c, w, _ in windows], graphs)
+    assert len(times) == len(windows) and all(0 < ms < 1000 for ms in times), times
+    assert all(np.array_equal(a, b) for a, b in zip(timed, plain))

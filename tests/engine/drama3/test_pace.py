@@ -14,8 +14,8 @@ def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> No
         pace.step(ms / 1000, decoding=4, prefilled=32 if ms == 40 else 0, held=ms == 8, grouped=ms == 40)
     for ms in (3, 4, 30):
         pace.window(ms / 1000, late=ms == 30, dry=ms == 4, joined=ms == 3)
-    pace.drain(0.010)
-    pace.drain(0.030)
+    pace.drain(0.010, cpu=0.002)
+    pace.drain(0.030, cpu=0.006)
     pace.cut(2)
     pace.group(prompts=8)
     pace.group(prompts=3)
@@ -29,12 +29,30 @@ def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> No
                      r"30\.0 ms; 320 rows, 64 of them warms'\); 3 windows \(2 closed early, 1 joined to the next\) "
                      r"in 2 drains, closed to audio p50 4\.0 ms, p95 30\.0 ms, 1 made late by the vocoder, 1 "
                      r"closed after their client ran dry; vocoder busy \d+% \(drain p50 "
-                     r"30\.0 ms, p95 30\.0 ms\)", line), line
+                     r"30\.0 ms, p95 30\.0 ms; its thread on a CPU 20% of them\)", line), line
+    assert "codec calls" not in line  # none timed (a CPU's vocoder has no events)
     assert pace.report() is None  # reset: the next line covers only what follows
     pace.step(0.010, decoding=1, prefilled=0, held=False)
     line = pace.report()
     assert line is not None and "1 steps (p50 10.0 ms" in line and "windows" not in line and "grouped" not in line
     assert "carried" not in line
+
+
+def test_a_report_says_what_the_vocoders_calls_took_on_the_gpu() -> None:
+    pace = Pace()
+    pace.step(0.015, decoding=30, prefilled=0, held=False)
+    pace.window(0.020)
+    pace.drain(0.020, cpu=0.015)
+    for ms in (2.2, 9.5, 4.0, 3.1):
+        pace.call(ms)
+    line = pace.report()
+    assert line is not None
+    assert re.search(r"its thread on a CPU 75% of them\); 4 codec calls on the GPU p50 4\.0 ms, p95 9\.5 ms$",
+                     line), line
+    pace.step(0.015, decoding=1, prefilled=0, held=False)
+    pace.drain(0.010)
+    line = pace.report()
+    assert line is not None and "codec calls" not in line  # reset
 
 
 def test_a_report_says_what_the_engine_loops_turns_took_and_how_much_of_them_it_ran() -> None:
