@@ -88,7 +88,7 @@ _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 def vocode(codec: Codec, graphs: WindowGraphs | None,
            windows: list[tuple[NDArray[np.int64], Window, StreamState]],
            ready: Callable[[int, NDArray[np.int16]], None] | None = None,
-          timed: Callable[[float], None] | None = None) -> list[NDArray[np.int16]]:
+           timed: Callable[[float], None] | None = None) -> list[NDArray[np.int16]]:
     """Each window's PCM16 from its take's frames [num_codebooks, >= end] on the host and its
     take's codec state, in order; `ready(index, pcm)` as each is decoded, `timed(ms)` each
     graph call's time on the GPU (codec_graphs.py `decode_windows`)."""
