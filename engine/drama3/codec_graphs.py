@@ -74,7 +74,11 @@ Design choices:
   post transformer's ~37 a layer in float32, the casts, adds and norms around the convolutions),
   most of a short window's 3-4 ms; Inductor fuses the elementwise ones. One compile serves
   every frame count and row count (`dynamic=True`; a take's first windows, without context,
-  and calls of one frame or one row are compiled apart), the Snakes go to Inductor as the
+  and calls of one frame or one row are compiled apart, and on a CPU one row's windows under
+  32 frames: a convolution's size test; the static buffers have a row and a frame to spare,
+  since a slice of them that was contiguous by chance compiled apart too: stop 51 counted 8
+  compiles for 10 calls, 4 since, and the batched vocoder's warm-up on an H100 ran past
+  260 s), the Snakes go to Inductor as the
   reference (it fuses them as the Triton pass does: float32, rounded once), and
   `emulate_precision_casts` keeps the release's roundings (the rope's bfloat16 cos and sin, the
   scale's cast): without it Inductor skips a float32 -> bfloat16 -> float32 round trip and the
@@ -149,10 +153,12 @@ class WindowGraphs:
         self.batch, self.batched_from = batch, batched_from
         self.row_counts = [rows for rows in ROW_COUNTS if rows < batch] + [batch]  # a graph set each
         longest, device = max(*firsts, *self.frames), codec.device
-        self.codes = torch.zeros((batch, codec.num_codebooks, longest), dtype=torch.long, device=device)
-        self.count = torch.zeros(batch, dtype=torch.long, device=device)  # real frames per row
-        self.state = new_state(codec, batch)
-        self.out = torch.zeros((batch, (codec.conv_context + longest) * codec.frame_samples), dtype=torch.int16,
+        # A row and a frame to spare: no call's slice of these is contiguous by chance (compiled, one
+        # that was would compile apart: dynamo guards a contiguous tensor's strides as its sizes').
+        self.codes = torch.zeros((batch + 1, codec.num_codebooks, longest + 1), dtype=torch.long, device=device)
+        self.count = torch.zeros(batch + 1, dtype=torch.long, device=device)  # real frames per row
+        self.state = new_state(codec, batch + 1)
+        self.out = torch.zeros((batch + 1, (codec.conv_context + longest) * codec.frame_samples), dtype=torch.int16,
                                device=device)
         enabled = enabled and device.type == "cuda"
         # By rows: every frame count in one row, those from `batched_from` in more (their own graphs).
