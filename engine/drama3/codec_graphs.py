@@ -153,12 +153,13 @@ class WindowGraphs:
         self.batch, self.batched_from = batch, batched_from
         self.row_counts = [rows for rows in ROW_COUNTS if rows < batch] + [batch]  # a graph set each
         longest, device = max(*firsts, *self.frames), codec.device
-        # A row and a frame to spare: no call's slice of these is contiguous by chance (compiled, one
-        # that was would compile apart: dynamo guards a contiguous tensor's strides as its sizes').
+        # A row and a frame to spare: no call's slice of the codes or the state's keys and values is
+        # contiguous by chance (compiled, one that was would compile apart: dynamo guards a
+        # contiguous tensor's strides as its sizes').
         self.codes = torch.zeros((batch + 1, codec.num_codebooks, longest + 1), dtype=torch.long, device=device)
-        self.count = torch.zeros(batch + 1, dtype=torch.long, device=device)  # real frames per row
+        self.count = torch.zeros(batch, dtype=torch.long, device=device)  # real frames per row
         self.state = new_state(codec, batch + 1)
-        self.out = torch.zeros((batch + 1, (codec.conv_context + longest) * codec.frame_samples), dtype=torch.int16,
+        self.out = torch.zeros((batch, (codec.conv_context + longest) * codec.frame_samples), dtype=torch.int16,
                                device=device)
         enabled = enabled and device.type == "cuda"
         # By rows: every frame count in one row, those from `batched_from` in more (their own graphs).
