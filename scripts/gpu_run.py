@@ -18,7 +18,9 @@ that fails or runs out of time is recorded and the next one runs):
   (FIRST_TESTS); `--tests A,B` runs those files instead
 - codec: `retake bench codec --random-weights --preset full --window`: a long window's graph with the
   decoder's Snakes in one pass and op by op, and 64-, 10- and 1-frame windows with the whole decode
-  compiled (`retake serve --vocoder-compile on`, the default) and not, and the long window's kernels (codec-profile.txt)
+  compiled (`retake serve --vocoder-compile on`, the default) and not, and the long window's
+  kernels (codec-profile.txt); with --codec-sweep instead `bench codec --sweep` (each frame
+  count's window graph, cuDNN's heuristics and its benchmark mode)
 - takes: `retake bench takes --random-weights --preset full --device cuda --profile FILE`:
   decode (graph, floor), first audio, prefill, the step with 1..64 of 64 slots decoding,
   vocode (the bench writes its JSON after each part: a timeout keeps what was measured)
@@ -134,6 +136,7 @@ class Run:
         self.variants: list[str] = args.serve_variant or [""]  # extra `retake serve` arguments, a server each
         self.kernels: list[str] | None = args.bench_kernels.split(",") if args.bench_kernels else None
         self.compile_prefill: list[str] = ["--compile-prefill"] if args.bench_compile_prefill else []
+        self.codec_sweep: bool = args.codec_sweep
         self.kernel_cases: list[str] = [name for name in (args.kernel_cases or "").split(",") if name]
         self.deadline: float = time.monotonic() + float(args.budget)
         self.started = time.monotonic()
@@ -564,8 +567,9 @@ def takes_stage(run: Run, stage: Stage, log: Path) -> Json:
 def codec_stage(run: Run, stage: Stage, log: Path) -> Json:
     report = WORK / "codec.json"
     size = ["--preset", "tiny", "--device", "cpu"] if run.smoke else ["--preset", "full", "--device", "cuda"]
-    rows = bench_stage(run, stage, log, [*CLI, "bench", "codec", "--random-weights", *size, "--window", "--json",
-                                         str(report), "--profile", str(run.out / "codec-profile.txt")], report)
+    form = ["--sweep"] if run.codec_sweep else ["--window", "--profile", str(run.out / "codec-profile.txt")]
+    rows = bench_stage(run, stage, log, [*CLI, "bench", "codec", "--random-weights", *size, *form, "--json",
+                                         str(report)], report)
     return {"rows": rows} if isinstance(rows, list) else rows
 
 
@@ -678,6 +682,9 @@ def main() -> int:
     parser.add_argument("--kernel-cases", default=None, metavar="PREFIXES",
                         help="the kernels stage's cases by name prefix, comma-separated (`bench kernels --only`), "
                              "e.g. 'personaplex ring,dense_rows' (default: every case)")
+    parser.add_argument("--codec-sweep", action="store_true",
+                        help="the codec stage times the engine's window graphs by frame count, cuDNN's "
+                             "heuristics against its benchmark mode (`bench codec --sweep`)")
     parser.add_argument("--bench-compile-prefill", action="store_true",
                         help="`--compile-prefill` for the takes and retake stages' benches (prefill chunks through "
                              "the compiled layers)")

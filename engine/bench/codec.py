@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead: a long window's graph with the decoder's Snakes in one pass and op by op "
                              "(codec_window.py)")
     parser.add_argument("--profile", type=Path, help="with --window: the kernels of that window into this file")
+    parser.add_argument("--sweep", action="store_true",
+                        help="instead: the engine's window graphs, each frame count's replay, with cuDNN's "
+                             "heuristics and with its benchmark mode (codec_window.py)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
 
 
@@ -92,12 +95,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     codec, source = load(args, device)
-    if args.window:
-        from engine.bench.codec_window import bench_window, print_window
+    if args.window or args.sweep:
+        from engine.bench.codec_window import bench_sweep, bench_window, print_sweep, print_window
 
-        rows = bench_window(codec, device, profile=args.profile)
+        rows = bench_sweep(codec, device) if args.sweep else bench_window(codec, device, profile=args.profile)
         print(f"codec: {source}; {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
-        print_window(rows)
+        (print_sweep if args.sweep else print_window)(rows)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
         return 0

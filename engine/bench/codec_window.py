@@ -18,6 +18,12 @@ Design choices:
   off too), and the compiled rows are left out (Inductor's CPU build takes minutes on 2 cores).
 - One compiled decode serves every form's graph, as in the engine (`dynamic=True`; one-frame
   windows compile apart).
+- `--sweep` times the engine's own window graphs instead (one `WindowGraphs` over the stream's
+  frame counts, compiled on a GPU, as `retake serve` captures them): each count's replay, with
+  cuDNN's heuristics picking the convolutions and again with `torch.backends.cudnn.benchmark`
+  on for the capture (each convolution shape timed once in the warm-up call). On an H100
+  (stop 51) the replays ran 5.1 ms for 12 frames and 7.7 for 32 but 5.6 for 64: the short
+  windows, most of a loaded vocoder's calls, may be paying for algorithms picked by length.
 - Kept from stop 37's forms bench, which also timed every convolution folded and as a matrix
   product (dropped: cuDNN's were as fast or faster, docs/perf.md); stop 38's form with only the
   post transformer compiled (7.08 -> 6.65 ms on an H100, without `emulate_precision_casts`:
@@ -98,6 +104,43 @@ def bench_window(codec: Codec, device: torch.device, repeats: int = 10, profile:
 
         profile.write_text(profile_window(codec, device, long, context) + "\n", encoding="utf-8")
     return rows
+
+
+SWEEP_FRAMES = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)  # the stream's counts and those between
+
+
+def bench_sweep(codec: Codec, device: torch.device, frames: tuple[int, ...] = SWEEP_FRAMES) -> list[Row]:
+    """Each frame count's window graph replay (ms), cuDNN's heuristics against its benchmark mode."""
+    from engine.drama3.codec_graphs import WindowGraphs
+
+    cuda = device.type == "cuda"
+    rows: list[Row] = []
+    before = torch.backends.cudnn.benchmark
+    try:
+        for benchmark in (False, True) if cuda else (False,):
+            torch.backends.cudnn.benchmark = benchmark
+            graphs = WindowGraphs(codec, [1], list(frames), compiled=cuda)
+            graphs.capture()  # times the replays on a GPU (`time_replays`)
+            for count in frames:
+                rows.append({"bench": "codec_sweep", "cudnn_benchmark": benchmark, "frames": count,
+                             "graph": count in graphs.graphs.graphs,
+                             "replay_ms": round(graphs.graphs.replay_ms[count], 3) if count in graphs.graphs.replay_ms
+                             else None})
+            del graphs
+            gc.collect()
+    finally:
+        torch.backends.cudnn.benchmark = before
+    return rows
+
+
+def print_sweep(rows: list[Row]) -> None:
+    """A line per frame count: its replay with cuDNN's heuristics, and with its benchmark mode."""
+    by = {(r["frames"], r["cudnn_benchmark"]): r["replay_ms"] for r in rows}
+    print("window graphs after a take's state (the engine's, one row), replay ms:")
+    print(f"{'frames':>7} {'heuristics':>11} {'benchmark':>10}")
+    for count in sorted({r["frames"] for r in rows}):
+        cells = [by.get((count, mode)) for mode in (False, True)]
+        print(f"{count:>7} " + " ".join(f"{'-' if ms is None else f'{ms:.2f}':>{w}}" for ms, w in zip(cells, (11, 10))))
 
 
 def print_window(rows: list[Row]) -> None:
