@@ -99,22 +99,24 @@ LOG_TAIL = 120_000  # characters of each stage's output kept in log.txt
 # (sessions, takes each, a director's pause before each take in ms, the lines written into the
 # script first) against the full-size server; the pause lets the server warm the next line's
 # prompt (backend/directing/warming.py), with the line's text when the script holds it.
-Load = tuple[int, int, int, bool]
-LOADS: tuple[Load, ...] = ((1, 4, 0, False), (1, 4, 1000, False), (1, 4, 1000, True), (16, 2, 0, False),
+Load = tuple[int, int, int, bool, bool]  # sessions, takes, pause ms, script written, each take heard first
+LOADS: tuple[Load, ...] = ((1, 4, 0, False, False), (1, 4, 1000, False, False), (1, 4, 1000, True, False),
+                           (16, 2, 0, False, False),
                            (64, 2, 0, False))
-SMOKE_LOADS: tuple[Load, ...] = ((1, 2, 0, False), (1, 2, 200, True), (2, 1, 0, False))
+SMOKE_LOADS: tuple[Load, ...] = ((1, 2, 0, False, False), (1, 2, 200, True, True), (2, 1, 0, False, False))
 
 
 def parse_loads(text: str) -> tuple[Load, ...]:
-    """`--loads 1x4@1000,1x4@1000+script,16x2,64x2`: sessions x takes each, @ a pause before each
-    take in ms, +script: the lines written into each session's script first (loadtest --script)."""
+    """`--loads 1x4@1000,1x4@1000+script,16x2,64x2+listen`: sessions x takes each, @ a pause before
+    each take in ms, +script: the lines written into each session's script first (loadtest
+    --script), +listen: each take heard to its end before the next (loadtest --listen)."""
     loads = []
     for part in text.split(","):
-        match = re.fullmatch(r"\s*(\d+)x(\d+)(?:@(\d+))?(\+script)?\s*", part)
+        match = re.fullmatch(r"\s*(\d+)x(\d+)(?:@(\d+))?(\+script)?(\+listen)?\s*", part)
         if match is None:
-            raise argparse.ArgumentTypeError(f"a load is SESSIONSxTAKES[@THINK_MS][+script], e.g. 16x2, 1x4@1000 or "
-                                             f"1x4@1000+script; got {part!r}")
-        loads.append((int(match[1]), int(match[2]), int(match[3] or 0), match[4] is not None))
+            raise argparse.ArgumentTypeError(f"a load is SESSIONSxTAKES[@THINK_MS][+script][+listen], e.g. 16x2, "
+                                             f"1x4@1000 or 64x2@1000+script+listen; got {part!r}")
+        loads.append((int(match[1]), int(match[2]), int(match[3] or 0), match[4] is not None, match[5] is not None))
     return tuple(loads)
 Json = dict[str, Any]
 
@@ -496,20 +498,22 @@ def one_server(run: Run, stage: Stage, log: Path, converse: bool = False, extra:
                 data["loads"].append(row)
         else:
             tokens = "12" if run.smoke else "200"
-            for sessions, takes, think_ms, script in run.loads:
+            for sessions, takes, think_ms, script, listen in run.loads:
                 left = stage_end - time.monotonic()
                 if left < 30:
                     data["loads"].append({"sessions": sessions, "think_ms": think_ms, "script": script,
                                           "skipped": "out of time"})
                     continue
-                report = WORK / f"load-{number}-{sessions}-{think_ms}{'-script' if script else ''}.json"
+                report = WORK / f"load-{number}-{sessions}-{think_ms}{'-script' if script else ''}" \
+                                f"{'-listen' if listen else ''}.json"
                 report.unlink(missing_ok=True)
                 rc = run.command([*CLI, "loadtest", "--url", f"ws://127.0.0.1:{port}/ws", "--sessions", str(sessions),
                                   "--takes", str(takes), "--max-new-tokens", tokens, "--think-ms", str(think_ms),
-                                  *(["--script"] if script else []), "--json", str(report)], left - 10, log)
+                                  *(["--script"] if script else []), *(["--listen"] if listen else []),
+                                  "--json", str(report)], left - 10, log)
                 found_report = read_json(report)
                 row: Json = load_summary(found_report) if found_report else {"sessions": sessions}
-                row["think_ms"], row["script"] = think_ms, script
+                row["think_ms"], row["script"], row["listen"] = think_ms, script, listen
                 row["exit_code"] = rc
                 data["loads"].append(row)
                 if rc is None:
@@ -670,8 +674,9 @@ def main() -> int:
     parser.add_argument("--tests", default=None, metavar="PATHS",
                         help="the pytest stage's files, comma-separated (default: every file with GPU tests)")
     parser.add_argument("--loads", type=parse_loads, default=None,
-                        help="the serve stage's loads, e.g. 1x4@1000,1x4@1000+script,16x2,64x2 (sessions x takes @ "
-                             "pause ms, +script: the lines written into the script first)")
+                        help="the serve stage's loads, e.g. 1x4@1000,1x4@1000+script,16x2,64x2+listen (sessions x "
+                             "takes @ pause ms, +script: the lines written into the script first, +listen: each "
+                             "take heard to its end before the next)")
     parser.add_argument("--serve-variant", action="append", default=[], metavar="ARGS",
                         help="extra `retake serve` arguments, NAME=VALUE words its environment (repeatable): the "
                              "serve stage runs a server and the loads for each, e.g. --serve-variant '' "

@@ -127,6 +127,7 @@ def serve_lines(data: Json) -> list[str]:
                      f"{pct(load.get('longest_gap_ms')):>23}  {load.get('real_time')}"
                      + (f"  pause {load['think_ms']} ms" if load.get("think_ms") else "")
                      + ("  script written" if load.get("script") else "")
+                     + ("  heard to the end" if load.get("listen") else "")
                      + (f"  cached rows p50 {load['cached_rows_p50']}" if load.get("cached_rows_p50") else "")
                      + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
                      + (f"  exit {load['exit_code']}" if load.get("exit_code", 0) != 0 else ""))

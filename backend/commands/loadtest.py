@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--script", action="store_true",
                         help="write each session's lines into its script before taking them, as the studio does "
                              "(the server then warms each line with its text)")
+    parser.add_argument("--listen", action="store_true",
+                        help="hear each take to its end before the next, as a director does (by default the next "
+                             "take is asked as soon as the last audio arrives, while the take still plays)")
     parser.add_argument("--token", help="bearer token, if the server wants one")
     parser.add_argument("--json", type=Path, help="also write every take's numbers to this file")
     parser.add_argument("--converse", action="store_true",
@@ -87,4 +90,4 @@ def run(args: argparse.Namespace) -> int:
     return loadtest.run(loadtest.LoadTest(url=args.url, sessions=args.sessions, takes=args.takes,
                                           max_new_tokens=args.max_new_tokens, stagger_ms=args.stagger_ms,
                                           keep=not args.no_keep, token=args.token, json=args.json,
-                                          think_ms=args.think_ms, script=args.script))
+                                          think_ms=args.think_ms, script=args.script, listen=args.listen))

@@ -11,7 +11,12 @@ directing history grows as in a real scene). Every take is measured on the clien
   duration stalls whenever the next window has not arrived; the longest stall of a take is
   its longest gap relative to playback time (0 when the stream keeps ahead of playback).
 
-`think_ms` is a director's pause before each take (reading the next line): in it the server
+`listen`: a director hears each take to its end before the next (the player's end, its stalls
+included), as in the studio; without it the next take is asked as soon as the last audio
+arrives, while the take still plays: a stream that runs ahead of real time then has every
+session asking for audio faster than one listener hears it (a saturation test, each
+session's takes overlapping in playback). `think_ms` is a director's pause before each take
+(reading the next line; after the listening, with `listen`): in it the server
 warms the line's prompt into its prefix cache (backend/directing/warming.py), which the
 default of 0 (a take asked for at once) leaves no time for. With `script`, each session
 first writes its lines into the scene's script (line.set), as a director does in the
@@ -63,6 +68,7 @@ class LoadTest:
     json: Path | None  # also write every take's numbers here
     think_ms: float = 0.0  # a director's pause before each take
     script: bool = False  # write every line into the session's script first, as the studio does
+    listen: bool = False  # hear each take to its end before the next
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class TakeStats:
     session: int
     session_id: str
     take_id: int
+    started_s: float  # from the load test's start to this take's take.start
     finish_reason: str
     queued_s: float  # client-side, from take.start to take.queued
     first_audio_s: float | None  # client-side, from take.start to the first frame
@@ -82,18 +89,25 @@ class TakeStats:
     error: str | None  # the server's `error` of a take that ended with finish_reason "error"
 
 
-def longest_stall(arrivals: list[float], durations: list[float]) -> float:
-    """The longest stall of a player that starts at the first arrival and plays windows back to back."""
+def playback(arrivals: list[float], durations: list[float]) -> tuple[float, float]:
+    """A player that starts at the first arrival and plays windows back to back: its longest
+    stall, and when it stops playing (0 without any window)."""
     if not arrivals:
-        return 0.0
+        return 0.0, 0.0
     playing_until, stall = arrivals[0], 0.0
     for arrived, duration in zip(arrivals, durations):
         stall = max(stall, arrived - playing_until)
         playing_until = max(playing_until, arrived) + duration
-    return stall
+    return stall, playing_until
 
 
-async def run_session(index: int, plan: LoadTest, results: list[TakeStats], failures: list[str]) -> None:
+def longest_stall(arrivals: list[float], durations: list[float]) -> float:
+    """The longest stall of a player that starts at the first arrival and plays windows back to back."""
+    return playback(arrivals, durations)[0]
+
+
+async def run_session(index: int, plan: LoadTest, started: float, results: list[TakeStats],
+                      failures: list[str]) -> None:
     await asyncio.sleep(index * plan.stagger_ms / 1000)
     try:
         director = await Director.connect(plan.url, token=plan.token)
@@ -108,20 +122,24 @@ async def run_session(index: int, plan: LoadTest, results: list[TakeStats], fail
             done = take.done
             arrivals = [frame.arrived for frame in take.frames]
             durations = [len(frame.pcm) / rate for frame in take.frames]
+            stall, played = playback(arrivals, durations)
             timings = done["timings"] if isinstance(done["timings"], dict) else {}
             server_first = timings.get("first_audio_ms")
             results.append(TakeStats(
                 session=index, session_id=str(ready["session_id"]), take_id=take.take_id,
+                started_s=take.sent - started,
                 finish_reason=str(done["finish_reason"]),
                 queued_s=take.queued_at - take.sent,
                 first_audio_s=arrivals[0] - take.sent if arrivals else None,
                 server_first_audio_ms=None if server_first is None else server_first + (timings.get("queue_ms") or 0),
-                longest_gap_s=longest_stall(arrivals, durations), audio_s=sum(durations),
+                longest_gap_s=stall, audio_s=sum(durations),
                 wall_s=time.monotonic() - take.sent, prompt_rows=int(timings.get("prompt_rows") or 0),
                 cached_rows=int(timings.get("cached_rows") or 0),
                 error=None if done.get("error") is None else str(done["error"])))
             if plan.keep and done["finish_reason"] in ("stop", "length") and take.frames:
                 await director.request({"type": "take.keep", "take_id": take.take_id}, "history")
+            if plan.listen:  # the take heard to its end (the keep went while it played)
+                await asyncio.sleep(max(0.0, played - time.monotonic()))
         await director.close()
     except Exception as error:  # noqa: BLE001 - reported, and the other sessions go on
         failures.append(f"session {index}: {type(error).__name__}: {error}")
@@ -159,7 +177,7 @@ def run(plan: LoadTest) -> int:
     async def main() -> float:
         started = time.monotonic()
         probe = asyncio.ensure_future(probe_loop(lags))
-        await asyncio.gather(*(run_session(i, plan, results, failures) for i in range(plan.sessions)))
+        await asyncio.gather(*(run_session(i, plan, started, results, failures) for i in range(plan.sessions)))
         probe.cancel()
         return time.monotonic() - started
 
@@ -184,7 +202,8 @@ def run(plan: LoadTest) -> int:
     rows, cached = sum(r.prompt_rows for r in results), sum(r.cached_rows for r in results)
     print(f"prompt rows restored from the prefix cache: {cached:,} of {rows:,}"
           + (f" (a {plan.think_ms:g} ms pause before each take)" if plan.think_ms else "")
-          + (" (the lines written into the script first)" if plan.script else ""))
+          + (" (the lines written into the script first)" if plan.script else "")
+          + (" (each take heard to its end before the next)" if plan.listen else ""))
     for failure in failures:
         print(f"FAILED {failure}")
     if plan.json:

@@ -19,7 +19,7 @@ from live_server import RETAKE, LiveServer
 from backend.cli import UsageError
 from backend.commands import loadtest
 from backend.tools.client import Director
-from backend.tools.loadtest import LINES, longest_stall
+from backend.tools.loadtest import LINES, longest_stall, playback
 
 
 def test_longest_stall_follows_playback_time() -> None:
@@ -28,6 +28,24 @@ def test_longest_stall_follows_playback_time() -> None:
     assert longest_stall([0.0, 0.5, 2.5, 3.0], [1.0, 1.0, 1.0, 1.0]) == pytest.approx(0.5)
     assert longest_stall([10.0, 10.1, 10.2], [0.5, 0.5, 0.5]) == 0.0
     assert longest_stall([], []) == 0.0
+    # The player stops 4.5 s in: four seconds of windows and the half-second stall.
+    assert playback([0.0, 0.5, 2.5, 3.0], [1.0, 1.0, 1.0, 1.0]) == pytest.approx((0.5, 4.5))
+
+
+def test_loadtest_listen_hears_each_take_before_the_next(server: LiveServer, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`--listen`: a session asks its next take only once the last one has played to its end (the
+    tiny model streams faster than real time, so without it the next take starts mid-playback)."""
+    parser = argparse.ArgumentParser()
+    loadtest.add_arguments(parser)
+    out = tmp_path / "load.json"
+    args = parser.parse_args(["--url", server.ws, "--sessions", "1", "--takes", "2", "--max-new-tokens", "12",
+                              "--listen", "--json", str(out)])
+    assert loadtest.run(args) == 0
+    first, second = json.loads(out.read_text())["takes"]
+    heard = first["started_s"] + first["first_audio_s"] + first["audio_s"]  # at the least: stalls add to it
+    assert first["audio_s"] > 0 and second["started_s"] >= heard - 1e-6
+    assert "(each take heard to its end before the next)" in capsys.readouterr().out
 
 
 def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
