@@ -128,6 +128,8 @@ def serve_lines(data: Json) -> list[str]:
                      + (f"  pause {load['think_ms']} ms" if load.get("think_ms") else "")
                      + ("  script written" if load.get("script") else "")
                      + ("  heard to the end" if load.get("listen") else "")
+                     + (f"  sent p50/p95/p99 {pct(load['first_audio_sent_ms'])}" if load.get("first_audio_sent_ms")
+                        else "")
                      + (f"  cached rows p50 {load['cached_rows_p50']}" if load.get("cached_rows_p50") else "")
                      + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
                      + (f"  exit {load['exit_code']}" if load.get("exit_code", 0) != 0 else ""))

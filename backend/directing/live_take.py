@@ -16,6 +16,11 @@ Design choices:
 - A full outbox stops the take (the client is not reading its audio).
 - The take's audio is gathered as it streams and kept with the take when it ends (PCM16 in
   the store), so playing, reloading and exporting it never call the engine again.
+- Its `take.done` message's timings gain `first_audio_sent_ms` (the stored take's do not):
+  from the take entering the engine's queue to its first audio frame going into the socket's
+  outbox, after its store write. Beside `queue_ms + first_audio_ms` (the engine's side of the
+  same span) it says what the store and the hand-off to the event loop add to a director's
+  first audio.
 - While the server stops (`state.closing`) events are dropped: the next start finishes the
   take as an error, with the windows it stored.
 """
@@ -65,6 +70,7 @@ class LiveTake:
         self.loop = asyncio.get_running_loop()
         self.unwritten = 0  # events whose store write has not finished yet
         self.store_error: str | None = None  # why the store could not keep this take
+        self.first_sent: float | None = None  # time.monotonic() when its first audio frame went out
 
     def cancel(self, reason: str | None = None) -> None:
         """Stop the take: now if still queued, at the engine's next step if running. With a
@@ -150,6 +156,8 @@ class LiveTake:
         def send() -> None:
             if not self.session.outbox.audio(frame) and self.job is not None:
                 self.job.fail(NOT_READING)
+            elif self.first_sent is None and len(window.pcm):
+                self.first_sent = time.monotonic()
 
         self.stored(write, send)
 
@@ -183,7 +191,10 @@ class LiveTake:
         def announce(result: TakeOutcome = outcome) -> None:
             self.state.metrics.take_done(result.finish_reason, result.timings)
             frames = 0 if result.codes is None else int(result.codes.shape[1])
-            message = p.TakeDone(self.take_id, result.finish_reason, result.timings, frames, result.samples,
+            timings = result.timings
+            if self.first_sent is not None and self.job is not None:  # (its windows went out before: writes in order)
+                timings = {**timings, "first_audio_sent_ms": round((self.first_sent - self.job.submitted) * 1000, 1)}
+            message = p.TakeDone(self.take_id, result.finish_reason, timings, frames, result.samples,
                                  result.attempts, audio_url(self.session_id, self.take_id), result.error)
             holder = self.state.sessions.get(self.session_id, self.session)
             holder.outbox.message(message)

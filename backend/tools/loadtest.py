@@ -3,7 +3,10 @@
 Each session opens a socket, and runs `takes` takes one after another (keeping each, so the
 directing history grows as in a real scene). Every take is measured on the client:
 
-- first audio: from sending take.start to the first audio frame arriving;
+- first audio: from sending take.start to the first audio frame arriving; beside it the
+  server's own figures from the take entering the engine's queue: to the engine's first
+  window (`first audio (server)`), and to that window's frame leaving the server after its
+  store write (`first audio (server, sent)`, timings.first_audio_sent_ms);
 - queued: the part of that until take.queued arrived: the server storing the take and the
   messages' round trip, before the engine has the take (the server's first-audio figure
   starts after the take is stored);
@@ -81,6 +84,7 @@ class TakeStats:
     queued_s: float  # client-side, from take.start to take.queued
     first_audio_s: float | None  # client-side, from take.start to the first frame
     server_first_audio_ms: float | None  # engine-side timings.first_audio_ms + queue_ms
+    server_sent_ms: float | None  # timings.first_audio_sent_ms: the first frame leaving the server, same start
     longest_gap_s: float  # the longest playback stall
     audio_s: float
     wall_s: float
@@ -132,6 +136,7 @@ async def run_session(index: int, plan: LoadTest, started: float, results: list[
                 queued_s=take.queued_at - take.sent,
                 first_audio_s=arrivals[0] - take.sent if arrivals else None,
                 server_first_audio_ms=None if server_first is None else server_first + (timings.get("queue_ms") or 0),
+                server_sent_ms=timings.get("first_audio_sent_ms"),
                 longest_gap_s=stall, audio_s=sum(durations),
                 wall_s=time.monotonic() - take.sent, prompt_rows=int(timings.get("prompt_rows") or 0),
                 cached_rows=int(timings.get("cached_rows") or 0),
@@ -184,6 +189,7 @@ def run(plan: LoadTest) -> int:
     wall = asyncio.run(main())
     first = [r.first_audio_s for r in results if r.first_audio_s is not None]
     server_first = [r.server_first_audio_ms / 1000 for r in results if r.server_first_audio_ms is not None]
+    sent = [r.server_sent_ms / 1000 for r in results if r.server_sent_ms is not None]
     gaps = [r.longest_gap_s for r in results if r.first_audio_s is not None]
     audio = sum(r.audio_s for r in results)
     print(f"{plan.sessions} sessions x {plan.takes} takes against {plan.url}: {len(results)} takes in {wall:.1f} s, "
@@ -196,6 +202,7 @@ def run(plan: LoadTest) -> int:
     print(f"{'take.queued (client)':28} {percentiles([r.queued_s for r in results])}")
     print(f"{'first audio (client)':28} {percentiles(first)}")
     print(f"{'first audio (server)':28} {percentiles(server_first)}")
+    print(f"{'first audio (server, sent)':28} {percentiles(sent)}")
     print(f"{'longest gap vs playback':28} {percentiles(gaps)}")
     print(f"{'client event loop lag':28} {percentiles(lags)}")
     print(f"takes with a gap above 100 ms: {sum(g > 0.1 for g in gaps)} of {len(gaps)}")

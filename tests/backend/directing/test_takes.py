@@ -65,6 +65,10 @@ def test_take_streams_windows_equal_to_its_export(server: LiveServer) -> None:
         timings = done["timings"]
         assert isinstance(timings, dict)
         assert timings["prompt_rows"] > 0 and timings["first_audio_ms"] is not None
+        # The first audio left the server after the engine made it (its window stored first); both
+        # from the take entering the engine's queue (queue_ms whole milliseconds: 1 ms of rounding).
+        engine_ms = timings["queue_ms"] + timings["first_audio_ms"]  # type: ignore[operator]
+        assert engine_ms - 1 <= timings["first_audio_sent_ms"] < 60_000  # type: ignore[operator]
         assert take.frames, "no audio"
         check_stream(take)
         np.testing.assert_array_equal(export(server, str(ready["session_id"]), take.take_id), take.pcm)
