@@ -12,6 +12,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from live_server import RETAKE, LiveServer
@@ -32,17 +33,22 @@ def test_longest_stall_follows_playback_time() -> None:
     assert playback([0.0, 0.5, 2.5, 3.0], [1.0, 1.0, 1.0, 1.0]) == pytest.approx((0.5, 4.5))
 
 
+def loadtest_report(server: LiveServer, tmp_path: Path, *options: str) -> dict[str, Any]:
+    """`retake loadtest OPTIONS --json FILE` against the test server: it exits 0; its report."""
+    parser = argparse.ArgumentParser()
+    loadtest.add_arguments(parser)
+    out = tmp_path / "load.json"
+    assert loadtest.run(parser.parse_args(["--url", server.ws, *options, "--json", str(out)])) == 0
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
 def test_loadtest_listen_hears_each_take_before_the_next(server: LiveServer, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """`--listen`: a session asks its next take only once the last one has played to its end (the
     tiny model streams faster than real time, so without it the next take starts mid-playback)."""
-    parser = argparse.ArgumentParser()
-    loadtest.add_arguments(parser)
-    out = tmp_path / "load.json"
-    args = parser.parse_args(["--url", server.ws, "--sessions", "1", "--takes", "2", "--max-new-tokens", "12",
-                              "--listen", "--json", str(out)])
-    assert loadtest.run(args) == 0
-    first, second = json.loads(out.read_text())["takes"]
+    report = loadtest_report(server, tmp_path, "--sessions", "1", "--takes", "2", "--max-new-tokens", "12", "--listen")
+    first, second = report["takes"]
     heard = first["started_s"] + first["first_audio_s"] + first["audio_s"]  # at the least: stalls add to it
     assert first["audio_s"] > 0 and second["started_s"] >= heard - 1e-6
     assert "(each take heard to its end before the next)" in capsys.readouterr().out
@@ -82,14 +88,9 @@ def test_loadtest_writes_the_script_first_when_asked(server: LiveServer, tmp_pat
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """`--script`: each session's lines are in its script, in order, before its takes (as the
     studio has them), so the server can warm each line with its text."""
-    parser = argparse.ArgumentParser()
-    loadtest.add_arguments(parser)
-    out = tmp_path / "load.json"
-    args = parser.parse_args(["--url", server.ws, "--sessions", "1", "--takes", "3", "--max-new-tokens", "6",
-                              "--script", "--json", str(out)])
-    assert loadtest.run(args) == 0
+    takes = loadtest_report(server, tmp_path, "--sessions", "1", "--takes", "3", "--max-new-tokens", "6",
+                            "--script")["takes"]
     assert "(the lines written into the script first)" in capsys.readouterr().out
-    takes = json.loads(out.read_text())["takes"]
     assert len(takes) == 3 and len({take["session_id"] for take in takes}) == 1
 
     async def script() -> list[object]:
