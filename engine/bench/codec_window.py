@@ -21,9 +21,10 @@ Design choices:
 - `--sweep` times the engine's own window graphs instead (one `WindowGraphs` over the stream's
   frame counts, compiled on a GPU, as `retake serve` captures them): each count's replay, with
   cuDNN's heuristics picking the convolutions and again with `torch.backends.cudnn.benchmark`
-  on for the capture (each convolution shape timed once in the warm-up call). On an H100
-  (stop 51) the replays ran 5.1 ms for 12 frames and 7.7 for 32 but 5.6 for 64: the short
-  windows, most of a loaded vocoder's calls, may be paying for algorithms picked by length.
+  on for the capture (each convolution shape timed once in the warm-up call). Why: on an H100
+  the replays ran 5.1 ms for 12 frames and 7.7 for 32 but 5.6 for 64. Measured (stop 52, H100):
+  the benchmark mode picked nothing faster (within 1.3% at every count), so the engine keeps
+  cuDNN's heuristics.
 - Kept from stop 37's forms bench, which also timed every convolution folded and as a matrix
   product (dropped: cuDNN's were as fast or faster, docs/perf.md); stop 38's form with only the
   post transformer compiled (7.08 -> 6.65 ms on an H100, without `emulate_precision_casts`:
