@@ -97,12 +97,12 @@ BUDGET_S = 555.0
 SMOKE_LIMITS_S = {name: 900 for name in STAGES}
 LOG_TAIL = 120_000  # characters of each stage's output kept in log.txt
 # (sessions, takes each, a director's pause before each take in ms, the lines written into the
-# script first) against the full-size server; the pause lets the server warm the next line's
-# prompt (backend/directing/warming.py), with the line's text when the script holds it.
-Load = tuple[int, int, int, bool, bool]  # sessions, takes, pause ms, script written, each take heard first
+# script first, each take heard to its end first) against the full-size server; the pause lets
+# the server warm the next line's prompt (backend/directing/warming.py), with the line's text
+# when the script holds it.
+Load = tuple[int, int, int, bool, bool]
 LOADS: tuple[Load, ...] = ((1, 4, 0, False, False), (1, 4, 1000, False, False), (1, 4, 1000, True, False),
-                           (16, 2, 0, False, False),
-                           (64, 2, 0, False))
+                           (16, 2, 0, False, False), (64, 2, 0, False, False))
 SMOKE_LOADS: tuple[Load, ...] = ((1, 2, 0, False, False), (1, 2, 200, True, True), (2, 1, 0, False, False))
 
 
@@ -142,7 +142,7 @@ class Run:
         self.kernel_cases: list[str] = [name for name in (args.kernel_cases or "").split(",") if name]
         self.deadline: float = time.monotonic() + float(args.budget)
         self.started = time.monotonic()
-        self.limits = {**(SMOKE_LIMITS_S if self.smoke else LIMITS_S), **dict(args.limit)}
+        self.limits: dict[str, float] = {**(SMOKE_LIMITS_S if self.smoke else LIMITS_S), **dict(args.limit)}
         self.summary: Json = {"smoke": self.smoke, "budget_s": args.budget, "stages": []}
         self.logs: list[str] = []
         self.current: Stage | None = None
@@ -426,7 +426,7 @@ def serve_stage(run: Run, stage: Stage, log: Path, converse: bool = False) -> Js
     if converse:
         return one_server(run, stage, log, converse=True)
     stage_end = time.monotonic() + run.limit(stage)
-    results = []
+    results: list[Json] = []
     for number, variant in enumerate(run.variants):
         if stage_end - time.monotonic() < 60:
             results.append({"variant": variant, "skipped": "out of time"})
@@ -494,16 +494,16 @@ def one_server(run: Run, stage: Stage, log: Path, converse: bool = False, extra:
                                       "--sessions", str(sessions), "--seconds", str(seconds), "--stagger-ms", "20",
                                       "--join", str(joins), *(["--aligned"] if aligned else []),
                                       "--json", str(report)], left - 10, log)
-                row = read_json(report) or {"conversations": sessions}
-                row["exit_code"] = talked
-                data["loads"].append(row)
+                talk: Json = read_json(report) or {"conversations": sessions}
+                talk["exit_code"] = talked
+                data["loads"].append(talk)
         else:
             tokens = "12" if run.smoke else "200"
             for sessions, takes, think_ms, script, listen in run.loads:
                 left = stage_end - time.monotonic()
                 if left < 30:
                     data["loads"].append({"sessions": sessions, "think_ms": think_ms, "script": script,
-                                          "skipped": "out of time"})
+                                          "listen": listen, "skipped": "out of time"})
                     continue
                 report = WORK / f"load-{number}-{sessions}-{think_ms}{'-script' if script else ''}" \
                                 f"{'-listen' if listen else ''}.json"
