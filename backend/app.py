@@ -65,7 +65,6 @@ NOT_BUILT = """<!doctype html><meta charset="utf-8"><title>Retake</title>
 def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
     def load() -> Drama3Engine:
         from engine import EngineSpec, load_engine
-        from engine.drama3.codec_graphs import BATCHED_FROM, VOCODER_BATCH
 
         return load_engine(EngineSpec(checkpoint=settings.checkpoint, device=settings.device,
                                       first_window_frames=settings.first_window_frames, slots=settings.slots,
@@ -74,14 +73,9 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       prefix_cache_host_gib=settings.prefix_cache_host_gib,
                                       prefill_group=settings.prefill_group, mixed_step=settings.mixed_step,
                                       early_windows=settings.early_windows, vocoder_order=settings.vocoder_order,
-                                      vocoder_join=settings.vocoder_join,
                                       kernels=settings.kernels,
                                       compile_prefill=settings.compile_prefill,
-                                      vocoder_compile=settings.vocoder_compile,
-                                      vocoder_batch=VOCODER_BATCH if settings.vocoder_batch is None else
-                                      settings.vocoder_batch,
-                                      vocoder_batch_from=BATCHED_FROM if settings.vocoder_batch_from is None else
-                                      settings.vocoder_batch_from))
+                                      vocoder_compile=settings.vocoder_compile))
 
     return load
 
@@ -163,11 +157,8 @@ def log_ready(engine_loop: EngineLoop) -> None:
              else "off; a prompt's chunks run between the decode steps (--mixed-step)")
     log.info("early windows: %s", "on; a window closes early where a take's client would run out of audio"
              if engine.early_windows else "off; windows close at the schedule's ends only (--early-windows)")
-    log.info("vocoder order: %s", "deadline; first windows, then the windows whose clients run out of audio soonest, "
-             "8 a drain"
+    log.info("vocoder order: %s", "deadline; first windows, then the windows whose clients run out of audio soonest"
              if engine.vocoder_order == "deadline" else "arrival; first windows first, then as they came")
-    log.info("vocoder joins: %s", "on; a take's queued windows decode in one call" if engine.spec.vocoder_join
-             else "off; each window its own call (--vocoder-join)")
     if engine.window_graphs is not None and engine.window_graphs.compiled:
         log.info("vocoder compiled: the window graphs replay an Inductor-compiled decode (--vocoder-compile off: "
                  "op by op)")

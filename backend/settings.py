@@ -25,14 +25,11 @@ class Settings:
     random_weights: str | None = None  # a preset ("full", "tiny") with random weights made on the device instead
     device: str = "auto"
     first_window_frames: int | None = None
-    vocoder_batch: int | None = None  # long windows per codec call (engine/drama3/codec_graphs.py); None: the engine's
-    vocoder_batch_from: int | None = None  # frames from which windows batch (codec_graphs.py); None: the engine's
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA; None: the engine's
     prefill_group: int | None = None  # prompts per prefill chunk (engine/drama3/prefill_groups.py); None: the engine's
     mixed_step: bool | None = None  # decode steps carry a prompt's chunk (engine/drama3/mixed.py); None: the engine's
     early_windows: bool = False  # windows close early where a client runs short (engine/drama3/take.py)
     vocoder_order: str = "deadline"  # which queued windows vocode first (engine/drama3/vocoder.py)
-    vocoder_join: bool = False  # a take's queued windows vocode in one call (engine/drama3/vocoder.py)
     compile_prefill: bool = False  # prefill chunks through compiled layers on CUDA (engine/drama3/fast.py)
     vocoder_compile: bool = True  # the window graphs through Inductor on CUDA (engine/drama3/codec_graphs.py)
     slots: int | None = None  # takes decoding together; None: the engine's default for the device

@@ -64,20 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-window-frames", type=int,
                         help="frames in a take's first audio window (default 1: windows close at 1, 2, 4, 10, 20, "
                              "... frames; the seed's first is 10; smaller: earlier first audio)")
-    parser.add_argument("--vocoder-batch", type=int,
-                        help="on a GPU, the most windows of different takes one codec call decodes, each call in the "
-                             "fewest rows that hold its windows (default 1: one window per call)")
-    parser.add_argument("--vocoder-batch-from", type=int, metavar="FRAMES",
-                        help="with --vocoder-batch, the new frames from which windows batch (default 64: a take's "
-                             "short windows decode alone; 1: every window but a take's first)")
     parser.add_argument("--vocoder-order", choices=("deadline", "arrival"), default="deadline",
-                        help="which queued windows the vocoder decodes first (default deadline: those whose "
-                             "takes' clients run out of audio soonest, at most 8 a drain; arrival: first windows "
-                             "first, then as they came, every queued window in one drain)")
-    parser.add_argument("--vocoder-join", choices=("on", "off"), default="off",
-                        help="a take's windows queued together (a vocoder behind) decode in one codec call, up to "
-                             "64 frames, instead of a call each (default off until the H200 measures it; a call "
-                             "costs about the same for 2 frames as for 32)")
+                        help="which queued windows the vocoder decodes first (default deadline: a take's first "
+                             "window, then those whose takes' clients run out of audio soonest; arrival: first "
+                             "windows first, then as they came)")
     parser.add_argument("--prefill-group", type=int,
                         help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
                              "on a GPU, where a chunk costs about the same for 40 rows as for 93; 1, off, on a CPU, "
@@ -176,10 +166,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise UsageError("--converse-slots must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be at least 1")
-    if args.vocoder_batch is not None and args.vocoder_batch < 1:
-        raise UsageError("--vocoder-batch must be at least 1")
-    if args.vocoder_batch_from is not None and args.vocoder_batch_from < 1:
-        raise UsageError("--vocoder-batch-from must be at least 1 frame")
     if args.kernels is not None and (unknown := [name for name in args.kernels if name not in KERNELS]):
         raise UsageError(f"--kernels: unknown {', '.join(unknown)}; choose from {', '.join(KERNELS)}")
     if args.prefill_group is not None and not 1 <= args.prefill_group <= PREFILL_GROUP:
@@ -216,12 +202,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise UsageError("--random-weights --size released needs a GPU (--device cuda); use --size tiny on a CPU")
     return Settings(data_dir=args.data_dir, database_url=args.database or None, checkpoint=args.checkpoint,
                     random_weights=random_weights, device=device, conversation_random=conversation_random,
-                    first_window_frames=args.first_window_frames, vocoder_batch=args.vocoder_batch,
-                    vocoder_batch_from=args.vocoder_batch_from,
-                    prefill_group=args.prefill_group,
+                    first_window_frames=args.first_window_frames, prefill_group=args.prefill_group,
                     mixed_step=None if args.mixed_step is None else args.mixed_step == "on",
                     early_windows=args.early_windows == "on", vocoder_order=args.vocoder_order,
-                    vocoder_join=args.vocoder_join == "on",
                     kernels=None if args.kernels is None else tuple(args.kernels),
                     compile_prefill=args.compile_prefill, vocoder_compile=args.vocoder_compile == "on",
                     slots=args.slots, threads=args.threads,

@@ -70,7 +70,7 @@ def bench_window(codec: Codec, device: torch.device, repeats: int = 10, profile:
         stream = StreamState()
         stream.codec, stream.frames = new_state(codec, 1), context
         stream.codec.copy_(before.state(codec))
-        return graphs.pcm_batch([(codes, window, stream)])[0]
+        return graphs.pcm((codes, window, stream))
 
     snakes = [m for m in codec.decoder.modules() if isinstance(m, Snake)]
     inverses = [m.inverse for m in snakes]  # (None on a CPU: nothing fused)

@@ -110,8 +110,6 @@ class StreamState:
     def __init__(self) -> None:
         self.codec: CodecState | None = None
         self.frames = 0
-        self.joined: list[int] = []  # frame counts where a window decoded with the one after it (vocoder.py)
-        self.rows: list[tuple[int, int]] = []  # (end, rows) of each window decoded in a call of rows > 1
 
     def check(self, window: Window) -> None:
         if window.emit != self.frames:

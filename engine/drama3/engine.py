@@ -58,7 +58,7 @@ from engine.device import model_dtype, pick_device
 from engine.drama3.audio import MAX_REFERENCE_SECONDS
 from engine.drama3.checkpoint import HUB_PATTERNS, load_model
 from engine.drama3.codec import Codec, load_codec
-from engine.drama3.codec_graphs import BATCHED_FROM, VOCODER_BATCH, WindowGraphs, render_take
+from engine.drama3.codec_graphs import WindowGraphs, render_take
 from engine.drama3.config import Drama3Config
 from engine.drama3.decoder import Decoder
 from engine.drama3.fast import DEFAULT_KERNELS, install_fast_path
@@ -96,13 +96,10 @@ class EngineSpec:
     random_weights: str | None = None  # a preset ("full", "tiny") with random weights made on the device
     prefix_cache_gib: float | None = None  # prefix.py's budget (GiB); 0: off; None: half the GPU's free, 1 on a CPU
     prefix_cache_host_gib: float = 0.0  # pinned host memory for snapshots evicted from the GPU (0: dropped)
-    vocoder_batch: int = VOCODER_BATCH  # long windows decoded per codec call on CUDA (codec_graphs.py)
-    vocoder_batch_from: int = BATCHED_FROM  # their new frames (and more)
     prefill_group: int | None = None  # prompts whose chunks prefill as one (prefill_groups.py); None: 8 CUDA, 1 CPU
     mixed_step: bool | None = None  # decode steps carry a waiting prompt's chunk (mixed.py); None: on CUDA
     early_windows: bool = False  # windows close early where a client runs short (take.py); off: stop 46's H100 A/B
     vocoder_order: str = "deadline"  # which queued windows vocode first (vocoder.py ORDERS)
-    vocoder_join: bool = False  # a take's queued windows vocode in one call (vocoder.py `join`)
     vocoder_compile: bool = False  # on CUDA, the window graphs capture an Inductor-compiled decode (codec_graphs.py)
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
     # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels in
@@ -223,15 +220,14 @@ class Drama3Engine:
                                group=spec.prefill_group, mixed=spec.mixed_step)  # allocates the caches
         self.decoder.prefix = prefix_cache(spec, model, self.device)
         first = spec.first_window_frames  # on CUDA a window decodes as a graph replay of its frame count
-        self.window_graphs = WindowGraphs(codec, [first_frames(first)], window_frames(first), batch=spec.vocoder_batch,
-                                          batched_from=spec.vocoder_batch_from, compiled=spec.vocoder_compile) \
-            if self.device.type == "cuda" else None
+        self.window_graphs = WindowGraphs(codec, [first_frames(first)], window_frames(first),
+                                          compiled=spec.vocoder_compile) if self.device.type == "cuda" else None
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
         self.early_windows, self.vocoder_order = spec.early_windows, spec.vocoder_order
         self.slot_table = Slots(self.decoder, codec, first_window=first, executor=self.vocoder,
                                 graphs=self.window_graphs, early_windows=self.early_windows,
-                                vocoder_order=self.vocoder_order, vocoder_join=spec.vocoder_join)
+                                vocoder_order=self.vocoder_order)
 
     # Inputs -------------------------------------------------------------------
 
@@ -351,14 +347,12 @@ class Drama3Engine:
             raise RuntimeError("generate runs one take alone, but takes are in flight; use start and step")
         yield from self.slot_table.generate(self.start(prompt, deadline, cancelled))
 
-    def vocode_take(self, codes: Codes, cuts: Sequence[int] = (), joined: Sequence[int] = (),
-                    rows: Sequence[tuple[int, int]] = ()) -> NDArray[np.int16]:
+    def vocode_take(self, codes: Codes, cuts: Sequence[int] = ()) -> NDArray[np.int16]:
         """PCM16: exactly the samples the stream of a take with these codes [num_codebooks, frames] carried (with
-        its Done's cuts, joined and rows: its windows as vocoded; without them, up to rounding)."""
+        its Done's cuts: its windows as vocoded; without them, up to rounding)."""
         frames = torch.tensor(checked_codes(codes, "take", self.config, empty=True))  # a copy: may be read-only
         with torch.inference_mode():
-            return render_take(self.codec, frames, self.spec.first_window_frames, self.window_graphs,
-                               cuts, joined, rows)
+            return render_take(self.codec, frames, self.spec.first_window_frames, self.window_graphs, cuts)
 
     def fit_prefix_cache(self) -> float:
         """The prefix cache's budget from the GPU memory free now (after warm-up, and again once
@@ -382,8 +376,7 @@ class Drama3Engine:
                 captured = time.perf_counter()
                 self.window_graphs.capture()
                 graphs = self.window_graphs
-                log.info("codec window graphs: %d in %.1f s (%d windows to a call from %d frames)",
-                         graphs.count_captured, time.perf_counter() - captured, graphs.batch, graphs.batched_from)
+                log.info("codec window graphs: %d in %.1f s", graphs.count_captured, time.perf_counter() - captured)
         taken = time.perf_counter()
         prompt = self.prompt(WARM_UP_LINE, None, [], Sampling(max_new_tokens=min(24, self.max_new_tokens), seed=0))
         done = next(event for event in self.generate(prompt) if isinstance(event, Done))

@@ -68,7 +68,6 @@ class Pace:
         self.late = 0  # windows closed before their take's client would run dry, their PCM out after
         self.dry = 0  # windows closed after their take's client had run dry (the decode was late)
         self.cuts = 0  # windows closed early (take.py: a client short of audio)
-        self.joined = 0  # windows vocoded in one call with their take's next (vocoder.py `join`)
         self.groups = self.grouped = 0  # grouped prefill chunks, and the prompts they carried
         self.group_step_s: list[float] = []  # the steps that ran a grouped chunk (what a group costs a step)
         self.carried_s: list[float] = []  # the steps that carried a prompt's chunk (mixed.py)
@@ -99,12 +98,11 @@ class Pace:
             self.groups += 1
             self.grouped += prompts
 
-    def window(self, seconds: float, late: bool = False, dry: bool = False, joined: bool = False) -> None:
+    def window(self, seconds: float, late: bool = False, dry: bool = False) -> None:
         with self.lock:
             self.window_s.append(seconds)
             self.late += late
             self.dry += dry
-            self.joined += joined
 
     def drain(self, seconds: float, cpu: float = 0.0) -> None:
         with self.lock:
@@ -131,8 +129,8 @@ class Pace:
         with self.lock:
             steps, windows = self.step_s, self.window_s
             seconds, self.since = time.monotonic() - self.since, time.monotonic()
-            decoding, prefilled, held, cuts, joined, late, dry = (self.decoding, self.prefilled, self.held,
-                                                                  self.cuts, self.joined, self.late, self.dry)
+            decoding, prefilled, held, cuts, late, dry = (self.decoding, self.prefilled, self.held,
+                                                          self.cuts, self.late, self.dry)
             drains, drain_cpu, calls = self.drain_s, self.drain_cpu, self.call_ms
             self.drain_s, self.drain_cpu, self.call_ms = [], 0.0, []
             groups, grouped, group_steps = self.groups, self.grouped, self.group_step_s
@@ -142,7 +140,7 @@ class Pace:
             self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu = [], [], [], 0.0
             self.step_s, self.window_s, self.group_step_s = [], [], []
             self.decoding = self.prefilled = self.held = self.groups = self.grouped = 0
-            self.cuts = self.joined = self.late = self.dry = 0
+            self.cuts = self.late = self.dry = 0
         if not steps:
             return None
         line = (f"pace: {seconds:.1f} s: {len(steps):,} steps (p50 {percentile(steps, 0.5) * 1000:.1f} ms, p95 "
@@ -156,7 +154,7 @@ class Pace:
             line += (f"; {len(carried):,} steps carried a prompt's chunk (p50 {percentile(carried, 0.5) * 1000:.1f} "
                      f"ms; {carried_rows:,} rows, {warm_rows:,} of them warms')")
         if windows:
-            line += (f"; {len(windows):,} windows ({cuts:,} closed early, {joined:,} joined to the next) in "
+            line += (f"; {len(windows):,} windows ({cuts:,} closed early) in "
                      f"{len(drains):,} drains, closed to audio "
                      f"p50 {percentile(windows, 0.5) * 1000:.1f} ms, p95 {percentile(windows, 0.95) * 1000:.1f} ms, "
                      f"{late:,} made late by the vocoder, {dry:,} closed after their client ran dry")

@@ -76,11 +76,11 @@ class Slots:
     def __init__(self, decoder: Decoder, codec: Codec, *, first_window: int | None,
                  executor: Executor | None = None, graphs: WindowGraphs | None = None,
                  prefill_rows: int | None = None, early_windows: bool = False,
-                 vocoder_order: str = "deadline", vocoder_join: bool = False) -> None:
+                 vocoder_order: str = "deadline") -> None:
         self.decoder, self.codec = decoder, codec
         self.pace = Pace()  # steps and windows, for the server's log (pace.py)
         # every take's windows, on its thread, the most urgent first (vocoder.py `order`)
-        self.vocoder = Vocoder(codec, graphs, executor, self.pace, order=vocoder_order, join=vocoder_join)
+        self.vocoder = Vocoder(codec, graphs, executor, self.pace, order=vocoder_order)
         self.held = False  # this step's prefill was held back by the playback limit
         self.beside = 0  # prompt rows this step prefilled beside decoding takes
         self.first_window = first_window

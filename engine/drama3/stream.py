@@ -139,17 +139,6 @@ def take_windows(frames: int, first_window: int | None = None, cuts: Sequence[in
     return [window for window in windows if window is not None]
 
 
-def join_windows(windows: Sequence[Window], joined: Sequence[int] = ()) -> list[Window]:
-    """`windows` (a take's, in order) with each one ending at a frame count in `joined` decoded
-    together with the window after it, as the vocoder joined them (Done.joined)."""
-    out: list[Window] = []
-    for window in windows:
-        if out and out[-1].end in joined and out[-1].end == window.emit:
-            window = Window(out.pop().emit, window.end, window.last)
-        out.append(window)
-    return out
-
-
 def first_frames(first_window: int | None = None) -> int:
     """Frames in a take's first window (a take that ends before it closes sends fewer)."""
     return next(window_ends(first_window))

@@ -76,14 +76,12 @@ class Done:
     codes: NDArray[np.int64]  # [num_codebooks, frames]: exactly what the stream carried
     error: str | None = None
     cuts: tuple[int, ...] = ()  # frame counts where its stream closed a window early (stream.py `cut`)
-    joined: tuple[int, ...] = ()  # frame counts where a window was vocoded with the one after it (vocoder.py)
-    rows: tuple[tuple[int, int], ...] = ()  # (end, rows) of its windows vocoded in calls of several rows
 
 
 class Windows:
     """A take's windows, vocoded beside the decode loop and handed out in order.
 
-    The vocoder (vocoder.py) decodes them on its worker thread, batched with other takes'
+    The vocoder (vocoder.py) decodes them on its worker thread, beside other takes'
     windows, while the next decode steps run; without an executor, inline."""
 
     def __init__(self, vocoder: Vocoder) -> None:
@@ -261,6 +259,5 @@ class Take:
                             decode_frames_per_s=round(self.steps / self.step_s, 1) if self.step_s else None)
         events.append(Done(finish_reason=self.finish or "error", timings=self.timings,
                            codes=self.codes[:, :self.committed].copy(), error=self.error,
-                           cuts=tuple(self.schedule.cuts), joined=tuple(self.windows.state.joined),
-                           rows=tuple(self.windows.state.rows)))
+                           cuts=tuple(self.schedule.cuts)))
         return events

@@ -211,8 +211,6 @@ def test_serve_prints_every_threads_stack_while_it_warms_up(tmp_path: Path) -> N
                                               "--preset tiny on a CPU"),
     (["--random-weights", "--checkpoint", "owner/name"], "--random-weights and --checkpoint exclude each other"),
     (["--port", "99999"], "--port must be between 1 and 65535 (got 99999)"),  # before the engine loads
-    (["--vocoder-batch", "0"], "--vocoder-batch must be at least 1"),
-    (["--vocoder-batch-from", "0"], "--vocoder-batch-from must be at least 1 frame"),
     (["--prefill-group", "9"], "--prefill-group must be a whole number from 1 (off) to 8"),
     (["--kernels", "deltanet_step", "fast"], "--kernels: unknown fast; choose from deltanet_step, add_rms_norm, "
                                              "moe_routing, cache_attention, prefill_norms, dense_rows, shared_beside"),
@@ -268,13 +266,13 @@ def test_serve_refuses_a_port_in_use_before_loading(tmp_path: Path) -> None:
 
 def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """`retake serve --prefill-group 4 --mixed-step on --early-windows on --vocoder-join on` on a CPU
-    (where all four are off by default): the log says so, and three directors starting at once, then retaking while
-    the others play, get every take (`--compile-prefill` and `--vocoder-compile on`, a GPU's options,
-    change nothing here)."""
+    """`retake serve --prefill-group 4 --mixed-step on --early-windows on --vocoder-order arrival` on a
+    CPU (where the four are off or deadline by default): the log says so, and three directors starting
+    at once, then retaking while the others play, get every take (`--compile-prefill` and
+    `--vocoder-compile on`, a GPU's options, change nothing here)."""
     log = tmp_path / "server.log"
     process, port, _ = serve(["--prefill-group", "4", "--mixed-step", "on", "--early-windows", "on", "--slots", "3",
-                              "--compile-prefill", "--vocoder-compile", "on", "--vocoder-join", "on"],
+                              "--compile-prefill", "--vocoder-compile", "on", "--vocoder-order", "arrival"],
                              tmp_path, log=log)
     try:
         parser = argparse.ArgumentParser()
@@ -294,4 +292,4 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
     assert "mixed steps: a waiting prompt's next 256 rows ride each decode step" in output, output[-2000:]
     assert "early windows: on; a window closes early where a take's client would run out of audio" in output
     assert "vocoder compiled" not in output  # (ignored on a CPU: its windows decode eagerly)
-    assert "vocoder joins: on; a take's queued windows decode in one call" in output
+    assert "vocoder order: arrival; first windows first, then as they came" in output

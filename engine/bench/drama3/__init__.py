@@ -16,13 +16,11 @@
   and in groups (`prefill_group` rows: prefill_groups.py; 255 rows is longer than every
   group shape: 4 and 8 such prompts run cut to 128 rows), with the ratio.
 - takes: all of the above, plus first audio (prefill start to the first PCM window on the
-  host) for a 300-row prompt, vocode ms per window length, vocode ms per long window
-  (320 + 64 frames) when 1, 4 or 16 takes' windows decode in one call, a take's first
-  (shorter) windows alone and 8 to a call (vocoder.py), and peak GPU memory.
+  host) for a 300-row prompt, vocode ms per window length, and peak GPU memory.
 
 One module per part: model (the weights and synthetic prompts), decode (the step and its
 floor, the step by decoding rows), profiling (ops per step, kernel tables), prefill, takes
-(first audio, vocode), vocoder (batched windows); engine/bench/timing.py times them all.
+(first audio, vocode); engine/bench/timing.py times them all.
 
 Design choices:
 - The parts run in the order of what matters most (decode, the profile, first audio and
@@ -49,7 +47,6 @@ from engine.bench.drama3.model import Row, build
 from engine.bench.drama3.prefill import PREFILL_ROWS, bench_prefill, bench_prefill_groups
 from engine.bench.drama3.profiling import profile_tables
 from engine.bench.drama3.takes import bench_takes
-from engine.bench.drama3.vocoder import TAKES, bench_vocoder_batch
 from engine.bench.options import add_device, add_weights
 from engine.drama3.fast import DEFAULT_KERNELS, KERNELS
 from engine.errors import RequestError
@@ -151,8 +148,7 @@ def run(args: argparse.Namespace) -> int:
             args.profile.write_text(profile_tables(model, config, device, codec), encoding="utf-8")
         parts: list[tuple[str, Callable[[], list[Row]]]] = []
         if args.bench == "takes":
-            parts += [("first audio", lambda: bench_takes(model, codec, config, device, args.prompt_rows[0])),
-                      ("vocoder batches", lambda: bench_vocoder_batch(codec, device))]
+            parts += [("first audio", lambda: bench_takes(model, codec, config, device, args.prompt_rows[0]))]
         if args.bench in ("prefill", "takes"):
             parts += [("prefill", lambda: bench_prefill(model, config, device, args.prompt_rows)),
                       ("prefill groups", lambda: bench_prefill_groups(model, config, device))]
@@ -190,12 +186,6 @@ def run(args: argparse.Namespace) -> int:
         print("targets: first audio " + ", ".join(f"{r['first_audio_ms']} ms (first window "
                                                  f"{r['first_window_frames']}, {r['vocoder']})" for r in first)
               + f" (<= {TARGETS['first_audio_ms']})")
-    for frames in dict.fromkeys(r["frames"] for r in rows if r["bench"] == "vocode_batch"):  # each window size
-        batched = [r for r in rows if r["bench"] == "vocode_batch" and r["frames"] == frames]
-        key = "graph_window_ms" if "graph_window_ms" in batched[0] else "eager_window_ms"
-        print(f"targets: vocode per {frames}-frame window after {batched[0]['context_frames']} "
-              + ", ".join(f"batch {r['batch']} {r.get(key)} ms" for r in batched)
-              + f" ({key.split('_')[0]}; <= {batched[0]['budget_window_ms']} ms for {TAKES} takes in real time)")
     if meta.get("peak_memory_gib") is not None:
         print(f"peak GPU memory {meta['peak_memory_gib']} GiB")
     return 1 if any(row["bench"] == "failed" for row in rows) else 0

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.bench.drama3.model import Row, synthetic_prompt
-from engine.bench.drama3.vocoder import streams_at
 from engine.bench.timing import timed_ms
 
 if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
@@ -26,6 +25,25 @@ if TYPE_CHECKING:  # imported where used, so `retake --help` stays fast
     from engine.drama3.model import Drama3Model
 
 WINDOW_FRAMES = (1, 10, 20, 32, 64)  # 1: the server's first window
+
+
+def streams_at(codec: Codec, codes: torch.Tensor, frames: int) -> Callable[[], StreamState]:
+    """A maker of takes' codec states after their first `frames` frames of `codes` [N, >= frames]
+    (each a copy: a window decodes once per state)."""
+    from engine.drama3.codec_stream import StreamState, new_state, window_pcm
+    from engine.drama3.stream import Window
+
+    before = StreamState()
+    with torch.inference_mode():
+        window_pcm(codec, codes, Window(0, frames), before)
+
+    def make() -> StreamState:
+        stream = StreamState()
+        if frames:
+            stream.codec, stream.frames = new_state(codec, 1), frames
+            stream.codec.copy_(before.state(codec))
+        return stream
+    return make
 
 
 def bench_takes(model: Drama3Model, codec: Codec, config: Drama3Config, device: torch.device,

@@ -32,7 +32,7 @@ def test_compiled_window_graphs_stream_as_the_op_by_op_ones() -> None:
         compiled.capture()
         assert compiled.captured and not compiled.graphs.eager and not compiled.firsts.eager
         stream = StreamState()
-        streamed = np.concatenate([compiled.pcm_batch([(codes, window, stream)])[0]
+        streamed = np.concatenate([compiled.pcm((codes, window, stream))
                                    for window in take_windows(300, FIRST_WINDOW) if window.frames])
         exported = render_take(codec, codes, FIRST_WINDOW, compiled)
         reference = render_take(codec, codes, FIRST_WINDOW, op_by_op)

@@ -1,12 +1,10 @@
 """On a GPU: a window's PCM16 replayed from the CUDA graph of its frame count (codec_graphs.py)
 equals the same padded window decoded eagerly from the same codec state, sample for sample,
-for every window of a take (the last, padded one included), alone and in a batch's rows;
-the streamed take is the whole-take decode to float16 rounding, and the same after the graphs
+for every window of a take (the last, padded one included); the streamed take is the
+whole-take decode to float16 rounding, and the same after the graphs
 are captured again; with the tiny codec and a random codec of the release's size."""
 
 from __future__ import annotations
-
-import copy
 
 import numpy as np
 import pytest
@@ -14,9 +12,9 @@ import torch
 
 from engine.drama3.codec import CodecConfig, load_codec, ready
 from engine.drama3.codec_graphs import WindowGraphs, decode_windows, render_take
-from engine.drama3.codec_stream import StreamState, context_for, decode_next, new_state
+from engine.drama3.codec_stream import StreamState, decode_next, new_state
 from engine.drama3.codec_tiny import random_codec
-from engine.drama3.stream import first_frames, take_windows, window_frames
+from engine.drama3.stream import Window, first_frames, take_windows, window_frames
 from engine.pcm import pcm16
 
 pytestmark = pytest.mark.gpu
@@ -39,26 +37,21 @@ def random_takes(codec, count: int, frames: int, seed: int) -> list[torch.Tensor
             for _ in range(count)]
 
 
-def padded_eagerly(codec, graphs: WindowGraphs, jobs: list) -> list[np.ndarray]:
-    """What the graph of the jobs' key computes, eagerly: their codes padded to its frame count
-    in the rows of their call (the others zero), from copies of their takes' states; each
-    window's new samples."""
-    key = graphs.key_for(jobs[0][1])
+def padded_eagerly(codec, graphs: WindowGraphs, take: torch.Tensor, window: Window, stream: StreamState) -> np.ndarray:
+    """What the graph of the window's key computes, eagerly: its codes padded to the graph's frame
+    count, from a copy of its take's state; the window's new samples."""
+    key = graphs.key_for(window)
     assert key is not None
     context, frames = key
-    rows = graphs.rows_for(key, len(jobs))
-    codes = torch.zeros((rows, codec.num_codebooks, frames), dtype=torch.long, device=DEVICE)
-    count = torch.zeros(rows, dtype=torch.long, device=DEVICE)
-    state = new_state(codec, rows)
-    for row, (take, window, stream) in enumerate(jobs):
-        codes[row, :, :window.frames] = take[:, window.emit:window.end]
-        count[row] = window.frames
-        if stream.codec is not None:
-            state.copy_(stream.codec, into=row, row=0)
-    pcm = pcm16(decode_next(codec, codes, state, count, context)).cpu().numpy()  # [rows, (context + frames) * fs]
-    fs = codec.frame_samples
-    return [pcm[row, min(w.emit, context) * fs:(min(w.emit, context) + w.frames) * fs]
-            for row, (_, w, _) in enumerate(jobs)]
+    codes = torch.zeros((1, codec.num_codebooks, frames), dtype=torch.long, device=DEVICE)
+    codes[0, :, :window.frames] = take[:, window.emit:window.end]
+    count = torch.full((1,), window.frames, dtype=torch.long, device=DEVICE)
+    state = new_state(codec, 1)
+    if stream.codec is not None:
+        state.copy_(stream.codec, into=0, row=0)
+    pcm = pcm16(decode_next(codec, codes, state, count, context)).cpu().numpy()  # [1, (context + frames) * fs]
+    first = min(window.emit, context) * codec.frame_samples
+    return pcm[0, first:first + window.frames * codec.frame_samples]
 
 
 @pytest.mark.parametrize("size", ["tiny", "release"])
@@ -76,8 +69,8 @@ def test_window_graphs_equal_eager_windows_and_the_stream_the_whole_take(tiny_ch
             if window.frames == 0:
                 continue
             assert graphs.runs(window) or DEVICE == "cpu"
-            eager = padded_eagerly(codec, graphs, [(codes, window, stream)])[0]
-            replayed = graphs.pcm_batch([(codes, window, stream)])[0]
+            eager = padded_eagerly(codec, graphs, codes, window, stream)
+            replayed = graphs.pcm((codes, window, stream))
             assert np.array_equal(replayed, eager), window
         assert stream.frames == frames - 5
         streamed = render_take(codec, codes, 4, graphs)
@@ -89,50 +82,6 @@ def test_window_graphs_equal_eager_windows_and_the_stream_the_whole_take(tiny_ch
     # The decoder runs in float16: the windows' convolutions and the whole take's round
     # differently (the seed's 320 frames of context gave 47.7 dB with random release weights).
     assert streamed.shape == whole.shape and snr_db(whole, streamed) > 40, snr_db(whole, streamed)
-
-
-@pytest.mark.parametrize("size", ["tiny", "release"])
-def test_batched_window_graphs_equal_each_window_alone(tiny_checkpoint, size: str) -> None:
-    """Windows of five takes decoded together in calls of up to 4 rows (the 10-frame windows and
-    longer; 2 or 4 rows, the fewest that hold them): each row equals the same window decoded alone
-    in a call of as many rows from a copy of its take's state (other rows zero) sample for
-    sample, whatever its row and its neighbours (so render_take, given the rows, reproduces a
-    batched stream), and equals the padded batch decoded eagerly."""
-    codec = load(tiny_checkpoint, size)
-    graphs = WindowGraphs(codec, [first_frames(4)], window_frames(4), batch=4, batched_from=10)
-    takes = random_takes(codec, 5, 500, seed=5)
-    streams = [StreamState() for _ in takes]
-    schedules = [take_windows(500 - 7 * cut, 4) for cut in range(len(takes))]  # each ends elsewhere
-    batched = 0
-    with torch.inference_mode():
-        graphs.capture()
-        for windows in zip(*schedules):  # each take's k-th window, in rounds
-            jobs = [(codes, window, stream) for codes, window, stream in zip(takes, windows, streams)
-                    if window.frames]
-            by_key: dict[tuple[int, int], list] = {}
-            for job in jobs:
-                key = graphs.key_for(job[1])
-                assert key is not None
-                by_key.setdefault(key, []).append(job)
-            for key, group in by_key.items():
-                rows = graphs.rows(key)
-                for start in range(0, len(group), rows):
-                    members = group[start:start + rows][::-1 if start // rows % 2 else 1]  # rows in both orders
-                    batched += len(members) > 1
-                    eager = padded_eagerly(codec, graphs, members)
-                    alone = []
-                    for codes, window, stream in members:  # a copy of the take's state, decoded in a call alone
-                        copied = copy.copy(stream)
-                        if stream.codec is not None:
-                            copied.codec = new_state(codec, 1)
-                            copied.codec.copy_(stream.codec)
-                        alone.append(graphs.pcm_batch([(codes, window, copied)], len(members))[0])
-                    together = graphs.pcm_batch(members)
-                    for row, (pcm, pcm_alone, pcm_eager) in enumerate(zip(together, alone, eager)):
-                        assert np.array_equal(pcm, pcm_alone), (key, row)
-                        assert np.array_equal(pcm, pcm_eager), (key, row)
-                    assert all(context_for(codec, w) == key[0] for _, w, _ in members)
-    assert batched > 3
 
 
 def test_the_decoders_snakes_in_one_pass_match_the_layer_at_the_release_size() -> None:

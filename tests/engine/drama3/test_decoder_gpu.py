@@ -180,22 +180,14 @@ def test_a_warmed_prefix_serves_the_next_line_on_the_gpu(gpu):
     assert np.array_equal(whole.codes, cold.codes)
 
 
-@pytest.mark.parametrize("batch_from", [64, 1])
-def test_takes_vocoded_together_stream_what_they_export(tiny_checkpoint, batch_from: int):
-    """Four takes long enough for the batched windows (64 new frames; with `batch_from` 1 every
-    window but a take's first), started together so their windows come due together: the
-    vocoder decodes them in calls of up to 4 windows, each through its take's codec state, and
-    each take's stream equals its export (vocode_take, one window per call in as many rows as
-    the stream's, Done.rows) and the take alone to float16 rounding (alone, a call has one row:
-    other convolution algorithms)."""
-    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", slots=4, vocoder_batch=4,
-                                    vocoder_batch_from=batch_from, early_windows=False))  # the schedule's windows
+def test_takes_vocoded_together_stream_what_they_export(tiny_checkpoint):
+    """Four takes long enough for the long windows (64 new frames), started together so their
+    windows come due together: the vocoder decodes them one call each, each through its take's
+    codec state, and each take's stream equals its export (vocode_take) and, where it drew the
+    same frames, the take alone, sample for sample (the same graphs)."""
+    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", slots=4,
+                                    early_windows=False))  # the schedule's windows
     engine.warm_up()
-    graphs = engine.window_graphs
-    context = engine.codec.conv_context
-    assert graphs is not None and graphs.batch == 4 and graphs.rows((context, max(graphs.frames))) == 4
-    assert graphs.rows((context, min(graphs.frames))) == (4 if batch_from == 1 else 1)
-    assert graphs.rows((0, graphs.firsts.buckets[0])) == 1
     prompts = [engine.prompt(f"Take {i}, long enough to fill a few windows.", None, [],
                              Sampling(max_new_tokens=260, seed=i)) for i in range(4)]
     alone = []
@@ -207,11 +199,13 @@ def test_takes_vocoded_together_stream_what_they_export(tiny_checkpoint, batch_f
     while engine.in_flight:
         for take, events in engine.step():
             streams[running[take]] += events
+    same = 0
     for i, events in streams.items():
         done = events[-1]
         assert isinstance(done, Done) and done.error is None
         pcm = np.concatenate([e.pcm for e in events[:-1]])
-        assert np.array_equal(pcm, engine.vocode_take(done.codes, done.cuts, done.joined, done.rows))
-        if np.array_equal(done.codes, alone[i][1].codes):  # (the same frames: then the same samples, to rounding)
-            error = (pcm.astype(np.float64) - alone[i][0]) ** 2
-            assert 10 * np.log10((pcm.astype(np.float64) ** 2).sum() / max(error.sum(), 1e-9)) > 40
+        assert np.array_equal(pcm, engine.vocode_take(done.codes, done.cuts))
+        if np.array_equal(done.codes, alone[i][1].codes):  # (the same frames: then the same samples)
+            same += 1
+            assert np.array_equal(pcm, alone[i][0])
+    assert same > 0

@@ -13,7 +13,7 @@ def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> No
     for ms in (5, 6, 7, 8, 40):  # five steps, one long: the one with the grouped chunks
         pace.step(ms / 1000, decoding=4, prefilled=32 if ms == 40 else 0, held=ms == 8, grouped=ms == 40)
     for ms in (3, 4, 30):
-        pace.window(ms / 1000, late=ms == 30, dry=ms == 4, joined=ms == 3)
+        pace.window(ms / 1000, late=ms == 30, dry=ms == 4)
     pace.drain(0.010, cpu=0.002)
     pace.drain(0.030, cpu=0.006)
     pace.cut(2)
@@ -26,7 +26,7 @@ def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> No
     assert re.search(r"5 steps \(p50 7\.0 ms, p95 40\.0 ms\), 4\.0 takes decoding a step, 32 prompt rows "
                      r"prefilled beside them, 1 steps held a prompt back for playback; 2 grouped prefill chunks "
                      r"of 5\.5 prompts \(steps with one p50 40\.0 ms\); 2 steps carried a prompt's chunk \(p50 "
-                     r"30\.0 ms; 320 rows, 64 of them warms'\); 3 windows \(2 closed early, 1 joined to the next\) "
+                     r"30\.0 ms; 320 rows, 64 of them warms'\); 3 windows \(2 closed early\) "
                      r"in 2 drains, closed to audio p50 4\.0 ms, p95 30\.0 ms, 1 made late by the vocoder, 1 "
                      r"closed after their client ran dry; vocoder busy \d+% \(drain p50 "
                      r"30\.0 ms, p95 30\.0 ms; its thread on a CPU 20% of them\)", line), line

@@ -18,7 +18,6 @@ from engine.drama3.stream import (
     StreamSchedule,
     Window,
     first_frames,
-    join_windows,
     take_windows,
     window_ends,
     window_frames,
@@ -183,12 +182,6 @@ def test_a_window_cut_early_leaves_the_schedule_s_ends() -> None:
                                                Window(4, 5, last=True)]  # (a cut past the take's end: none)
 
 
-def test_joined_windows_are_one_window_from_the_first_s_start_to_the_last_s_end() -> None:
-    windows = take_windows(30, 1)  # 0-1, 1-2, 2-4, 4-10, 10-20, 20-30 (last)
-    assert join_windows(windows, [2, 4, 20]) == [Window(0, 1), Window(1, 10), Window(10, 30, last=True)]
-    assert join_windows(windows) == windows
-
-
 @pytest.mark.parametrize(("first_window", "first_starts", "cuts"), [
     (3, [0, 3, 10], []), (1, [0, 1, 2, 4, 10], []),
     (1, [0, 1, 2, 3, 4, 6, 9, 10, 13], [3, 6, 9, 13, 33, 34, 90]),  # windows closed early (take.py)
@@ -261,7 +254,7 @@ def test_a_window_padded_to_a_longer_graph_keeps_its_samples(codec, take, first_
         key = graphs.key_for(window)
         assert key is not None  # every window of the stream has its graph
         padded += key[1] > window.frames
-        got = graphs.pcm_batch([(codes, window, through)])[0]
+        got = graphs.pcm((codes, window, through))
         expected = window_pcm(codec, codes, window, alone).numpy()
         assert got.shape == expected.shape and np.abs(got.astype(int) - expected).max() <= 1
         assert through.frames == alone.frames == window.end
