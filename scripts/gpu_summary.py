@@ -95,15 +95,6 @@ def takes_lines(data: Json) -> list[str]:
                                  f"{get(v, 'graph_ms')}" + (f" (in the {v['graph_frames']}-frame graph)"
                                                             if v.get("graph_frames", v.get("frames")) != v.get("frames")
                                                             else "") for v in vocode))
-    every = rows_of(data, "vocode_batch")
-    for frames in dict.fromkeys(row.get("frames") for row in every):  # each window size: long, then short
-        batched = [row for row in every if row.get("frames") == frames]
-        first = batched[0]
-        lines.append(f"  vocode per window of {frames} frames after {first.get('context_frames')}, "
-                     f"takes' windows in one call (graph / eager ms per window; <= "
-                     f"{get(first, 'budget_window_ms', ' ms')} for 64 takes in real time): "
-                     + ", ".join(f"batch {b.get('batch')}: {get(b, 'graph_window_ms')} / {get(b, 'eager_window_ms')}"
-                                 for b in batched))
     return lines
 
 
