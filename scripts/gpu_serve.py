@@ -8,8 +8,15 @@ Design choices:
 - Each load test's JSON is read even when the test failed or ran out of time, and summarised
   here (`load_summary`: percentiles of first audio and of the gaps, real time or not), so
   summary.json holds figures rather than every take (a small load's takes are kept one by one).
-- The server's log goes into OUT (its last 2 MB), and its telling lines into summary.json:
-  readiness, kernels that failed, non-finite logits, failed takes, the pace lines.
+- The server's log is written into OUT as the server runs (cut to its last 2 MB at the end),
+  and its telling lines go into summary.json: readiness, kernels that failed, non-finite
+  logits, failed takes, the pace lines. Written live because a call that runs past its limit
+  is killed whole: stop 53's two H100 calls whose servers were not ready in 195-300 s came
+  back without a line of the server's log (it was copied into OUT only after the server
+  stopped, which the call's limit never let happen).
+- A server's stop (its stacks if it never served, SIGINT, up to 30 s for it to end) comes out
+  of the stage's time (STOP_S), not after it: the summary and the log are written before the
+  call's limit.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ import urllib.request
 from pathlib import Path
 
 from gpu_stages import CLI, WORK, Json, RunView, Stage, StageTimeout, bench_has, read_json, wait
+
+STOP_S = 35  # a server's stop: its stacks (3 s) if it never served, SIGINT and up to 30 s to end
+LOG_BYTES = 2_000_000  # the server log kept in OUT: its last 2 MB
 
 
 def percentiles(values: list[float], scale: float = 1000.0) -> Json | None:
@@ -132,10 +142,10 @@ def one_server(run: RunView, stage: Stage, log: Path, converse: bool = False, ex
            if re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) and value}  # NAME=VALUE words: the server's environment
     argv += ["--port", str(port), "--data-dir", str(data_dir), "--max-sessions", "256", "--max-queue", "512",
              *(word for word in extra or [] if word.partition("=")[0] not in env)]
-    server_log = WORK / ("converse-server.log" if converse else "server.log" if not number else
-                         f"server-{number + 1}.log")
+    server_log = run.out / ("converse-server.log" if converse else "server.log" if not number else
+                            f"server-{number + 1}.log")
     stage.commands.append(" ".join(argv))
-    stage_end = stage_end or time.monotonic() + run.limit(stage)
+    stage_end = (stage_end or time.monotonic() + run.limit(stage)) - STOP_S
     with server_log.open("w") as sink:
         server = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **env})
     data: Json = {"command": " ".join([*(f"{k}={v}" for k, v in env.items()), *argv]),
@@ -202,7 +212,8 @@ def one_server(run: RunView, stage: Stage, log: Path, converse: bool = False, ex
         server.send_signal(signal.SIGINT)
         wait(server, 30)
         text = server_log.read_text(errors="replace")
-        (run.out / server_log.name).write_text(text[-2_000_000:])
+        if len(text) > LOG_BYTES:
+            server_log.write_text(text[-LOG_BYTES:])
         data["server_exit_code"] = server.returncode
         shown = r"ready on|DEMO|loading|bucket \d+ runs eagerly|kernel failed|PersonaPlex ticks|slots|Traceback|Error" \
             r"|^Thread|^Current thread|^  File"
