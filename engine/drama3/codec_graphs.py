@@ -39,7 +39,7 @@ Design choices:
 - The static buffers serve one caller at a time: the vocoder thread and an export on the
   engine thread take a lock around copy-in, replay and read-back (replays on two streams
   would otherwise overwrite each other's buffers).
-- A drain's calls (`decode_windows`) are launched IN_FLIGHT ahead of the one being read, each
+- A drain's calls (`decode_windows`) are launched ahead of their reading (IN_FLIGHT at most), each
   one's samples copied to pinned memory behind an event on the stream (`Launched`), and
   handed out as each copy lands, in launch order: the GPU runs the calls without waiting for
   the host between them, and the next call's copy-in is ordered after the last one's
@@ -286,7 +286,7 @@ def decode_windows(codec: Codec, windows: Iterable[Job], graphs: WindowGraphs | 
     """Each window's new samples (numpy int16, on the host), decoded in the order given (the
     vocoder's: the most urgent first), a take's windows in its order, a call each (eagerly where
     a window has no graph). Each window is taken from `windows` once its call can launch (at
-    most IN_FLIGHT ahead of the one read): a lazy source picks it then. `ready(index, pcm)` is
+    most IN_FLIGHT launched and not yet read): a lazy source picks it then. `ready(index, pcm)` is
     called as each window's samples exist: a vocoder hands a window out then, not after every
     window of its drain. `timed(ms)`: each graph call's time on the GPU."""
     out: list[NDArray[np.int16] | None] = []

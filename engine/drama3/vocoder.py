@@ -9,7 +9,7 @@
 Design choices:
 - One queue for the windows of every take. The worker drains it with `decode_windows`
   (codec_graphs.py: a call a window, each take's windows in its order through its codec
-  state): each time a call can launch (IN_FLIGHT calls ahead of the one being read) it takes
+  state): each time a call can launch (at most IN_FLIGHT launched and not yet read) it takes
   the most urgent window queued by then (`order`), across all takes, until the queue is empty
   or DRAIN_WINDOWS are taken, then reads the calls in flight and lets an export use the
   graphs (their lock) before the next drain. A lone take's first window waits at most for

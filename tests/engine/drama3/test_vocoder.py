@@ -234,7 +234,7 @@ def test_a_drain_hands_each_window_out_as_it_is_decoded(codec, graphs, monkeypat
 
 def test_a_drain_keeps_in_flight_calls_and_picks_each_window_as_its_call_can_launch(codec, graphs,
                                                                                      monkeypatch) -> None:
-    """A drain's calls are read in launch order, IN_FLIGHT launched ahead of the one read: with
+    """A drain's calls are read in launch order, at most IN_FLIGHT launched and not yet read: with
     no call's samples on the host until it is read (a busy GPU), each window is taken from its
     source only once a call has room, and every window comes out, in launch order, with the
     samples of the window decoded alone."""
