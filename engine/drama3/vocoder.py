@@ -19,10 +19,10 @@ Design choices:
 - Urgent first (`order="deadline"`, the default): each window comes with the time its take's
   client runs out of the audio before it (take.py `runs_dry`: now for a first window, seconds
   ahead for a long window of a take well ahead), each call takes the soonest, and the rest
-  wait with whatever comes meanwhile. On an H100 each window is
-  a codec call of 3.6-7.7 ms whatever its frames, and at 32 to 64 directors a drain held tens
-  of windows (stop 46: windows waited p50 87-505 ms to be vocoded): a take's 2-frame second
-  window, due in 46 ms, waited behind 64-frame windows of takes with seconds of audio ahead.
+  wait with whatever comes meanwhile. On an H100 each window is a codec call of 3.6-7.7 ms
+  whatever its frames, and at 32 to 64 directors a drain held tens of windows (stop 46:
+  windows waited p50 87-505 ms to be vocoded): a take's 2-frame second window, due in 46 ms,
+  waited behind 64-frame windows of takes with seconds of audio ahead.
   A take's windows keep their order (each is keyed no sooner than the one before it).
 - A take's first window goes before every later window, whatever their deadlines: on the
   H200 (stop 48) 64 directors kept the vocoder busy 97% of the time, windows of takes already
