@@ -201,9 +201,10 @@ class Vocoder:
                 self.pace.drain(time.perf_counter() - started, time.thread_time() - cpu)
         except Exception as exc:  # find the windows that fail; the others stand
             left = [job for job in taken if not job[3].done()]  # (those decoded before the failure are out)
-            if len(left) == 1:
-                left[0][3].set_exception(exc)
-            elif not left:  # (nothing taken: no take to tell)
+            if not left:  # (nothing taken: no take to tell)
                 log.exception("the vocoder failed before a window")
-            for job in left if len(left) > 1 else ():
-                self.decode([job])
+            elif len(left) == 1:
+                left[0][3].set_exception(exc)
+            else:
+                for job in left:
+                    self.decode([job])
