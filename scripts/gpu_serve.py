@@ -73,6 +73,7 @@ def load_summary(report: Json) -> Json:
     queued = [t["queued_s"] for t in takes if t.get("queued_s") is not None]
     server = [t["server_first_audio_ms"] / 1000 for t in takes if t.get("server_first_audio_ms") is not None]
     sent = [t["server_sent_ms"] / 1000 for t in takes if t.get("server_sent_ms") is not None]
+    slot_waits = [t["slot_wait_ms"] / 1000 for t in takes if t.get("slot_wait_ms") is not None]
     gaps = [t["longest_gap_s"] for t in takes if t.get("first_audio_s") is not None]
     audio, wall = sum(t.get("audio_s", 0.0) for t in takes), report.get("wall_s") or 0.0
     reasons: dict[str, int] = {}
@@ -86,6 +87,7 @@ def load_summary(report: Json) -> Json:
             "audio_per_s": round(audio / wall, 2) if wall else None,
             "queued_ms": percentiles(queued), "first_audio_client_ms": percentiles(first),
             "first_audio_server_ms": percentiles(server), "first_audio_sent_ms": percentiles(sent),
+            "slot_wait_ms": percentiles(slot_waits),  # the engine's queue: every slot taken
             "longest_gap_ms": percentiles(gaps), "gaps_over_100ms": sum(g > 0.1 for g in gaps),
             # the client's event loop: how late a 5 ms sleep woke (a lag near the gaps' tail is the client's)
             "client_loop_lag_ms": {k: round(v * 1000, 1) for k, v in (report.get("client_loop_lag_s") or {}).items()},

@@ -121,6 +121,7 @@ def serve_lines(data: Json) -> list[str]:
                      + ("  heard to the end" if load.get("listen") else "")
                      + (f"  sent p50/p95/p99 {pct(load['first_audio_sent_ms'])}" if load.get("first_audio_sent_ms")
                         else "")
+                     + (f"  slot wait p50/p95/p99 {pct(load['slot_wait_ms'])}" if load.get("slot_wait_ms") else "")
                      + (f"  cached rows p50 {load['cached_rows_p50']}" if load.get("cached_rows_p50") else "")
                      + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
                      + (f"  exit {load['exit_code']}" if load.get("exit_code", 0) != 0 else ""))

@@ -84,6 +84,7 @@ class TakeStats:
     queued_s: float  # client-side, from take.start to take.queued
     first_audio_s: float | None  # client-side, from take.start to the first frame
     server_first_audio_ms: float | None  # engine-side timings.first_audio_ms + queue_ms
+    slot_wait_ms: float | None  # timings.queue_ms: in the engine's queue (every slot taken: until a take ends)
     server_sent_ms: float | None  # timings.first_audio_sent_ms: the first frame leaving the server, same start
     longest_gap_s: float  # the longest playback stall
     audio_s: float
@@ -136,7 +137,7 @@ async def run_session(index: int, plan: LoadTest, started: float, results: list[
                 queued_s=take.queued_at - take.sent,
                 first_audio_s=arrivals[0] - take.sent if arrivals else None,
                 server_first_audio_ms=None if server_first is None else server_first + (timings.get("queue_ms") or 0),
-                server_sent_ms=timings.get("first_audio_sent_ms"),
+                server_sent_ms=timings.get("first_audio_sent_ms"), slot_wait_ms=timings.get("queue_ms"),
                 longest_gap_s=stall, audio_s=sum(durations),
                 wall_s=time.monotonic() - take.sent, prompt_rows=int(timings.get("prompt_rows") or 0),
                 cached_rows=int(timings.get("cached_rows") or 0),
@@ -190,6 +191,7 @@ def run(plan: LoadTest) -> int:
     first = [r.first_audio_s for r in results if r.first_audio_s is not None]
     server_first = [r.server_first_audio_ms / 1000 for r in results if r.server_first_audio_ms is not None]
     sent = [r.server_sent_ms / 1000 for r in results if r.server_sent_ms is not None]
+    slot_waits = [r.slot_wait_ms / 1000 for r in results if r.slot_wait_ms is not None]
     gaps = [r.longest_gap_s for r in results if r.first_audio_s is not None]
     audio = sum(r.audio_s for r in results)
     print(f"{plan.sessions} sessions x {plan.takes} takes against {plan.url}: {len(results)} takes in {wall:.1f} s, "
@@ -203,6 +205,7 @@ def run(plan: LoadTest) -> int:
     print(f"{'first audio (client)':28} {percentiles(first)}")
     print(f"{'first audio (server)':28} {percentiles(server_first)}")
     print(f"{'first audio (server, sent)':28} {percentiles(sent)}")
+    print(f"{'waited for a slot (server)':28} {percentiles(slot_waits)}")
     print(f"{'longest gap vs playback':28} {percentiles(gaps)}")
     print(f"{'client event loop lag':28} {percentiles(lags)}")
     print(f"takes with a gap above 100 ms: {sum(g > 0.1 for g in gaps)} of {len(gaps)}")
