@@ -74,6 +74,9 @@ def load_summary(report: Json) -> Json:
     server = [t["server_first_audio_ms"] / 1000 for t in takes if t.get("server_first_audio_ms") is not None]
     sent = [t["server_sent_ms"] / 1000 for t in takes if t.get("server_sent_ms") is not None]
     slot_waits = [t["slot_wait_ms"] / 1000 for t in takes if t.get("slot_wait_ms") is not None]
+    first_windows = [t["first_window_ms"] / 1000 for t in takes if t.get("first_window_ms") is not None]
+    prefills = [t["prefill_ms"] / 1000 for t in takes
+                if t.get("prefill_ms") is not None and t.get("first_window_ms") is not None]
     gaps = [t["longest_gap_s"] for t in takes if t.get("first_audio_s") is not None]
     audio, wall = sum(t.get("audio_s", 0.0) for t in takes), report.get("wall_s") or 0.0
     reasons: dict[str, int] = {}
@@ -88,6 +91,8 @@ def load_summary(report: Json) -> Json:
             "queued_ms": percentiles(queued), "first_audio_client_ms": percentiles(first),
             "first_audio_server_ms": percentiles(server), "first_audio_sent_ms": percentiles(sent),
             "slot_wait_ms": percentiles(slot_waits),  # the engine's queue: every slot taken
+            # the server's first audio after the slot: the prompt's prefill, then its first frames and their vocode
+            "prefill_ms": percentiles(prefills), "first_window_ms": percentiles(first_windows),
             "longest_gap_ms": percentiles(gaps), "gaps_over_100ms": sum(g > 0.1 for g in gaps),
             # the client's event loop: how late a 5 ms sleep woke (a lag near the gaps' tail is the client's)
             "client_loop_lag_ms": {k: round(v * 1000, 1) for k, v in (report.get("client_loop_lag_s") or {}).items()},

@@ -85,6 +85,8 @@ class TakeStats:
     first_audio_s: float | None  # client-side, from take.start to the first frame
     server_first_audio_ms: float | None  # engine-side timings.first_audio_ms + queue_ms
     slot_wait_ms: float | None  # timings.queue_ms: in the engine's queue (every slot taken: until a take ends)
+    prefill_ms: float | None  # timings.prefill_ms: from its start in a slot to its prompt prefilled
+    first_window_ms: float | None  # first_audio_ms - prefill_ms: its first frames' steps and their vocoding
     server_sent_ms: float | None  # timings.first_audio_sent_ms: the first frame leaving the server, same start
     longest_gap_s: float  # the longest playback stall
     audio_s: float
@@ -129,7 +131,7 @@ async def run_session(index: int, plan: LoadTest, started: float, results: list[
             durations = [len(frame.pcm) / rate for frame in take.frames]
             stall, played = playback(arrivals, durations)
             timings = done["timings"] if isinstance(done["timings"], dict) else {}
-            server_first = timings.get("first_audio_ms")
+            server_first, prefill_ms = timings.get("first_audio_ms"), timings.get("prefill_ms")
             results.append(TakeStats(
                 session=index, session_id=str(ready["session_id"]), take_id=take.take_id,
                 started_s=take.sent - started,
@@ -138,6 +140,8 @@ async def run_session(index: int, plan: LoadTest, started: float, results: list[
                 first_audio_s=arrivals[0] - take.sent if arrivals else None,
                 server_first_audio_ms=None if server_first is None else server_first + (timings.get("queue_ms") or 0),
                 server_sent_ms=timings.get("first_audio_sent_ms"), slot_wait_ms=timings.get("queue_ms"),
+                prefill_ms=prefill_ms,
+                first_window_ms=None if server_first is None or prefill_ms is None else server_first - prefill_ms,
                 longest_gap_s=stall, audio_s=sum(durations),
                 wall_s=time.monotonic() - take.sent, prompt_rows=int(timings.get("prompt_rows") or 0),
                 cached_rows=int(timings.get("cached_rows") or 0),
@@ -192,6 +196,8 @@ def run(plan: LoadTest) -> int:
     server_first = [r.server_first_audio_ms / 1000 for r in results if r.server_first_audio_ms is not None]
     sent = [r.server_sent_ms / 1000 for r in results if r.server_sent_ms is not None]
     slot_waits = [r.slot_wait_ms / 1000 for r in results if r.slot_wait_ms is not None]
+    prefills = [r.prefill_ms / 1000 for r in results if r.prefill_ms is not None and r.first_window_ms is not None]
+    first_windows = [r.first_window_ms / 1000 for r in results if r.first_window_ms is not None]
     gaps = [r.longest_gap_s for r in results if r.first_audio_s is not None]
     audio = sum(r.audio_s for r in results)
     print(f"{plan.sessions} sessions x {plan.takes} takes against {plan.url}: {len(results)} takes in {wall:.1f} s, "
@@ -206,6 +212,8 @@ def run(plan: LoadTest) -> int:
     print(f"{'first audio (server)':28} {percentiles(server_first)}")
     print(f"{'first audio (server, sent)':28} {percentiles(sent)}")
     print(f"{'waited for a slot (server)':28} {percentiles(slot_waits)}")
+    print(f"{'prefill (server)':28} {percentiles(prefills)}")
+    print(f"{'first window (server)':28} {percentiles(first_windows)}")
     print(f"{'longest gap vs playback':28} {percentiles(gaps)}")
     print(f"{'client event loop lag':28} {percentiles(lags)}")
     print(f"takes with a gap above 100 ms: {sum(g > 0.1 for g in gaps)} of {len(gaps)}")

@@ -64,6 +64,7 @@ def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys:
     printed = capsys.readouterr().out
     assert "2 sessions x 2 takes" in printed and "first audio (client)" in printed and "longest gap" in printed
     assert "take.queued (client)" in printed and "waited for a slot (server)" in printed
+    assert "prefill (server)" in printed and "first window (server)" in printed
     assert "prompt rows restored from the prefix cache: " in printed and "(a 50 ms pause before each take)" in printed
     report = json.loads(out.read_text())
     assert report["failures"] == [] and len(report["takes"]) == 4
@@ -75,8 +76,12 @@ def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys:
         assert take["finish_reason"] in ("stop", "length")
         assert take["first_audio_s"] > 0 and take["longest_gap_s"] >= 0 and take["audio_s"] > 0
         assert 0 < take["queued_s"] < take["first_audio_s"]  # take.queued is sent before the audio
-        # The engine's queue (every slot taken) is part of the server's first audio.
+        # The server's first audio in its parts: the engine's queue (every slot taken), the prompt's
+        # prefill, then the first frames' steps and their vocoding.
         assert 0 <= take["slot_wait_ms"] <= take["server_first_audio_ms"]
+        assert take["prefill_ms"] > 0 and take["first_window_ms"] > 0
+        parts = take["slot_wait_ms"] + take["prefill_ms"] + take["first_window_ms"]
+        assert parts == pytest.approx(take["server_first_audio_ms"])
     # Kept takes grow each session's history: the second take's prompt holds the first.
     by_session = {s: [t for t in report["takes"] if t["session"] == s] for s in (0, 1)}
     assert all(takes[1]["prompt_rows"] > takes[0]["prompt_rows"] for takes in by_session.values())
