@@ -241,7 +241,7 @@ def stage_limits(order: list[str], limits: dict[str, float], asked: dict[str, fl
     whole budget (what the earlier ones leave) unless `--limit` (`asked`) names it. Stop 54's
     lone pytest stage stopped at its 70 s share of a 290 s budget."""
     last = order[-1]
-    return {**limits, last: asked.get(last, max(limits[last], budget))}
+    return {**limits, last: asked.get(last, budget)}
 
 
 def main() -> int:
