@@ -73,6 +73,7 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       prefix_cache_host_gib=settings.prefix_cache_host_gib,
                                       prefill_group=settings.prefill_group, mixed_step=settings.mixed_step,
                                       early_windows=settings.early_windows, vocoder_order=settings.vocoder_order,
+                                      warms_yield=settings.warms_yield,
                                       kernels=settings.kernels,
                                       compile_prefill=settings.compile_prefill,
                                       vocoder_compile=settings.vocoder_compile))
@@ -159,6 +160,8 @@ def log_ready(engine_loop: EngineLoop) -> None:
              if engine.early_windows else "off; windows close at the schedule's ends only (--early-windows)")
     log.info("vocoder order: %s", "deadline; first windows, then the windows whose clients run out of audio soonest"
              if engine.vocoder_order == "deadline" else "arrival; first windows first, then as they came")
+    log.info("warms yield: %s", "on; the next lines' warms wait while the vocoder has a window due"
+             if engine.warms_yield else "off; warms ride the steps the playing takes allow (--warms-yield)")
     if engine.window_graphs is not None and engine.window_graphs.compiled:
         log.info("vocoder compiled: the window graphs replay an Inductor-compiled decode (--vocoder-compile off: "
                  "op by op)")

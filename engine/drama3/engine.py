@@ -100,6 +100,7 @@ class EngineSpec:
     mixed_step: bool | None = None  # decode steps carry a waiting prompt's chunk (mixed.py); None: on CUDA
     early_windows: bool = False  # windows close early where a client runs short (take.py); off: stop 46's H100 A/B
     vocoder_order: str = "deadline"  # which queued windows vocode first (vocoder.py ORDERS)
+    warms_yield: bool = False  # warms wait while the vocoder has a window due (slots.py); off until measured
     vocoder_compile: bool = False  # on CUDA, the window graphs capture an Inductor-compiled decode (codec_graphs.py)
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
     # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels in
@@ -225,9 +226,10 @@ class Drama3Engine:
         # Windows vocode on this worker while the loop decodes the next frames.
         self.vocoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drama3-vocoder")
         self.early_windows, self.vocoder_order = spec.early_windows, spec.vocoder_order
+        self.warms_yield = spec.warms_yield
         self.slot_table = Slots(self.decoder, codec, first_window=first, executor=self.vocoder,
                                 graphs=self.window_graphs, early_windows=self.early_windows,
-                                vocoder_order=self.vocoder_order)
+                                vocoder_order=self.vocoder_order, warms_yield=self.warms_yield)
 
     # Inputs -------------------------------------------------------------------
 

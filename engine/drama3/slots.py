@@ -39,6 +39,12 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   once with the decoding rows'; a take's prompt rides every step, a warm's what the playing
   takes allow (admission.py `Carrying`). Where its chunk has no mixed size (near the
   cache's end) the step's prefill runs apart as above.
+- Warms yield to the vocoder (`warms_yield`, off by default until a GPU measures it): while
+  a window in the vocoder's queue is due within the next steps, no warm's chunk runs beside
+  decoding takes. At 48 listening directors on stop 54's H100, 154 of 428 steps carried a
+  chunk (p50 29.9 ms against 21.3), 6,614 of its 17,076 rows warms', while codec calls ran
+  at 8.0 ms against 2.1-5.6 alone and 204 of 646 windows were late: a warm has seconds of
+  slack, a window due in two steps has none.
 - Early windows (take.py, `early_windows`): each take plans its windows with the longest of
   the last PACE_STEPS steps' wall times (a step carrying a chunk, not the average one).
 """
@@ -53,7 +59,7 @@ from concurrent.futures import Executor
 
 import torch
 
-from engine.drama3.admission import HELD_S, Admission, Carrying, playback_limit
+from engine.drama3.admission import HAND_OUT_STEPS, HELD_S, Admission, Carrying, playback_limit
 from engine.drama3.codec import Codec
 from engine.drama3.codec_graphs import WindowGraphs
 from engine.drama3.decoder import Decoder
@@ -76,7 +82,7 @@ class Slots:
     def __init__(self, decoder: Decoder, codec: Codec, *, first_window: int | None,
                  executor: Executor | None = None, graphs: WindowGraphs | None = None,
                  prefill_rows: int | None = None, early_windows: bool = False,
-                 vocoder_order: str = "deadline") -> None:
+                 vocoder_order: str = "deadline", warms_yield: bool = False) -> None:
         self.decoder, self.codec = decoder, codec
         self.pace = Pace()  # steps and windows, for the server's log (pace.py)
         # every take's windows, on its thread, the most urgent first (vocoder.py `order`)
@@ -85,6 +91,7 @@ class Slots:
         self.beside = 0  # prompt rows this step prefilled beside decoding takes
         self.first_window = first_window
         self.early_windows = early_windows  # take.py: windows close early where a client would run out
+        self.warms_yield = warms_yield  # warms wait while the vocoder has a window due (`vocoder_due`)
         self.recent: collections.deque[float] = collections.deque(maxlen=PACE_STEPS)  # the last steps' wall times
         self.prefill_rows = prefill_rows  # prompt rows per step while takes decode; None: `admission`'s
         self.admission = Admission(frame_s=codec.frame_samples / codec.sample_rate)
@@ -172,7 +179,7 @@ class Slots:
         # takes decode they get what is left of the step's budget; otherwise a step of their own.
         warms_grouped = False
         for take, prefill in sorted(self.prefills.items(), key=lambda item: item[0].prefill_only):
-            if take.prefill_only and took and not decoding:
+            if take.prefill_only and ((took and not decoding) or (decoding and self.vocoder_due())):
                 break
             if take.prefill_only and not warms_grouped:  # warms waiting together: in groups first
                 warms_grouped = True
@@ -208,7 +215,8 @@ class Slots:
         playing takes ~12-17 ms once, on an H100); a warm's only what the playing takes allow
         (admission.py `Carrying`: with every step carrying a warm, the 32 directors of stop
         44's H100 run lost real time, gap p99 748 ms), and never while a take awaits its first
-        audio (a warm is a guess: backend/directing/warming.py). A fixed `prefill_rows` is the
+        audio (a warm is a guess: backend/directing/warming.py) nor, with `warms_yield`, while
+        the vocoder has a window due (`vocoder_due`). A fixed `prefill_rows` is the
         most rows every step carries."""
         mixed = self.decoder.mixed
         if not mixed.enabled or not self.prefills:
@@ -216,7 +224,8 @@ class Slots:
         take, prefill = min(self.prefills.items(), key=lambda item: item[0].prefill_only)  # (stable: start order)
         if mixed.size(prefill) is None:
             return None
-        if take.prefill_only and any(other.playing_until is None for other in self.decoding()):
+        if take.prefill_only and (any(other.playing_until is None for other in self.decoding())
+                                  or self.vocoder_due()):
             return take, prefill, 0, 0
         largest = self.prefill_rows or (self.carrying.size(mixed.sizes, self.playback_limit()) if take.prefill_only
                                         else max(mixed.sizes))
@@ -289,6 +298,12 @@ class Slots:
         warms = [(take, prefill) for take, prefill in self.prefills.items() if take.prefill_only]
         riders = groups.fill(picked, [prefill for _, prefill in warms])
         return group + [(take, prefill) for take, prefill in warms if any(prefill is p for p in riders)]
+
+    def vocoder_due(self) -> bool:
+        """With `warms_yield`: a window waiting in the vocoder's queue is due within the next
+        HAND_OUT_STEPS steps (or is a first window), so a warm's chunk, which slows the step
+        and the codec calls beside it, waits (a warm is a guess with seconds of slack)."""
+        return self.warms_yield and self.vocoder.due(HAND_OUT_STEPS * max(self.recent, default=0.0))
 
     def playback_limit(self) -> float | None:
         """The longest step the takes playing allow (admission.py), None if none is playing."""

@@ -141,6 +141,13 @@ class Vocoder:
             raise
         return future
 
+    def due(self, within_s: float) -> bool:
+        """A queued window's client runs out of audio within `within_s` (a first window's
+        deadline is its submission: always due). The slot table holds warms back meanwhile."""
+        horizon = time.perf_counter() + within_s
+        with self.lock:
+            return any(job[5] <= horizon for job in self.queue)
+
     def drain(self) -> None:
         """Decode the queued windows, a drain at a time until the queue is empty (on the worker thread)."""
         while True:

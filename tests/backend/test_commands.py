@@ -273,13 +273,14 @@ def test_serve_refuses_a_port_in_use_before_loading(tmp_path: Path) -> None:
 
 def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """`retake serve --prefill-group 4 --mixed-step on --early-windows on --vocoder-order arrival` on a
-    CPU (where the four are off or deadline by default): the log says so, and three directors starting
-    at once, then retaking while the others play, get every take (`--compile-prefill` and
+    """`retake serve --prefill-group 4 --mixed-step on --early-windows on --vocoder-order arrival
+    --warms-yield on` on a CPU (where the five are off or deadline by default): the log says so, and
+    three directors starting at once, then retaking while the others play, get every take (`--compile-prefill` and
     `--vocoder-compile on`, a GPU's options, change nothing here)."""
     log = tmp_path / "server.log"
     process, port, _ = serve(["--prefill-group", "4", "--mixed-step", "on", "--early-windows", "on", "--slots", "3",
-                              "--compile-prefill", "--vocoder-compile", "on", "--vocoder-order", "arrival"],
+                              "--compile-prefill", "--vocoder-compile", "on", "--vocoder-order", "arrival",
+                              "--warms-yield", "on"],
                              tmp_path, log=log)
     try:
         parser = argparse.ArgumentParser()
@@ -300,3 +301,4 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
     assert "early windows: on; a window closes early where a take's client would run out of audio" in output
     assert "vocoder compiled" not in output  # (ignored on a CPU: its windows decode eagerly)
     assert "vocoder order: arrival; first windows first, then as they came" in output
+    assert "warms yield: on; the next lines' warms wait while the vocoder has a window due" in output

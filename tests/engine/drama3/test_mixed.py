@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from engine import Done, EngineSpec, load_engine
 from engine.drama3.mixed import MIXED_ROWS
+from engine.drama3.stream import Window
 
 from .test_prefill_groups import prompts
 from .test_prefix import slot_state
@@ -207,5 +209,47 @@ def test_a_warm_rides_no_step_while_a_take_awaits_its_first_audio(mixed, monkeyp
     monkeypatch.setattr(playing, "playing_until", time.perf_counter() + 1.0)  # a second of audio ahead
     carried = table.carried()
     assert carried is not None and carried[0] is warm and carried[2] == 256
+    table.drop(warm)
+    table.drop(playing)
+
+
+@pytest.mark.parametrize("engine", ["mixed", "plain"])
+def test_a_warm_yields_to_a_window_due_in_the_vocoder(engine, request, monkeypatch):
+    """`warms_yield`: while the vocoder's queue holds a window whose client runs dry within two
+    steps, a warm's chunk neither rides the step (mixed) nor runs beside it (plain); a window
+    due in a minute holds nothing back, and without `warms_yield` nothing waits."""
+    loaded = request.getfixturevalue(engine)
+    decoder, table = loaded.decoder, loaded.slot_table
+    decoder.prefix.clear()
+    first, _, long = prompts(loaded, 3)  # the third: a history of two turns, several chunks
+    playing = table.start(first)
+    while playing not in table.decoding():
+        table.step()
+    monkeypatch.setattr(table, "prefill_rows", 16)  # a chunk a step (at least one runs)
+    warm = table.start(long, stop=len(long.rows))
+    assert len(table.prefills[warm].chunks) >= 3
+    monkeypatch.setattr(playing, "playing_until", time.perf_counter() + 60.0)  # its first audio out
+    monkeypatch.setattr(table, "warms_yield", True)
+    window = Window(10, 20)  # the playing take's second window, waiting to be vocoded
+
+    def queued(due_in_s: float) -> None:
+        job = (np.zeros((1, 20), np.int64), window, None, None, time.perf_counter(), time.perf_counter() + due_in_s)
+        monkeypatch.setattr(table.vocoder, "queue", [job])
+
+    def warm_runs() -> bool:  # one step: did the warm's prefill move?
+        left = list(table.prefills[warm].chunks)
+        table.step()
+        return warm not in table.prefills or list(table.prefills[warm].chunks) != left
+
+    queued(0.0)  # due now
+    if engine == "mixed":
+        assert table.carried() == (warm, table.prefills[warm], 0, 0)
+    assert not warm_runs()
+    queued(60.0)  # due in a minute: the warm goes on
+    assert warm_runs()
+    queued(0.0)
+    monkeypatch.setattr(table, "warms_yield", False)
+    assert warm_runs()
+    monkeypatch.setattr(table.vocoder, "queue", [])
     table.drop(warm)
     table.drop(playing)
