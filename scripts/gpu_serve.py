@@ -67,6 +67,18 @@ def health(port: int) -> Json | None:
         return None
 
 
+def gaps_where(takes: list[Json]) -> dict[str, int]:
+    """Where the takes' gaps above 100 ms fell: by the audio played before them, and by the take's
+    place in its session (a load's first takes ask at once)."""
+    gapped = [t for t in takes if t.get("first_audio_s") is not None and t["longest_gap_s"] > 0.1
+              and "longest_gap_at_s" in t]
+    return {"first_1s": sum(t["longest_gap_at_s"] < 1 for t in gapped),
+            "1_to_3s": sum(1 <= t["longest_gap_at_s"] < 3 for t in gapped),
+            "later": sum(t["longest_gap_at_s"] >= 3 for t in gapped),
+            "first_takes": sum(t.get("number") == 0 for t in gapped),
+            "later_takes": sum((t.get("number") or 0) > 0 for t in gapped)}
+
+
 def load_summary(report: Json) -> Json:
     takes = report.get("takes", [])
     first = [t["first_audio_s"] for t in takes if t.get("first_audio_s") is not None]
@@ -94,6 +106,7 @@ def load_summary(report: Json) -> Json:
             # the server's first audio after the slot: the prompt's prefill, then its first frames and their vocode
             "prefill_ms": percentiles(prefills), "first_window_ms": percentiles(first_windows),
             "longest_gap_ms": percentiles(gaps), "gaps_over_100ms": sum(g > 0.1 for g in gaps),
+            "gaps_over_100ms_where": gaps_where(takes),
             # the client's event loop: how late a 5 ms sleep woke (a lag near the gaps' tail is the client's)
             "client_loop_lag_ms": {k: round(v * 1000, 1) for k, v in (report.get("client_loop_lag_s") or {}).items()},
             "real_time": bool(gaps) and not reasons.get("error") and (percentiles(gaps) or {}).get("p99", 1e9) <= 100.0,

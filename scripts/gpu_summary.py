@@ -128,6 +128,10 @@ def serve_lines(data: Json) -> list[str]:
                      + (f"  cached rows p50 {load['cached_rows_p50']}" if load.get("cached_rows_p50") else "")
                      + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
                      + (f"  exit {load['exit_code']}" if load.get("exit_code", 0) != 0 else ""))
+        if (where := load.get("gaps_over_100ms_where")) and load.get("gaps_over_100ms"):
+            lines.append(f"           {load['gaps_over_100ms']} gaps over 100 ms: in the first 1 s of audio "
+                         f"{where['first_1s']}, 1-3 s {where['1_to_3s']}, later {where['later']}; in first takes "
+                         f"{where['first_takes']}, later takes {where['later_takes']}")
         lines += [f"           take: {t['prompt_rows']} rows ({t['cached_rows']} cached), first audio server "
                   f"{t['server_ms']} ms, client {t['client_ms']} ms" for t in load.get("each_take") or []]
         lines += [f"           error x{count}: {error[:160]}" for error, count in load.get("errors", {}).items()]

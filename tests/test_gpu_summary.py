@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_summary.py"
@@ -55,3 +56,28 @@ def test_the_personaplex_block_has_a_line_per_slot_count_and_says_why_one_was_sk
     readable = summary_module().readable({"stages": [{"name": "personaplex", "status": "ok"}], "personaplex":
                                           {"sizes": sizes}})
     assert f"SKIPPED: {skipped}" in readable  # its own block, not the other stages' JSON cut at 3,000 characters
+
+
+def test_a_load_says_where_its_gaps_over_100_ms_fell() -> None:
+    """gpu_serve's load summary from a loadtest report, then the serve block's line: gaps over
+    100 ms counted by the audio played before them and by the take's place in its session."""
+    spec = importlib.util.spec_from_file_location("gpu_serve", SCRIPT.parent / "gpu_serve.py")
+    assert spec is not None and spec.loader is not None
+    serve = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(SCRIPT.parent))  # gpu_serve imports gpu_stages beside it
+    try:
+        spec.loader.exec_module(serve)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+    def take(gap_s: float, at_s: float, number: int) -> dict[str, object]:
+        return {"first_audio_s": 0.1, "longest_gap_s": gap_s, "longest_gap_at_s": at_s, "number": number,
+                "finish_reason": "length", "audio_s": 9.3, "prompt_rows": 90, "queued_s": 0.01}
+
+    takes = [take(0.3, 0.4, 0), take(0.2, 2.0, 0), take(0.5, 5.0, 1), take(0.05, 0.2, 1)]
+    load = serve.load_summary({"sessions": 2, "takes_per_session": 2, "wall_s": 10.0, "takes": takes})
+    assert load["gaps_over_100ms"] == 3
+    assert load["gaps_over_100ms_where"] == {"first_1s": 1, "1_to_3s": 1, "later": 1, "first_takes": 2,
+                                             "later_takes": 1}
+    text = "\n".join(summary_module().serve_lines({"loads": [load]}))
+    assert "3 gaps over 100 ms: in the first 1 s of audio 1, 1-3 s 1, later 1; in first takes 2, later takes 1" in text

@@ -12,7 +12,11 @@ directing history grows as in a real scene). Every take is measured on the clien
   starts after the take is stored);
 - longest gap: a player that starts at the first frame and plays each window for its
   duration stalls whenever the next window has not arrived; the longest stall of a take is
-  its longest gap relative to playback time (0 when the stream keeps ahead of playback).
+  its longest gap relative to playback time (0 when the stream keeps ahead of playback), and
+  where in the take it fell (`longest_gap_at_s`: the audio played before it). The report
+  counts the gaps above 100 ms by where they fell (the first second of audio: the stream's
+  first windows; 1-3 s: its ramp; later) and in which take of the session (the first takes of
+  sessions that start together ask at once): where to look on the server.
 
 `listen`: a director hears each take to its end before the next (the player's end, its stalls
 included), as in the studio; without it the next take is asked as soon as the last audio
@@ -50,6 +54,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -89,6 +94,8 @@ class TakeStats:
     first_window_ms: float | None  # first_audio_ms - prefill_ms: its first frames' steps and their vocoding
     server_sent_ms: float | None  # timings.first_audio_sent_ms: the first frame leaving the server, same start
     longest_gap_s: float  # the longest playback stall
+    longest_gap_at_s: float  # where it fell: the take's audio played before it (s)
+    number: int  # the take's place in its session (0: the first)
     audio_s: float
     wall_s: float
     prompt_rows: int
@@ -96,21 +103,31 @@ class TakeStats:
     error: str | None  # the server's `error` of a take that ended with finish_reason "error"
 
 
-def playback(arrivals: list[float], durations: list[float]) -> tuple[float, float]:
+class Playback(NamedTuple):
+    """A take as its client's player hears it."""
+
+    stall: float  # the longest stall (s)
+    played: float  # when the player stops playing (the clock of the arrivals)
+    stall_at: float  # the audio played before the longest stall (s; 0 without one)
+
+
+def playback(arrivals: list[float], durations: list[float]) -> Playback:
     """A player that starts at the first arrival and plays windows back to back: its longest
-    stall, and when it stops playing (0 without any window)."""
+    stall, when it stops playing (0 without any window) and how far into the audio the stall fell."""
     if not arrivals:
-        return 0.0, 0.0
-    playing_until, stall = arrivals[0], 0.0
+        return Playback(0.0, 0.0, 0.0)
+    playing_until, stall, stall_at, heard = arrivals[0], 0.0, 0.0, 0.0
     for arrived, duration in zip(arrivals, durations):
-        stall = max(stall, arrived - playing_until)
+        if arrived - playing_until > stall:
+            stall, stall_at = arrived - playing_until, heard
         playing_until = max(playing_until, arrived) + duration
-    return stall, playing_until
+        heard += duration
+    return Playback(stall, playing_until, stall_at)
 
 
 def longest_stall(arrivals: list[float], durations: list[float]) -> float:
     """The longest stall of a player that starts at the first arrival and plays windows back to back."""
-    return playback(arrivals, durations)[0]
+    return playback(arrivals, durations).stall
 
 
 async def run_session(index: int, plan: LoadTest, started: float, results: list[TakeStats],
@@ -129,7 +146,7 @@ async def run_session(index: int, plan: LoadTest, started: float, results: list[
             done = take.done
             arrivals = [frame.arrived for frame in take.frames]
             durations = [len(frame.pcm) / rate for frame in take.frames]
-            stall, played = playback(arrivals, durations)
+            stall, played, stall_at = playback(arrivals, durations)
             timings = done["timings"] if isinstance(done["timings"], dict) else {}
             server_first, prefill_ms = timings.get("first_audio_ms"), timings.get("prefill_ms")
             results.append(TakeStats(
@@ -142,7 +159,7 @@ async def run_session(index: int, plan: LoadTest, started: float, results: list[
                 server_sent_ms=timings.get("first_audio_sent_ms"), slot_wait_ms=timings.get("queue_ms"),
                 prefill_ms=prefill_ms,
                 first_window_ms=None if server_first is None or prefill_ms is None else server_first - prefill_ms,
-                longest_gap_s=stall, audio_s=sum(durations),
+                longest_gap_s=stall, longest_gap_at_s=stall_at, number=number, audio_s=sum(durations),
                 wall_s=time.monotonic() - take.sent, prompt_rows=int(timings.get("prompt_rows") or 0),
                 cached_rows=int(timings.get("cached_rows") or 0),
                 error=None if done.get("error") is None else str(done["error"])))
@@ -217,6 +234,11 @@ def run(plan: LoadTest) -> int:
     print(f"{'longest gap vs playback':28} {percentiles(gaps)}")
     print(f"{'client event loop lag':28} {percentiles(lags)}")
     print(f"takes with a gap above 100 ms: {sum(g > 0.1 for g in gaps)} of {len(gaps)}")
+    if gapped := [r for r in results if r.first_audio_s is not None and r.longest_gap_s > 0.1]:
+        print(f"  where they fell: in the first 1 s of audio {sum(r.longest_gap_at_s < 1 for r in gapped)}, "
+              f"1-3 s {sum(1 <= r.longest_gap_at_s < 3 for r in gapped)}, later "
+              f"{sum(r.longest_gap_at_s >= 3 for r in gapped)}; in sessions' first takes "
+              f"{sum(r.number == 0 for r in gapped)}, later takes {sum(r.number > 0 for r in gapped)}")
     rows, cached = sum(r.prompt_rows for r in results), sum(r.cached_rows for r in results)
     print(f"prompt rows restored from the prefix cache: {cached:,} of {rows:,}"
           + (f" (a {plan.think_ms:g} ms pause before each take)" if plan.think_ms else "")

@@ -29,8 +29,10 @@ def test_longest_stall_follows_playback_time() -> None:
     assert longest_stall([0.0, 0.5, 2.5, 3.0], [1.0, 1.0, 1.0, 1.0]) == pytest.approx(0.5)
     assert longest_stall([10.0, 10.1, 10.2], [0.5, 0.5, 0.5]) == 0.0
     assert longest_stall([], []) == 0.0
-    # The player stops 4.5 s in: four seconds of windows and the half-second stall.
-    assert playback([0.0, 0.5, 2.5, 3.0], [1.0, 1.0, 1.0, 1.0]) == pytest.approx((0.5, 4.5))
+    # The player stops 4.5 s in: four seconds of windows and the half-second stall, which fell
+    # after two seconds of audio.
+    assert playback([0.0, 0.5, 2.5, 3.0], [1.0, 1.0, 1.0, 1.0]) == pytest.approx((0.5, 4.5, 2.0))
+    assert playback([0.0, 1.2, 2.2, 3.9], [1.0, 1.0, 1.0, 1.0]) == pytest.approx((0.7, 4.9, 3.0))  # the longest
 
 
 def loadtest_report(server: LiveServer, tmp_path: Path, *options: str) -> dict[str, Any]:
@@ -75,6 +77,7 @@ def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys:
     for take in report["takes"]:
         assert take["finish_reason"] in ("stop", "length")
         assert take["first_audio_s"] > 0 and take["longest_gap_s"] >= 0 and take["audio_s"] > 0
+        assert 0 <= take["longest_gap_at_s"] < take["audio_s"] and take["number"] in (0, 1)
         assert 0 < take["queued_s"] < take["first_audio_s"]  # take.queued is sent before the audio
         # The server's first audio in its parts: the engine's queue (every slot taken), the prompt's
         # prefill, then the first frames' steps and their vocoding.
