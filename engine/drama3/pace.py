@@ -62,6 +62,7 @@ class Pace:
         self.decoding = 0  # takes decoding, summed over the steps
         self.prefilled = 0  # prompt rows prefilled beside decoding takes
         self.held = 0  # steps in which the playback limit held back a waiting prompt
+        self.yielded = 0  # steps in which a warm waited for the vocoder (slots.py `warms_yield`)
         self.drain_s: list[float] = []  # the vocoder's drains, each from its first launch to its last PCM
         self.drain_cpu = 0.0  # seconds the vocoder's worker ran on a CPU in those drains
         self.call_ms: list[float] = []  # each codec call's time on the GPU (none on a CPU)
@@ -77,7 +78,8 @@ class Pace:
         self.turn_handed_s: list[float] = []  # of it, handing the takes' events to their sessions
         self.turn_cpu = 0.0  # seconds the loop's thread ran on a CPU in those turns
 
-    def step(self, seconds: float, decoding: int, prefilled: int, held: bool, grouped: bool = False) -> None:
+    def step(self, seconds: float, decoding: int, prefilled: int, held: bool, grouped: bool = False,
+             yielded: bool = False) -> None:
         with self.lock:
             self.step_s.append(seconds)
             if grouped:
@@ -85,6 +87,7 @@ class Pace:
             self.decoding += decoding
             self.prefilled += prefilled
             self.held += held
+            self.yielded += yielded
 
     def carried(self, seconds: float, rows: int, warm: bool) -> None:
         """A step that carried `rows` of a prompt (a warm's: a prefill-only take's)."""
@@ -131,6 +134,7 @@ class Pace:
             seconds, self.since = time.monotonic() - self.since, time.monotonic()
             decoding, prefilled, held, cuts, late, dry = (self.decoding, self.prefilled, self.held,
                                                           self.cuts, self.late, self.dry)
+            yielded, self.yielded = self.yielded, 0
             drains, drain_cpu, calls = self.drain_s, self.drain_cpu, self.call_ms
             self.drain_s, self.drain_cpu, self.call_ms = [], 0.0, []
             groups, grouped, group_steps = self.groups, self.grouped, self.group_step_s
@@ -146,6 +150,8 @@ class Pace:
         line = (f"pace: {seconds:.1f} s: {len(steps):,} steps (p50 {percentile(steps, 0.5) * 1000:.1f} ms, p95 "
                 f"{percentile(steps, 0.95) * 1000:.1f} ms), {decoding / len(steps):.1f} takes decoding a step, "
                 f"{prefilled:,} prompt rows prefilled beside them, {held:,} steps held a prompt back for playback")
+        if yielded:
+            line += f", {yielded:,} held a warm back for the vocoder"
         if groups:
             line += f"; {groups:,} grouped prefill chunks of {grouped / groups:.1f} prompts"
             if group_steps:

@@ -88,6 +88,7 @@ class Slots:
         # every take's windows, on its thread, the most urgent first (vocoder.py `order`)
         self.vocoder = Vocoder(codec, graphs, executor, self.pace, order=vocoder_order)
         self.held = False  # this step's prefill was held back by the playback limit
+        self.yielded = False  # this step held a warm back for the vocoder (`vocoder_due`)
         self.beside = 0  # prompt rows this step prefilled beside decoding takes
         self.first_window = first_window
         self.early_windows = early_windows  # take.py: windows close early where a client would run out
@@ -303,7 +304,9 @@ class Slots:
         """With `warms_yield`: a window waiting in the vocoder's queue is due within the next
         HAND_OUT_STEPS steps (or is a first window), so a warm's chunk, which slows the step
         and the codec calls beside it, waits (a warm is a guess with seconds of slack)."""
-        return self.warms_yield and self.vocoder.due(HAND_OUT_STEPS * max(self.recent, default=0.0))
+        due = self.warms_yield and self.vocoder.due(HAND_OUT_STEPS * max(self.recent, default=0.0))
+        self.yielded |= due
+        return due
 
     def playback_limit(self) -> float | None:
         """The longest step the takes playing allow (admission.py), None if none is playing."""
@@ -329,7 +332,7 @@ class Slots:
             if (reason := take.stopped()) is not None:
                 self.end(take, reason)
         started, budgeted = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
-        self.held, self.beside, groups = False, 0, self.pace.groups
+        self.held, self.yielded, self.beside, groups = False, False, 0, self.pace.groups
         plan = self.carried() if budgeted else None  # a prompt's chunk in the step itself (mixed.py)
         carried = plan if plan is not None and plan[2] else None  # (0 rows: held back this step)
         self.held = plan is not None and not plan[2] and not plan[0].prefill_only
@@ -355,7 +358,7 @@ class Slots:
                     self.carrying.record(carried[3], time.perf_counter() - started)
                     self.pace.carried(time.perf_counter() - started, self.beside, carried[0].prefill_only)
                 self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held,
-                               grouped=self.pace.groups > groups)
+                               grouped=self.pace.groups > groups, yielded=self.yielded)
                 if budgeted:  # (a step that ran a whole prefill, nothing decoding before it, says nothing of the next)
                     self.recent.append(time.perf_counter() - started)
                 pace_s = max(self.recent, default=step_s)  # the next steps': one carrying a chunk, not the average

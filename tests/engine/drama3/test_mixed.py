@@ -244,7 +244,9 @@ def test_a_warm_yields_to_a_window_due_in_the_vocoder(engine, request, monkeypat
     queued(0.0)  # due now
     if engine == "mixed":
         assert table.carried() == (warm, table.prefills[warm], 0, 0)
+    table.pace.report()
     assert not warm_runs()
+    assert ", 1 held a warm back for the vocoder" in (table.pace.report() or "")  # the server's pace line
     queued(60.0)  # due in a minute: the warm goes on
     assert warm_runs()
     queued(0.0)
