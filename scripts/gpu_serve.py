@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -56,6 +57,43 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def metrics(port: int) -> dict[str, float]:
+    """The server's /metrics as {'name{labels}': value} ({} where it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except (OSError, ValueError):
+        return {}
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name and not line.startswith("#"):
+            try:
+                found[name] = float(value)
+            except ValueError:
+                continue
+    return found
+
+
+PREFIX_COUNTERS = {  # a load's prefix cache figures: the counters' growth over it (/metrics, backend/metrics.py)
+    "hits": 'retake_prefix_cache_lookups_total{result="hit"}',
+    "partial": 'retake_prefix_cache_lookups_total{result="partial"}',
+    "misses": 'retake_prefix_cache_lookups_total{result="miss"}',
+    "rows_saved": 'retake_prefix_cache_rows_total{kind="saved"}',
+    "rows_prefilled": 'retake_prefix_cache_rows_total{kind="prefilled"}',
+    "dropped": 'retake_prefix_cache_evictions_total{kind="dropped"}',
+    "spilled": 'retake_prefix_cache_evictions_total{kind="spilled"}',
+}
+
+
+def prefix_growth(before: dict[str, float], after: dict[str, float]) -> Json | None:
+    """How the prefix cache's counters grew between two scrapes of /metrics (None: the cache is off
+    or /metrics did not answer): a warm evicted before its take came shows as a partial hit."""
+    if PREFIX_COUNTERS["hits"] not in after:
+        return None
+    return {key: int(after.get(name, 0) - before.get(name, 0)) for key, name in PREFIX_COUNTERS.items()}
 
 
 def health(port: int) -> Json | None:
@@ -212,6 +250,7 @@ def one_server(run: RunView, stage: Stage, log: Path, converse: bool = False, ex
                 report = WORK / f"load-{number}-{sessions}-{think_ms}{'-script' if script else ''}" \
                                 f"{'-listen' if listen else ''}.json"
                 report.unlink(missing_ok=True)
+                counted = metrics(port)
                 rc = run.command([*CLI, "loadtest", "--url", f"ws://127.0.0.1:{port}/ws", "--sessions", str(sessions),
                                   "--takes", str(takes), "--max-new-tokens", tokens, "--think-ms", str(think_ms),
                                   *(["--script"] if script else []), *(["--listen"] if listen else []),
@@ -220,6 +259,9 @@ def one_server(run: RunView, stage: Stage, log: Path, converse: bool = False, ex
                 row: Json = load_summary(found_report) if found_report else {"sessions": sessions}
                 row["think_ms"], row["script"], row["listen"] = think_ms, script, listen
                 row["exit_code"] = rc
+                row["prefix_cache"] = prefix_growth(counted, metrics(port))
+                if found_report:  # every take's figures beside the summary (tens of KB), for what the summary hides
+                    shutil.copyfile(report, run.out / report.name)
                 data["loads"].append(row)
                 if rc is None:
                     break

@@ -128,6 +128,11 @@ def serve_lines(data: Json) -> list[str]:
                      + (f"  cached rows p50 {load['cached_rows_p50']}" if load.get("cached_rows_p50") else "")
                      + (f"  failures: {len(load['failures'])}" if load.get("failures") else "")
                      + (f"  exit {load['exit_code']}" if load.get("exit_code", 0) != 0 else ""))
+        if cache := load.get("prefix_cache"):
+            lines.append(f"           prefix cache: {cache['hits']} hits, {cache['partial']} partial, "
+                         f"{cache['misses']} misses; {cache['rows_saved']:,} rows restored, "
+                         f"{cache['rows_prefilled']:,} prefilled; {cache['dropped']} evicted, "
+                         f"{cache['spilled']} spilled to the host")
         if (where := load.get("gaps_over_100ms_where")) and load.get("gaps_over_100ms"):
             lines.append(f"           {load['gaps_over_100ms']} gaps over 100 ms: in the first 1 s of audio "
                          f"{where['first_1s']}, 1-3 s {where['1_to_3s']}, later {where['later']}; in first takes "

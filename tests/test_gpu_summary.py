@@ -79,5 +79,16 @@ def test_a_load_says_where_its_gaps_over_100_ms_fell() -> None:
     assert load["gaps_over_100ms"] == 3
     assert load["gaps_over_100ms_where"] == {"first_1s": 1, "1_to_3s": 1, "later": 1, "first_takes": 2,
                                              "later_takes": 1}
+    before = {'retake_prefix_cache_lookups_total{result="hit"}': 10.0,
+              'retake_prefix_cache_lookups_total{result="partial"}': 2.0,
+              'retake_prefix_cache_evictions_total{kind="dropped"}': 5.0}
+    after = {**before, 'retake_prefix_cache_lookups_total{result="hit"}': 14.0,
+             'retake_prefix_cache_lookups_total{result="partial"}': 9.0,
+             'retake_prefix_cache_rows_total{kind="prefilled"}': 1400.0,
+             'retake_prefix_cache_evictions_total{kind="dropped"}': 25.0}
+    load["prefix_cache"] = serve.prefix_growth(before, after)
+    assert serve.prefix_growth(before, {}) is None  # /metrics did not answer, or the cache is off
     text = "\n".join(summary_module().serve_lines({"loads": [load]}))
     assert "3 gaps over 100 ms: in the first 1 s of audio 1, 1-3 s 1, later 1; in first takes 2, later takes 1" in text
+    assert ("prefix cache: 4 hits, 7 partial, 0 misses; 0 rows restored, 1,400 prefilled; 20 evicted, 0 spilled "
+            "to the host") in text
