@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -136,6 +136,27 @@ async def voices_route(request: Request) -> Response:
     return await (delete_voice(request) if request.method == "DELETE" else voices(request))
 
 
+def prefix_cache_line(warm: Mapping[str, object], slots: int) -> str:
+    """What the prefix cache holds, in snapshots a prefill can resume from: each keeps every
+    DeltaNet layer's state (~64 MiB at full size) beside its rows. A director needs about two at
+    once (the history's and the next line's warm), so fewer than two a slot means warms evicted
+    before their takes come with every slot in use (stop 55's H100: 5.15 GiB, ~82 for 59 slots)."""
+    def number(key: str) -> float:
+        value = warm.get(key)
+        return float(value) if isinstance(value, int | float) else 0.0
+
+    gib, host, states = number("prefix_cache_gib"), number("prefix_cache_host_gib"), number("prefix_cache_states_mib")
+    line = f"{gib:g} GiB for snapshots of prompt prefixes ({host:g} GiB of host memory for evicted ones)"
+    if not states:
+        return line
+    held = int((gib + host) * 1024 / states)
+    line += f"; ~{held:,} to resume from ({states:g} MiB of DeltaNet states each, beside their rows)"
+    if held < 2 * slots:
+        line += (f": under two for each of the {slots} slots, so with every slot directing the next lines' warms "
+                 "may be evicted before their takes come (--prefix-cache-host-gib keeps evicted ones in host memory)")
+    return line
+
+
 def log_ready(engine_loop: EngineLoop) -> None:
     """The seed's warm-up line: decode step time and peak memory, and a plain word about demo weights."""
     engine, warm = engine_loop.engine, engine_loop.warm_up
@@ -148,8 +169,7 @@ def log_ready(engine_loop: EngineLoop) -> None:
     if engine.prefix_cache_stats() is None:
         log.info("prefix cache: off; every take prefills its whole prompt")
     else:
-        log.info("prefix cache: %s GiB for snapshots of prompt prefixes (%s GiB of host memory for evicted ones)",
-                 warm.get("prefix_cache_gib"), warm.get("prefix_cache_host_gib"))
+        log.info("prefix cache: %s", prefix_cache_line(warm, engine.slots))
     group = engine.prefill_group
     log.info("prefill groups: %s", f"the next chunks of up to {group} waiting prompts run as one" if group > 1
              else "off; each waiting prompt's chunks run alone (--prefill-group)")

@@ -397,6 +397,7 @@ class Drama3Engine:
                 "decode_step_ms": round(1000 / rate, 2) if rate else None,
                 "prefix_cache_gib": round(prefix.budget / 2**30, 2) if prefix is not None else 0,
                 "prefix_cache_host_gib": round(prefix.host_budget / 2**30, 2) if prefix is not None else 0,
+                "prefix_cache_states_mib": round(prefix.state_bytes / 2**20, 2) if prefix is not None else 0,
                 "peak_memory_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
                 if self.device.type == "cuda" else None}
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from live_server import RETAKE, LiveServer
 
+from backend.app import prefix_cache_line
 from backend.cli import UsageError
 from backend.commands import loadtest
 from backend.tools.client import Director
@@ -305,3 +306,19 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
     assert "vocoder compiled" not in output  # (ignored on a CPU: its windows decode eagerly)
     assert "vocoder order: arrival; first windows first, then as they came" in output
     assert "warms yield: on; the next lines' warms wait while the vocoder has a window due" in output
+    # The tiny model's states are small: the 1 GiB a CPU gives holds far more than two a slot.
+    line = next(line for line in output.splitlines() if "for snapshots of prompt prefixes" in line)
+    assert "to resume from (" in line and "under two" not in line, line
+
+
+def test_the_prefix_cache_line_says_when_warms_will_be_evicted() -> None:
+    """Stop 55's H100: 5.15 GiB of snapshots of 64 MiB of states each for 59 slots is ~82, under
+    two a slot: the line says so and names the remedy; host memory for evicted ones lifts it."""
+    h100 = {"prefix_cache_gib": 5.15, "prefix_cache_host_gib": 0.0, "prefix_cache_states_mib": 64.0}
+    line = prefix_cache_line(h100, 59)
+    assert line.startswith("5.15 GiB for snapshots of prompt prefixes (0 GiB of host memory for evicted ones); ~82 to "
+                           "resume from (64 MiB of DeltaNet states each, beside their rows): under two for each of "
+                           "the 59 slots"), line
+    assert "--prefix-cache-host-gib" in line
+    assert "under two" not in prefix_cache_line({**h100, "prefix_cache_host_gib": 32.0}, 59)
+    assert prefix_cache_line({"prefix_cache_gib": 1.0}, 2).endswith("evicted ones)")  # (states unknown: nothing more)
