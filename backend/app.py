@@ -73,7 +73,7 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       prefix_cache_host_gib=settings.prefix_cache_host_gib,
                                       prefill_group=settings.prefill_group, mixed_step=settings.mixed_step,
                                       early_windows=settings.early_windows, vocoder_order=settings.vocoder_order,
-                                      warms_yield=settings.warms_yield,
+                                      warms_yield=settings.warms_yield, keep_warms=settings.keep_warms,
                                       kernels=settings.kernels,
                                       compile_prefill=settings.compile_prefill,
                                       vocoder_compile=settings.vocoder_compile))
@@ -170,6 +170,9 @@ def log_ready(engine_loop: EngineLoop) -> None:
         log.info("prefix cache: off; every take prefills its whole prompt")
     else:
         log.info("prefix cache: %s", prefix_cache_line(warm, engine.slots))
+        keep = engine.decoder.prefix is not None and engine.decoder.prefix.keep_warms
+        log.info("prefix cache order: %s", "least recently used, but a warm's snapshot last until its take restores it"
+                 if keep else "least recently used (--keep-warms)")
     group = engine.prefill_group
     log.info("prefill groups: %s", f"the next chunks of up to {group} waiting prompts run as one" if group > 1
              else "off; each waiting prompt's chunks run alone (--prefill-group)")

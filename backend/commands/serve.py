@@ -72,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the next lines' warms (prompts prefilled ahead while a director reads) wait while a "
                              "window in the vocoder's queue is due within two steps, so the steps beside it stay "
                              "short (default off until a GPU measures it: docs/perf.md)")
+    parser.add_argument("--keep-warms", choices=("on", "off"), default="off",
+                        help="a warm's snapshot in the prefix cache (the next line's prompt, prefilled ahead) is "
+                             "evicted after every other snapshot until its take restores it, instead of least "
+                             "recently used first (default off until a GPU measures it: docs/perf.md)")
     parser.add_argument("--prefill-group", type=int,
                         help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
                              "on a GPU, where a chunk costs about the same for 40 rows as for 93; 1, off, on a CPU, "
@@ -209,7 +213,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     first_window_frames=args.first_window_frames, prefill_group=args.prefill_group,
                     mixed_step=None if args.mixed_step is None else args.mixed_step == "on",
                     early_windows=args.early_windows == "on", vocoder_order=args.vocoder_order,
-                    warms_yield=args.warms_yield == "on",
+                    warms_yield=args.warms_yield == "on", keep_warms=args.keep_warms == "on",
                     kernels=None if args.kernels is None else tuple(args.kernels),
                     compile_prefill=args.compile_prefill, vocoder_compile=args.vocoder_compile == "on",
                     slots=args.slots, threads=args.threads,

@@ -173,10 +173,9 @@ class Decoder:
 
     @torch.inference_mode()
     def begin_prefill(self, prompt: Prompt, slot: int, stop: int | None = None) -> Prefill:
-        """A prefill of `prompt` into `slot` (inactive until its last chunk has run); with `stop`
-        (one of the prompt's cuts, such as its last boundary, or its end), only the chunks up to that row: a prefill
-        for the prefix cache's snapshots alone (`Slots.start`'s prefill-only takes), whose slot
-        is released after."""
+        """A prefill of `prompt` into `slot` (inactive until its last chunk has run); with `stop` (one of its
+        cuts, such as its last boundary, or its end), only the chunks up to that row: a prefill for the
+        prefix cache's snapshots alone (`Slots.start`'s prefill-only takes), whose slot is released after."""
         rows = to_device(prompt.rows, self.device)  # [R, 11]
         count = len(rows)
         if count < 2 or count + prompt.sampling.max_new_tokens > self.max_rows:
@@ -187,6 +186,7 @@ class Decoder:
             prefill = self.chunked.begin(rows, slot)
         else:  # resume after the longest prefix in the cache; chunks cut where snapshots are kept
             plan = self.plans[slot] = self.plan(prompt)
+            plan.stop = stop
             start, hidden = self.prefix.restore(plan, slot)
             prefill = self.chunked.begin(rows, slot, start, cuts(prompt))
             prefill.hidden, prefill.cached = hidden, start

@@ -101,6 +101,7 @@ class EngineSpec:
     early_windows: bool = False  # windows close early where a client runs short (take.py); off: stop 46's H100 A/B
     vocoder_order: str = "deadline"  # which queued windows vocode first (vocoder.py ORDERS)
     warms_yield: bool = False  # warms wait while the vocoder has a window due (slots.py); off until measured
+    keep_warms: bool = False  # a warm's last snapshot is evicted last until its take (prefix.py); off until measured
     vocoder_compile: bool = False  # on CUDA, the window graphs capture an Inductor-compiled decode (codec_graphs.py)
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
     # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels in
@@ -415,7 +416,8 @@ def prefix_cache(spec: EngineSpec, model: Drama3Model, device: torch.device) -> 
         return None
     if gib is None:
         gib = 0.0 if device.type == "cuda" else CPU_BUDGET_GIB
-    return PrefixCache(model, budget=int(gib * 2**30), host_budget=int(spec.prefix_cache_host_gib * 2**30))
+    return PrefixCache(model, budget=int(gib * 2**30), host_budget=int(spec.prefix_cache_host_gib * 2**30),
+                       keep_warms=spec.keep_warms)
 
 
 def load_engine(spec: EngineSpec | None = None) -> Drama3Engine:

@@ -17,18 +17,14 @@ after a keep shares everything up to the end of the previous line's history.
 Design choices:
 - Snapshot points are the prompt's cuts (prefill.py `cuts`): its end, and its boundaries
   (prompt.py: the ends of the system message and of each turn, where prompts of a scene
-  part: a take kept, dropped, reordered or edited changes the turns from its own on, a new
-  voice the system message, a new line its own rows) in the GRID-row cell of the last one
-  (1,024 rows: prefill.py's largest chunk); before that cell, every GRID rows. No chunk
-  spans a cut, and on the H200 a chunk costs about the same whatever its rows (64 rows
-  ~29 ms, 512 ~47 ms), so a cold 4,260-row prompt cut at its 20 turns took 843.6 ms, in
-  512-row chunks 425.6 (docs/perf.md). The price: a prompt that parts from an earlier one in
-  an earlier cell (an old turn edited, a next line whose history ends in the next cell)
-  resumes up to GRID - 1 rows early.
+  part) in the GRID-row cell of the last one (1,024 rows: prefill.py's largest chunk);
+  before that cell, every GRID rows. No chunk spans a cut, and on the H200 a chunk costs
+  about the same whatever its rows, so a cold 4,260-row prompt cut at its 20 turns took
+  843.6 ms, in 512-row chunks 425.6 (docs/perf.md). The price: a prompt that parts from an
+  earlier one in an earlier cell resumes up to GRID - 1 rows early.
 - A snapshot holds what a prefill leaves in the slot: every attention cache's rows (the
-  backbone's full-attention layers and the 13 tower layers) and every Gated DeltaNet
-  layer's recurrent and short-convolution states after its last row; a whole-prompt
-  snapshot also the last row's final hidden state, which the first decode step reads.
+  backbone's full-attention layers, the tower's) and every Gated DeltaNet layer's recurrent
+  and convolution states after its last row; a whole prompt's also its last hidden state.
 - Why it is exact. (1) The key of a snapshot at cut b hashes rows [0, b] and every cut up
   to b, so same key means same inputs and the same chunks. It includes row b, one past the
   prefix, because the tower's caches are teacher-forced: row b - 1's tower entries are
@@ -44,25 +40,24 @@ Design choices:
   deterministic (within the fast path's tolerance in any case). (3) The decoder zeroes the
   slot's rows past the restored prefix (decoder.py: a masked row still enters attention's
   sum with weight 0, and 0 * NaN is NaN), so what an earlier take left there is never read.
-  Sampling settings and seeds are not part of the prefill: the decoder seeds the take's
-  generator after a hit as after a prefill.
-- A tree of snapshots (sglang's Mamba radix cache does the same for its hybrid models):
-  a snapshot keeps only the attention rows of its own segment, from its parent cut
-  to its own, and points to its parent; restoring copies the segments of its chain. Its
+  Sampling is not part of the prefill: a take's generator is seeded after a hit as after one.
+- A tree of snapshots (as sglang's Mamba radix cache): a snapshot keeps the attention rows
+  of its own segment, from its parent's cut, and restoring copies its chain's segments. Its
   DeltaNet states are its own, and are dropped separately: under memory pressure an inner
   snapshot loses its states (it still serves its children's rows) before its rows go, and
   only a snapshot with no children loses its rows.
-- Memory: one budget for the device, least recently used first, where a snapshot's use is
-  its own (recorded, or restored from): the states of a cut nobody resumes from go
-  before the retake points of other scenes, and its rows stay while a later snapshot
-  needs them. Optionally, snapshots evicted from the device move to host memory (pinned, a
-  second budget) instead of being dropped, and are copied back on a hit. A snapshot whose
-  chain (rows from 0, its states) could not fit the budgets even alone is not made, nor any
-  after it in that prefill: making it would evict the whole tree, the prefix that does fit
-  included, and leave nothing. Each eviction logs a line (what went, what is held against
-  the budgets); /metrics counts them. The budget is the engine's (`--prefix-cache-gib`):
-  on a GPU by default half the memory free after warm-up, and never more than 90% of it
-  (a larger one asked for is lowered, with a warning); on a CPU a fixed 1 GiB.
+- Memory: one budget for the device, least recently used first (a snapshot's use is its
+  own: recorded, or restored from), so the states of a cut nobody resumes from go before
+  other scenes' retake points; rows stay while a later snapshot needs them. With
+  `keep_warms` a warm's last snapshot goes last until a take restores from it: directors in
+  turn warm seconds before their takes, the others' snapshots in between, so least recently
+  used drops the warm needed next (stop 55's H100, 48 directors: most restores partial).
+  Evicted snapshots may move to pinned host memory (a second budget), copied back on a hit.
+  A snapshot whose chain (rows from 0, its states) could not fit the budgets even alone is
+  not made, nor any after it in that prefill (it would evict the prefix that does fit).
+  Each eviction logs a line (what went, what is held); /metrics counts them. The budget
+  (`--prefix-cache-gib`): on a GPU by default half the memory free after warm-up, never more
+  than 90% of it (a larger one is lowered, with a warning); on a CPU a fixed 1 GiB.
 - Rows in place: a slot keeps its rows after its take (a take's frames go past its prompt,
   and a released slot's writes go to the scratch slot), so the slot that last held a
   prompt holds its prefix still. `restore` copies only the chain's rows the slot does not
@@ -115,6 +110,7 @@ class Snapshot:
     hidden: torch.Tensor | None = None  # [D], whole-prompt snapshots only
     children: int = 0
     used: int = 0  # the cache's clock when its states were last recorded or restored
+    waiting: bool = False  # a warm's last snapshot, no take restored from it yet (`keep_warms`)
     on_host: bool = False
 
     @property
@@ -145,6 +141,7 @@ class Plan:
     start: int = 0  # rows restored from a snapshot
     node: Snapshot | None = None  # the last snapshot on the prompt's path (restored or recorded)
     hidden: torch.Tensor | None = None  # a whole-prompt hit's last hidden state
+    stop: int | None = None  # a warm's (a prefill-only take's) last row: its snapshot there waits for its take
 
 
 @dataclass
@@ -175,6 +172,7 @@ class PrefixCache:
     nodes: dict[bytes, Snapshot] = field(default_factory=dict)
     counters: Stats = field(default_factory=Stats)
     clock: int = 0
+    keep_warms: bool = False  # a warm's last snapshot is evicted after every other, until a take restores it
     # per slot: the keys of the prompt it last prefilled (row count -> key) and the rows of it in place
     held: dict[int, tuple[dict[int, bytes], int]] = field(default_factory=dict)
 
@@ -278,6 +276,7 @@ class PrefixCache:
             return 0, None
         node = plan.node
         assert node is not None and node.states is not None
+        node.waiting &= plan.stop is not None  # a take's restore: its warm has served
         chain: list[Snapshot] = []  # the snapshots from the root to `node`
         cursor: Snapshot | None = node
         while cursor is not None:
@@ -357,6 +356,7 @@ class PrefixCache:
             self.counters.snapshots += 1
             self.account(node, node.nbytes)
         plan.node = node
+        node.waiting |= end == plan.stop
         self.touch(node)
         self.fit()
 
@@ -387,7 +387,7 @@ class PrefixCache:
             budget = self.host_budget if host else self.budget
             while (self.counters.host_bytes if host else self.counters.device_bytes) > budget:
                 victim = min((n for n in self.nodes.values() if n.on_host == host and (n.children == 0 or n.resumable)),
-                             key=lambda n: n.used, default=None)
+                             key=lambda n: (n.waiting and self.keep_warms, n.used), default=None)
                 if victim is None:
                     break
                 if not host and self.host_budget and victim.nbytes <= self.host_budget:

@@ -132,3 +132,36 @@ def test_a_prefill_stops_only_at_a_cut_with_a_cache(engine, cold):
         engine.decoder.begin_prefill(prompt, 0, stop=max(prompt.boundaries) + 1)
     with pytest.raises(ValueError, match="prefix cache"):
         cold.decoder.begin_prefill(prompt, 0, stop=max(prompt.boundaries))
+
+
+@pytest.mark.parametrize("keep_warms", [False, True])
+def test_a_warm_waits_in_a_full_cache_for_its_take_with_keep_warms(engine, keep_warms):
+    """A cache that holds one director's snapshots: a warm for director A, then director B's
+    take. Least recently used drops A's warm for B's snapshots, and A's take prefills its line
+    again; with `keep_warms` the warm goes last, and A's take restores its whole prompt. Once
+    restored, it waits no more."""
+    cache = engine.decoder.prefix
+    cache.clear()
+    budget = cache.budget
+    line_a = engine.prompt("Director A's line.", None, [kept(5, 30), kept(6, 40)], SAMPLING)
+    line_b = engine.prompt("Director B's line.", None, [kept(7, 35), kept(8, 45)], SAMPLING)
+    try:
+        cache.keep_warms = keep_warms
+        warm = engine.warm(line_a)
+        assert warm is not None
+        run(engine, warm)
+        waiting = [node for node in cache.nodes.values() if node.waiting]
+        assert len(waiting) == 1 and waiting[0].end == len(line_a.rows)  # the warm's last snapshot
+        cache.budget = cache.stats()["device_bytes"]  # room for A's snapshots, no more
+        list(engine.generate(line_b))
+        assert cache.stats()["device_bytes"] <= cache.budget and cache.stats()["evictions"] >= 1
+        take = list(engine.generate(line_a))[-1]
+        assert isinstance(take, Done) and take.error is None
+        if keep_warms:
+            assert take.timings["cached_rows"] == len(line_a.rows)  # the whole prompt: nothing prefilled
+            assert not waiting[0].waiting  # its take came
+        else:
+            assert take.timings["cached_rows"] < len(line_a.rows)
+    finally:
+        cache.budget, cache.keep_warms = budget, False
+        cache.clear()
