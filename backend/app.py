@@ -171,8 +171,8 @@ def log_ready(engine_loop: EngineLoop) -> None:
     else:
         log.info("prefix cache: %s", prefix_cache_line(warm, engine.slots))
         keep = engine.decoder.prefix is not None and engine.decoder.prefix.keep_warms
-        log.info("prefix cache order: %s", "least recently used, but a warm's snapshot last until its take restores it"
-                 if keep else "least recently used (--keep-warms)")
+        log.info("prefix cache order: %s", "least recently used, but a warm's snapshot last until its take restores "
+                 "it (--keep-warms off: least recently used)" if keep else "least recently used (--keep-warms off)")
     group = engine.prefill_group
     log.info("prefill groups: %s", f"the next chunks of up to {group} waiting prompts run as one" if group > 1
              else "off; each waiting prompt's chunks run alone (--prefill-group)")

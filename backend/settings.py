@@ -31,7 +31,7 @@ class Settings:
     early_windows: bool = False  # windows close early where a client runs short (engine/drama3/take.py)
     vocoder_order: str = "deadline"  # which queued windows vocode first (engine/drama3/vocoder.py)
     warms_yield: bool = False  # warms wait while the vocoder has a window due (engine/drama3/slots.py)
-    keep_warms: bool = False  # a warm's snapshot is evicted last until its take (engine/drama3/prefix.py)
+    keep_warms: bool = True  # a warm's snapshot is evicted last until its take (engine/drama3/prefix.py)
     compile_prefill: bool = False  # prefill chunks through compiled layers on CUDA (engine/drama3/fast.py)
     vocoder_compile: bool = True  # the window graphs through Inductor on CUDA (engine/drama3/codec_graphs.py)
     slots: int | None = None  # takes decoding together; None: the engine's default for the device

@@ -72,10 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the next lines' warms (prompts prefilled ahead while a director reads) wait while a "
                              "window in the vocoder's queue is due within two steps, so the steps beside it stay "
                              "short (default off until a GPU measures it: docs/perf.md)")
-    parser.add_argument("--keep-warms", choices=("on", "off"), default="off",
+    parser.add_argument("--keep-warms", choices=("on", "off"), default="on",
                         help="a warm's snapshot in the prefix cache (the next line's prompt, prefilled ahead) is "
-                             "evicted after every other snapshot until its take restores it, instead of least "
-                             "recently used first (default off until a GPU measures it: docs/perf.md)")
+                             "evicted after every other snapshot until its take restores it, for 5 minutes at most "
+                             "(default on; off: least recently used first, which drops the warms of directors "
+                             "working in turn where the cache is short: docs/perf.md)")
     parser.add_argument("--prefill-group", type=int,
                         help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
                              "on a GPU, where a chunk costs about the same for 40 rows as for 93; 1, off, on a CPU, "

@@ -101,7 +101,7 @@ class EngineSpec:
     early_windows: bool = False  # windows close early where a client runs short (take.py); off: stop 46's H100 A/B
     vocoder_order: str = "deadline"  # which queued windows vocode first (vocoder.py ORDERS)
     warms_yield: bool = False  # warms wait while the vocoder has a window due (slots.py); off until measured
-    keep_warms: bool = False  # a warm's last snapshot is evicted last until its take (prefix.py); off until measured
+    keep_warms: bool = True  # a warm's last snapshot is evicted last until its take restores it (prefix.py)
     vocoder_compile: bool = False  # on CUDA, the window graphs capture an Inductor-compiled decode (codec_graphs.py)
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA (fast.py KERNELS); None: default
     # Prefill chunks through Inductor-compiled layers too (symbolic rows; fast.py), on CUDA: fewer, fused kernels in

@@ -9,10 +9,9 @@ prefills only the rows after the longest prefix an earlier take already computed
     cache.decoding(slot, row)                    # the slot's take decodes from `row`: its rows in place end there
     cache.stats()                                # hits, misses, rows saved, bytes held
 
-Directing retakes one line over and over, and moves on line by line: every prompt of a scene
-is the system message (with the voice references), the kept takes of the lines above (history
-turns), then the line. A retake shares the whole prompt with the take before; the next line
-after a keep shares everything up to the end of the previous line's history.
+Directing retakes one line over and over, and moves on line by line: a scene's prompt is the
+system message (voice references), the kept takes above (history turns), then the line. A
+retake shares the whole prompt with the take before; the next line after a keep, all but its own.
 
 Design choices:
 - Snapshot points are the prompt's cuts (prefill.py `cuts`): its end, and its boundaries
@@ -48,28 +47,26 @@ Design choices:
   only a snapshot with no children loses its rows.
 - Memory: one budget for the device, least recently used first (a snapshot's use is its
   own: recorded, or restored from), so the states of a cut nobody resumes from go before
-  other scenes' retake points; rows stay while a later snapshot needs them. With
-  `keep_warms` a warm's last snapshot goes last until a take restores from it: directors in
-  turn warm seconds before their takes, the others' snapshots in between, so least recently
-  used drops the warm needed next (stop 55's H100, 48 directors: most restores partial).
-  Evicted snapshots may move to pinned host memory (a second budget), copied back on a hit.
-  A snapshot whose chain (rows from 0, its states) could not fit the budgets even alone is
-  not made, nor any after it in that prefill (it would evict the prefix that does fit).
-  Each eviction logs a line (what went, what is held); /metrics counts them. The budget
-  (`--prefix-cache-gib`): on a GPU by default half the memory free after warm-up, never more
-  than 90% of it (a larger one is lowered, with a warning); on a CPU a fixed 1 GiB.
-- Rows in place: a slot keeps its rows after its take (a take's frames go past its prompt,
-  and a released slot's writes go to the scratch slot), so the slot that last held a
-  prompt holds its prefix still. `restore` copies only the chain's rows the slot does not
-  hold (by the keys of the prompt it last prefilled, up to the rows that prefill reached),
-  and the decoder starts a prompt in the free slot holding most of it: a retake copies the
-  DeltaNet states and only its line's rows. A take's first step rewrites its prompt's last
-  row in the tower's caches, so the rows in place after a take end at its line's boundary,
-  and what a restore leaves is what a fresh prefill leaves, bit for bit.
-- Shared across sessions: keys are the exact rows, so two sessions with the same voice share
-  the system message's snapshot (while their histories end in the first cell), and a
-  director who reconnects finds their scene's snapshots, on the same replica. No state is
-  ever used for rows that differ from its own, whoever made it. A restart starts cold.
+  other scenes' retake points; rows stay while a later snapshot needs them. But a warm's
+  last snapshot goes last until a take restores from it (`keep_warms`, WARM_HOLD_S at most):
+  directors in turn warm seconds before their takes, the others' snapshots in between, so
+  least recently used drops the very warm needed next (stop 55's H100, 48 directors: most
+  restores partial; on the CPU, 6 directors in turn with room for 4.5 of their chains found
+  15 of 18 warms whole against 0: docs/perf.md). Evicted snapshots may move to pinned host
+  memory (a second budget), copied back on a hit. A snapshot whose chain (rows from 0, its
+  states) could not fit the budgets even alone is not made, nor any after it in that
+  prefill (it would evict the prefix that does fit). Each eviction logs a line; /metrics
+  counts them. The budget (`--prefix-cache-gib`): on a GPU by default half the memory free
+  after warm-up, at most 90% of it (a larger one is lowered, with a warning); 1 GiB on a CPU.
+- Rows in place: a slot keeps its rows after its take (a released slot's writes go to the
+  scratch slot), so `restore` copies only the chain's rows the slot does not hold (by the
+  keys of the prompt it last prefilled, up to the rows that prefill reached), and the decoder
+  starts a prompt in the free slot holding most of it: a retake copies the DeltaNet states and
+  its line's rows. A take's first step rewrites its prompt's last row in the tower's caches,
+  so the rows in place end at its line's boundary: a restore leaves what a prefill leaves.
+- Shared across sessions: keys are the exact rows, so sessions with the same voice share the
+  system message's snapshot, and a director who reconnects finds their scene's snapshots
+  (same replica); no state is used for rows other than its own. A restart starts cold.
 - Counters are plain integers kept by the engine thread: /metrics reads them without a lock.
 """
 
@@ -77,6 +74,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -94,6 +92,7 @@ END_MARK = b"end of prompt"  # a whole-prompt key's last part: never a row's byt
 CPU_BUDGET_GIB = 1.0  # the default budget on a CPU
 GPU_FREE_SHARE = 0.5  # the default budget on a GPU: this share of the memory free after warm-up
 GPU_FREE_MAX = 0.9  # a budget asked for is capped at this share of it (the takes need the rest)
+WARM_HOLD_S = 300.0  # a warm's snapshot goes last this long at most (its director may have left)
 
 
 @dataclass(eq=False)
@@ -110,7 +109,7 @@ class Snapshot:
     hidden: torch.Tensor | None = None  # [D], whole-prompt snapshots only
     children: int = 0
     used: int = 0  # the cache's clock when its states were last recorded or restored
-    waiting: bool = False  # a warm's last snapshot, no take restored from it yet (`keep_warms`)
+    waiting: float | None = None  # a warm's last snapshot no take restored yet: since (perf_counter)
     on_host: bool = False
 
     @property
@@ -172,7 +171,7 @@ class PrefixCache:
     nodes: dict[bytes, Snapshot] = field(default_factory=dict)
     counters: Stats = field(default_factory=Stats)
     clock: int = 0
-    keep_warms: bool = False  # a warm's last snapshot is evicted after every other, until a take restores it
+    keep_warms: bool = True  # a warm's last snapshot is evicted after every other, until a take restores it
     # per slot: the keys of the prompt it last prefilled (row count -> key) and the rows of it in place
     held: dict[int, tuple[dict[int, bytes], int]] = field(default_factory=dict)
 
@@ -276,7 +275,7 @@ class PrefixCache:
             return 0, None
         node = plan.node
         assert node is not None and node.states is not None
-        node.waiting &= plan.stop is not None  # a take's restore: its warm has served
+        node.waiting = node.waiting if plan.stop is not None else None  # a take's restore: its warm has served
         chain: list[Snapshot] = []  # the snapshots from the root to `node`
         cursor: Snapshot | None = node
         while cursor is not None:
@@ -356,7 +355,7 @@ class PrefixCache:
             self.counters.snapshots += 1
             self.account(node, node.nbytes)
         plan.node = node
-        node.waiting |= end == plan.stop
+        node.waiting = time.perf_counter() if end == plan.stop else node.waiting
         self.touch(node)
         self.fit()
 
@@ -383,11 +382,12 @@ class PrefixCache:
         line says what went when anything did."""
         before = Stats(**self.counters.as_dict())
         resumable = {key for key, node in self.nodes.items() if node.resumable}
+        held = time.perf_counter() - WARM_HOLD_S  # warms since then go last (`keep_warms`)
         for host in (False, True):
             budget = self.host_budget if host else self.budget
             while (self.counters.host_bytes if host else self.counters.device_bytes) > budget:
                 victim = min((n for n in self.nodes.values() if n.on_host == host and (n.children == 0 or n.resumable)),
-                             key=lambda n: (n.waiting and self.keep_warms, n.used), default=None)
+                             key=lambda n: (self.keep_warms and (n.waiting or 0) > held, n.used), default=None)
                 if victim is None:
                     break
                 if not host and self.host_budget and victim.nbytes <= self.host_budget:

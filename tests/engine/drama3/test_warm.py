@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine import AudioWindow, Done, EngineSpec, HistoryTurn, Sampling, load_engine
+from engine.drama3 import prefix as prefix_module
 
 
 @pytest.fixture(scope="module")
@@ -134,34 +135,70 @@ def test_a_prefill_stops_only_at_a_cut_with_a_cache(engine, cold):
         cold.decoder.begin_prefill(prompt, 0, stop=max(prompt.boundaries))
 
 
-@pytest.mark.parametrize("keep_warms", [False, True])
-def test_a_warm_waits_in_a_full_cache_for_its_take_with_keep_warms(engine, keep_warms):
+@pytest.mark.parametrize("order", ["least recently used", "keep warms", "a warm held past WARM_HOLD_S"])
+def test_a_warm_waits_in_a_full_cache_for_its_take(engine, order, monkeypatch):
     """A cache that holds one director's snapshots: a warm for director A, then director B's
     take. Least recently used drops A's warm for B's snapshots, and A's take prefills its line
-    again; with `keep_warms` the warm goes last, and A's take restores its whole prompt. Once
-    restored, it waits no more."""
+    again; with `keep_warms` (the default) the warm goes last and A's take restores its whole
+    prompt, after which it waits no more; a warm older than WARM_HOLD_S goes as any other."""
     cache = engine.decoder.prefix
     cache.clear()
     budget = cache.budget
     line_a = engine.prompt("Director A's line.", None, [kept(5, 30), kept(6, 40)], SAMPLING)
     line_b = engine.prompt("Director B's line.", None, [kept(7, 35), kept(8, 45)], SAMPLING)
+    monkeypatch.setattr(cache, "keep_warms", order != "least recently used")
     try:
-        cache.keep_warms = keep_warms
         warm = engine.warm(line_a)
         assert warm is not None
         run(engine, warm)
-        waiting = [node for node in cache.nodes.values() if node.waiting]
+        waiting = [node for node in cache.nodes.values() if node.waiting is not None]
         assert len(waiting) == 1 and waiting[0].end == len(line_a.rows)  # the warm's last snapshot
+        if order == "a warm held past WARM_HOLD_S":
+            monkeypatch.setattr(prefix_module, "WARM_HOLD_S", 0.0)
         cache.budget = cache.stats()["device_bytes"]  # room for A's snapshots, no more
         list(engine.generate(line_b))
         assert cache.stats()["device_bytes"] <= cache.budget and cache.stats()["evictions"] >= 1
         take = list(engine.generate(line_a))[-1]
         assert isinstance(take, Done) and take.error is None
-        if keep_warms:
+        if order == "keep warms":
             assert take.timings["cached_rows"] == len(line_a.rows)  # the whole prompt: nothing prefilled
-            assert not waiting[0].waiting  # its take came
+            assert waiting[0].waiting is None  # its take came
         else:
             assert take.timings["cached_rows"] < len(line_a.rows)
     finally:
-        cache.budget, cache.keep_warms = budget, False
+        cache.budget = budget
+        cache.clear()
+
+
+def test_directors_in_turn_find_their_warms_in_a_short_cache(engine):
+    """Four directors take a line each in turn, keep it and warm their next line, three rounds,
+    with room for about three of their four snapshot chains. With `keep_warms` more of their
+    takes restore their whole prompt than with least recently used first, which drops each
+    warm before its take comes (docs/perf.md, stop 55)."""
+    cache = engine.decoder.prefix
+    budget, keep = cache.budget, cache.keep_warms
+    whole: dict[bool, int] = {}
+    try:
+        for keep_warms in (False, True):
+            cache.clear()
+            cache.budget, cache.keep_warms = budget, keep_warms
+            history = {i: [kept(10 + i, 20)] for i in range(4)}
+            whole[keep_warms] = 0
+            for round_ in range(3):
+                for i in range(4):
+                    prompt = engine.prompt(f"Line {round_} of director {i}.", None, history[i], SAMPLING)
+                    done = list(engine.generate(prompt))[-1]
+                    assert isinstance(done, Done) and done.error is None
+                    whole[keep_warms] += round_ > 0 and done.timings["cached_rows"] == len(prompt.rows)
+                    history[i] = [*history[i], HistoryTurn(f"Line {round_} of director {i}.", done.codes)]
+                    warm = engine.warm(engine.prompt(f"Line {round_ + 1} of director {i}.", None, history[i],
+                                                     SAMPLING))
+                    if warm is not None:
+                        run(engine, warm)
+                    if round_ == 0 and i == 0:  # one director's chain, its warm included, 3 times over
+                        cache.budget = 3 * cache.stats()["device_bytes"]
+        assert whole[True] > whole[False], whole
+        assert whole[True] >= 4, whole  # of the 8 takes after the first round (6 when written, LRU 0)
+    finally:
+        cache.budget, cache.keep_warms = budget, keep
         cache.clear()
