@@ -101,6 +101,7 @@ class TakeStats:
     prompt_rows: int
     cached_rows: int  # of those, restored from the prefix cache
     error: str | None  # the server's `error` of a take that ended with finish_reason "error"
+    timings: dict[str, object]  # the server's take.done timings as sent (restore_ms, prefill_chunks, ...)
 
 
 class Playback(NamedTuple):
@@ -162,7 +163,7 @@ async def run_session(index: int, plan: LoadTest, started: float, results: list[
                 longest_gap_s=stall, longest_gap_at_s=stall_at, number=number, audio_s=sum(durations),
                 wall_s=time.monotonic() - take.sent, prompt_rows=int(timings.get("prompt_rows") or 0),
                 cached_rows=int(timings.get("cached_rows") or 0),
-                error=None if done.get("error") is None else str(done["error"])))
+                error=None if done.get("error") is None else str(done["error"]), timings=dict(timings)))
             if plan.keep and done["finish_reason"] in ("stop", "length") and take.frames:
                 await director.request({"type": "take.keep", "take_id": take.take_id}, "history")
             if plan.listen:  # the take heard to its end (the keep went while it played)

@@ -79,6 +79,7 @@ def test_loadtest_reports_every_take(server: LiveServer, tmp_path: Path, capsys:
         assert take["finish_reason"] in ("stop", "length")
         assert take["first_audio_s"] > 0 and take["longest_gap_s"] >= 0 and take["audio_s"] > 0
         assert 0 <= take["longest_gap_at_s"] < take["audio_s"] and take["number"] in (0, 1)
+        assert take["timings"]["prefill_ms"] == take["prefill_ms"]  # the server's timings, whole
         assert 0 < take["queued_s"] < take["first_audio_s"]  # take.queued is sent before the audio
         # The server's first audio in its parts: the engine's queue (every slot taken), the prompt's
         # prefill, then the first frames' steps and their vocoding.
