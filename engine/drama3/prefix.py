@@ -51,8 +51,8 @@ Design choices:
   last snapshot goes last until a take restores from it (`keep_warms`, WARM_HOLD_S at most):
   directors in turn warm seconds before their takes, the others' snapshots in between, so
   least recently used drops the very warm needed next (stop 55's H100, 48 directors: most
-  restores partial; on the CPU, 6 directors in turn with room for 4.5 of their chains found
-  15 of 18 warms whole against 0: docs/perf.md). Evicted snapshots may move to pinned host
+  restores partial; on the CPU, 4 directors in turn with room for ~3 of their chains: 6 of
+  8 takes whole against 0, test_warm.py). Evicted snapshots may move to pinned host
   memory (a second budget), copied back on a hit. A snapshot whose chain (rows from 0, its
   states) could not fit the budgets even alone is not made, nor any after it in that
   prefill (it would evict the prefix that does fit). Each eviction logs a line; /metrics
