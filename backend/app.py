@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -53,6 +54,9 @@ from backend.store import Store
 from engine import Drama3Engine
 from engine.personaplex import PersonaPlex
 
+if TYPE_CHECKING:
+    from engine.drama3.mixed import MixedSteps
+
 log = logging.getLogger("retake")
 
 NOT_BUILT = """<!doctype html><meta charset="utf-8"><title>Retake</title>
@@ -72,6 +76,7 @@ def engine_loader(settings: Settings) -> Callable[[], Drama3Engine]:
                                       prefix_cache_gib=settings.prefix_cache_gib,
                                       prefix_cache_host_gib=settings.prefix_cache_host_gib,
                                       prefill_group=settings.prefill_group, mixed_step=settings.mixed_step,
+                                      mixed_group=settings.mixed_group,
                                       early_windows=settings.early_windows, vocoder_order=settings.vocoder_order,
                                       warms_yield=settings.warms_yield, keep_warms=settings.keep_warms,
                                       kernels=settings.kernels,
@@ -157,6 +162,18 @@ def prefix_cache_line(warm: Mapping[str, object], slots: int) -> str:
     return line
 
 
+def mixed_steps_line(mixed: MixedSteps) -> str:
+    """What decode steps carry of the waiting prompts (engine/drama3/mixed.py)."""
+    if not mixed.enabled:
+        return "off; a prompt's chunks run between the decode steps (--mixed-step)"
+    line = f"a waiting prompt's next {max(mixed.sizes)} rows ride each decode step"
+    if not mixed.grouped:
+        return line + ", one prompt a step (--mixed-step one)"
+    most = min(mixed.groups.most, max(prompts for prompts, _ in mixed.shapes))
+    shapes = " or ".join(f"{prompts} x {rows}" for prompts, rows in mixed.shapes)
+    return line + f", or the next chunks of up to {most} prompts together ({shapes} rows)"
+
+
 def log_ready(engine_loop: EngineLoop) -> None:
     """The seed's warm-up line: decode step time and peak memory, and a plain word about demo weights."""
     engine, warm = engine_loop.engine, engine_loop.warm_up
@@ -176,9 +193,7 @@ def log_ready(engine_loop: EngineLoop) -> None:
     group = engine.prefill_group
     log.info("prefill groups: %s", f"the next chunks of up to {group} waiting prompts run as one" if group > 1
              else "off; each waiting prompt's chunks run alone (--prefill-group)")
-    carried = engine.mixed_step
-    log.info("mixed steps: %s", f"a waiting prompt's next {carried} rows ride each decode step" if carried
-             else "off; a prompt's chunks run between the decode steps (--mixed-step)")
+    log.info("mixed steps: %s", mixed_steps_line(engine.decoder.mixed))
     log.info("early windows: %s", "on; a window closes early where a take's client would run out of audio"
              if engine.early_windows else "off; windows close at the schedule's ends only (--early-windows)")
     log.info("vocoder order: %s", "deadline; first windows, then the windows whose clients run out of audio soonest"

@@ -115,7 +115,7 @@ class Decoder:
     """The static decode state of N slots and the step that advances them by one frame."""
 
     def __init__(self, model: Drama3Model, max_rows: int, slots: int = 1, *, graphs: bool = False,
-                 group: int | None = None, mixed: bool | None = None) -> None:
+                 group: int | None = None, mixed: bool | None = None, mixed_group: bool = True) -> None:
         config = model.config
         self.model, self.max_rows, self.num_slots = model, max_rows, slots
         self.semantic_start, self.codebook_size = config.semantic_start_token_id, config.codebook_size
@@ -157,8 +157,8 @@ class Decoder:
         # Waiting prompts' chunks batched (prefill_groups.py): up to 8 where chunks are graphs, else off.
         most = group if group is not None else PREFILL_GROUP if self.chunked.graphed else 1
         self.groups = PrefillGroups(self.chunked, scratch=N, most=most)
-        # Steps that carry a waiting prompt's chunk (mixed.py): on where chunks are graphs, unless asked.
-        self.mixed = MixedSteps(self, enabled=self.chunked.graphed if mixed is None else mixed)
+        # Steps that carry waiting prompts' chunks (mixed.py): on where chunks are graphs, unless asked.
+        self.mixed = MixedSteps(self, enabled=self.chunked.graphed if mixed is None else mixed, grouped=mixed_group)
         self.caches = [module for module in model.modules() if isinstance(module, KVCache)]
         self.prompts: dict[int, Prompt] = {}  # slots being prefilled, and their prompts
         self.prefix: PrefixCache | None = None  # snapshots of prompt prefixes (prefix.py), when the engine keeps them

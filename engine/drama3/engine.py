@@ -98,6 +98,7 @@ class EngineSpec:
     prefix_cache_host_gib: float = 0.0  # pinned host memory for snapshots evicted from the GPU (0: dropped)
     prefill_group: int | None = None  # prompts whose chunks prefill as one (prefill_groups.py); None: 8 CUDA, 1 CPU
     mixed_step: bool | None = None  # decode steps carry a waiting prompt's chunk (mixed.py); None: on CUDA
+    mixed_group: bool = True  # ...several prompts' in one step, where prefill groups are on (off: one a step)
     early_windows: bool = False  # windows close early where a client runs short (take.py); off: stop 46's H100 A/B
     vocoder_order: str = "deadline"  # which queued windows vocode first (vocoder.py ORDERS)
     warms_yield: bool = False  # warms wait while the vocoder has a window due (slots.py); off until measured
@@ -219,7 +220,8 @@ class Drama3Engine:
         self.fast_path = install_fast_path(model, kernels=kernels, compile_prefill=spec.compile_prefill) \
             if self.device.type == "cuda" else []
         self.decoder = Decoder(model, max_rows, self.slots, graphs=True,
-                               group=spec.prefill_group, mixed=spec.mixed_step)  # allocates the caches
+                               group=spec.prefill_group, mixed=spec.mixed_step,
+                               mixed_group=spec.mixed_group)  # allocates the caches
         self.decoder.prefix = prefix_cache(spec, model, self.device)
         first = spec.first_window_frames  # on CUDA a window decodes as a graph replay of its frame count
         self.window_graphs = WindowGraphs(codec, [first_frames(first)], window_frames(first),
@@ -263,10 +265,6 @@ class Drama3Engine:
     def prefill_group(self) -> int:
         """The most waiting prompts whose next prefill chunks run as one (1: off; prefill_groups.py)."""
         return self.decoder.groups.most
-
-    @property
-    def mixed_step(self) -> int:
-        return max(self.decoder.mixed.sizes, default=0)  # the most prompt rows a step carries (0: off; mixed.py)
 
     def prefix_cache_stats(self) -> dict[str, int] | None:
         """The prefix cache's counters (hits, misses, rows saved, bytes held), None when it is

@@ -1,9 +1,11 @@
-"""A decode step with a waiting prompt's chunk beside it: the experts read once for both.
+"""A decode step with waiting prompts' chunks beside it: the experts read once for all.
 
-    mixed = MixedSteps(decoder, enabled=True)   # the decoder's: decoder.mixed
+    mixed = MixedSteps(decoder, enabled=True, grouped=True)   # the decoder's: decoder.mixed
     mixed.capture()                             # CUDA: a graph per (row bucket, chunk size, KV bucket)
-    if mixed.fits(prefill):                     # its next chunk has a size here
+    if mixed.size(prefill) is not None:         # its next chunk has a size here
         done = mixed.step(position, rows, prefill)   # one frame for `rows`, and up to 256 of its rows
+    if group := mixed.pick(prefills, position): # several prompts' next chunks fit a group's shape
+        dones = mixed.step_group(position, rows, group)   # one frame, and a chunk of each
 
 Why: most of the bytes a step reads are its experts'. At 64 decoding rows nearly every expert of
 every layer is read (stop 43's H100 profile of a 64-take step: the FP8 experts 10.1 of 18.9 ms,
@@ -30,6 +32,14 @@ Design choices:
   covering the chunk's end and the furthest decoding row: the decode path's attention reads
   its own rows whatever the bucket), in the prefill chunks' memory pool (captured after
   them: smaller).
+- Prompts asking together ride one step together (`grouped`, on where prefill groups are):
+  the next chunks of up to 8 waiting prompts in a prefill group's shape (prefill_groups.py:
+  8 x 64 or 4 x 128 rows, its static inputs), [P, T] beside the decoding rows. Why: on stop
+  55's H100, 48 directors asking within 2.4 s waited p95 669-819 ms for their prompts'
+  prefill, their chunks (~40-93 rows each) riding the steps one prompt a step, each step
+  ~25 ms; and a carried chunk's cost hardly follows its rows (admission.py `Carrying`: 12.5
+  ms for 64 rows, 16.6 for 256, its own kernels), so 8 prompts in a step cost little more
+  than one. A graph per (shape, row bucket) at the groups' KV buckets (up to 4,096 rows).
 - Numerics: the chunk's rows go through GEMMs of B + T rows, so its state is not bit for bit
   the chunk's alone (a GEMM's blocking follows its rows; float32 on the CPU differs in the 6th
   digit), as with prefill groups: on where steps are graphs, off on a CPU by default (the
@@ -49,6 +59,7 @@ from engine.drama3.backbone import Backbone, DecoderLayer
 from engine.drama3.fast import mix_of
 from engine.drama3.model import Drama3Model
 from engine.drama3.prefill import ChunkedPrefill, Prefill
+from engine.drama3.prefill_groups import GROUP_SHAPES, PrefillGroups
 from engine.graphs import StepGraphs
 
 MIXED_ROWS = (64, 256)  # the chunk sizes a step carries, each a graph per row bucket
@@ -60,6 +71,7 @@ class Decoder(Protocol):
 
     model: Drama3Model
     chunked: ChunkedPrefill
+    groups: PrefillGroups
     max_rows: int
     scratch: int
     row_buckets: list[int]
@@ -78,43 +90,58 @@ class Decoder(Protocol):
 
 def mixed_backbone(backbone: Backbone, mixes: Sequence[Callable[..., tuple[torch.Tensor, torch.Tensor]]],
                    embeds: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, chunk: torch.Tensor,
-                   chunk_positions: torch.Tensor, chunk_slot: torch.Tensor, valid: torch.Tensor,
+                   chunk_positions: torch.Tensor, chunk_slots: torch.Tensor, valid: torch.Tensor,
                    kv_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The backbone over decoding rows embeds [B, 1, D] at positions [B, 1] of slots [B] and a
-    chunk [1, T, D] at chunk_positions [1, T] of chunk_slot [1] (valid [1]: its real rows) ->
-    the final-normed hidden of both, [B, 1, D] and [1, T, D]. `mixes`: each layer's `mix` as
+    """The backbone over decoding rows embeds [B, 1, D] at positions [B, 1] of slots [B] and
+    chunks [P, T, D] at chunk_positions [P, T] of chunk_slots [P] (valid [P]: their real rows)
+    -> the final-normed hidden of both, [B, 1, D] and [P, T, D]. `mixes`: each layer's `mix` as
     the fast path runs it (fast.py `mix_of`: the decoding rows' call compiled, the chunk's
     compiled only with `--compile-prefill`)."""
     rope, chunk_rope = backbone.rope[positions], backbone.rope[chunk_positions]  # [B, 1, 2, r], [1, T, 2, r]
     x, rows = embeds, embeds.shape[0]
     for layer, mix in zip(cast(list[DecoderLayer], list(backbone.layers)), mixes, strict=True):
         normed, x = mix(x, rope, positions, slots, kv_len)  # [B, 1, D] each
-        chunk_normed, chunk = mix(chunk, chunk_rope, chunk_positions, chunk_slot, kv_len, valid)  # [1, T, D]
-        out = layer.mlp(torch.cat((normed[:, 0], chunk_normed[0])))  # [B + T, D]: each expert read once for both
-        x, chunk = x + out[:rows, None], chunk + out[None, rows:]
+        chunk_normed, chunk = mix(chunk, chunk_rope, chunk_positions, chunk_slots, kv_len, valid)  # [P, T, D]
+        out = layer.mlp(torch.cat((normed[:, 0], chunk_normed.flatten(0, 1))))  # [B + P*T, D]: experts read once
+        x, chunk = x + out[:rows, None], chunk + out[rows:].view(chunk.shape)
     return backbone.norm(x), backbone.norm(chunk)
 
 
 class MixedSteps:
     """Decode steps of a Decoder that carry a prompt's chunk (see the module docstring)."""
 
-    def __init__(self, decoder: Decoder, *, enabled: bool) -> None:
+    def __init__(self, decoder: Decoder, *, enabled: bool, grouped: bool) -> None:
         self.decoder = decoder
-        chunked = self.chunked = decoder.chunked
+        chunked, groups = self.chunked, self.groups = decoder.chunked, decoder.groups
         self.mixes = [mix_of(layer) for layer in cast(list[DecoderLayer], list(decoder.model.backbone.layers))]
         self.sizes = [size for size in MIXED_ROWS if size <= decoder.max_rows] if enabled else []
         self.feeds = {size: {rows: StepGraphs(functools.partial(self.static_feed, rows, size), chunked.buckets,
                                               enabled=chunked.graphed, pool=chunked.pool,
                                               name=f"mixed step, {rows} rows, {size} chunk rows")
                              for rows in decoder.row_buckets} for size in self.sizes}
+        self.shapes = [shape for shape in GROUP_SHAPES if shape[1] <= decoder.max_rows] \
+            if self.sizes and grouped and groups.most > 1 else []
+        self.group_feeds = {shape: {rows: StepGraphs(functools.partial(self.static_group_feed, rows, shape),
+                                                     groups.buckets, enabled=chunked.graphed, pool=chunked.pool,
+                                                     name=f"mixed step, {rows} rows, {shape[0]}x{shape[1]} chunk rows")
+                                    for rows in decoder.row_buckets} for shape in self.shapes}
 
     @property
     def enabled(self) -> bool:
         return bool(self.sizes)
 
+    @property
+    def grouped(self) -> bool:
+        return bool(self.shapes)
+
+    @property
+    def group_rows(self) -> int:
+        """The rows a group's step carries, padding included (its shapes': 512)."""
+        return max((prompts * rows for prompts, rows in self.shapes), default=0)
+
     def graphs(self) -> list[StepGraphs]:
-        """Every (chunk size, row bucket)'s graphs."""
-        return [graphs for feeds in self.feeds.values() for graphs in feeds.values()]
+        """Every (chunk size or group shape, row bucket)'s graphs."""
+        return [graphs for feeds in (*self.feeds.values(), *self.group_feeds.values()) for graphs in feeds.values()]
 
     def capture(self) -> None:
         """Capture every (row bucket, chunk size)'s graphs (the decoder's `capture` state: every
@@ -122,6 +149,7 @@ class MixedSteps:
         self.chunked.slot.fill_(self.decoder.scratch)
         self.chunked.start.zero_()
         self.chunked.valid.fill_(1)
+        self.groups.idle()
         for graphs in self.graphs():
             graphs.capture()
 
@@ -159,6 +187,37 @@ class MixedSteps:
         decoder.activate(prefill, chunked.last)
         return True
 
+    def pick(self, prefills: list[Prefill], position: int) -> list[Prefill]:
+        """The waiting prefills (in order) whose next chunks ride the next step together, beside
+        decoding rows the furthest at `position` (prefill_groups.py `pick`: the first and those
+        after it that fit its shape; [] when fewer than two fit, or the step's rows pass the
+        groups' KV buckets: the first rides alone)."""
+        if not self.shapes or position + 2 > self.groups.buckets[-1]:
+            return []
+        return self.groups.pick(prefills)
+
+    def step_group(self, position: int, rows: list[int], group: list[Prefill]) -> list[bool]:
+        """One frame for the decoding slots `rows` (the furthest at `position`), with the next
+        chunk of each prefill in `group` (`pick`'s) beside them; for each, True once its last
+        chunk has run and its slot is active."""
+        decoder, groups = self.decoder, self.groups
+        chunks = [prefill.chunks.popleft() for prefill in group]
+        shape = groups.shape(max(end - first for first, end in chunks))
+        assert shape in self.group_feeds, "pick chose the group"
+        groups.load(group, chunks, shape)
+        feeds = self.group_feeds[shape]
+        decoder.step(position, rows, feeds, feeds[decoder.row_buckets[0]].bucket_for(
+            max(position + 2, *(end for _, end in chunks))))
+        done = []
+        for prefill, (_, end), hidden in zip(group, chunks, groups.last[:len(group)], strict=True):
+            prefill.hidden = hidden  # (a view the next group overwrites)
+            if (after := decoder.after_chunk(prefill)) is not None:
+                after(end, hidden)
+            if not prefill.chunks:
+                decoder.activate(prefill, hidden)
+            done.append(not prefill.chunks)
+        return done
+
     def static_feed(self, rows: int, size: int, kv_len: int) -> None:
         """What a graph captures: the decoder's feed over its first `rows` index rows, its
         backbone carrying the static chunk of `size` rows."""
@@ -175,4 +234,23 @@ class MixedSteps:
                                        chunk_positions, chunked.slot, chunked.valid, kv_len)
         model.tower.prefill(chunk, chunk_positions, chunk_rows, labels, chunked.slot, kv_len)
         chunked.keep_last(chunk)
+        return hidden
+
+    def static_group_feed(self, rows: int, shape: tuple[int, int], kv_len: int) -> None:
+        """What a group's graph captures: the decoder's feed over its first `rows` index rows, its
+        backbone carrying the static group of `shape`."""
+        decoder = self.decoder
+        decoder.feed(kv_len, decoder.index[:rows], functools.partial(self.group_backbone, shape))
+
+    def group_backbone(self, shape: tuple[int, int], embeds: torch.Tensor, positions: torch.Tensor,
+                       slots: torch.Tensor, kv_len: int | None) -> torch.Tensor:
+        """The feed's backbone call with the static group's chunks [P, T] through the same layers,
+        then their tower; each prompt's last real row into the groups' `last`."""
+        groups, model = self.groups, self.decoder.model
+        takes = shape[0]
+        chunk_rows, labels, chunk_positions = groups.static_inputs(shape)  # [P, T, 11] x2, [P, T]
+        hidden, chunks = mixed_backbone(model.backbone, self.mixes, embeds, positions, slots, model.embed(chunk_rows),
+                                        chunk_positions, groups.slot[:takes], groups.valid[:takes], kv_len)
+        model.tower.prefill(chunks, chunk_positions, chunk_rows, labels, groups.slot[:takes], kv_len)
+        groups.keep_last(chunks)
         return hidden

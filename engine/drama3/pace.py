@@ -71,8 +71,8 @@ class Pace:
         self.cuts = 0  # windows closed early (take.py: a client short of audio)
         self.groups = self.grouped = 0  # grouped prefill chunks, and the prompts they carried
         self.group_step_s: list[float] = []  # the steps that ran a grouped chunk (what a group costs a step)
-        self.carried_s: list[float] = []  # the steps that carried a prompt's chunk (mixed.py)
-        self.carried_rows = self.warm_rows = 0  # the rows they carried, and of those the warms'
+        self.carried_s: list[float] = []  # the steps that carried prompts' chunks (mixed.py)
+        self.carried_rows = self.warm_rows = self.carried_prompts = 0  # the rows they carried (warms'), of prompts
         self.turn_s: list[float] = []  # the server's engine loop: each turn's wall time
         self.turn_step_s: list[float] = []  # of it, the engine's step (prefill, decode, windows out)
         self.turn_handed_s: list[float] = []  # of it, handing the takes' events to their sessions
@@ -89,12 +89,13 @@ class Pace:
             self.held += held
             self.yielded += yielded
 
-    def carried(self, seconds: float, rows: int, warm: bool) -> None:
-        """A step that carried `rows` of a prompt (a warm's: a prefill-only take's)."""
+    def carried(self, seconds: float, rows: int, warm_rows: int, prompts: int = 1) -> None:
+        """A step that carried `rows` of `prompts` prompts, `warm_rows` of them warms' (prefill-only takes')."""
         with self.lock:
             self.carried_s.append(seconds)
             self.carried_rows += rows
-            self.warm_rows += rows if warm else 0
+            self.warm_rows += warm_rows
+            self.carried_prompts += prompts
 
     def group(self, prompts: int) -> None:
         with self.lock:
@@ -139,6 +140,7 @@ class Pace:
             self.drain_s, self.drain_cpu, self.call_ms = [], 0.0, []
             groups, grouped, group_steps = self.groups, self.grouped, self.group_step_s
             carried, carried_rows, warm_rows = self.carried_s, self.carried_rows, self.warm_rows
+            prompts, self.carried_prompts = self.carried_prompts, 0
             self.carried_s, self.carried_rows, self.warm_rows = [], 0, 0
             turns, turn_steps, handed, turn_cpu = self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu
             self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu = [], [], [], 0.0
@@ -157,8 +159,9 @@ class Pace:
             if group_steps:
                 line += f" (steps with one p50 {percentile(group_steps, 0.5) * 1000:.1f} ms)"
         if carried:
-            line += (f"; {len(carried):,} steps carried a prompt's chunk (p50 {percentile(carried, 0.5) * 1000:.1f} "
-                     f"ms; {carried_rows:,} rows, {warm_rows:,} of them warms')")
+            line += (f"; {len(carried):,} steps carried prompts' chunks (p50 {percentile(carried, 0.5) * 1000:.1f} "
+                     f"ms; {prompts / len(carried):.1f} prompts a step; {carried_rows:,} rows, {warm_rows:,} of "
+                     f"them warms')")
         if windows:
             line += (f"; {len(windows):,} windows ({cuts:,} closed early) in "
                      f"{len(drains):,} drains, closed to audio "

@@ -85,11 +85,15 @@ class PrefillGroups:
 
     def capture(self) -> None:
         """Capture every shape's graphs (CUDA, groups on), writing the scratch slot only."""
+        self.idle()
+        for graphs in self.graphs.values():
+            graphs.capture()
+
+    def idle(self) -> None:
+        """Every static prompt row one row in the scratch slot (what a capture runs)."""
         self.start.zero_()
         self.valid.fill_(1)
         self.slot.fill_(self.scratch)
-        for graphs in self.graphs.values():
-            graphs.capture()
 
     def shape(self, count: int) -> tuple[int, int] | None:
         """The group shape a chunk of `count` rows can join (the fewest rows that hold it)."""
@@ -188,6 +192,14 @@ class PrefillGroups:
     def graphed(self, group: list[Prefill], chunks: list[tuple[int, int]], shape: tuple[int, int]) -> torch.Tensor:
         """The group as its shape's graph replay: the static inputs filled, idle rows in the
         scratch slot. [B, D], views of the static output."""
+        self.load(group, chunks, shape)
+        self.graphs[shape](max(b for _, b in chunks))
+        return self.last[:len(group)]
+
+    def load(self, group: list[Prefill], chunks: list[tuple[int, int]], shape: tuple[int, int]) -> None:
+        """The chunks [first, end) of the group's prefills into the static inputs of `shape`,
+        each padded, the shape's idle prompts one row in the scratch slot (also a mixed step's
+        group: mixed.py)."""
         takes, rows = shape
         self.rows[:takes, :rows].zero_()  # padding: zeros, to be plain (they change no real row)
         self.labels[:takes, :rows].zero_()
@@ -198,13 +210,21 @@ class PrefillGroups:
         host = torch.tensor([[a for a, _ in chunks] + [0] * idle, [b - a for a, b in chunks] + [1] * idle,
                              [p.slot for p in group] + [self.scratch] * idle])  # [3, takes]
         self.start[:takes], self.valid[:takes], self.slot[:takes] = to_device(host, self.chunked.device)
-        self.graphs[shape](max(b for _, b in chunks))
-        return self.last[:len(group)]
+
+    def static_inputs(self, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The static group of `shape`: its rows and labels [B, T, 11] and positions [B, T]."""
+        takes, rows = shape
+        positions = self.start[:takes, None] + self.chunked.offsets[None, :rows]  # [B, T]
+        return self.rows[:takes, :rows], self.labels[:takes, :rows], positions
+
+    def keep_last(self, hidden: torch.Tensor) -> None:
+        """Each static prompt's last real row of hidden [B, T, D] into `last`."""
+        takes = hidden.shape[0]
+        self.last[:takes].copy_(hidden[self.index[:takes], self.valid[:takes] - 1])
 
     def static_group(self, takes: int, rows: int, kv_len: int) -> None:
         """The group a graph captures: `takes` prompts of `rows` static rows, `valid` of each real;
         each prompt's last real row's hidden into `last`."""
-        positions = self.start[:takes, None] + self.chunked.offsets[None, :rows]  # [B, T]
-        hidden = self.chunked.forward(self.rows[:takes, :rows], self.labels[:takes, :rows], positions,
-                                      self.slot[:takes], kv_len, self.valid[:takes])  # [B, T, D]
-        self.last[:takes].copy_(hidden[self.index[:takes], self.valid[:takes] - 1])
+        frames, labels, positions = self.static_inputs((takes, rows))
+        self.keep_last(self.chunked.forward(frames, labels, positions, self.slot[:takes], kv_len,
+                                            self.valid[:takes]))  # [B, T, D]

@@ -37,8 +37,11 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
 - Mixed steps (mixed.py, on where chunks are graphs): while takes decode, the step itself
   carries the next chunk of the first waiting prompt instead (`carried`), its experts read
   once with the decoding rows'; a take's prompt rides every step, a warm's what the playing
-  takes allow (admission.py `Carrying`). Where its chunk has no mixed size (near the
-  cache's end) the step's prefill runs apart as above.
+  takes allow (admission.py `Carrying`). Where prefill groups are on, the next chunks of up
+  to 8 waiting takes ride one step together (warms in the rows they leave), or of 8 warms
+  where the playing takes allow a group's step: 48 directors asking together no longer wait
+  for 48 steps. Where its chunk has no mixed size (near the cache's end) the step's prefill
+  runs apart as above.
 - Warms yield to the vocoder (`warms_yield`, off by default until a GPU measures it): while
   a window in the vocoder's queue is due within the next steps, no warm's chunk runs beside
   decoding takes. At 48 listening directors on stop 54's H100, 154 of 428 steps carried a
@@ -57,6 +60,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import torch
 
@@ -77,6 +81,17 @@ log = logging.getLogger("retake.engine")
 PACE_STEPS = 8  # steps whose longest wall time early windows plan with (take.py)
 
 
+@dataclass
+class Carry:
+    """What the next decode step carries (mixed.py): the next chunks of `prompts`, as a group
+    where there are several, else the first's first `rows` rows (0: it is held back this step)
+    in the chunk of `size` rows (a group: its shape's rows, admission.py `Carrying`'s key)."""
+
+    prompts: list[tuple[Take, Prefill]]
+    rows: int
+    size: int
+
+
 class Slots:
     """Takes in the slots of one Decoder; owned by one thread."""
 
@@ -90,7 +105,7 @@ class Slots:
         self.vocoder = Vocoder(codec, graphs, executor, self.pace, order=vocoder_order)
         self.held = False  # this step's prefill was held back by the playback limit
         self.yielded = False  # this step held a warm back for the vocoder (`vocoder_due`)
-        self.beside = 0  # prompt rows this step prefilled beside decoding takes
+        self.beside = self.beside_warm = 0  # prompt rows this step prefilled beside decoding takes (warms')
         self.first_window = first_window
         self.early_windows = early_windows  # take.py: windows close early where a client would run out
         self.warms_yield = warms_yield  # warms wait while the vocoder has a window due (`vocoder_due`)
@@ -207,19 +222,18 @@ class Slots:
                 break
         return allowed - budget if decoding else 0
 
-    def carried(self) -> tuple[Take, Prefill, int, int] | None:
-        """The waiting prompt whose next chunk the decode step carries (mixed.py), if mixed
-        steps are on: the first in start order (takes before warms), where its chunk has a
-        mixed size; else None, and the step's prefill runs apart (`prefill`), so a prompt that
-        has none is never passed over. With it, the most rows the step carries and their
-        chunk size (0: the prompt waits this step): a take's prompt rides every step, the
-        largest size (a director waits for first audio, and one chunk of a prompt costs the
-        playing takes ~12-17 ms once, on an H100); a warm's only what the playing takes allow
-        (admission.py `Carrying`: with every step carrying a warm, the 32 directors of stop
-        44's H100 run lost real time, gap p99 748 ms), and never while a take awaits its first
-        audio (a warm is a guess: backend/directing/warming.py) nor, with `warms_yield`, while
-        the vocoder has a window due (`vocoder_due`). A fixed `prefill_rows` is the
-        most rows every step carries."""
+    def carried(self) -> Carry | None:
+        """What the next decode step carries (mixed.py), if mixed steps are on: the next chunks of
+        the first waiting prompt in start order (takes before warms), where its chunk has a
+        mixed size, with the prompts that ride with it (`riding`); else None, and the step's
+        prefill runs apart (`prefill`), so a prompt that has none is never passed over. A take's
+        prompt rides every step, in the largest size (a director waits for first audio, and one
+        chunk of a prompt costs the playing takes ~12-17 ms once, on an H100); a warm's only
+        what the playing takes allow (admission.py `Carrying`: with every step carrying a warm,
+        the 32 directors of stop 44's H100 run lost real time, gap p99 748 ms), and never while
+        a take awaits its first audio (a warm is a guess: backend/directing/warming.py) nor,
+        with `warms_yield`, while the vocoder has a window due (`vocoder_due`). A fixed
+        `prefill_rows` is the most rows every step carries, one prompt's."""
         mixed = self.decoder.mixed
         if not mixed.enabled or not self.prefills:
             return None
@@ -228,20 +242,47 @@ class Slots:
             return None
         if take.prefill_only and (any(other.playing_until is None for other in self.decoding())
                                   or self.vocoder_due()):
-            return take, prefill, 0, 0
-        largest = self.prefill_rows or (self.carrying.size(mixed.sizes, self.playback_limit()) if take.prefill_only
+            return Carry([(take, prefill)], 0, 0)
+        limit = self.playback_limit() if take.prefill_only else None
+        group = self.riding(take.prefill_only)
+        if group and (not take.prefill_only or self.carrying.size(
+                [*mixed.sizes, mixed.group_rows], limit) == mixed.group_rows):
+            return Carry(group, mixed.group_rows, mixed.group_rows)
+        largest = self.prefill_rows or (self.carrying.size(mixed.sizes, limit) if take.prefill_only
                                         else max(mixed.sizes))
         size = None if largest is None else mixed.size(prefill, largest)
-        return take, prefill, largest or 0, size or 0
+        return Carry([(take, prefill)], largest or 0, size or 0)
 
-    def carry(self, take: Take, prefill: Prefill, largest: int, size: int, position: int, rows: list[int]) -> None:
-        """One decode step of the slots `rows` carrying the prefill's next chunk (its first
-        `largest` rows, in the mixed step of `size`); the take decodes from the next step
-        once its last chunk ran."""
-        left = sum(end - start for start, end in prefill.chunks)
-        done = self.decoder.mixed.step(position, rows, prefill, largest)
-        self.beside += left - sum(end - start for start, end in prefill.chunks)
-        self.prefilled(take, prefill, done)
+    def riding(self, warms: bool) -> list[tuple[Take, Prefill]]:
+        """The waiting prompts whose next chunks ride the next step together (mixed.py `pick`):
+        takes, in start order from the first, with warms in the rows they leave (a graph
+        computes every row of its shape: they ride for nothing); or, where `warms` (no take
+        waits), warms; [] when fewer than two fit (or a fixed `prefill_rows`)."""
+        mixed = self.decoder.mixed
+        if not mixed.grouped or self.prefill_rows:
+            return []
+        waiting = [(take, prefill) for take, prefill in self.prefills.items() if take.prefill_only == warms]
+        picked = mixed.pick([prefill for _, prefill in waiting], max(take.position for take in self.decoding()))
+        group = [(take, prefill) for take, prefill in waiting if any(prefill is p for p in picked)]
+        if warms or not group:
+            return group
+        others = [(take, prefill) for take, prefill in self.prefills.items() if take.prefill_only]
+        riders = self.decoder.groups.fill(picked, [prefill for _, prefill in others])
+        return group + [(take, prefill) for take, prefill in others if any(prefill is p for p in riders)]
+
+    def carry(self, plan: Carry, position: int, rows: list[int]) -> None:
+        """One decode step of the slots `rows` carrying the plan's chunks; a take decodes from
+        the next step once its last chunk ran."""
+        prefills = [prefill for _, prefill in plan.prompts]
+        left = [sum(end - start for start, end in prefill.chunks) for prefill in prefills]
+        mixed = self.decoder.mixed
+        done = mixed.step_group(position, rows, prefills) if len(prefills) > 1 \
+            else [mixed.step(position, rows, prefills[0], plan.rows)]
+        for (take, prefill), before, finished in zip(plan.prompts, left, done, strict=True):
+            ran = before - sum(end - start for start, end in prefill.chunks)
+            self.beside += ran
+            self.beside_warm += ran if take.prefill_only else 0
+            self.prefilled(take, prefill, finished)
 
     def prefilled(self, take: Take, prefill: Prefill, done: bool) -> None:
         """After chunks of the take's prefill: a warm whose chunks all ran ends (its snapshots
@@ -333,10 +374,10 @@ class Slots:
             if (reason := take.stopped()) is not None:
                 self.end(take, reason)
         started, budgeted = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
-        self.held, self.yielded, self.beside, groups = False, False, 0, self.pace.groups
-        plan = self.carried() if budgeted else None  # a prompt's chunk in the step itself (mixed.py)
-        carried = plan if plan is not None and plan[2] else None  # (0 rows: held back this step)
-        self.held = plan is not None and not plan[2] and not plan[0].prefill_only
+        self.held, self.yielded, self.beside, self.beside_warm, groups = False, False, 0, 0, self.pace.groups
+        plan = self.carried() if budgeted else None  # prompts' chunks in the step itself (mixed.py)
+        carried = plan if plan is not None and plan.rows else None  # (0 rows: held back this step)
+        self.held = plan is not None and not plan.rows and not plan.prompts[0][0].prefill_only
         admitted = self.prefill() if self.prefills and plan is None else 0  # rows beside decoding, budgeted
         stepping = self.decoding()
         if stepping:
@@ -346,18 +387,19 @@ class Slots:
                 if carried is None:
                     self.decoder.step(position, rows)
                 else:
-                    self.carry(*carried, position, rows)
+                    self.carry(carried, position, rows)
                 status = self.decoder.read_status()  # [N][finite, main, code0..9]: the host reads once
             except Exception as exc:  # noqa: BLE001 - the shared step failed: its takes end, the others go on
-                for take in stepping + ([carried[0]] if carried is not None else []):
+                for take in stepping + ([take for take, _ in carried.prompts] if carried is not None else []):
                     self.end(take, "error", f"{type(exc).__name__}: {exc}")
             else:
                 step_s = time.perf_counter() - timer
                 if budgeted and carried is None:  # (a step after a whole prefill says nothing of the budget)
                     self.admission.record(time.perf_counter() - started, admitted)
                 elif carried is not None:
-                    self.carrying.record(carried[3], time.perf_counter() - started)
-                    self.pace.carried(time.perf_counter() - started, self.beside, carried[0].prefill_only)
+                    self.carrying.record(carried.size, time.perf_counter() - started)
+                    self.pace.carried(time.perf_counter() - started, self.beside, self.beside_warm,
+                                      len(carried.prompts))
                 self.pace.step(time.perf_counter() - started, len(stepping), self.beside, self.held,
                                grouped=self.pace.groups > groups, yielded=self.yielded)
                 if budgeted:  # (a step that ran a whole prefill, nothing decoding before it, says nothing of the next)

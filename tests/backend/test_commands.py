@@ -20,6 +20,7 @@ from live_server import RETAKE, LiveServer
 from backend.app import prefix_cache_line
 from backend.cli import UsageError
 from backend.commands import loadtest
+from backend.commands import serve as serve_command
 from backend.tools.client import Director
 from backend.tools.loadtest import LINES, longest_stall, playback
 
@@ -302,7 +303,8 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
     assert set(reasons.split()[2::2]) <= {"stop", "length"}, reasons  # e.g. "finish reasons: length 3"
     output = log.read_text()
     assert "prefill groups: the next chunks of up to 4 waiting prompts run as one" in output, output[-2000:]
-    assert "mixed steps: a waiting prompt's next 256 rows ride each decode step" in output, output[-2000:]
+    assert ("mixed steps: a waiting prompt's next 256 rows ride each decode step, or the next chunks of up to 4 "
+            "prompts together (8 x 64 or 4 x 128 rows)") in output, output[-2000:]
     assert "early windows: on; a window closes early where a take's client would run out of audio" in output
     assert "vocoder compiled" not in output  # (ignored on a CPU: its windows decode eagerly)
     assert "vocoder order: arrival; first windows first, then as they came" in output
@@ -311,6 +313,18 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
     line = next(line for line in output.splitlines() if "for snapshots of prompt prefixes" in line)
     assert "to resume from (" in line and "under two" not in line, line
     assert "prefix cache order: least recently used (--keep-warms off)" in output
+
+
+@pytest.mark.parametrize(("asked", "mixed_step", "mixed_group"), [
+    ([], None, True), (["--mixed-step", "on"], True, True), (["--mixed-step", "one"], True, False),
+    (["--mixed-step", "off"], False, True)])
+def test_mixed_step_one_carries_one_prompt_a_step(tmp_path: Path, asked: list[str], mixed_step: bool | None,
+                                                  mixed_group: bool) -> None:
+    """`--mixed-step one` keeps mixed steps and carries one prompt's chunk a step (before stop 56)."""
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    settings = serve_command.settings_from(parser.parse_args(["--data-dir", str(tmp_path), *asked]))
+    assert (settings.mixed_step, settings.mixed_group) == (mixed_step, mixed_group)
 
 
 def test_the_prefix_cache_line_says_when_warms_will_be_evicted() -> None:

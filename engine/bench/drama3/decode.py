@@ -153,16 +153,18 @@ def bench_rows(model: Drama3Model, config: Drama3Config, device: torch.device, s
     (the row-bucket graphs): what a director alone, or a few, pay on a server of many slots.
     Beside each, a step carrying a prompt's chunk of 64 and 256 rows (mixed.py) against the
     step and that chunk's own graph one after the other (`mixed_<rows>_ms`, `apart_<rows>_ms`;
-    the last slot holds the chunk, so the last bucket steps one row fewer)."""
+    the last slot holds the chunk, so the last bucket steps one row fewer), and a step carrying
+    a group of prompts' chunks in each group shape (`mixed_8x64_ms`: mixed.py `step_group`)."""
     from engine.drama3.decoder import ROW_BUCKETS, Decoder
     from engine.drama3.mixed import MIXED_ROWS
+    from engine.drama3.prefill_groups import GROUP_SHAPES, PREFILL_GROUP
     from engine.readback import to_device
 
     mixed_steps = min(steps, 30)
     prompt_rows = 300
-    new_rows = 10 * steps + 2 * len(MIXED_ROWS) * (mixed_steps + 3) * len(ROW_BUCKETS)
+    new_rows = 10 * steps + (2 * len(MIXED_ROWS) + len(GROUP_SHAPES)) * (mixed_steps + 3) * len(ROW_BUCKETS)
     max_rows = prompt_rows + new_rows + 64
-    decoder = Decoder(model, max_rows, slots, graphs=True, mixed=True)
+    decoder = Decoder(model, max_rows, slots, graphs=True, mixed=True, group=PREFILL_GROUP)  # (groups: on a CPU too)
     decoder.capture(up_to_rows=max_rows)
     for slot in range(slots - 1):
         decoder.prefill(synthetic_prompt(config, prompt_rows, new_rows, seed=slot), slot)
@@ -185,6 +187,10 @@ def bench_rows(model: Drama3Model, config: Drama3Config, device: torch.device, s
         feeds = decoder.mixed.feeds[size]
         decoder.step(at, stepping, feeds, feeds[decoder.row_bucket(len(stepping))].bucket_for(max(size, at + 2)))
 
+    def mixed_group(stepping: list[int], shape: tuple[int, int], at: int) -> None:  # carrying the loaded group
+        feeds = decoder.mixed.group_feeds[shape]
+        decoder.step(at, stepping, feeds, feeds[decoder.row_bucket(len(stepping))].bucket_for(max(shape[1], at + 2)))
+
     def apart(stepping: list[int], size: int, at: int) -> None:  # the step, then the chunk's own graph
         decoder.step(at, stepping)
         decoder.chunked.chunk(chunk, 0, size)
@@ -198,6 +204,9 @@ def bench_rows(model: Drama3Model, config: Drama3Config, device: torch.device, s
             decoder.chunked.load(chunk, 0, size, size)
             row[f"mixed_{size}_ms"] = timed(functools.partial(mixed, stepping, size), mixed_steps)
             row[f"apart_{size}_ms"] = timed(functools.partial(apart, stepping, size), mixed_steps)
+        for shape in decoder.mixed.shapes:  # (every prompt of the group in the chunk's slot: the same work)
+            decoder.groups.load([chunk] * shape[0], [(0, shape[1])] * shape[0], shape)
+            row[f"mixed_{shape[0]}x{shape[1]}_ms"] = timed(functools.partial(mixed_group, stepping, shape), mixed_steps)
         out.append(row)
     return out
 

@@ -14,6 +14,7 @@ import torch
 
 from engine import Done, EngineSpec, load_engine
 from engine.drama3.mixed import MIXED_ROWS
+from engine.drama3.slots import Carry
 from engine.drama3.stream import Window
 
 from .test_prefill_groups import prompts
@@ -205,10 +206,10 @@ def test_a_warm_rides_no_step_while_a_take_awaits_its_first_audio(mixed, monkeyp
     warm = table.start(second, stop=len(second.rows))  # a prefill-only take: the next line's warm
     assert warm.prefill_only
     monkeypatch.setattr(playing, "playing_until", None)  # its first audio not out yet
-    assert table.carried() == (warm, table.prefills[warm], 0, 0)  # the warm waits
+    assert table.carried() == Carry([(warm, table.prefills[warm])], 0, 0)  # the warm waits
     monkeypatch.setattr(playing, "playing_until", time.perf_counter() + 1.0)  # a second of audio ahead
     carried = table.carried()
-    assert carried is not None and carried[0] is warm and carried[2] == 256
+    assert carried is not None and carried.prompts[0][0] is warm and carried.rows == 256
     table.drop(warm)
     table.drop(playing)
 
@@ -243,7 +244,7 @@ def test_a_warm_yields_to_a_window_due_in_the_vocoder(engine, request, monkeypat
 
     queued(0.0)  # due now
     if engine == "mixed":
-        assert table.carried() == (warm, table.prefills[warm], 0, 0)
+        assert table.carried() == Carry([(warm, table.prefills[warm])], 0, 0)
     table.pace.report()
     assert not warm_runs()
     assert ", 1 held a warm back for the vocoder" in (table.pace.report() or "")  # the server's pace line

@@ -63,3 +63,41 @@ def test_takes_started_while_one_plays_ride_its_steps_and_end_well(gpu_engine, m
     assert carried.rows
     assert len(ended) == len(started)
     assert all(done.finish_reason in ("stop", "length") and done.codes.shape[1] > 0 for done in ended.values())
+
+
+@torch.inference_mode()
+def test_prompts_carried_together_replay_as_graphs_and_end_as_close_as_alone(gpu_engine, cpu_exact):
+    decoder = gpu_engine.decoder
+    mixed = decoder.mixed
+    assert mixed.grouped and all(g.graphs and not g.eager for feeds in mixed.group_feeds.values()
+                                 for g in feeds.values())
+    decoder.prefix.clear()
+    first, second, *carried = prompts(gpu_engine, 4)
+    decoder.prefill(first, 0)
+    decoder.prefill(second, 1)
+    waiting = [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(carried, start=2)]
+    grouped = 0
+    while left := [prefill for prefill in waiting if prefill.chunks]:
+        position = max(int(decoder.position[row]) for row in (0, 1))
+        if group := mixed.pick(left, position):
+            grouped += 1
+            mixed.step_group(position, [0, 1], group)
+        else:
+            mixed.step(position, [0, 1], left[0])
+        assert all(row[0] == 1 for row in decoder.read_status()[:2])  # the playing rows' logits finite
+    assert grouped
+    states = [slot_state(decoder, slot, len(prompt.rows)) for slot, prompt in enumerate(carried, start=2)]
+    for slot in range(4):
+        decoder.release(slot)
+    for prompt, state in zip(carried, states, strict=True):
+        decoder.prefix.clear()
+        decoder.prefill(prompt, 0)
+        alone = slot_state(decoder, 0, len(prompt.rows))
+        decoder.release(0)
+        cpu_exact.decoder.prefix.clear()
+        cpu_exact.decoder.prefill(prompt, 0)
+        exact = slot_state(cpu_exact.decoder, 0, len(prompt.rows))
+        cpu_exact.decoder.release(0)
+        for index, (got, single, truth) in enumerate(zip(state, alone, exact, strict=True)):
+            apart, alone_apart = distance(got, truth), distance(single, truth)
+            assert apart <= 2 * alone_apart + 1e-3, (index, tuple(truth.shape), apart, alone_apart)

@@ -19,14 +19,14 @@ def test_a_report_covers_the_steps_and_windows_since_the_last_and_resets() -> No
     pace.cut(2)
     pace.group(prompts=8)
     pace.group(prompts=3)
-    pace.carried(0.020, rows=256, warm=False)
-    pace.carried(0.030, rows=64, warm=True)
+    pace.carried(0.020, rows=256, warm_rows=0, prompts=2)
+    pace.carried(0.030, rows=64, warm_rows=64)
     line = pace.report()
     assert line is not None
     assert re.search(r"5 steps \(p50 7\.0 ms, p95 40\.0 ms\), 4\.0 takes decoding a step, 32 prompt rows "
                      r"prefilled beside them, 1 steps held a prompt back for playback; 2 grouped prefill chunks "
-                     r"of 5\.5 prompts \(steps with one p50 40\.0 ms\); 2 steps carried a prompt's chunk \(p50 "
-                     r"30\.0 ms; 320 rows, 64 of them warms'\); 3 windows \(2 closed early\) "
+                     r"of 5\.5 prompts \(steps with one p50 40\.0 ms\); 2 steps carried prompts' chunks \(p50 "
+                     r"30\.0 ms; 1\.5 prompts a step; 320 rows, 64 of them warms'\); 3 windows \(2 closed early\) "
                      r"in 2 drains, closed to audio p50 4\.0 ms, p95 30\.0 ms, 1 made late by the vocoder, 1 "
                      r"closed after their client ran dry; vocoder busy \d+% \(drain p50 "
                      r"30\.0 ms, p95 30\.0 ms; its thread on a CPU 20% of them\)", line), line

@@ -1,0 +1,111 @@
+"""Decode steps that carry several waiting prompts' chunks together (mixed.py `step_group`), on
+the tiny checkpoint in float32 on the CPU, where mixed steps and prefill groups are off unless
+asked for: each such step samples the frames a plain step samples, every carried prompt's slot
+ends in the state its chunks leave alone (to float32 rounding: the experts' GEMMs see more
+rows), and takes started together while another plays ride the steps together (warms in the
+rows they leave) and end well."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Done, EngineSpec, load_engine
+
+from .test_mixed import close
+from .test_prefill_groups import prompts
+from .test_prefix import slot_state
+
+SLOTS = 6  # two decoding, up to four carried
+
+
+@pytest.fixture(scope="module")
+def grouped(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=SLOTS, mixed_step=True,
+                                  prefill_group=8))
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_checkpoint):
+    return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=SLOTS))
+
+
+def test_grouped_mixed_steps_are_on_where_groups_are_and_off_when_asked(grouped, plain, tiny_checkpoint):
+    assert grouped.decoder.mixed.grouped and grouped.decoder.mixed.group_rows == 512
+    assert not plain.decoder.mixed.grouped
+    one = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=2, mixed_step=True,
+                                 prefill_group=8, mixed_group=False))
+    assert one.decoder.mixed.enabled and not one.decoder.mixed.grouped
+
+
+@torch.inference_mode()
+def test_a_step_carrying_a_group_is_the_step_and_each_prompt_alone(grouped, plain):
+    first, second, *carried_prompts = prompts(grouped, SLOTS)
+    for engine in (grouped, plain):
+        engine.decoder.prefix.clear()
+        engine.decoder.prefill(first, 0)
+        engine.decoder.prefill(second, 1)
+    decoder, rows = grouped.decoder, [0, 1]
+    waiting = [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(carried_prompts, start=2)]
+    chunks = sum(len(prefill.chunks) for prefill in waiting)
+    sizes, steps = [], 0
+    while left := [prefill for prefill in waiting if prefill.chunks]:
+        position = max(int(decoder.position[row]) for row in rows)
+        if group := decoder.mixed.pick(left, position):
+            sizes.append(len(group))
+            decoder.mixed.step_group(position, rows, group)
+        else:
+            decoder.mixed.step(position, rows, left[0])
+        plain.decoder.step(position, rows)
+        steps += 1
+        got, want = decoder.read_status(), plain.decoder.read_status()
+        assert got[:2] == want[:2]  # the decoding rows' frames: the same
+        for name in ("hidden", "position", "frame", "ras_window"):
+            close(getattr(decoder, name)[:2], getattr(plain.decoder, name)[:2])
+    assert sizes and sizes[0] == len(carried_prompts) and steps < chunks  # several prompts a step
+    assert all(bool(decoder.active[slot]) for slot in range(2, SLOTS))
+    for slot, prompt in enumerate(carried_prompts, start=2):  # each prompt alone, whole, in the plain decoder
+        plain.decoder.prefill(prompt, slot)
+        for got_state, want_state in zip(slot_state(decoder, slot, len(prompt.rows)),
+                                         slot_state(plain.decoder, slot, len(prompt.rows)), strict=True):
+            close(got_state, want_state)
+    for engine in (grouped, plain):
+        for slot in range(SLOTS):
+            engine.decoder.release(slot)
+
+
+class Groups:
+    """The grouped mixed steps the slot table runs, counted (each call still runs)."""
+
+    def __init__(self, decoder) -> None:
+        self.run, self.sizes = decoder.mixed.step_group, []
+
+    def __call__(self, position, rows, group) -> list[bool]:
+        self.sizes.append(len(group))
+        return self.run(position, rows, group)
+
+
+def test_takes_asking_together_while_one_plays_ride_the_steps_together(grouped, monkeypatch):
+    decoder, table = grouped.decoder, grouped.slot_table
+    decoder.prefix.clear()
+    groups = Groups(decoder)
+    monkeypatch.setattr(decoder.mixed, "step_group", groups)
+    playing_prompt, *asking = prompts(grouped, 4)
+    playing = table.start(playing_prompt)
+    events: dict[int, list] = {}
+    while len(events.get(playing.slot, [])) < 2:  # it plays
+        for take, new in table.step():
+            events.setdefault(take.slot, []).extend(new)
+    warm = table.start(asking[0], stop=len(asking[0].rows))  # the next line's warm, asked before the takes
+    started = [table.start(prompt) for prompt in asking]
+    plan = table.carried()
+    assert plan is not None and [take for take, _ in plan.prompts][:len(started)] == started  # takes first
+    assert plan.size == decoder.mixed.group_rows
+    while any(not take.done for take in [playing, warm, *started]):
+        for take, new in table.step():
+            events.setdefault(take.slot, []).extend(new)
+    assert groups.sizes and groups.sizes[0] == len(started) + 1  # the three takes, and the warm in a row left
+    assert warm.done
+    for take in [playing, *started]:
+        done = events[take.slot][-1]
+        assert isinstance(done, Done) and done.finish_reason in ("stop", "length") and done.codes.shape[1] > 0
