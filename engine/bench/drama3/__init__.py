@@ -177,6 +177,9 @@ def run(args: argparse.Namespace) -> int:
         print("mixed steps (a prompt's 64 / 256 rows carried by the step, against the step and the chunk apart): "
               + ", ".join(f"{r['rows']} rows {r['mixed_64_ms']} / {r['mixed_256_ms']} ms against "
                           f"{r['apart_64_ms']} / {r['apart_256_ms']}" for r in by_rows))
+        if "mixed_8x64_ms" in by_rows[0]:
+            print("mixed steps carrying a group (8 prompts x 64 rows / 4 x 128: prompts asking together): "
+                  + ", ".join(f"{r['rows']} rows {r['mixed_8x64_ms']} / {r['mixed_4x128_ms']} ms" for r in by_rows))
     prefill = [r for r in rows if r["bench"] == "prefill"]
     if prefill:
         print("targets: prefill " + ", ".join(f"{r['rows']} rows {r['graph_ms']} ms (<= {r['target_ms']}, eager "
