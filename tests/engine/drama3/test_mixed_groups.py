@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import Done, EngineSpec, load_engine
+from engine import Done, EngineSpec, Sampling, load_engine
 
 from .test_mixed import close
-from .test_prefill_groups import prompts
+from .test_prefill_groups import history, prompts
 from .test_prefix import slot_state
 
 SLOTS = 6  # two decoding, up to four carried
@@ -109,3 +109,40 @@ def test_takes_asking_together_while_one_plays_ride_the_steps_together(grouped, 
     for take in [playing, *started]:
         done = events[take.slot][-1]
         assert isinstance(done, Done) and done.finish_reason in ("stop", "length") and done.codes.shape[1] > 0
+
+
+def steps_to_prefill(engine, asking: int) -> tuple[int, int]:
+    """`asking` takes started at once while two others play: the decode steps until every one
+    of them decodes, and the chunks their prompts ran in (the history cuts each in two)."""
+    table = engine.slot_table
+    engine.decoder.prefix.clear()
+
+    def prompt(i: int, turns: int) -> object:
+        return engine.prompt(f"Director {i}: " + "again, " * (i % 5), None, history(turns),
+                             Sampling(max_new_tokens=400, seed=i))
+
+    playing = [table.start(prompt(100 + i, 0)) for i in range(2)]
+    while any(take in table.prefills for take in playing):
+        table.step()
+    started = [table.start(prompt(i, 1)) for i in range(asking)]
+    chunks = sum(len(table.prefills[take].chunks) for take in started)
+    steps = 0
+    while any(take in table.prefills for take in started):
+        table.step()
+        steps += 1
+    for take in (*playing, *started):
+        table.drop(take)
+    return steps, chunks
+
+
+def test_sixteen_directors_asking_at_once_wait_a_fraction_of_the_steps(tiny_checkpoint):
+    """Counts, not times: 16 prompts of ~100 rows (two chunks each) ride 32 steps one prompt a
+    step (`--mixed-step one`), and under a third of that in groups."""
+    counts = {}
+    for group in (True, False):
+        engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=18, mixed_step=True,
+                                        prefill_group=8, mixed_group=group))
+        counts[group] = steps_to_prefill(engine, 16)
+    (grouped_steps, chunks), (one_steps, same_chunks) = counts[True], counts[False]
+    assert chunks == same_chunks == one_steps == 32  # one chunk a step
+    assert grouped_steps * 3 <= one_steps, counts
