@@ -31,16 +31,22 @@ def test_a_carried_prompt_replays_as_graphs_and_ends_as_close_as_alone(gpu_engin
     mixed_state = slot_state(decoder, 2, len(third.rows))
     for slot in range(3):
         decoder.release(slot)
+    assert steps > 1  # its chunks over several steps
+    as_close_as_alone(mixed_state, third, decoder, cpu_exact)
+
+
+def as_close_as_alone(state: list[torch.Tensor], prompt, decoder, cpu_exact) -> None:
+    """A carried prompt's slot `state` is as close to the CPU's exact state of the prompt as the
+    GPU's prefill of it alone is (twice its distance, at most)."""
     decoder.prefix.clear()
-    decoder.prefill(third, 0)
-    alone = slot_state(decoder, 0, len(third.rows))
+    decoder.prefill(prompt, 0)
+    alone = slot_state(decoder, 0, len(prompt.rows))
     decoder.release(0)
     cpu_exact.decoder.prefix.clear()
-    cpu_exact.decoder.prefill(third, 0)
-    exact = slot_state(cpu_exact.decoder, 0, len(third.rows))
+    cpu_exact.decoder.prefill(prompt, 0)
+    exact = slot_state(cpu_exact.decoder, 0, len(prompt.rows))
     cpu_exact.decoder.release(0)
-    assert steps > 1  # its chunks over several steps
-    for index, (got, single, truth) in enumerate(zip(mixed_state, alone, exact, strict=True)):
+    for index, (got, single, truth) in enumerate(zip(state, alone, exact, strict=True)):
         apart, alone_apart = distance(got, truth), distance(single, truth)
         assert apart <= 2 * alone_apart + 1e-3, (index, tuple(truth.shape), apart, alone_apart)
 
@@ -90,14 +96,4 @@ def test_prompts_carried_together_replay_as_graphs_and_end_as_close_as_alone(gpu
     for slot in range(4):
         decoder.release(slot)
     for prompt, state in zip(carried, states, strict=True):
-        decoder.prefix.clear()
-        decoder.prefill(prompt, 0)
-        alone = slot_state(decoder, 0, len(prompt.rows))
-        decoder.release(0)
-        cpu_exact.decoder.prefix.clear()
-        cpu_exact.decoder.prefill(prompt, 0)
-        exact = slot_state(cpu_exact.decoder, 0, len(prompt.rows))
-        cpu_exact.decoder.release(0)
-        for index, (got, single, truth) in enumerate(zip(state, alone, exact, strict=True)):
-            apart, alone_apart = distance(got, truth), distance(single, truth)
-            assert apart <= 2 * alone_apart + 1e-3, (index, tuple(truth.shape), apart, alone_apart)
+        as_close_as_alone(state, prompt, decoder, cpu_exact)
