@@ -132,7 +132,9 @@ def env_stage(run: RunView, stage: Stage, log: Path) -> Json:
 
 # GPU test files run first (in this order) when the stage's time limit may not reach them all:
 # the kernels (no compile), the first window and graph replays, graph == eager, then the rest.
-FIRST_TESTS = ("tests/engine/test_graphs_gpu.py", "tests/engine/drama3/test_decoder_gpu.py", "tests/engine/kernels/",
+# (test_mixed_gpu.py early: stop 56's grouped mixed steps, on by default, have never run on a GPU)
+FIRST_TESTS = ("tests/engine/test_graphs_gpu.py", "tests/engine/drama3/test_decoder_gpu.py",
+               "tests/engine/drama3/test_mixed_gpu.py", "tests/engine/kernels/",
                "tests/engine/drama3/test_fast_gpu.py", "tests/engine/drama3/test_prefill_gpu.py",
                "tests/engine/drama3/test_prefill_groups_gpu.py", "tests/engine/drama3/test_codec_graphs_gpu.py")
 
