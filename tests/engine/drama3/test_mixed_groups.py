@@ -146,3 +146,30 @@ def test_sixteen_directors_asking_at_once_wait_a_fraction_of_the_steps(tiny_chec
     (grouped_steps, chunks), (one_steps, same_chunks) = counts[True], counts[False]
     assert chunks == same_chunks == one_steps == 32  # one chunk a step
     assert grouped_steps * 3 <= one_steps, counts
+
+
+def test_a_failed_group_step_ends_its_takes_and_every_carried_one_and_the_table_goes_on(grouped, monkeypatch):
+    decoder, table = grouped.decoder, grouped.slot_table
+    decoder.prefix.clear()
+    playing_prompt, *asking = prompts(grouped, 4)
+    playing = table.start(playing_prompt)
+    while playing not in table.decoding():
+        table.step()
+    carried = [table.start(prompt) for prompt in asking]
+    run = decoder.mixed.step_group
+
+    def failing(*args, **kwargs) -> list[bool]:
+        monkeypatch.setattr(decoder.mixed, "step_group", run)  # once
+        raise RuntimeError("a kernel failed")
+
+    monkeypatch.setattr(decoder.mixed, "step_group", failing)
+    events = {id(take): [] for take in (playing, *carried)}
+    for take in (playing, *carried):
+        while not take.done:
+            for other, new in table.step():
+                events.setdefault(id(other), []).extend(new)
+        done = events[id(take)][-1]
+        assert isinstance(done, Done) and done.finish_reason == "error" and "a kernel failed" in done.error
+    assert table.free_slots == decoder.num_slots and not table.prefills  # every slot back
+    after = list(grouped.generate(asking[0]))[-1]  # the table goes on
+    assert isinstance(after, Done) and after.finish_reason in ("stop", "length") and after.codes.shape[1] > 0
