@@ -23,11 +23,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_float32")]  # test
 
 
 def tiny_engine(root: Path, compiled: bool) -> PersonaPlex:
-    """The tiny checkpoint on CUDA in float32 with a context of 16 frames (the ring wraps), CUDA graphs."""
+    """The tiny checkpoint on CUDA in float32 with a context of 32 frames, CUDA graphs: the longest
+    system prompt below is 24 frames (a 5-frame voice, 12 of silences, 7 persona tokens), and 40
+    ticks past it wrap the ring."""
     from engine.personaplex.checkpoint import load_lm, load_mimi, load_tokenizer, read_config
 
     cfg = read_config(root)
-    cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, context=16))
+    cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, context=32))
     dev = torch.device("cuda")
     temporal, depformer = load_lm(root, cfg, dev, torch.float32)
     return PersonaPlex.build(root, cfg, temporal, depformer, load_mimi(root, cfg, dev), load_tokenizer(root, cfg),
