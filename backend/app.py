@@ -168,7 +168,7 @@ def mixed_steps_line(mixed: MixedSteps) -> str:
         return "off; a prompt's chunks run between the decode steps (--mixed-step)"
     line = f"a waiting prompt's next {max(mixed.sizes)} rows ride each decode step"
     if not mixed.grouped:
-        return line + ", one prompt a step (--mixed-step one)"
+        return line + ", one prompt a step (--mixed-step groups: up to 8 together)"
     most = min(mixed.groups.most, max(prompts for prompts, _ in mixed.shapes))
     shapes = " or ".join(f"{prompts} x {rows}" for prompts, rows in mixed.shapes)
     return line + f", or the next chunks of up to {most} prompts together ({shapes} rows)"

@@ -28,7 +28,7 @@ class Settings:
     kernels: tuple[str, ...] | None = None  # the decode step's Triton kernels on CUDA; None: the engine's
     prefill_group: int | None = None  # prompts per prefill chunk (engine/drama3/prefill_groups.py); None: the engine's
     mixed_step: bool | None = None  # decode steps carry a prompt's chunk (engine/drama3/mixed.py); None: the engine's
-    mixed_group: bool = True  # ...several prompts' chunks in one step where prefill groups are on; off: one a step
+    mixed_group: bool = False  # ...several prompts' chunks a step, where prefill groups are on (--mixed-step groups)
     early_windows: bool = False  # windows close early where a client runs short (engine/drama3/take.py)
     vocoder_order: str = "deadline"  # which queued windows vocode first (engine/drama3/vocoder.py)
     warms_yield: bool = False  # warms wait while the vocoder has a window due (engine/drama3/slots.py)

@@ -81,12 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the most waiting prompts whose next prefill chunks run as one batched chunk (default: 8 "
                              "on a GPU, where a chunk costs about the same for 40 rows as for 93; 1, off, on a CPU, "
                              "which keeps its takes bit for bit those of one prompt at a time)")
-    parser.add_argument("--mixed-step", choices=("on", "one", "off"),
-                        help="decode steps carry waiting prompts' next chunks (one prompt's up to 256 rows, or up to "
-                             "8 prompts' 64 or 128 rows each where prefill groups are on), the experts read once for "
-                             "all, instead of running them between the steps (default: on on a GPU; off on a CPU, "
-                             "which keeps its takes bit for bit those of one prompt at a time; one: one prompt a "
-                             "step, as before stop 56)")
+    parser.add_argument("--mixed-step", choices=("on", "groups", "off"),
+                        help="decode steps carry a waiting prompt's next chunk (up to 256 rows), the experts read "
+                             "once for all, instead of running it between the steps (default: on on a GPU; off on a "
+                             "CPU, which keeps its takes bit for bit those of one prompt at a time; groups: up to 8 "
+                             "prompts' chunks of 64 or 128 rows in one step, where prefill groups are on)")
     parser.add_argument("--early-windows", choices=("on", "off"), default="off",
                         help="a take's window closes early, with the frames it has, where its client would otherwise "
                              "run out of audio before the next scheduled window (default off: on an H100 the extra "
@@ -215,7 +214,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     random_weights=random_weights, device=device, conversation_random=conversation_random,
                     first_window_frames=args.first_window_frames, prefill_group=args.prefill_group,
                     mixed_step=None if args.mixed_step is None else args.mixed_step != "off",
-                    mixed_group=args.mixed_step != "one",
+                    mixed_group=args.mixed_step == "groups",
                     early_windows=args.early_windows == "on", vocoder_order=args.vocoder_order,
                     warms_yield=args.warms_yield == "on", keep_warms=args.keep_warms == "on",
                     kernels=None if args.kernels is None else tuple(args.kernels),

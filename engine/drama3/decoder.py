@@ -115,7 +115,7 @@ class Decoder:
     """The static decode state of N slots and the step that advances them by one frame."""
 
     def __init__(self, model: Drama3Model, max_rows: int, slots: int = 1, *, graphs: bool = False,
-                 group: int | None = None, mixed: bool | None = None, mixed_group: bool = True) -> None:
+                 group: int | None = None, mixed: bool | None = None, mixed_group: bool = False) -> None:
         config = model.config
         self.model, self.max_rows, self.num_slots = model, max_rows, slots
         self.semantic_start, self.codebook_size = config.semantic_start_token_id, config.codebook_size

@@ -98,7 +98,7 @@ class EngineSpec:
     prefix_cache_host_gib: float = 0.0  # pinned host memory for snapshots evicted from the GPU (0: dropped)
     prefill_group: int | None = None  # prompts whose chunks prefill as one (prefill_groups.py); None: 8 CUDA, 1 CPU
     mixed_step: bool | None = None  # decode steps carry a waiting prompt's chunk (mixed.py); None: on CUDA
-    mixed_group: bool = True  # ...several prompts' in one step, where prefill groups are on (off: one a step)
+    mixed_group: bool = False  # ...several prompts' in one step, where prefill groups are on (off: one a step)
     early_windows: bool = False  # windows close early where a client runs short (take.py); off: stop 46's H100 A/B
     vocoder_order: str = "deadline"  # which queued windows vocode first (vocoder.py ORDERS)
     warms_yield: bool = False  # warms wait while the vocoder has a window due (slots.py); off until measured

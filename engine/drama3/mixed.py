@@ -1,10 +1,10 @@
 """A decode step with waiting prompts' chunks beside it: the experts read once for all.
 
-    mixed = MixedSteps(decoder, enabled=True, grouped=True)   # the decoder's: decoder.mixed
+    mixed = MixedSteps(decoder, enabled=True, grouped=False)  # the decoder's: decoder.mixed
     mixed.capture()                             # CUDA: a graph per (row bucket, chunk size, KV bucket)
     if mixed.size(prefill) is not None:         # its next chunk has a size here
         done = mixed.step(position, rows, prefill)   # one frame for `rows`, and up to 256 of its rows
-    if group := mixed.pick(prefills, position): # several prompts' next chunks fit a group's shape
+    if group := mixed.pick(prefills, position): # grouped: several prompts' next chunks in a group's shape
         dones = mixed.step_group(position, rows, group)   # one frame, and a chunk of each
 
 Why: most of the bytes a step reads are its experts'. At 64 decoding rows nearly every expert of
@@ -32,7 +32,8 @@ Design choices:
   covering the chunk's end and the furthest decoding row: the decode path's attention reads
   its own rows whatever the bucket), in the prefill chunks' memory pool (captured after
   them: smaller).
-- Prompts asking together ride one step together (`grouped`, on where prefill groups are):
+- Prompts asking together may ride one step together (`grouped`: `--mixed-step groups`, where
+  prefill groups are on):
   the next chunks of up to 8 waiting prompts in a prefill group's shape (prefill_groups.py:
   8 x 64 or 4 x 128 rows, its static inputs), [P, T] beside the decoding rows. Why: on stop
   55's H100, 48 directors asking within 2.4 s waited p95 669-819 ms for their prompts'
@@ -40,6 +41,10 @@ Design choices:
   ~25 ms; and a carried chunk's cost hardly follows its rows (admission.py `Carrying`: 12.5
   ms for 64 rows, 16.6 for 256, its own kernels), so 8 prompts in a step cost little more
   than one. A graph per (shape, row bucket) at the groups' KV buckets (up to 4,096 rows).
+  Off by default: on stop 57's H100 (48 listening directors, three runs each way) groups were
+  no clear gain (first audio p95 348 / 275 / 657 ms against 992 / 302 / 322 one a step) and
+  the gaps' p99 was higher in each pair (436 / 98 / 73 against 228 / 92 / 52): mostly warms
+  rode them (1.4-1.6 prompts a step), in 512 padded rows.
 - Numerics: the chunk's rows go through GEMMs of B + T rows, so its state is not bit for bit
   the chunk's alone (a GEMM's blocking follows its rows; float32 on the CPU differs in the 6th
   digit), as with prefill groups: on where steps are graphs, off on a CPU by default (the

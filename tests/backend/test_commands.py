@@ -279,12 +279,12 @@ def test_serve_refuses_a_port_in_use_before_loading(tmp_path: Path) -> None:
 
 def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """`retake serve --prefill-group 4 --mixed-step on --early-windows on --vocoder-order arrival
+    """`retake serve --prefill-group 4 --mixed-step groups --early-windows on --vocoder-order arrival
     --warms-yield on --keep-warms off` on a CPU (where the six are the other way by default): the log says so, and
     three directors starting at once, then retaking while the others play, get every take (`--compile-prefill` and
     `--vocoder-compile on`, a GPU's options, change nothing here)."""
     log = tmp_path / "server.log"
-    process, port, _ = serve(["--prefill-group", "4", "--mixed-step", "on", "--early-windows", "on", "--slots", "3",
+    process, port, _ = serve(["--prefill-group", "4", "--mixed-step", "groups", "--early-windows", "on", "--slots", "3",
                               "--compile-prefill", "--vocoder-compile", "on", "--vocoder-order", "arrival",
                               "--warms-yield", "on", "--keep-warms", "off"],
                              tmp_path, log=log)
@@ -316,11 +316,11 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
 
 
 @pytest.mark.parametrize(("asked", "mixed_step", "mixed_group"), [
-    ([], None, True), (["--mixed-step", "on"], True, True), (["--mixed-step", "one"], True, False),
-    (["--mixed-step", "off"], False, True)])
-def test_mixed_step_one_carries_one_prompt_a_step(tmp_path: Path, asked: list[str], mixed_step: bool | None,
-                                                  mixed_group: bool) -> None:
-    """`--mixed-step one` keeps mixed steps and carries one prompt's chunk a step (before stop 56)."""
+    ([], None, False), (["--mixed-step", "on"], True, False), (["--mixed-step", "groups"], True, True),
+    (["--mixed-step", "off"], False, False)])
+def test_mixed_step_groups_carries_several_prompts_a_step(tmp_path: Path, asked: list[str], mixed_step: bool | None,
+                                                          mixed_group: bool) -> None:
+    """Mixed steps carry one prompt's chunk a step unless `--mixed-step groups` (stop 57's H100: no clear gain)."""
     parser = argparse.ArgumentParser()
     serve_command.add_arguments(parser)
     settings = serve_command.settings_from(parser.parse_args(["--data-dir", str(tmp_path), *asked]))

@@ -164,7 +164,8 @@ def bench_rows(model: Drama3Model, config: Drama3Config, device: torch.device, s
     prompt_rows = 300
     new_rows = 10 * steps + (2 * len(MIXED_ROWS) + len(GROUP_SHAPES)) * (mixed_steps + 3) * len(ROW_BUCKETS)
     max_rows = prompt_rows + new_rows + 64
-    decoder = Decoder(model, max_rows, slots, graphs=True, mixed=True, group=PREFILL_GROUP)  # (groups: on a CPU too)
+    decoder = Decoder(model, max_rows, slots, graphs=True, mixed=True, group=PREFILL_GROUP,
+                      mixed_group=True)  # (groups: on a CPU too)
     decoder.capture(up_to_rows=max_rows)
     for slot in range(slots - 1):
         decoder.prefill(synthetic_prompt(config, prompt_rows, new_rows, seed=slot), slot)

@@ -2,14 +2,14 @@
 a prompt carried by the steps of two playing takes ends as close to the exact state as the
 prompt prefilled alone (the exact state: the CPU's float32 prefill; the distance posed as in
 test_prefill_groups_gpu.py, where its reason is), and takes started while another plays ride
-its steps and end well."""
+its steps and end well; with `--mixed-step groups`, prompts carried together as well."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine import Done
+from engine import Done, EngineSpec, load_engine
 
 from .test_mixed import Carried, carry_third
 from .test_prefill_groups import prompts
@@ -17,6 +17,14 @@ from .test_prefill_groups_gpu import distance
 from .test_prefix import slot_state
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def grouped_engine(tiny_checkpoint):
+    """`gpu_engine` with grouped mixed steps (`retake serve --mixed-step groups`; off by default)."""
+    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cuda", slots=4, mixed_group=True))
+    engine.warm_up()  # captures the graphs, the groups' among them
+    return engine
 
 
 @torch.inference_mode()
@@ -72,13 +80,13 @@ def test_takes_started_while_one_plays_ride_its_steps_and_end_well(gpu_engine, m
 
 
 @torch.inference_mode()
-def test_prompts_carried_together_replay_as_graphs_and_end_as_close_as_alone(gpu_engine, cpu_exact):
-    decoder = gpu_engine.decoder
+def test_prompts_carried_together_replay_as_graphs_and_end_as_close_as_alone(grouped_engine, cpu_exact):
+    decoder = grouped_engine.decoder
     mixed = decoder.mixed
     assert mixed.grouped and all(g.graphs and not g.eager for feeds in mixed.group_feeds.values()
                                  for g in feeds.values())
     decoder.prefix.clear()
-    first, second, *carried = prompts(gpu_engine, 4)
+    first, second, *carried = prompts(grouped_engine, 4)
     decoder.prefill(first, 0)
     decoder.prefill(second, 1)
     waiting = [decoder.begin_prefill(prompt, slot) for slot, prompt in enumerate(carried, start=2)]

@@ -22,7 +22,7 @@ SLOTS = 6  # two decoding, up to four carried
 @pytest.fixture(scope="module")
 def grouped(tiny_checkpoint):
     return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=SLOTS, mixed_step=True,
-                                  prefill_group=8))
+                                  prefill_group=8, mixed_group=True))
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +30,15 @@ def plain(tiny_checkpoint):
     return load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=SLOTS))
 
 
-def test_grouped_mixed_steps_are_on_where_groups_are_and_off_when_asked(grouped, plain, tiny_checkpoint):
+def test_grouped_mixed_steps_only_when_asked_and_where_groups_are(grouped, plain, tiny_checkpoint):
     assert grouped.decoder.mixed.grouped and grouped.decoder.mixed.group_rows == 512
     assert not plain.decoder.mixed.grouped
     one = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=2, mixed_step=True,
-                                 prefill_group=8, mixed_group=False))
+                                 prefill_group=8))  # the default: one prompt a step (stop 57's H100)
     assert one.decoder.mixed.enabled and not one.decoder.mixed.grouped
+    alone = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=2, mixed_step=True,
+                                   mixed_group=True))  # asked, but prefill groups are off (1 on a CPU)
+    assert alone.decoder.mixed.enabled and not alone.decoder.mixed.grouped
 
 
 @torch.inference_mode()
@@ -137,7 +140,7 @@ def steps_to_prefill(engine, asking: int) -> tuple[int, int]:
 
 def test_sixteen_directors_asking_at_once_wait_a_fraction_of_the_steps(tiny_checkpoint):
     """Counts, not times: 16 prompts of ~100 rows (two chunks each) ride 32 steps one prompt a
-    step (`--mixed-step one`), and under a third of that in groups."""
+    step (the default), and under a third of that in groups (`--mixed-step groups`)."""
     counts = {}
     for group in (True, False):
         engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=18, mixed_step=True,
