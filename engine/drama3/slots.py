@@ -37,11 +37,11 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
 - Mixed steps (mixed.py, on where chunks are graphs): while takes decode, the step itself
   carries the next chunk of the first waiting prompt instead (`carried`), its experts read
   once with the decoding rows'; a take's prompt rides every step, a warm's what the playing
-  takes allow (admission.py `Carrying`). Where prefill groups are on, the next chunks of up
-  to 8 waiting takes ride one step together (warms in the rows they leave), or of 8 warms
-  where the playing takes allow a group's step: 48 directors asking together no longer wait
-  for 48 steps. Where its chunk has no mixed size (near the cache's end) the step's prefill
-  runs apart as above.
+  takes allow (admission.py `Carrying`). With grouped mixed steps (`--mixed-step groups`,
+  where prefill groups are on) the next chunks of up to 8 waiting takes ride one step
+  together (warms in the rows they leave; warms alone ride one a step): 48 directors asking
+  together wait fewer than 48 steps. Where its chunk has no mixed size (near the cache's
+  end) the step's prefill runs apart as above.
 - Warms yield to the vocoder (`warms_yield`, off by default until a GPU measures it): while
   a window in the vocoder's queue is due within the next steps, no warm's chunk runs beside
   decoding takes. At 48 listening directors on stop 54's H100, 154 of 428 steps carried a
@@ -244,27 +244,27 @@ class Slots:
                                   or self.vocoder_due()):
             return Carry([(take, prefill)], 0, 0)
         limit = self.playback_limit() if take.prefill_only else None
-        group = self.riding(take.prefill_only)
-        if group and (not take.prefill_only or self.carrying.size(
-                [*mixed.sizes, mixed.group_rows], limit) == mixed.group_rows):
+        if group := [] if take.prefill_only else self.riding():
             return Carry(group, mixed.group_rows, mixed.group_rows)
         largest = self.prefill_rows or (self.carrying.size(mixed.sizes, limit) if take.prefill_only
                                         else max(mixed.sizes))
         size = None if largest is None else mixed.size(prefill, largest)
         return Carry([(take, prefill)], largest or 0, size or 0)
 
-    def riding(self, warms: bool) -> list[tuple[Take, Prefill]]:
-        """The waiting prompts whose next chunks ride the next step together (mixed.py `pick`):
-        takes, in start order from the first, with warms in the rows they leave (a graph
-        computes every row of its shape: they ride for nothing); or, where `warms` (no take
-        waits), warms; [] when fewer than two fit (or a fixed `prefill_rows`)."""
+    def riding(self) -> list[tuple[Take, Prefill]]:
+        """The waiting takes' prompts whose next chunks ride the next step together (mixed.py
+        `pick`), in start order from the first, with warms in the rows they leave (a graph
+        computes every row of its shape: they ride for nothing); [] when fewer than two takes
+        fit (or a fixed `prefill_rows`). Warms alone ride one a step, in what the playing takes'
+        audio allows: on stop 57's H100, groups of warms lengthened the steps (512 padded rows)
+        and the gaps with them, for no gain in first audio."""
         mixed = self.decoder.mixed
         if not mixed.grouped or self.prefill_rows:
             return []
-        waiting = [(take, prefill) for take, prefill in self.prefills.items() if take.prefill_only == warms]
+        waiting = [(take, prefill) for take, prefill in self.prefills.items() if not take.prefill_only]
         picked = mixed.pick([prefill for _, prefill in waiting], max(take.position for take in self.decoding()))
         group = [(take, prefill) for take, prefill in waiting if any(prefill is p for p in picked)]
-        if warms or not group:
+        if not group:
             return group
         others = [(take, prefill) for take, prefill in self.prefills.items() if take.prefill_only]
         riders = self.decoder.groups.fill(picked, [prefill for _, prefill in others])

@@ -114,6 +114,29 @@ def test_takes_asking_together_while_one_plays_ride_the_steps_together(grouped, 
         assert isinstance(done, Done) and done.finish_reason in ("stop", "length") and done.codes.shape[1] > 0
 
 
+def test_warms_waiting_alone_ride_one_a_step(grouped, monkeypatch):
+    """Three next lines' warms asked while a take plays (no take waits): each step carries one
+    warm, as without groups (stop 57's H100: groups of warms lengthened the steps and the gaps)."""
+    decoder, table = grouped.decoder, grouped.slot_table
+    decoder.prefix.clear()
+    groups = Groups(decoder)
+    monkeypatch.setattr(decoder.mixed, "step_group", groups)
+    monkeypatch.setattr(table, "playback_limit", lambda: None)  # playback allows any step: no clock in the test
+    playing_prompt, *lines = prompts(grouped, 4)
+    playing = table.start(playing_prompt)
+    while playing in table.prefills:
+        table.step()
+    warms = [table.start(prompt, stop=len(prompt.rows)) for prompt in lines]
+    carried = 0
+    while any(not warm.done for warm in warms) and not playing.done:
+        plan = table.carried() if table.decoding() else None  # (as `step` asks it)
+        assert plan is None or len(plan.prompts) == 1, plan
+        carried += plan is not None and plan.size > 0
+        table.step()
+    assert not groups.sizes and carried  # warms rode the steps, one at a time
+    table.drop(playing)
+
+
 def steps_to_prefill(engine, asking: int) -> tuple[int, int]:
     """`asking` takes started at once while two others play: the decode steps until every one
     of them decodes, and the chunks their prompts ran in (the history cuts each in two)."""
