@@ -241,14 +241,15 @@ def one_server(run: RunView, stage: Stage, log: Path, converse: bool = False, ex
                 data["loads"].append(talk)
         else:
             tokens = "12" if run.smoke else "200"
-            for sessions, takes, think_ms, script, listen in run.loads:
+            for index, (sessions, takes, think_ms, script, listen) in enumerate(run.loads):
                 left = stage_end - time.monotonic()
                 if left < 30:
                     data["loads"].append({"sessions": sessions, "think_ms": think_ms, "script": script,
                                           "listen": listen, "skipped": "out of time"})
                     continue
+                again = run.loads[:index].count(run.loads[index])  # a load asked twice (an A/B's repeat): its own file
                 report = WORK / f"load-{number}-{sessions}-{think_ms}{'-script' if script else ''}" \
-                                f"{'-listen' if listen else ''}.json"
+                                f"{'-listen' if listen else ''}{f'-{again + 1}' if again else ''}.json"
                 report.unlink(missing_ok=True)
                 counted = metrics(port)
                 rc = run.command([*CLI, "loadtest", "--url", f"ws://127.0.0.1:{port}/ws", "--sessions", str(sessions),
