@@ -13,22 +13,19 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   first). Its prompt is prefilled by the next steps, a few chunks per step while other
   takes decode: as many rows as keep a step within most of a frame's duration, measured
   as the steps go (admission.py), so a new director never makes the others fall behind
-  real time, nor a take whose stream just began run out of audio before its next
-  window (admission.py's playback limit); `prefill_rows` fixes the rows per step instead. With no take decoding, a
-  step runs the whole prefill at once. Prompts waiting for their prefill go in start
-  order; where groups are on (prefill_groups.py), the next chunks of several waiting
-  prompts run as one batched chunk first, counted in the budget as their longest chunk;
-  so do the warms' (prefill-only takes below) with what the takes leave: at 64 directors on
-  the H200 the next lines' warms were most of the prompt rows prefilled beside decoding
-  (6,900-9,461 per 10 s), each a chunk that read every expert alone.
-- `step` polls every decoding take's stop rules (cancel, deadline), runs one decode
-  step for all slots at the KV bucket of the furthest take, reads the status of every
-  slot in one host read (pinned, event polled: it never holds up the vocoder thread's
-  launches), and hands each take its row. A take that ends frees its slot
-  at once; its last windows vocode while the other takes decode, and its Done comes
-  with them. With no take decoding, `step` waits for the closing takes' windows.
-- One take's failure (prefill, non-finite logits, its vocoder) ends that take only. A
-  failure of the shared step itself ends the takes in it, and the others go on.
+  real time, nor a take whose stream just began run out of audio before its next window
+  (admission.py's playback limit); `prefill_rows` fixes the rows per step instead. With no
+  take decoding, a step runs the whole prefill at once. Prompts waiting for their prefill
+  go in start order; where groups are on (prefill_groups.py), the next chunks of several
+  waiting prompts run as one batched chunk first, counted in the budget as their longest
+  chunk; so do the warms' (prefill-only takes below) with what the takes leave.
+- `step` polls every decoding take's stop rules (cancel, deadline), runs one decode step
+  for all slots at the KV bucket of the furthest take, reads every slot's status in one
+  host read (pinned, event polled: it never holds up the vocoder thread's launches), and
+  hands each take its row. A take that ends frees its slot at once; its last windows
+  vocode while the others decode (with none decoding, `step` waits for them).
+- One take's failure (prefill, non-finite logits, its vocoder) ends that take only; a
+  failure of the shared step ends the takes in it, and the others go on.
 - A prefill-only take (`start(..., stop=row)`, Drama3Engine.warm) prefills a prompt up to
   one of its cuts (its last boundary: prefill.py `cuts`) or its end for the prefix cache's
   snapshots, then ends "prefilled" with no frames and frees its slot. It never delays a
@@ -42,15 +39,15 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   together (warms in the rows they leave; warms alone ride one a step): 48 directors asking
   together wait fewer than 48 steps. Where its chunk has no mixed size (near the cache's
   end) the step's prefill runs apart as above.
-- Warms yield to the vocoder (`warms_yield`, off by default until a GPU measures it): while
-  a window in the vocoder's queue is due within the next steps, no warm's chunk runs beside
-  decoding takes. At 48 listening directors on stop 54's H100, 154 of 428 steps carried a
-  chunk (p50 29.9 ms against 21.3), 6,614 of its 17,076 rows warms', while codec calls ran
-  at 8.0 ms against 2.1-5.6 alone and 204 of 646 windows were late: a warm has seconds of
-  slack, a window due in two steps has none. Measured in stop 55 (H100, one run each): 48
-  directors' gaps over 100 ms 27 -> 3, but 56's 0 -> 13, first audio unchanged: no clear gain.
+- A prompt restored whole by the prefix cache decodes from the next step whatever the
+  budget (`restored`): it costs no prefill. On stop 57's H100 every take of 48 listening
+  directors was restored whole, and each with first audio over 250 ms had waited for
+  nothing, held back by the playback limit (up to 782 ms).
+- Warms yield to the vocoder (`warms_yield`, off by default: no clear gain on stop 55's
+  H100): while a window in the vocoder's queue is due within the next steps, no warm's chunk
+  runs beside decoding takes (a warm has seconds of slack, a window due in two steps none).
 - Early windows (take.py, `early_windows`): each take plans its windows with the longest of
-  the last PACE_STEPS steps' wall times (a step carrying a chunk, not the average one).
+  the last PACE_STEPS steps' wall times.
 """
 
 from __future__ import annotations
@@ -284,6 +281,14 @@ class Slots:
             self.beside_warm += ran if take.prefill_only else 0
             self.prefilled(take, prefill, finished)
 
+    def restored(self) -> None:
+        """The waiting prompts with no chunk left to run (restored whole): done, in start order."""
+        for take, prefill in [(take, prefill) for take, prefill in self.prefills.items() if not prefill.chunks]:
+            try:
+                self.prefilled(take, prefill, self.decoder.prefill_more(prefill))
+            except Exception as exc:  # noqa: BLE001 - one take's failure must not stop the others
+                self.end(take, "error", f"{type(exc).__name__}: {exc}")
+
     def prefilled(self, take: Take, prefill: Prefill, done: bool) -> None:
         """After chunks of the take's prefill: a warm whose chunks all ran ends (its snapshots
         are kept, the slot goes back); a take whose last chunk ran (`done`) decodes from the
@@ -373,6 +378,7 @@ class Slots:
         for take in self.started():
             if (reason := take.stopped()) is not None:
                 self.end(take, reason)
+        self.restored()
         started, budgeted = time.perf_counter(), bool(self.decoding())  # takes were decoding: prefill is budgeted
         self.held, self.yielded, self.beside, self.beside_warm, groups = False, False, 0, 0, self.pace.groups
         plan = self.carried() if budgeted else None  # prompts' chunks in the step itself (mixed.py)

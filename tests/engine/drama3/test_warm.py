@@ -202,3 +202,30 @@ def test_directors_in_turn_find_their_warms_in_a_short_cache(engine):
     finally:
         cache.budget, cache.keep_warms = budget, keep
         cache.clear()
+
+
+def test_a_take_restored_whole_decodes_while_the_playback_limit_holds_prompts_back(tiny_checkpoint, monkeypatch):
+    """Stop 57's H100: takes whose prompts the cache restored whole (48 listening directors' every
+    take) waited up to 782 ms for first audio, held back by the playback limit with nothing to
+    prefill. Such a take decodes from the next step now; a take with rows to prefill is still held."""
+    from engine.drama3 import slots as slots_module
+
+    engine = load_engine(EngineSpec(checkpoint=tiny_checkpoint, device="cpu", slots=3))
+    table = engine.slot_table
+    warmed = engine.prompt("Then the lamp went out.", None, HISTORY, SAMPLING)
+    run(engine, engine.warm(warmed))
+    playing = engine.start(engine.prompt("A take that plays.", None, [], Sampling(max_new_tokens=40, seed=1)))
+    while playing in table.prefills:
+        engine.step()
+    # The playing take needs every step short: no prompt rows beside it (a clock never decides here).
+    monkeypatch.setattr(table.admission, "rows", lambda limit_s=None: 0)
+    monkeypatch.setattr(slots_module, "HELD_S", float("inf"))
+    restored = engine.start(warmed)
+    fresh = engine.start(engine.prompt("A line nobody warmed.", None, HISTORY, SAMPLING))
+    assert not table.prefills[restored].chunks and restored.timings["cached_rows"] == len(warmed.rows)
+    assert table.prefills[fresh].chunks
+    engine.step()
+    assert fresh in table.prefills and table.held  # held back: its rows would lengthen the step
+    assert restored not in table.prefills and restored in table.decoding()  # nothing to hold back
+    events = run(engine, restored, playing, fresh)
+    assert isinstance(events[-1], Done) and events[-1].finish_reason in ("stop", "length")
