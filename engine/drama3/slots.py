@@ -41,8 +41,8 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   end) the step's prefill runs apart as above.
 - A prompt restored whole by the prefix cache decodes from the next step whatever the
   budget (`restored`): it costs no prefill. On stop 57's H100 every take of 48 listening
-  directors was restored whole, and each with first audio over 250 ms had waited for
-  nothing, held back by the playback limit (up to 782 ms).
+  directors was restored whole, and 40 of the 47 with first audio over 250 ms had waited
+  150-782 ms for nothing, held back by the playback limit.
 - Warms yield to the vocoder (`warms_yield`, off by default: no clear gain on stop 55's
   H100): while a window in the vocoder's queue is due within the next steps, no warm's chunk
   runs beside decoding takes (a warm has seconds of slack, a window due in two steps none).
