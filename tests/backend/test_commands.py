@@ -313,6 +313,8 @@ def test_directors_starting_together_with_prefill_groups_and_mixed_steps(tmp_pat
     line = next(line for line in output.splitlines() if "for snapshots of prompt prefixes" in line)
     assert "to resume from (" in line and "under two" not in line, line
     assert "prefix cache order: least recently used (--keep-warms off)" in output
+    frozen = next(line for line in output.splitlines() if "garbage collector: the warm-up's" in line)
+    assert "objects frozen (gc.freeze: collections skip them)" in frozen, frozen
 
 
 @pytest.mark.parametrize(("asked", "mixed_step", "mixed_group"), [
