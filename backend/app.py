@@ -48,6 +48,7 @@ from backend.directing.speech import speech
 from backend.directing.voices import delete_voice, voices
 from backend.directing.ws import directing_socket
 from backend.metrics import Metrics
+from backend.pauses import LoopWatch
 from backend.settings import Settings
 from backend.state import EngineInfo, ServerState
 from backend.store import Store
@@ -275,9 +276,12 @@ def build_app(settings: Settings, engine_loop: EngineLoop | None = None,
         app.state.retake = state
         if owned:
             log_ready(running)
+        stalls = LoopWatch()  # a held event loop logged with what held it (pauses.py)
+        stalls.start(asyncio.get_running_loop())
         try:
             yield
         finally:
+            stalls.stop()
             state.closing = True
             if owned:
                 running.stop()

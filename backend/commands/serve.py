@@ -285,7 +285,7 @@ def check_checkpoints(settings: Settings) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
-    from backend import collector
+    from backend import pauses
     from backend.app import build_app, log_ready, start_conversation_loop, start_engine_loop
     from backend.cli import UsageError
     from backend.draining import DrainingServer
@@ -342,8 +342,8 @@ def run(args: argparse.Namespace) -> int:
             log.info("on every address: browsers may use an IP address; add --allow-host NAME for a host name")
         app = build_app(settings, engine_loop, conversations)
         log.info("garbage collector: the warm-up's %s objects frozen (gc.freeze: collections skip them); "
-                 "a collection that holds the threads %d ms or more is logged", f"{collector.freeze():,}",
-                 round(collector.LONG_S * 1000))
+                 "a collection that holds the threads %d ms or more is logged", f"{pauses.freeze():,}",
+                 round(pauses.LONG_S * 1000))
         config = uvicorn_config(app, settings, host=args.host, port=args.port, log_level=args.log_level)
         server = DrainingServer(config, app, args.drain_seconds)
         server.run()
