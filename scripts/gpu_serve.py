@@ -21,6 +21,7 @@ Design choices:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -287,6 +288,7 @@ def one_server(run: RunView, stage: Stage, log: Path, converse: bool = False, ex
         # takes that failed otherwise: the first ones say where it starts.
         data["non_finite"] = [line for line in text.splitlines() if "non-finite logits at position" in line][:12]
         data["pace"] = [line.split("pace: ", 1)[1] for line in text.splitlines() if "pace: " in line][-40:]
+        data["pauses"] = pauses(text)
         failed_take = r"take failed|take start failed|step crashed|ended with an error"
         data["take_errors"] = [line for line in text.splitlines() if re.search(failed_take, line)][:12]
         ready = re.search(r"one decode step ([\d.?]+) ms, (\d+) slots?, peak memory ([\d.]+ GiB|n/a)", text)
@@ -296,6 +298,20 @@ def one_server(run: RunView, stage: Stage, log: Path, converse: bool = False, ex
     if failed:
         stage.status, stage.note = "failed", f"{len(failed)} load tests failed"
     return data
+
+
+def pauses(text: str) -> list[str]:
+    """The server's logged pauses (backend/pauses.py): long garbage collections, and event loop
+    stalls each with the innermost frames of the stack that held it; the first 12."""
+    found: list[str] = []
+    lines = text.splitlines()
+    for at, line in enumerate(lines):
+        if "garbage collection: generation" in line:
+            found.append(line)
+        elif "event loop held" in line:
+            stack = list(itertools.takewhile(lambda frame: frame.startswith("  "), lines[at + 1:at + 17]))
+            found.append(" | ".join([line, *(frame.strip() for frame in stack[-4:])]))
+    return found[:12]
 
 
 def converse_stage(run: RunView, stage: Stage, log: Path) -> Json | None:

@@ -146,6 +146,7 @@ def serve_lines(data: Json) -> list[str]:
     lines += [f"  log: {line[:200]}" for line in problems[:8]]
     lines += [f"  non-finite: {line[:300]}" for line in data.get("non_finite", [])[:3]]
     lines += [f"  pace: {line[:900]}" for line in data.get("pace", [])[-6:]]  # the engine's, every 10 s under load
+    lines += [f"  pause: {line[:600]}" for line in data.get("pauses", [])[:6]]  # collections, event loop stalls
     for variant in data.get("variants", []):  # further servers (--serve-variant)
         skipped = f"skipped: {variant['skipped']}" if "skipped" in variant else ""
         lines += ["", f"  variant {variant.get('variant')!r}: {skipped}"]
