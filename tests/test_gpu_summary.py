@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import importlib.util
+import logging
 import sys
+import time
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_summary.py"
@@ -15,6 +19,52 @@ def summary_module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def serve_module():
+    spec = importlib.util.spec_from_file_location("gpu_serve", SCRIPT.parent / "gpu_serve.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(SCRIPT.parent))  # gpu_serve imports gpu_stages beside it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return module
+
+
+def held_by_a_handler() -> None:
+    time.sleep(0.6)  # (releases the GIL: the watch's thread takes the stack meanwhile)
+
+
+def test_the_servers_logged_pauses_reach_the_summary(caplog) -> None:
+    """backend/pauses.py's two lines as a server logs them (a real stall of a real event loop, a
+    real collection), found by gpu_serve in the log with the stall's innermost frames."""
+    from backend.pauses import CollectorWatch, LoopWatch
+
+    async def stall() -> None:
+        watch = LoopWatch(held_s=0.2)
+        watch.start(asyncio.get_running_loop())
+        try:
+            await asyncio.sleep(0.05)
+            held_by_a_handler()
+            await asyncio.sleep(0.05)
+        finally:
+            watch.stop()
+
+    collections = CollectorWatch(long_s=0.0)
+    with caplog.at_level(logging.INFO, logger="retake"):
+        asyncio.run(stall())
+        gc.callbacks.append(collections)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(collections)
+    log = "\n".join(f"[retake] {record.getMessage()}" for record in caplog.records if record.name == "retake")
+    found = serve_module().pauses("INFO: a line before\n" + log + "\nINFO: a line after")
+    stalls = [line for line in found if "event loop held" in line and "in held_by_a_handler" in line]
+    assert stalls and "INFO" not in stalls[0], found
+    assert found[-1].startswith("[retake] garbage collection: generation 2 held every thread "), found
 
 
 def test_the_takes_block_says_the_step_beside_its_in_line_twin_and_where_a_window_ran() -> None:
@@ -61,14 +111,7 @@ def test_the_personaplex_block_has_a_line_per_slot_count_and_says_why_one_was_sk
 def test_a_load_says_where_its_gaps_over_100_ms_fell() -> None:
     """gpu_serve's load summary from a loadtest report, then the serve block's line: gaps over
     100 ms counted by the audio played before them and by the take's place in its session."""
-    spec = importlib.util.spec_from_file_location("gpu_serve", SCRIPT.parent / "gpu_serve.py")
-    assert spec is not None and spec.loader is not None
-    serve = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(SCRIPT.parent))  # gpu_serve imports gpu_stages beside it
-    try:
-        spec.loader.exec_module(serve)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    serve = serve_module()
 
     def take(gap_s: float, at_s: float, number: int) -> dict[str, object]:
         return {"first_audio_s": 0.1, "longest_gap_s": gap_s, "longest_gap_at_s": at_s, "number": number,
