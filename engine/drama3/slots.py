@@ -24,8 +24,7 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   host read (pinned, event polled: it never holds up the vocoder thread's launches), and
   hands each take its row. A take that ends frees its slot at once; its last windows
   vocode while the others decode (with none decoding, `step` waits for them).
-- One take's failure (prefill, non-finite logits, its vocoder) ends that take only; a
-  failure of the shared step ends the takes in it, and the others go on.
+- One take's failure ends that take only; the shared step's ends the takes in it.
 - A prefill-only take (`start(..., stop=row)`, Drama3Engine.warm) prefills a prompt up to
   one of its cuts (its last boundary: prefill.py `cuts`) or its end for the prefix cache's
   snapshots, then ends "prefilled" with no frames and frees its slot. It never delays a
@@ -43,9 +42,8 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   budget (`restored`): it costs no prefill. On stop 57's H100 every take of 48 listening
   directors was restored whole, and 40 of the 47 with first audio over 250 ms had waited
   150-782 ms for nothing, held back by the playback limit.
-- Warms yield to the vocoder (`warms_yield`, off by default: no clear gain on stop 55's
-  H100): while a window in the vocoder's queue is due within the next steps, no warm's chunk
-  runs beside decoding takes (a warm has seconds of slack, a window due in two steps none).
+- Warms yield to the vocoder (`warms_yield`; off: no clear gain on stop 55's H100): while a
+  window in the vocoder's queue is due within the next steps, no warm's chunk runs beside.
 - Early windows (take.py, `early_windows`): each take plans its windows with the longest of
   the last PACE_STEPS steps' wall times.
 """
