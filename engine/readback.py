@@ -16,7 +16,9 @@ window bug").
 Design choices:
 - On CUDA a read is a `non_blocking` copy into pinned memory, an event recorded after it
   on the current stream, and the event polled with `query()` (a short sleep between polls
-  leaves the GIL and the driver free). `torch.cuda.set_sync_debug_mode("error")` accepts
+  leaves the GIL and the driver free). `idle` runs between polls (at least once, on a CPU
+  too): the decode loop hands out the windows the vocoder finished while it waits
+  (slots.py `hand_ready`) instead of after the step. `torch.cuda.set_sync_debug_mode("error")` accepts
   all of it, which is how the GPU tests keep the hot paths honest.
 - A pinned buffer kept by the caller (the decoder's status) is reused every step; other
   reads take one from torch's caching host allocator, which keeps a block from reuse until
@@ -29,6 +31,7 @@ Design choices:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -37,9 +40,14 @@ from numpy.typing import NDArray
 POLL_S = 0.0002  # between event polls: far below a decode step (milliseconds), frees the GIL
 
 
-def wait_for(event: torch.cuda.Event) -> None:
-    """Return once the work before `event` has run, polling (no blocking driver call)."""
-    while not event.query():
+def wait_for(event: torch.cuda.Event, idle: Callable[[], object] | None = None) -> None:
+    """Return once the work before `event` has run, polling (no blocking driver call);
+    `idle()` between polls, and once before the first."""
+    while True:
+        if idle is not None:
+            idle()
+        if event.query():
+            return
         time.sleep(POLL_S)
 
 
@@ -48,16 +56,19 @@ def pinned_like(tensor: torch.Tensor) -> torch.Tensor:
     return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
 
 
-def to_host(tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def to_host(tensor: torch.Tensor, out: torch.Tensor | None = None,
+            idle: Callable[[], object] | None = None) -> torch.Tensor:
     """`tensor` on the host, read without blocking other threads' launches (see above).
-    `out` (pinned, same shape and dtype) is filled and returned when given."""
+    `out` (pinned, same shape and dtype) is filled and returned when given; `idle` as `wait_for`'s."""
     if not tensor.is_cuda:
+        if idle is not None:
+            idle()
         return tensor if out is None else out.copy_(tensor)
     out = pinned_like(tensor) if out is None else out
     out.copy_(tensor, non_blocking=True)
     event = torch.cuda.Event()
     event.record()
-    wait_for(event)
+    wait_for(event, idle)
     return out
 
 

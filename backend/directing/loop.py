@@ -96,6 +96,7 @@ class EngineLoop(EngineThread[Drama3Engine]):
         self._retries: list[TakeJob] = []  # between attempts, waiting for a slot
         self._running: dict[Take, TakeJob] = {}  # the engine's takes in flight and their jobs
         self._starting: TakeJob | None = None  # out of the queue, being started (prompt, prefill)
+        self._failed: dict[Take, Exception] = {}  # jobs whose windows failed mid-step (`_hand_early`)
         self.wait = QueueWait()  # the rates of the busy retry hint, measured as takes end
         self.frame_samples = 2048  # the engine's, once loaded
         self._warms: dict[str, WarmBuilder] = {}  # per session, the warm asked for and not started
@@ -309,7 +310,7 @@ class EngineLoop(EngineThread[Drama3Engine]):
                 log.info(line)
         stepped = time.perf_counter()
         try:
-            results = engine.step()
+            results = engine.step(hand=lambda early: self._hand_early(engine, early))
         except Exception as error:  # noqa: BLE001 - a last resort: the takes in flight end, the loop goes on
             log.error("engine step crashed:\n%s", traceback.format_exc())
             with self._condition:
@@ -326,9 +327,23 @@ class EngineLoop(EngineThread[Drama3Engine]):
         done = time.perf_counter()
         engine.pace_turn(done - turned, time.thread_time() - cpu, handing - stepped, done - handing)
 
+    def _hand_early(self, engine: Drama3Engine, results: list[tuple[Take, list[AudioWindow | Done]]]) -> None:
+        """Windows vocoded while a step runs on the GPU, to their jobs at once (slots.py
+        `hand_ready`: on this thread, inside the step). A job whose handling fails ends after
+        the step (`_hand`): nothing ends a take inside it."""
+        for take, events in results:
+            if (job := self._running.get(take)) is not None and take not in self._failed:
+                try:
+                    job.handle(engine, events)
+                except Exception as error:  # noqa: BLE001 - one take's failure never stops the loop
+                    self._failed[take] = error
+
     def _hand(self, engine: Drama3Engine, results: list[tuple[Take, list[AudioWindow | Done]]]) -> None:
         """Each take's events to its job (or its warm), and the jobs that ended out of the loop."""
-        for take, events in results:
+        failed, self._failed = self._failed, {}
+        ended_early: list[tuple[Take, list[AudioWindow | Done]]] = [  # failed, no events since
+            (take, []) for take in failed if take not in dict(results)]
+        for take, events in [*results, *ended_early]:
             if take in self._warming:
                 if events and isinstance(done := events[-1], Done):
                     self._warmed(take, done)
@@ -338,6 +353,8 @@ class EngineLoop(EngineThread[Drama3Engine]):
                 continue
             job = found
             try:
+                if (early := failed.get(take)) is not None:
+                    raise early
                 progress = job.handle(engine, events)
             except Exception as error:  # noqa: BLE001 - one take's failure never stops the loop
                 log.error("take failed:\n%s", traceback.format_exc())

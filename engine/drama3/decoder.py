@@ -285,14 +285,14 @@ class Decoder:
         """Zero the slot's KV rows from `start` on (what an earlier take left there)."""
         torch._foreach_zero_([rows for cache in self.caches for rows in (cache.k[slot, start:], cache.v[slot, start:])])
 
-    def read_status(self) -> list[list[int]]:
+    def read_status(self, idle: Callable[[], object] | None = None) -> list[list[int]]:
         """The status rows of the last step on the host ([N][finite, main, code0..9]), read
-        without blocking other threads' launches."""
+        without blocking other threads' launches; `idle()` while the GPU runs (readback.py)."""
         if self.status_copied and self.status_event is not None:  # by the graphed step, between its halves
-            wait_for(self.status_event)
+            wait_for(self.status_event, idle)
             self.status_copied = False
         else:
-            to_host(self.status, self.status_host)
+            to_host(self.status, self.status_host, idle)
         status: list[list[int]] = self.status_host.tolist()
         return status
 

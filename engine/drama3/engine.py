@@ -77,7 +77,7 @@ from engine.drama3.prompt import (
 )
 from engine.drama3.prompt_rows import PromptRows
 from engine.drama3.sampling import MAX_NEW_TOKENS, Sampling
-from engine.drama3.slots import Slots
+from engine.drama3.slots import Hand, Slots
 from engine.drama3.stream import check_settings, first_frames, window_frames
 from engine.drama3.take import AudioWindow, Done, Take
 from engine.drama3.tiny import demo_checkpoint
@@ -331,10 +331,11 @@ class Drama3Engine:
         if self.window_graphs is not None:
             self.window_graphs.capture()
 
-    def step(self) -> list[tuple[Take, list[AudioWindow | Done]]]:
+    def step(self, hand: Hand | None = None) -> list[tuple[Take, list[AudioWindow | Done]]]:
         """One batched decode step: each take's new windows, and Done for each that ended
-        (its slot is free again). With no take decoding it waits for the last windows."""
-        return self.slot_table.step()
+        (its slot is free again). With no take decoding it waits for the last windows.
+        `hand`: the windows vocoded while the step runs on the GPU, at once (slots.py)."""
+        return self.slot_table.step(hand)
 
     def drop(self, take: Take) -> None:
         """Forget a take whose events nobody will read (its slot is freed; no Done follows)."""

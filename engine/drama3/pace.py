@@ -7,6 +7,7 @@
     pace.drain(seconds, cpu)                        # each of the vocoder's drains: how busy it was
     pace.call(ms)                                   # each codec call's time on the GPU (CUDA events)
     pace.turn(seconds, cpu, step=..., handed=...)   # each turn of the server's engine loop (its thread)
+    pace.handed(seconds); pace.early(windows)       # each window's PCM-to-handed-out time; those out mid-step
     line = pace.report()                            # the numbers since the last report, then reset
 
 A load test says what a director felt (first audio, gaps); this says why: whether the
@@ -36,6 +37,9 @@ Design choices:
   it says how much the decode steps beside it slow it down. At 64 directors on an H100 (stop
   50) the vocoder was busy 94% for ~9.7 ms a window against 2.2-7.7 ms a replay alone, and
   nothing said whether the GPU or the host made the rest.
+- Each window's wait from its PCM on the host to its hand-out (take.py), and how many went
+  out while a step ran on the GPU (slots.py `hand_ready`): until stop 58 every window waited
+  for the end of the step running when its PCM came, and "closed to audio" did not count it.
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ class Pace:
         self.turn_step_s: list[float] = []  # of it, the engine's step (prefill, decode, windows out)
         self.turn_handed_s: list[float] = []  # of it, handing the takes' events to their sessions
         self.turn_cpu = 0.0  # seconds the loop's thread ran on a CPU in those turns
+        self.handed_s: list[float] = []  # each window's wait from its PCM on the host to its hand-out
+        self.handed_early = 0  # windows handed out while a step ran (slots.py `hand_ready`)
 
     def step(self, seconds: float, decoding: int, prefilled: int, held: bool, grouped: bool = False,
              yielded: bool = False) -> None:
@@ -128,6 +134,14 @@ class Pace:
             self.turn_handed_s.append(handed)
             self.turn_cpu += cpu
 
+    def handed(self, seconds: float) -> None:
+        with self.lock:
+            self.handed_s.append(seconds)
+
+    def early(self, windows: int) -> None:
+        with self.lock:
+            self.handed_early += windows
+
     def report(self) -> str | None:
         """One line of what happened since the last report (None if no step ran), and reset."""
         with self.lock:
@@ -144,6 +158,7 @@ class Pace:
             self.carried_s, self.carried_rows, self.warm_rows = [], 0, 0
             turns, turn_steps, handed, turn_cpu = self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu
             self.turn_s, self.turn_step_s, self.turn_handed_s, self.turn_cpu = [], [], [], 0.0
+            handed_s, early, self.handed_s, self.handed_early = self.handed_s, self.handed_early, [], 0
             self.step_s, self.window_s, self.group_step_s = [], [], []
             self.decoding = self.prefilled = self.held = self.groups = self.grouped = 0
             self.cuts = self.late = self.dry = 0
@@ -167,6 +182,9 @@ class Pace:
                      f"{len(drains):,} drains, closed to audio "
                      f"p50 {percentile(windows, 0.5) * 1000:.1f} ms, p95 {percentile(windows, 0.95) * 1000:.1f} ms, "
                      f"{late:,} made late by the vocoder, {dry:,} closed after their client ran dry")
+        if handed_s:
+            line += (f"; handed out p50 {percentile(handed_s, 0.5) * 1000:.1f} ms, p95 "
+                     f"{percentile(handed_s, 0.95) * 1000:.1f} ms after their audio, {early:,} while a step ran")
         if drains:
             line += (f"; vocoder busy {100 * sum(drains) / max(seconds, 1e-9):.0f}% (drain p50 "
                      f"{percentile(drains, 0.5) * 1000:.1f} ms, p95 {percentile(drains, 0.95) * 1000:.1f} ms; "

@@ -23,7 +23,9 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   for all slots at the KV bucket of the furthest take, reads every slot's status in one
   host read (pinned, event polled: it never holds up the vocoder thread's launches), and
   hands each take its row. A take that ends frees its slot at once; its last windows
-  vocode while the others decode (with none decoding, `step` waits for them).
+  vocode while the others decode (with none decoding, `step` waits for them). While the
+  host waits for the GPU, windows the vocoder finished go out (`hand_ready`): on stop 57's
+  H100 a step took 13-35 ms at 48 directors, and each window waited for the one running.
 - One take's failure ends that take only; the shared step's ends the takes in it.
 - A prefill-only take (`start(..., stop=row)`, Drama3Engine.warm) prefills a prompt up to
   one of its cuts (its last boundary: prefill.py `cuts`) or its end for the prefix cache's
@@ -33,15 +35,12 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
 - Mixed steps (mixed.py, on where chunks are graphs): while takes decode, the step itself
   carries the next chunk of the first waiting prompt instead (`carried`), its experts read
   once with the decoding rows'; a take's prompt rides every step, a warm's what the playing
-  takes allow (admission.py `Carrying`). With grouped mixed steps (`--mixed-step groups`,
-  where prefill groups are on) the next chunks of up to 8 waiting takes ride one step
-  together (warms in the rows they leave; warms alone ride one a step): 48 directors asking
-  together wait fewer than 48 steps. Where its chunk has no mixed size (near the cache's
-  end) the step's prefill runs apart as above.
-- A prompt restored whole by the prefix cache decodes from the next step whatever the
-  budget (`restored`): it costs no prefill. On stop 57's H100 every take of 48 listening
-  directors was restored whole, and 40 of the 47 with first audio over 250 ms had waited
-  150-782 ms for nothing, held back by the playback limit.
+  takes allow (admission.py `Carrying`). Grouped (`--mixed-step groups`): the next chunks
+  of up to 8 waiting takes ride one step (warms in the rows they leave, alone one a step).
+  Where its chunk has no mixed size (near the cache's end) the prefill runs apart as above.
+- A prompt restored whole by the prefix cache decodes from this step whatever the budget
+  (`restored`): on stop 57's H100, 40 of the 47 first audios over 250 ms at 48 listening
+  directors had waited 150-782 ms so, held back by the playback limit with nothing to run.
 - Warms yield to the vocoder (`warms_yield`; off: no clear gain on stop 55's H100): while a
   window in the vocoder's queue is due within the next steps, no warm's chunk runs beside.
 - Early windows (take.py, `early_windows`): each take plans its windows with the longest of
@@ -71,6 +70,7 @@ from engine.drama3.take import AudioWindow, Done, Take
 from engine.drama3.vocoder import Vocoder
 
 Events = list[AudioWindow | Done]
+Hand = Callable[[list[tuple[Take, Events]]], None]  # takes' windows, handed out while a step runs
 
 log = logging.getLogger("retake.engine")
 PACE_STEPS = 8  # steps whose longest wall time early windows plan with (take.py)
@@ -98,11 +98,9 @@ class Slots:
         self.pace = Pace()  # steps and windows, for the server's log (pace.py)
         # every take's windows, on its thread, the most urgent first (vocoder.py `order`)
         self.vocoder = Vocoder(codec, graphs, executor, self.pace, order=vocoder_order)
-        self.held = False  # this step's prefill was held back by the playback limit
-        self.yielded = False  # this step held a warm back for the vocoder (`vocoder_due`)
+        self.held = self.yielded = False  # this step held a prompt back for playback; a warm for the vocoder
         self.beside = self.beside_warm = 0  # prompt rows this step prefilled beside decoding takes (warms')
-        self.first_window = first_window
-        self.early_windows = early_windows  # take.py: windows close early where a client would run out
+        self.first_window, self.early_windows = first_window, early_windows  # take.py: its first window; cuts
         self.warms_yield = warms_yield  # warms wait while the vocoder has a window due (`vocoder_due`)
         self.recent: collections.deque[float] = collections.deque(maxlen=PACE_STEPS)  # the last steps' wall times
         self.prefill_rows = prefill_rows  # prompt rows per step while takes decode; None: `admission`'s
@@ -111,6 +109,7 @@ class Slots:
         self.takes: list[Take | None] = [None] * decoder.num_slots  # the take of each slot (prefilling or decoding)
         self.prefills: dict[Take, Prefill] = {}  # takes whose prompt is not all prefilled yet, in start order
         self.closing: list[Take] = []  # ended, slot free, last windows still to hand out
+        self.looked = 0  # the vocoder's windows decoded when `hand_ready` last looked
 
     @property
     def free_slots(self) -> int:
@@ -165,11 +164,10 @@ class Slots:
         return take
 
     def prefill(self) -> int:
-        """Run waiting prompts' prefill chunks, in start order: about `prefill_rows` rows of them
-        (or the admission budget's) while takes decode; with none decoding, the first prompt's
-        whole prefill (nobody is stalled by it). A take whose prefill is done decodes from
-        this step on. Returns the rows prefilled while takes decode, as the admission budget
-        counts them (a group as its longest chunk); `beside` gets the prompt rows themselves."""
+        """Run waiting prompts' chunks in start order: `prefill_rows` (or the admission's budget)
+        while takes decode, else the first prompt's whole prefill. A take whose prefill is done
+        decodes from this step on. Returns the rows prefilled beside decoding takes as the budget
+        counts them (a group as its longest chunk); `beside` gets the rows themselves."""
         decoding = bool(self.decoding())
         step_rows = self.prefill_rows or self.admission.rows(self.playback_limit())
         if decoding and step_rows == 0:  # a playing take needs this step short: no prefill in it...
@@ -218,17 +216,13 @@ class Slots:
         return allowed - budget if decoding else 0
 
     def carried(self) -> Carry | None:
-        """What the next decode step carries (mixed.py), if mixed steps are on: the next chunks of
-        the first waiting prompt in start order (takes before warms), where its chunk has a
-        mixed size, with the prompts that ride with it (`riding`); else None, and the step's
-        prefill runs apart (`prefill`), so a prompt that has none is never passed over. A take's
-        prompt rides every step, in the largest size (a director waits for first audio, and one
-        chunk of a prompt costs the playing takes ~12-17 ms once, on an H100); a warm's only
-        what the playing takes allow (admission.py `Carrying`: with every step carrying a warm,
-        the 32 directors of stop 44's H100 run lost real time, gap p99 748 ms), and never while
-        a take awaits its first audio (a warm is a guess: backend/directing/warming.py) nor,
-        with `warms_yield`, while the vocoder has a window due (`vocoder_due`). A fixed
-        `prefill_rows` is the most rows every step carries, one prompt's."""
+        """What the next decode step carries (mixed.py): the next chunks of the first waiting
+        prompt (takes before warms) where its chunk has a mixed size, with those riding with it
+        (`riding`); else None (`prefill` runs it apart). A take's prompt rides every step in the
+        largest size (a chunk costs the playing takes ~12-17 ms once on an H100); a warm's what
+        they allow (admission.py `Carrying`: a warm in every step cost stop 44's 32 directors
+        real time), never while a take awaits first audio (a warm is a guess) nor, with
+        `warms_yield`, while the vocoder has a window due. A fixed `prefill_rows` caps the rows."""
         mixed = self.decoder.mixed
         if not mixed.enabled or not self.prefills:
             return None
@@ -248,11 +242,9 @@ class Slots:
 
     def riding(self) -> list[tuple[Take, Prefill]]:
         """The waiting takes' prompts whose next chunks ride the next step together (mixed.py
-        `pick`), in start order from the first, with warms in the rows they leave (a graph
-        computes every row of its shape: they ride for nothing); [] when fewer than two takes
-        fit (or a fixed `prefill_rows`). Warms alone ride one a step, in what the playing takes'
-        audio allows: on stop 57's H100, groups of warms lengthened the steps (512 padded rows)
-        and the gaps with them, for no gain in first audio."""
+        `pick`), from the first, with warms in the rows they leave (a graph computes them all);
+        [] when fewer than two takes fit (or a fixed `prefill_rows`). Warms alone ride one a
+        step: on stop 57's H100 groups of warms lengthened the steps for no gain."""
         mixed = self.decoder.mixed
         if not mixed.grouped or self.prefill_rows:
             return []
@@ -301,10 +293,8 @@ class Slots:
 
     def run_group(self, group: list[tuple[Take, Prefill]], decoding: bool) -> int:
         """The next chunk of each prompt in `group` as one batched chunk; the rows it costs the
-        step's budget. A group costs about what its longest chunk costs alone (on the H200 a
-        chunk's cost hardly follows its rows: the weights are read once), so that is what it
-        counts: counting every row would teach the admission a per-row cost a single chunk then
-        overruns, stalling a playing take."""
+        step's budget: its longest chunk's (on the H200 a chunk's cost hardly follows its rows;
+        counting all would teach the admission a per-row cost a single chunk then overruns)."""
         self.pace.group(len(group))
         chunk_rows = [end - start for start, end in (prefill.chunks[0] for _, prefill in group)]
         self.beside += sum(chunk_rows) if decoding else 0
@@ -326,13 +316,10 @@ class Slots:
         return [(take, prefill) for take, prefill in warms if any(prefill is p for p in picked)]
 
     def group(self, ordered: bool) -> list[tuple[Take, Prefill]]:
-        """The waiting prompts whose next chunks run together next (prefill_groups.py `pick`),
-        with their prefills; [] when fewer than two takes' chunks fit one. `ordered` (takes
-        decode, the step's rows are few): the group starts with the first waiting take, so a
-        long chunk is never passed over; otherwise every waiting prompt runs in this step
-        anyway, and the group starts with the first that can join one. Warms (prefill-only
-        takes) fill the rows the takes leave: a graph computes all of its shape's rows, so
-        they ride along for nothing, and never in a take's place."""
+        """The waiting prompts whose next chunks run together next (prefill_groups.py `pick`);
+        [] when fewer than two takes' chunks fit one. `ordered` (takes decode): it starts with
+        the first waiting take, so a long chunk is never passed over; otherwise with the first
+        that can join one. Warms fill the rows the takes leave (a graph computes them all)."""
         groups = self.decoder.groups
         takes = [(take, prefill) for take, prefill in self.prefills.items() if not take.prefill_only]
         if not ordered:
@@ -346,9 +333,8 @@ class Slots:
         return group + [(take, prefill) for take, prefill in warms if any(prefill is p for p in riders)]
 
     def vocoder_due(self) -> bool:
-        """With `warms_yield`: a window waiting in the vocoder's queue is due within the next
-        HAND_OUT_STEPS steps (or is a first window), so a warm's chunk, which slows the step
-        and the codec calls beside it, waits (a warm is a guess with seconds of slack)."""
+        """With `warms_yield`: a window in the vocoder's queue is due within HAND_OUT_STEPS
+        steps (or is a first window), so a warm's chunk, which slows them, waits."""
         due = self.warms_yield and self.vocoder.due(HAND_OUT_STEPS * max(self.recent, default=0.0))
         self.yielded |= due
         return due
@@ -369,10 +355,23 @@ class Slots:
         take.close(reason, error)
         self.closing.append(take)
 
+    def hand_ready(self, hand: Hand) -> None:
+        """While a step runs on the GPU: the decoding takes' windows the vocoder finished since it
+        last looked, to `hand` now (which must not raise). Windows only: Done, and a closed
+        take's last windows, wait for the step's end."""
+        if self.vocoder.decoded == self.looked:
+            return
+        self.looked = self.vocoder.decoded
+        out = [(take, events) for take in self.decoding() if (events := take.ready())]
+        if out:
+            self.pace.early(sum(len(events) for _, events in out))
+            hand(out)
+
     @torch.inference_mode()
-    def step(self) -> list[tuple[Take, Events]]:
+    def step(self, hand: Hand | None = None) -> list[tuple[Take, Events]]:
         """Prefill chunks of the waiting prompts, then one decode step for every decoding take;
-        every take's new events (windows, Done)."""
+        every take's new events (windows, Done). `hand`: windows vocoded while the step runs on
+        the GPU go to it then (`hand_ready`), the rest are returned."""
         for take in self.started():
             if (reason := take.stopped()) is not None:
                 self.end(take, reason)
@@ -392,7 +391,8 @@ class Slots:
                     self.decoder.step(position, rows)
                 else:
                     self.carry(carried, position, rows)
-                status = self.decoder.read_status()  # [N][finite, main, code0..9]: the host reads once
+                # [N][finite, main, code0..9]: the host reads once, handing out windows while it waits
+                status = self.decoder.read_status(None if hand is None else lambda: self.hand_ready(hand))
             except Exception as exc:  # noqa: BLE001 - the shared step failed: its takes end, the others go on
                 for take in stepping + ([take for take, _ in carried.prompts] if carried is not None else []):
                     self.end(take, "error", f"{type(exc).__name__}: {exc}")

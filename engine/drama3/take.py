@@ -86,8 +86,9 @@ class Windows:
 
     def __init__(self, vocoder: Vocoder) -> None:
         self.vocoder = vocoder
-        # (window, its new codes, its PCM16 or the future of it)
-        self.pending: collections.deque[tuple[Window, NDArray[np.int64], Future[NDArray[np.int16]] | NDArray[np.int16]]]
+        # (window, its new codes, its PCM16 or the future of it, when its PCM was on the host: [] before)
+        self.pending: collections.deque[tuple[Window, NDArray[np.int64],
+                                              Future[NDArray[np.int16]] | NDArray[np.int16], list[float]]]
         self.pending = collections.deque()
         self.sample = 0  # the take's samples handed out so far
         self.state = StreamState()  # the take's codec state between its windows (codec_stream.py)
@@ -97,13 +98,18 @@ class Windows:
         audio before it (perf_counter: the vocoder decodes the soonest first)."""
         frames = codes[:, :window.end].copy()  # [num_codebooks, end]; a copy: later steps write after them
         new = frames[:, window.emit:]  # [num_codebooks, window.frames]
-        self.pending.append((window, new, self.vocoder.submit(frames, window, self.state, deadline)))
+        future, decoded = self.vocoder.submit(frames, window, self.state, deadline), []
+        future.add_done_callback(lambda _: decoded.append(time.perf_counter()))  # (the vocoder's thread)
+        self.pending.append((window, new, future, decoded))
 
     def ready(self, wait: bool = False) -> Iterator[AudioWindow]:
-        """The decoded windows at the head of the queue (all of them if `wait`)."""
+        """The decoded windows at the head of the queue (all of them if `wait`); the pace learns how
+        long each waited to be handed out after its PCM was on the host."""
         while self.pending and (wait or not isinstance(self.pending[0][2], Future) or self.pending[0][2].done()):
-            window, codes, result = self.pending.popleft()
+            window, codes, result, decoded = self.pending.popleft()
             pcm = result.result() if isinstance(result, Future) else result
+            if decoded and self.vocoder.pace is not None:
+                self.vocoder.pace.handed(time.perf_counter() - decoded[0])
             yield AudioWindow(pcm=pcm, start_sample=self.sample, frames=window.frames, last=window.last, codes=codes)
             self.sample += len(pcm)
 
@@ -233,7 +239,7 @@ class Take:
 
     def end_stream(self) -> None:
         empty = np.zeros((self.codes.shape[0], 0), dtype=np.int64)
-        self.windows.pending.append((Window(0, 0, last=True), empty, np.zeros(0, dtype=np.int16)))
+        self.windows.pending.append((Window(0, 0, last=True), empty, np.zeros(0, dtype=np.int16), []))
 
     def ready(self, wait: bool = False) -> list[AudioWindow | Done]:
         """Windows decoded so far, in order (all of them if `wait` and the take is closed), then

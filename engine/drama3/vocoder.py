@@ -114,6 +114,7 @@ class Vocoder:
         self.draining = False  # a drain is scheduled or running on the executor
         self.drains = 0  # drains run (an inline window is one), plus a failed drain's retries
         self.windows = 0  # windows decoded (a failed drain's counted again in its retries)
+        self.decoded = 0  # futures set so far: the decode loop hands windows out when it moves (slots.py)
 
     def submit(self, frames: NDArray[np.int64], window: Window, state: StreamState,
                deadline: float | None = None) -> Future[NDArray[np.int16]]:
@@ -197,6 +198,7 @@ class Vocoder:
         def ready(index: int, pcm: NDArray[np.int16]) -> None:  # each window handed out as it is decoded
             _, window, _, future, submitted, deadline = taken[index]
             future.set_result(pcm)
+            self.decoded += 1  # (only this thread writes it; a reader sees it late at worst)
             if self.pace is not None:  # (a first window is neither: its wait is first audio's)
                 now, later = time.perf_counter(), window.emit > 0
                 dry = later and deadline <= submitted  # its client had run dry when it closed: the decode's gap

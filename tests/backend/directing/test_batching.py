@@ -9,10 +9,10 @@ import time
 import numpy as np
 from live_server import LiveServer, run
 
-from backend.directing.jobs import TakeJob, TakeOutcome
+from backend.directing.jobs import Progress, TakeJob, TakeOutcome
 from backend.directing.loop import EngineLoop
 from backend.tools.client import AudioFrame, Director, TakeResult
-from engine import AudioWindow, Drama3Engine, Prompt, Sampling
+from engine import AudioWindow, Done, Drama3Engine, Prompt, Sampling
 
 LINE = {"sampling": {"max_new_tokens": 30, "seed": 21}}
 OTHER = {"sampling": {"max_new_tokens": 30, "seed": 22}}
@@ -142,5 +142,28 @@ def test_waiting_takes_start_earliest_deadline_first(engine_loop: EngineLoop) ->
         outcomes = await asyncio.wait_for(asyncio.gather(*(sink.outcome for _, sink in busy + waiting)), 120)
         assert started == [f"busy{i}" for i in range(engine_loop.slots)] + ["soon", "middle", "late", "none"]
         assert [o.finish_reason for o in outcomes] == ["cancelled"] * len(busy) + ["length"] * 4
+
+    run(main())
+
+
+def test_a_job_failing_on_its_window_ends_alone_wherever_the_window_was_handed(engine_loop: EngineLoop) -> None:
+    """A job whose window cannot be handled (mid-step, loop.py `_hand_early`, or after the step)
+    ends with that error after the step; the take beside it streams to its end."""
+
+    class Failing(TakeJob):
+        def handle(self, engine: Drama3Engine, events: list[AudioWindow | Done]) -> Progress:
+            if any(isinstance(event, AudioWindow) for event in events):
+                raise RuntimeError("the sink broke")
+            return super().handle(engine, events)
+
+    async def main() -> None:
+        loop, started = asyncio.get_running_loop(), []
+        failing, kept = Recorder("failing", started), Recorder("kept", started)
+        engine_loop.submit(Failing(line("I break."), Sampling(max_new_tokens=40, seed=1), failing, loop, None, None))
+        engine_loop.submit(TakeJob(line("I go on."), Sampling(max_new_tokens=40, seed=2), kept, loop, None, None))
+        broke, went_on = await asyncio.wait_for(asyncio.gather(failing.outcome, kept.outcome), 120)
+        assert (broke.finish_reason, broke.error) == ("error", "RuntimeError: the sink broke")
+        assert went_on.codes is not None and went_on.codes.shape[1] == 40
+        assert went_on.finish_reason == "length" and went_on.samples == 40 * engine_loop.frame_samples
 
     run(main())

@@ -87,15 +87,17 @@ def test_the_first_window_is_handed_out_while_the_take_decodes(gpu):
     for seed in range(3):
         prompt = gpu.prompt("Heard while it decodes, not after.", None, [], Sampling(max_new_tokens=160, seed=seed))
         take = gpu.start(prompt)
-        first, events = None, []
+        first, events, early = None, [], []
         torch.cuda.set_sync_debug_mode("error")
         try:
-            while not take.done:
-                for stepped, new in gpu.step():
+            while not take.done:  # (windows out while a step runs first: `hand`, slots.py `hand_ready`)
+                returned = gpu.step(hand=early.extend)
+                for stepped, new in [*early, *returned]:
                     if stepped is take:
                         events += new
                         if first is None and any(isinstance(e, AudioWindow) and len(e.pcm) for e in new):
                             first = take.steps
+                early.clear()
         finally:
             torch.cuda.set_sync_debug_mode("default")
         done = events[-1]
@@ -196,9 +198,12 @@ def test_takes_vocoded_together_stream_what_they_export(tiny_checkpoint):
         alone.append((np.concatenate([e.pcm for e in events[:-1]]), events[-1]))
     running = {engine.start(prompt): i for i, prompt in enumerate(prompts)}
     streams: dict[int, list] = {i: [] for i in running.values()}
+    early: list = []  # windows handed out while a step ran (slots.py `hand_ready`): before the step's events
     while engine.in_flight:
-        for take, events in engine.step():
+        returned = engine.step(hand=early.extend)
+        for take, events in [*early, *returned]:
             streams[running[take]] += events
+        early.clear()
     same = 0
     for i, events in streams.items():
         done = events[-1]

@@ -6,6 +6,7 @@ own take only), and takes in flight together against the same takes alone."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -337,3 +338,39 @@ def test_takes_in_flight_together_get_their_pcm_alone(engine, codec, graphs) -> 
         pcm = np.concatenate([w.pcm for w in windows])
         assert np.array_equal(pcm, alone[k])
         assert np.array_equal(pcm, render_take(codec, torch.from_numpy(done.codes), FIRST_WINDOW, graphs, done.cuts))
+
+
+def test_windows_vocoded_while_a_step_runs_go_out_then_once_and_in_order(engine, codec, graphs) -> None:
+    """A window the vocoder finishes while the step's status is awaited goes to `hand` then
+    (slots.py `hand_ready`), not again at the step's end; with every step handing out so, each
+    take's stream is still in order, whole, and the take alone's, and the pace counts them."""
+    vocoder = ThreadPoolExecutor(max_workers=1)
+    slots = Slots(engine.decoder, codec, first_window=FIRST_WINDOW, executor=vocoder, graphs=graphs)
+    prompt = engine.prompt("Heard while it decodes.", None, [], Sampling(max_new_tokens=24, seed=3))
+    alone = np.concatenate([e.pcm for e in list(slots.generate(slots.start(prompt)))[:-1]])
+    gate = threading.Event()
+    vocoder.submit(gate.wait)  # the worker is held: windows queue, none is decoded
+    take, events, handed = slots.start(prompt), [], []
+    while not take.windows.pending:
+        events += [e for _, out in slots.step() for e in out]
+    assert events == []  # the first window waits in the vocoder's queue
+    gate.set()
+    take.windows.pending[0][2].result()  # decoded: on the host, not handed out
+    slots.hand_ready(handed.extend)
+    assert [(t, [len(e.pcm) for e in out]) for t, out in handed] == [(take, [FIRST_WINDOW * codec.frame_samples])]
+    slots.hand_ready(handed.extend)  # nothing decoded since: nothing more
+    assert len(handed) == 1
+    stream = [e for _, out in handed for e in out]
+    while slots.in_flight:
+        returned = slots.step(hand=handed.extend)
+        stream += [e for _, out in handed[1:] for e in out]  # (handed during the step: before its events)
+        stream += [e for _, out in returned for e in out]
+        del handed[1:]
+    vocoder.shutdown()
+    windows, done = stream[:-1], stream[-1]
+    assert isinstance(done, Done) and done.finish_reason == "length"
+    assert [w.start_sample for w in windows] == list(np.cumsum([0] + [len(w.pcm) for w in windows[:-1]]))
+    assert np.array_equal(np.concatenate([w.pcm for w in windows]), alone)
+    report = slots.pace.report()
+    assert report is not None and re.search(r"handed out p50 [\d.]+ ms, p95 [\d.]+ ms after their audio, "
+                                            r"[1-9]\d* while a step ran", report)
