@@ -48,18 +48,16 @@ def run_takes(engine: Drama3Engine, takes: int, frames: int) -> dict[str, Any]:
 
     prompts = [engine.prompt(TEXTS[i % len(TEXTS)], None, [], Sampling(max_new_tokens=frames, seed=i))
                for i in range(takes)]
-    waiting, started_at, heard = list(prompts), {}, set()
-    first_audio, first_from_start, steps = [], [], []
-    audio_frames = 0
+    waiting, heard = list(prompts), set()
+    started_at: dict[Any, float] = {}
+    first_audio: list[float] = []
+    first_from_start: list[float] = []
+    steps: list[float] = []
+    audio_frames = done = 0
     submitted = time.perf_counter()
-    done = 0
-    while done < takes:
-        while waiting and engine.free_slots:
-            take = engine.start(waiting.pop(0))
-            started_at[take] = time.perf_counter()
-        timer = time.perf_counter()
-        results = engine.step()
-        steps.append(time.perf_counter() - timer)
+
+    def hear(results: list[tuple[Any, list[Any]]]) -> None:  # (windows handed out mid-step too, as the server's)
+        nonlocal audio_frames, done
         for take, events in results:
             for event in events:
                 if isinstance(event, AudioWindow) and len(event.pcm) and take not in heard:
@@ -70,6 +68,15 @@ def run_takes(engine: Drama3Engine, takes: int, frames: int) -> dict[str, Any]:
                 if isinstance(event, Done):
                     done += 1
                     audio_frames += event.codes.shape[1]
+
+    while done < takes:
+        while waiting and engine.free_slots:
+            take = engine.start(waiting.pop(0))
+            started_at[take] = time.perf_counter()
+        timer = time.perf_counter()
+        results = engine.step(hand=hear)
+        steps.append(time.perf_counter() - timer)
+        hear(results)
     wall = time.perf_counter() - submitted
     audio_s = audio_frames * engine.frame_samples / engine.sample_rate
     return {"slots": engine.slots, "takes": takes, "audio_s": round(audio_s, 2), "wall_s": round(wall, 2),

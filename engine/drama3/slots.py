@@ -356,9 +356,8 @@ class Slots:
         self.closing.append(take)
 
     def hand_ready(self, hand: Hand) -> None:
-        """While a step runs on the GPU: the decoding takes' windows the vocoder finished since it
-        last looked, to `hand` now (which must not raise). Windows only: Done, and a closed
-        take's last windows, wait for the step's end."""
+        """While a step runs on the GPU: the decoding takes' windows the vocoder finished since it last
+        looked, to `hand` now (which must not raise); Done, and a closed take's, after the step."""
         if self.vocoder.decoded == self.looked:
             return
         self.looked = self.vocoder.decoded
@@ -438,13 +437,14 @@ class Slots:
             self.closing.remove(take)
 
     def generate(self, take: Take) -> Iterator[AudioWindow | Done]:
-        """Step until `take` is done, yielding its events (other takes' events are dropped:
-        run one take alone)."""
+        """Step until `take` is done, yielding its events (other takes' are dropped: run one take
+        alone); its windows are handed out while the steps run, as the server's (`hand_ready`)."""
+        early: list[tuple[Take, Events]] = []
         try:
             while not take.done:
-                for stepped, events in self.step():
-                    if stepped is take:
-                        yield from events
+                returned = self.step(hand=early.extend)
+                yield from (event for stepped, events in [*early, *returned] if stepped is take for event in events)
+                early.clear()
         finally:
             if not take.done:  # the caller stopped reading
                 self.drop(take)
