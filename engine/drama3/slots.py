@@ -24,8 +24,8 @@ Design choices (nano-vllm's scheduler/model_runner split, moshi-server's fixed s
   host read (pinned, event polled: it never holds up the vocoder thread's launches), and
   hands each take its row. A take that ends frees its slot at once; its last windows
   vocode while the others decode (with none decoding, `step` waits for them). While the
-  host waits for the GPU, windows the vocoder finished go out (`hand_ready`): on stop 57's
-  H100 a step took 13-35 ms at 48 directors, and each window waited for the one running.
+  host waits for the GPU, windows the vocoder finished go out (`hand_ready`; Done after the
+  step): on stop 57's H100 a step took 13-35 ms at 48 directors, and each window waited.
 - One take's failure ends that take only; the shared step's ends the takes in it.
 - A prefill-only take (`start(..., stop=row)`, Drama3Engine.warm) prefills a prompt up to
   one of its cuts (its last boundary: prefill.py `cuts`) or its end for the prefix cache's
@@ -356,12 +356,12 @@ class Slots:
         self.closing.append(take)
 
     def hand_ready(self, hand: Hand) -> None:
-        """While a step runs on the GPU: the decoding takes' windows the vocoder finished since it last
-        looked, to `hand` now (which must not raise); Done, and a closed take's, after the step."""
+        """While a step runs on the GPU: the windows the vocoder finished since it last looked (closed
+        takes' last ones too), to `hand` now (which must not raise); Done after the step."""
         if self.vocoder.decoded == self.looked:
             return
         self.looked = self.vocoder.decoded
-        out = [(take, events) for take in self.decoding() if (events := take.ready())]
+        out = [(take, events) for take in self.decoding() + self.closing if (events := take.ready(done=False))]
         if out:
             self.pace.early(sum(len(events) for _, events in out))
             hand(out)

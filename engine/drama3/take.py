@@ -241,9 +241,10 @@ class Take:
         empty = np.zeros((self.codes.shape[0], 0), dtype=np.int64)
         self.windows.pending.append((Window(0, 0, last=True), empty, np.zeros(0, dtype=np.int16), []))
 
-    def ready(self, wait: bool = False) -> list[AudioWindow | Done]:
+    def ready(self, wait: bool = False, done: bool = True) -> list[AudioWindow | Done]:
         """Windows decoded so far, in order (all of them if `wait` and the take is closed), then
-        Done once the take is closed and its last window is out."""
+        Done once the take is closed and its last window is out (not with `done=False`: a step
+        is still running, slots.py `hand_ready`)."""
         events: list[AudioWindow | Done] = []
         try:
             for window in self.windows.ready(wait and not self.decoding):
@@ -257,7 +258,7 @@ class Take:
         except Exception as exc:  # noqa: BLE001 - the vocoder failed: report it, the codes stand
             self.vocoder_failed(exc)
             events.extend(self.windows.ready())  # the empty last window of a closed take
-        if self.decoding or self.windows.pending or self.done:
+        if self.decoding or self.windows.pending or self.done or not done:
             return events
         self.done = True
         self.timings.setdefault("first_audio_ms", None)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import Done, EngineSpec, Sampling, load_engine
+from engine import AudioWindow, Done, EngineSpec, Sampling, load_engine
 from engine.drama3.codec_graphs import IN_FLIGHT, Launched, WindowGraphs, decode_window, decode_windows, render_take
 from engine.drama3.codec_stream import StreamState
 from engine.drama3.pace import Pace
@@ -374,3 +374,30 @@ def test_windows_vocoded_while_a_step_runs_go_out_then_once_and_in_order(engine,
     report = slots.pace.report()
     assert report is not None and re.search(r"handed out p50 [\d.]+ ms, p95 [\d.]+ ms after their audio, "
                                             r"[1-9]\d* while a step ran", report)
+
+
+def test_a_closed_takes_last_windows_go_out_while_a_step_runs_and_its_done_after(engine, codec, graphs) -> None:
+    """A take that ended (its slot free) while its last windows were still vocoding: they go to
+    `hand` while another take's step runs, and its Done comes after the step, last."""
+    vocoder = ThreadPoolExecutor(max_workers=1)
+    slots = Slots(engine.decoder, codec, first_window=FIRST_WINDOW, executor=vocoder, graphs=graphs)
+    gate = threading.Event()
+    vocoder.submit(gate.wait)  # the worker is held: every window waits on the host's side
+    short = slots.start(engine.prompt("Short.", None, [], Sampling(max_new_tokens=6, seed=1)))
+    long = slots.start(engine.prompt("Long enough to keep stepping.", None, [], Sampling(max_new_tokens=40, seed=2)))
+    while short.decoding:
+        assert all(t is not short for t, _ in slots.step())  # (nothing of it is out: the worker is held)
+    assert short in slots.closing and long.decoding and short.windows.pending
+    gate.set()
+    for _, _, future, _ in list(short.windows.pending):
+        future.result()
+    handed: list = []
+    slots.hand_ready(handed.extend)
+    last = [e for t, out in handed if t is short for e in out]
+    assert last and all(isinstance(e, AudioWindow) for e in last) and last[-1].last
+    after = [e for t, out in slots.step() if t is short for e in out]
+    assert len(after) == 1 and isinstance(after[0], Done) and after[0].finish_reason == "length"
+    assert not short.windows.pending and short not in slots.closing
+    while slots.in_flight:
+        slots.step()
+    vocoder.shutdown()
